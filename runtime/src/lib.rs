@@ -1,0 +1,2 @@
+//! idem's runtime: per-tenant fair work queues, per-key backoff, the controller loop and the
+//! apply/status engine that `#[derive(IdempotentResource)]` plugs into.

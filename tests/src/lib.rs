@@ -1,0 +1,2 @@
+//! idem's local Kubernetes control plane, built from pinned Go modules, and the harness the
+//! integration tests run against.

@@ -1,0 +1,3 @@
+//! `cargo xtask`: idem's developer tasks.
+
+fn main() {}
