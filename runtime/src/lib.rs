@@ -1,2 +1,6 @@
 //! idem's runtime: per-tenant fair work queues, per-key backoff, the controller loop and the
 //! apply/status engine that `#[derive(IdempotentResource)]` plugs into.
+
+pub mod key;
+
+pub use key::{ObjectKey, TenantKey};
