@@ -72,7 +72,8 @@ pub(crate) struct Info {
     pub(crate) server: String,
 }
 
-/// The thread that spawned the attached processes: they live exactly as long as it does.
+/// The thread that spawned the attached processes and stops them when told to (or never, for
+/// a control plane in a `static`: then the parent-death signal stops them at process exit).
 #[derive(Debug)]
 struct Keeper {
     stop: mpsc::Sender<()>,

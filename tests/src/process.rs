@@ -20,8 +20,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How a process is tied to its starter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifetime {
-    /// Killed by the kernel (SIGKILL, via `setpriv --pdeathsig`) when the thread that spawned
-    /// it ends, so no process outlives a test binary, even one that panics or is killed.
+    /// Killed by the kernel (SIGKILL, via `setpriv --pdeathsig`) when the process that spawned
+    /// it exits, so no process outlives a test binary, even one that panics or is killed.
     Attached,
     /// Keeps running after the starter exits; stopped later by pid (`cargo xtask controlplane down`).
     Detached,
@@ -206,32 +206,53 @@ mod tests {
         assert_eq!(tail(p.log(), 1), "started");
     }
 
+    /// Run as a child test binary by the test below: spawns an attached `sleep`, prints its
+    /// pid and returns without stopping it (the handle is leaked, so no Drop runs).
     #[test]
-    fn attached_children_die_with_their_spawning_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log");
-        let pid = std::thread::spawn(move || {
-            let p = Process::spawn(
-                "orphan",
-                Path::new("/bin/sleep"),
-                &["60".into()],
-                &log,
-                Lifetime::Attached,
-            )
-            .unwrap();
-            let pid = p.pid();
-            std::mem::forget(p); // no Drop: only the kernel's parent-death signal can stop it
-            pid
-        })
-        .join()
+    #[ignore = "helper, run by attached_children_die_with_the_harness_process"]
+    fn spawn_and_leak() {
+        if std::env::var_os("IDEM_SPAWN_AND_LEAK").is_none() {
+            return;
+        }
+        let dir = std::env::temp_dir();
+        let p = Process::spawn(
+            "orphan",
+            Path::new("/bin/sleep"),
+            &["60".into()],
+            &dir.join(format!("idem-orphan-{}.log", std::process::id())),
+            Lifetime::Attached,
+        )
         .unwrap();
+        println!("PID={}", p.pid());
+        std::mem::forget(p);
+    }
+
+    #[test]
+    fn attached_children_die_with_the_harness_process() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "process::tests::spawn_and_leak",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("IDEM_SPAWN_AND_LEAK", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let pid: u32 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("PID="))
+            .unwrap_or_else(|| panic!("no pid in the helper's output: {stdout}"))
+            .parse()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while pid_alive(pid) && Instant::now() < deadline {
             sleep(Duration::from_millis(20));
         }
         assert!(
             !pid_alive(pid),
-            "pid {pid} outlived the thread that spawned it"
+            "pid {pid} outlived the test binary that spawned it"
         );
     }
 }

@@ -54,10 +54,10 @@ fn sweep_stale(root: &Path) {
 /// [`Error::AlreadyRunning`] when a detached control plane with live processes is recorded there.
 pub(crate) fn claim_detached_dir(root: &Path) -> Result<PathBuf> {
     let dir = detached_dir(root);
-    if let Ok(state) = State::load(&dir) {
-        if state.pids.iter().any(|(_, pid)| pid_alive(*pid)) {
-            return Err(Error::AlreadyRunning(state.kubeconfig));
-        }
+    if let Ok(state) = State::load(&dir)
+        && state.pids.iter().any(|(_, pid)| pid_alive(*pid))
+    {
+        return Err(Error::AlreadyRunning(state.kubeconfig));
     }
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
