@@ -271,7 +271,7 @@ pub struct WidgetStatus {
 async fn install_widget_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply("idem-test").force();
-    crds.patch(&Widget::crd_name(), &pp, &Patch::Apply(Widget::crd()))
+    crds.patch(Widget::crd_name(), &pp, &Patch::Apply(Widget::crd()))
         .await
         .unwrap();
     eventually("the Widget CRD to be Established", || async {
