@@ -5,4 +5,5 @@
 //! the runtime's fair `queue` → `reconcile` (desired children) → `apply` (idem-runtime's
 //! engine) → `status`.
 
+pub mod rbac;
 pub mod resources;
