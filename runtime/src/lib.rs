@@ -2,5 +2,7 @@
 //! apply/status engine that `#[derive(IdempotentResource)]` plugs into.
 
 pub mod key;
+pub mod metrics;
+pub mod queue;
 
 pub use key::{ObjectKey, TenantKey};
