@@ -18,7 +18,7 @@
 //!
 //! A key keeps the tenant it was first added with while it is queued, in flight or delayed.
 
-mod core;
+pub(crate) mod core;
 pub(crate) mod fair;
 mod priority;
 mod shutdown;

@@ -1,1 +1,0 @@
-//! Unit tests of the queue rules.
