@@ -2,6 +2,7 @@
 //! apply/status engine that `#[derive(IdempotentResource)]` plugs into.
 
 pub mod backoff;
+pub mod controller;
 pub mod key;
 pub mod metrics;
 pub mod queue;
