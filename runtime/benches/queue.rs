@@ -5,11 +5,9 @@
 //! One iteration adds every key, then takes and finishes every key one by one: 30,000 ops
 //! (for the baseline, "done" is dropping the key: it tracks nothing in flight).
 
-use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::hint::black_box;
-use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_runtime::metrics::Metrics;
@@ -72,59 +70,72 @@ fn fifo_round(q: &mut Fifo, work: &[(ObjectKey, TenantKey)]) {
     }
 }
 
-type Tally = Rc<RefCell<(u64, Duration)>>;
-
-fn measured(tally: &Tally, iters: u64, mut round: impl FnMut()) -> Duration {
-    let start = Instant::now();
-    for _ in 0..iters {
-        round();
-    }
-    let elapsed = start.elapsed();
-    let mut t = tally.borrow_mut();
-    t.0 += iters;
-    t.1 += elapsed;
-    elapsed
+/// Median of `samples` (sorted in place).
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
 
-fn ops_per_sec(tally: &Tally) -> f64 {
-    let (iters, time) = *tally.borrow();
-    (iters * OPS_PER_ITER) as f64 / time.as_secs_f64()
+/// Ops/s of one round of `round`.
+fn rate(mut round: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    round();
+    OPS_PER_ITER as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Baseline and fair queue measured alternately, round by round, so both see the same machine
+/// load (this machine is shared); returns the medians of baseline, fair, fair+metrics and of
+/// the per-pair ratio.
+fn interleaved(work: &[(ObjectKey, TenantKey)], pairs: usize) -> [f64; 4] {
+    let mut fifo = Fifo::default();
+    let fair = WorkQueue::new(QueueConfig::default()).expect("valid config");
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry).queue("bench");
+    let fair_m = WorkQueue::with_metrics(QueueConfig::default(), metrics).expect("valid config");
+    let (mut base, mut ours, mut ours_m, mut ratio) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..pairs {
+        let b = rate(|| fifo_round(&mut fifo, work));
+        let o = rate(|| fair_round(&fair, work));
+        let m = rate(|| fair_round(&fair_m, work));
+        base.push(b);
+        ours.push(o);
+        ours_m.push(m);
+        ratio.push(o / b);
+    }
+    [
+        median(&mut base),
+        median(&mut ours),
+        median(&mut ours_m),
+        median(&mut ratio),
+    ]
 }
 
 fn bench(c: &mut Criterion) {
     let work = workload();
-    let (fair, fair_metrics, fifo): (Tally, Tally, Tally) = Default::default();
     let mut group = c.benchmark_group("queue_add_get_done_10k_keys_100_tenants");
     group.throughput(Throughput::Elements(OPS_PER_ITER));
-
     group.bench_function("fifo_baseline", |b| {
         let mut q = Fifo::default();
-        b.iter_custom(|iters| measured(&fifo, iters, || fifo_round(&mut q, &work)));
+        b.iter(|| fifo_round(&mut q, &work));
     });
     group.bench_function("fair_queue", |b| {
         let q = WorkQueue::new(QueueConfig::default()).expect("valid config");
-        b.iter_custom(|iters| measured(&fair, iters, || fair_round(&q, &work)));
+        b.iter(|| fair_round(&q, &work));
     });
     group.bench_function("fair_queue_with_metrics", |b| {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry).queue("bench");
         let q = WorkQueue::with_metrics(QueueConfig::default(), metrics).expect("valid config");
-        b.iter_custom(|iters| measured(&fair_metrics, iters, || fair_round(&q, &work)));
+        b.iter(|| fair_round(&q, &work));
     });
     group.finish();
 
-    let (base, ours, ours_m) = (ops_per_sec(&fifo), ops_per_sec(&fair), ops_per_sec(&fair_metrics));
-    println!("fifo baseline:           {:>12.0} ops/s", base);
-    println!(
-        "fair queue:              {:>12.0} ops/s  ratio {:.2}x of baseline",
-        ours,
-        ours / base
-    );
-    println!(
-        "fair queue with metrics: {:>12.0} ops/s  ratio {:.2}x of baseline",
-        ours_m,
-        ours_m / base
-    );
+    let [base, ours, ours_m, ratio] = interleaved(&work, 200);
+    println!("interleaved, median of 200 rounds of 30,000 ops each:");
+    println!("  fifo baseline (VecDeque+HashSet): {base:>12.0} ops/s");
+    println!("  fair queue:                       {ours:>12.0} ops/s");
+    println!("  fair queue with metrics:          {ours_m:>12.0} ops/s");
+    println!("  fair / baseline:                  {ratio:>12.2}x");
 }
 
 criterion_group!(benches, bench);

@@ -196,7 +196,10 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let delays: Vec<Duration> = (0..200).map(|_| c.delay(3, &mut rng)).collect();
         for d in &delays {
-            assert!(*d >= Duration::from_millis(720) && *d <= Duration::from_millis(880), "{d:?}");
+            assert!(
+                *d >= Duration::from_millis(720) && *d <= Duration::from_millis(880),
+                "{d:?}"
+            );
         }
         let distinct: std::collections::HashSet<_> = delays.iter().collect();
         assert!(distinct.len() > 100, "jitter should spread delays");

@@ -65,7 +65,11 @@ impl Metrics {
             tenant_depth: Family::default(),
             tenant_dispatches: Family::default(),
         };
-        registry.register("workqueue_depth", "Current depth of workqueue", m.depth.clone());
+        registry.register(
+            "workqueue_depth",
+            "Current depth of workqueue",
+            m.depth.clone(),
+        );
         registry.register(
             "workqueue_adds",
             "Total number of adds handled by workqueue",

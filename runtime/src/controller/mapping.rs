@@ -89,7 +89,10 @@ pub fn fingerprint(meta: &ObjectMeta) -> u64 {
         None => meta.resource_version.hash(&mut h),
     }
     meta.finalizers.hash(&mut h);
-    meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()).hash(&mut h);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
     meta.labels.hash(&mut h);
     meta.annotations.hash(&mut h);
     h.finish()
@@ -180,7 +183,10 @@ mod tests {
     fn tenant_label_maps_to_cluster_scoped_owner_only() {
         let mut m = meta(Some("acme-dev"));
         m.labels = Some([(TENANT_LABEL.to_owned(), "acme".to_owned())].into());
-        assert_eq!(owners_of::<Namespace>(&m), [ObjectKey::cluster("Namespace", "acme")]);
+        assert_eq!(
+            owners_of::<Namespace>(&m),
+            [ObjectKey::cluster("Namespace", "acme")]
+        );
         assert!(owners_of::<ConfigMap>(&m).is_empty());
         assert!(is_cluster_scoped::<Namespace>() && !is_cluster_scoped::<ConfigMap>());
     }

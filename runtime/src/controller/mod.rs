@@ -207,7 +207,10 @@ where
             return Err(ControllerError::ResyncJitter(c.resync_jitter));
         }
         let backoff = Backoff::new(c.backoff.clone())?;
-        let name = c.name.clone().unwrap_or_else(|| K::kind(&()).to_lowercase());
+        let name = c
+            .name
+            .clone()
+            .unwrap_or_else(|| K::kind(&()).to_lowercase());
         let queue_config = QueueConfig {
             max_in_flight: c.workers,
             per_tenant_cap: c.per_tenant_cap,

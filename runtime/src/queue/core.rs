@@ -2,7 +2,10 @@
 //! driven with an explicit `now` so it is deterministic to test and cheap to benchmark.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+use std::collections::hash_map::Entry as MapEntry;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use tokio::time::{Duration, Instant};
@@ -84,7 +87,7 @@ impl Core {
         Self {
             slots: Vec::new(),
             free: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             fair: Fair::new(config.per_tenant_cap),
             aging: Aging::default(),
             delays: BinaryHeap::new(),
@@ -110,10 +113,14 @@ impl Core {
 
     /// The slot of `key`, created for `tenant` if the key is idle.
     fn slot_for(&mut self, key: &ObjectKey, tenant: &TenantKey, now: Instant) -> u32 {
-        if let Some(&id) = self.index.get(key) {
-            return id;
-        }
-        let tenant = self.tenant_id(tenant);
+        let vacant = match self.index.entry(key.clone()) {
+            MapEntry::Occupied(e) => return *e.get(),
+            MapEntry::Vacant(v) => v,
+        };
+        let metrics = &self.metrics;
+        let tenant = self
+            .fair
+            .tenant_id(tenant, |t| metrics.as_ref().map(|m| m.tenant(t)));
         let slot = Slot {
             key: key.clone(),
             tenant,
@@ -142,7 +149,7 @@ impl Core {
                 u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
             }
         };
-        self.index.insert(key.clone(), id);
+        vacant.insert(id);
         id
     }
 
@@ -162,7 +169,10 @@ impl Core {
         slot.seq = slot.seq.wrapping_add(1);
         slot.queued = Some(level);
         slot.enqueued_at = now;
-        let entry = Entry { slot: id, seq: slot.seq };
+        let entry = Entry {
+            slot: id,
+            seq: slot.seq,
+        };
         let tenant = slot.tenant;
         self.fair.push(tenant, level, entry, front);
         if priority == Priority::Resync {
@@ -257,9 +267,7 @@ impl Core {
         }
         let deadline = now + delay;
         match slot.delay {
-            Some((d, p)) if d < deadline || (d == deadline && p >= priority) => {
-                AddOutcome::Deduped
-            }
+            Some((d, p)) if d < deadline || (d == deadline && p >= priority) => AddOutcome::Deduped,
             _ => {
                 slot.delay = Some((deadline, priority));
                 slot.delay_gen = slot.delay_gen.wrapping_add(1);
@@ -308,7 +316,8 @@ impl Core {
                 seq: slot.seq,
             };
             self.fair.forget(aged.tenant, resync);
-            self.fair.push(aged.tenant, Priority::Event.level(), entry, true);
+            self.fair
+                .push(aged.tenant, Priority::Event.level(), entry, true);
         }
         let slots = &self.slots;
         self.aging.trim(|a| {
@@ -342,8 +351,10 @@ impl Core {
                 self.in_flight += 1;
                 if let Some(m) = &self.metrics {
                     m.depth.dec();
-                    m.queue_duration
-                        .observe(now.saturating_duration_since(slot.enqueued_at).as_secs_f64());
+                    m.queue_duration.observe(
+                        now.saturating_duration_since(slot.enqueued_at)
+                            .as_secs_f64(),
+                    );
                 }
                 return Some(Dispatch {
                     slot: entry.slot,

@@ -10,7 +10,9 @@
 //!   most the sum of the weights of the tenants ahead of it (= the number of backlogged
 //!   tenants when weights are 1), however deep their backlogs are.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
@@ -68,7 +70,7 @@ impl Fair {
     pub fn new(per_tenant_cap: usize) -> Self {
         Self {
             tenants: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             rings: Default::default(),
             per_tenant_cap,
         }
@@ -230,7 +232,8 @@ impl Fair {
         for t in &mut self.tenants {
             for level in 0..LEVELS {
                 if let Some(m) = &t.metrics {
-                    m.depth.dec_by(i64::try_from(t.queued[level]).unwrap_or(i64::MAX));
+                    m.depth
+                        .dec_by(i64::try_from(t.queued[level]).unwrap_or(i64::MAX));
                 }
                 t.queues[level].clear();
                 t.queued[level] = 0;

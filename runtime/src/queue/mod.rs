@@ -31,11 +31,11 @@ use tokio::sync::Notify;
 use tokio::time::{Duration, Instant};
 
 pub use self::core::AddOutcome;
+use self::core::Core;
 pub use self::priority::Priority;
 pub use self::shutdown::ShutdownReport;
-use self::core::Core;
-pub use crate::metrics::QueueMetrics;
 use crate::key::{ObjectKey, TenantKey};
+pub use crate::metrics::QueueMetrics;
 
 /// Limits of a [`WorkQueue`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,7 +157,10 @@ impl WorkQueue {
 
     /// Add `key` of `tenant` now (rules 1 and 2).
     pub fn add(&self, key: &ObjectKey, tenant: &TenantKey, priority: Priority) -> AddOutcome {
-        let outcome = self.shared.lock().add(key, tenant, priority, Instant::now());
+        let outcome = self
+            .shared
+            .lock()
+            .add(key, tenant, priority, Instant::now());
         if outcome == AddOutcome::Queued {
             self.shared.ready.notify_one();
         }
@@ -328,7 +331,8 @@ impl Lease {
 
     /// How long the key waited in the queue before being handed out.
     pub fn waited(&self) -> Duration {
-        self.dispatched_at.saturating_duration_since(self.enqueued_at)
+        self.dispatched_at
+            .saturating_duration_since(self.enqueued_at)
     }
 
     /// The key is done: release it (rule 2). A key added meanwhile is queued again.
@@ -347,8 +351,10 @@ impl Lease {
             (core.has_ready(), core.is_closed())
         };
         if let Some(m) = &self.shared.metrics {
-            m.work_duration
-                .observe(now.saturating_duration_since(self.dispatched_at).as_secs_f64());
+            m.work_duration.observe(
+                now.saturating_duration_since(self.dispatched_at)
+                    .as_secs_f64(),
+            );
         }
         if requeued {
             self.shared.ready.notify_one();

@@ -32,7 +32,11 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn prio(resync: bool) -> Priority {
-    if resync { Priority::Resync } else { Priority::Event }
+    if resync {
+        Priority::Resync
+    } else {
+        Priority::Event
+    }
 }
 
 /// The model: which keys are in flight, and which are owed a dispatch (added since their last
@@ -51,7 +55,10 @@ impl Model {
             "key {name} handed out twice"
         );
         self.owed.remove(name);
-        assert!(self.in_flight.len() <= cfg.max_in_flight, "global cap broken");
+        assert!(
+            self.in_flight.len() <= cfg.max_in_flight,
+            "global cap broken"
+        );
         let n = self.per_tenant.entry(tenant.to_owned()).or_default();
         *n += 1;
         assert!(*n <= cfg.per_tenant_cap, "tenant cap broken");
@@ -73,7 +80,13 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
             }
             Op::AddAfter { k, t, ms, resync } => {
                 let d = Duration::from_millis(u64::from(ms));
-                core.add_after(&key(&name(k)), &tenant(&format!("t{t}")), d, prio(resync), now);
+                core.add_after(
+                    &key(&name(k)),
+                    &tenant(&format!("t{t}")),
+                    d,
+                    prio(resync),
+                    now,
+                );
                 model.owed.insert(name(k));
             }
             Op::Get => {
@@ -110,7 +123,10 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
         model.in_flight.remove(&n);
         *model.per_tenant.get_mut(d.tenant.as_str()).unwrap() -= 1;
         rounds += 1;
-        assert!(rounds <= 12, "a drained queue must not keep handing out keys");
+        assert!(
+            rounds <= 12,
+            "a drained queue must not keep handing out keys"
+        );
     }
     assert!(model.owed.is_empty(), "lost keys: {:?}", model.owed);
     assert_eq!(core.in_flight(), 0);

@@ -98,7 +98,11 @@ async fn rule3_immediate_add_supersedes_delay_and_delay_of_queued_key_is_ignored
     q.add(&key("x"), &t, EV);
     assert_eq!(serve(&q).as_deref(), Some("x"));
     tokio::time::advance(Duration::from_secs(3)).await;
-    assert_eq!(serve(&q), None, "the delay was superseded by the earlier add");
+    assert_eq!(
+        serve(&q),
+        None,
+        "the delay was superseded by the earlier add"
+    );
     q.add(&key("y"), &t, EV);
     assert_eq!(
         q.add_after(&key("y"), &t, Duration::from_secs(1), EV),
@@ -221,7 +225,10 @@ async fn rule5_aged_resync_is_served_under_a_steady_event_stream() {
     }
     let served_at = served_at.expect("resync work starved");
     assert!(served_at >= max_wait, "served before aging: {served_at:?}");
-    assert!(served_at <= max_wait + Duration::from_millis(200), "{served_at:?}");
+    assert!(
+        served_at <= max_wait + Duration::from_millis(200),
+        "{served_at:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -258,7 +265,10 @@ async fn rule6_tenant_cap_leaves_workers_for_other_tenants() {
     let l1 = q.try_get().unwrap();
     let l2 = q.try_get().unwrap();
     let l3 = q.try_get().unwrap();
-    let mut got: Vec<String> = [&l1, &l2, &l3].iter().map(|l| l.key().name.to_string()).collect();
+    let mut got: Vec<String> = [&l1, &l2, &l3]
+        .iter()
+        .map(|l| l.key().name.to_string())
+        .collect();
     got.sort();
     assert_eq!(got, ["a0", "a1", "b0"]);
     assert!(q.try_get().is_none(), "a is at its cap of 2");
@@ -294,9 +304,19 @@ async fn rule7_shutdown_stops_waits_and_reports() {
     });
     let start = Instant::now();
     let report = q.shutdown(Duration::from_secs(5)).await;
-    assert_eq!(start.elapsed(), Duration::from_secs(5), "waited the full grace");
-    assert!(waiter.await.unwrap(), "waiting get returns None after shutdown");
-    assert_eq!(report.dropped, [key("delayed"), key("dirty"), key("queued"), key("slow")]);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(5),
+        "waited the full grace"
+    );
+    assert!(
+        waiter.await.unwrap(),
+        "waiting get returns None after shutdown"
+    );
+    assert_eq!(
+        report.dropped,
+        [key("delayed"), key("dirty"), key("queued"), key("slow")]
+    );
     assert_eq!(report.in_flight_at_start, [key("fast"), key("slow")]);
     assert_eq!(report.abandoned, [key("slow")]);
     assert!(!report.drained());
