@@ -8,7 +8,9 @@
 //! 3. **Delays**: of several pending [`WorkQueue::add_after`] for one key the earliest wins; an
 //!    immediate add supersedes any pending delay (it is the earliest of all).
 //! 4. **Fairness**: tenants are scheduled by Deficit Round Robin (Shreedhar & Varghese, 1995)
-//!    with the tenant's weight as quantum and unit cost per dispatch; see [`fair`] for bounds.
+//!    with the tenant's weight as quantum and unit cost per dispatch. Bounds: with
+//!    tenants backlogged, dispatches split exactly by weight per round; a tenant that becomes
+//!    ready waits for at most the sum of the weights of the backlogged tenants ahead of it.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
 //! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total and
