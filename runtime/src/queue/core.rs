@@ -29,6 +29,29 @@ pub enum AddOutcome {
     Closed,
 }
 
+/// The current time, read from the clock at most once per operation and only when needed
+/// (event-only work without metrics never reads it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Now(Option<Instant>);
+
+impl Now {
+    /// Read the clock on first use.
+    pub fn lazy() -> Self {
+        Self(None)
+    }
+
+    /// A fixed time (tests).
+    #[cfg(test)]
+    pub fn at(t: Instant) -> Self {
+        Self(Some(t))
+    }
+
+    /// The time, reading the clock if not read yet.
+    pub fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
 /// Per-key state. A slot lives while the key is queued, in flight, dirty or delayed.
 #[derive(Debug)]
 struct Slot {
@@ -63,7 +86,6 @@ pub(crate) struct Dispatch {
     pub key: ObjectKey,
     pub tenant: TenantKey,
     pub priority: Priority,
-    pub enqueued_at: Instant,
 }
 
 /// The queue state; see the module docs of [`super`] for the rules it keeps.
@@ -80,6 +102,8 @@ pub(crate) struct Core {
     config: QueueConfig,
     closed: bool,
     metrics: Option<Arc<QueueMetrics>>,
+    /// Placeholder for `enqueued_at` when no time is needed.
+    epoch: Instant,
 }
 
 impl Core {
@@ -96,6 +120,7 @@ impl Core {
             config,
             closed: false,
             metrics,
+            epoch: Instant::now(),
         }
     }
 
@@ -112,7 +137,7 @@ impl Core {
     }
 
     /// The slot of `key`, created for `tenant` if the key is idle.
-    fn slot_for(&mut self, key: &ObjectKey, tenant: &TenantKey, now: Instant) -> u32 {
+    fn slot_for(&mut self, key: &ObjectKey, tenant: &TenantKey) -> u32 {
         let vacant = match self.index.entry(key.clone()) {
             MapEntry::Occupied(e) => return *e.get(),
             MapEntry::Vacant(v) => v,
@@ -130,7 +155,7 @@ impl Core {
             dirty: None,
             delay: None,
             delay_gen: 0,
-            enqueued_at: now,
+            enqueued_at: self.epoch,
             live: true,
         };
         let id = match self.free.pop() {
@@ -163,12 +188,14 @@ impl Core {
     }
 
     /// Put an idle (not queued, not in flight) key into its tenant's queue at `priority`.
-    fn enqueue(&mut self, id: u32, priority: Priority, now: Instant, front: bool) {
+    fn enqueue(&mut self, id: u32, priority: Priority, now: &mut Now, front: bool) {
         let slot = &mut self.slots[id as usize];
         let level = priority.level();
         slot.seq = slot.seq.wrapping_add(1);
         slot.queued = Some(level);
-        slot.enqueued_at = now;
+        if priority == Priority::Resync || self.metrics.is_some() {
+            slot.enqueued_at = now.get();
+        }
         let entry = Entry {
             slot: id,
             seq: slot.seq,
@@ -179,7 +206,7 @@ impl Core {
             self.aging.push(AgingEntry {
                 entry,
                 tenant,
-                since: now,
+                since: slot.enqueued_at,
             });
         }
         self.queued += 1;
@@ -189,7 +216,7 @@ impl Core {
     }
 
     /// Apply an immediate add to an existing slot (also used when a delay fires).
-    fn add_slot(&mut self, id: u32, priority: Priority, now: Instant) -> AddOutcome {
+    fn add_slot(&mut self, id: u32, priority: Priority, now: &mut Now) -> AddOutcome {
         let slot = &mut self.slots[id as usize];
         if slot.in_flight {
             let was = slot.dirty;
@@ -228,12 +255,12 @@ impl Core {
         key: &ObjectKey,
         tenant: &TenantKey,
         priority: Priority,
-        now: Instant,
+        now: &mut Now,
     ) -> AddOutcome {
         if self.closed {
             return AddOutcome::Closed;
         }
-        let id = self.slot_for(key, tenant, now);
+        let id = self.slot_for(key, tenant);
         self.slots[id as usize].delay = None;
         let outcome = self.add_slot(id, priority, now);
         if outcome != AddOutcome::Deduped
@@ -252,7 +279,7 @@ impl Core {
         tenant: &TenantKey,
         delay: Duration,
         priority: Priority,
-        now: Instant,
+        now: &mut Now,
     ) -> AddOutcome {
         if delay.is_zero() {
             return self.add(key, tenant, priority, now);
@@ -260,12 +287,12 @@ impl Core {
         if self.closed {
             return AddOutcome::Closed;
         }
-        let id = self.slot_for(key, tenant, now);
+        let id = self.slot_for(key, tenant);
         let slot = &mut self.slots[id as usize];
         if slot.queued.is_some() || slot.dirty.is_some() {
             return AddOutcome::Deduped;
         }
-        let deadline = now + delay;
+        let deadline = now.get() + delay;
         match slot.delay {
             Some((d, p)) if d < deadline || (d == deadline && p >= priority) => AddOutcome::Deduped,
             _ => {
@@ -278,9 +305,9 @@ impl Core {
     }
 
     /// Fire every delay due at `now`.
-    fn fire_delays(&mut self, now: Instant) {
+    fn fire_delays(&mut self, now: &mut Now) {
         while let Some(&Reverse((deadline, id, generation))) = self.delays.peek() {
-            if deadline > now {
+            if deadline > now.get() {
                 break;
             }
             self.delays.pop();
@@ -301,7 +328,11 @@ impl Core {
 
     /// Rule 5 (aging): promote resync entries that waited `resync_max_wait` to the front of
     /// their tenant's event queue.
-    fn promote_aged(&mut self, now: Instant) {
+    fn promote_aged(&mut self, now: &mut Now) {
+        if self.aging.is_empty() {
+            return;
+        }
+        let now = now.get();
         let max_wait = self.config.resync_max_wait;
         let resync = Priority::Resync.level();
         while let Some(aged) = self.aging.pop_aged(now, max_wait) {
@@ -328,7 +359,7 @@ impl Core {
 
     /// Hand out the next key, or `None` if nothing is ready, the global cap is reached, or
     /// the queue is shut down.
-    pub fn pop(&mut self, now: Instant) -> Option<Dispatch> {
+    pub fn pop(&mut self, now: &mut Now) -> Option<Dispatch> {
         if self.closed {
             return None;
         }
@@ -352,7 +383,8 @@ impl Core {
                 if let Some(m) = &self.metrics {
                     m.depth.dec();
                     m.queue_duration.observe(
-                        now.saturating_duration_since(slot.enqueued_at)
+                        now.get()
+                            .saturating_duration_since(slot.enqueued_at)
                             .as_secs_f64(),
                     );
                 }
@@ -361,7 +393,6 @@ impl Core {
                     key: slot.key.clone(),
                     tenant: self.fair.name(tenant).clone(),
                     priority: Priority::from_level(level),
-                    enqueued_at: slot.enqueued_at,
                 });
             }
         }
@@ -370,7 +401,7 @@ impl Core {
 
     /// Rule 2: the worker holding `slot` is done; a key added meanwhile is queued again.
     /// Returns whether the slot was in flight (false means a double done, ignored).
-    pub fn done(&mut self, slot: u32, now: Instant) -> bool {
+    pub fn done(&mut self, slot: u32, now: &mut Now) -> bool {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return false;
         };

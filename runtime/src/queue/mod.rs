@@ -8,7 +8,9 @@
 //! 3. **Delays**: of several pending [`WorkQueue::add_after`] for one key the earliest wins; an
 //!    immediate add supersedes any pending delay (it is the earliest of all).
 //! 4. **Fairness**: tenants are scheduled by Deficit Round Robin (Shreedhar & Varghese, 1995)
-//!    with the tenant's weight as quantum and unit cost per dispatch; see [`fair`] for bounds.
+//!    with the tenant's weight as quantum and unit cost per dispatch. Bounds: with
+//!    tenants backlogged, dispatches split exactly by weight per round; a tenant that becomes
+//!    ready waits for at most the sum of the weights of the backlogged tenants ahead of it.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
 //! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total and
@@ -25,13 +27,14 @@ mod shutdown;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 use tokio::time::{Duration, Instant};
 
 pub use self::core::AddOutcome;
-use self::core::Core;
+use self::core::{Core, Now};
 pub use self::priority::Priority;
 pub use self::shutdown::ShutdownReport;
 use crate::key::{ObjectKey, TenantKey};
@@ -95,6 +98,8 @@ struct Shared {
     core: Mutex<Core>,
     /// Wakes waiting workers: work became ready, a cap was released, or shutdown began.
     ready: Notify,
+    /// Workers waiting in `get`; adds skip waking anyone when there are none.
+    waiters: AtomicUsize,
     /// Wakes `shutdown` when a key finishes.
     finished: Notify,
     metrics: Option<Arc<QueueMetrics>>,
@@ -104,6 +109,15 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         // The core never panics while locked on valid input; tolerate poisoning anyway.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wake one waiting worker, if any. A worker registers in `waiters` before it checks the
+    /// queue under the lock, and we read `waiters` after changing the queue under the lock,
+    /// so a worker either sees the change or is counted here.
+    fn wake_one(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.ready.notify_one();
+        }
     }
 }
 
@@ -136,6 +150,7 @@ impl WorkQueue {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core::new(config, metrics.clone())),
                 ready: Notify::new(),
+                waiters: AtomicUsize::new(0),
                 finished: Notify::new(),
                 metrics,
             }),
@@ -160,9 +175,9 @@ impl WorkQueue {
         let outcome = self
             .shared
             .lock()
-            .add(key, tenant, priority, Instant::now());
+            .add(key, tenant, priority, &mut Now::lazy());
         if outcome == AddOutcome::Queued {
-            self.shared.ready.notify_one();
+            self.shared.wake_one();
         }
         outcome
     }
@@ -178,11 +193,12 @@ impl WorkQueue {
         let outcome = self
             .shared
             .lock()
-            .add_after(key, tenant, delay, priority, Instant::now());
+            .add_after(key, tenant, delay, priority, &mut Now::lazy());
         if outcome == AddOutcome::Queued {
             // Waiting workers must re-arm their timer for the (maybe earlier) deadline.
-            self.shared.ready.notify_waiters();
-            self.shared.ready.notify_one();
+            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
+                self.shared.ready.notify_waiters();
+            }
         }
         outcome
     }
@@ -191,11 +207,11 @@ impl WorkQueue {
     /// or the queue is shut down.
     pub fn try_get(&self) -> Option<Lease> {
         let mut core = self.shared.lock();
-        let dispatch = core.pop(Instant::now())?;
+        let dispatch = core.pop(&mut Now::lazy())?;
         let more = core.has_ready();
         drop(core);
         if more {
-            self.shared.ready.notify_one();
+            self.shared.wake_one();
         }
         Some(Lease {
             shared: Arc::clone(&self.shared),
@@ -203,8 +219,7 @@ impl WorkQueue {
             key: dispatch.key,
             tenant: dispatch.tenant,
             priority: dispatch.priority,
-            enqueued_at: dispatch.enqueued_at,
-            dispatched_at: Instant::now(),
+            dispatched_at: self.shared.metrics.as_ref().map(|_| Instant::now()),
             released: false,
         })
     }
@@ -214,6 +229,8 @@ impl WorkQueue {
     /// # Cancel safety
     /// Cancel safe: a key is only taken from the queue when this returns it.
     pub async fn get(&self) -> Option<Lease> {
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        let _registered = Unregister(&self.shared.waiters);
         loop {
             let notified = self.shared.ready.notified();
             tokio::pin!(notified);
@@ -308,8 +325,8 @@ pub struct Lease {
     key: ObjectKey,
     tenant: TenantKey,
     priority: Priority,
-    enqueued_at: Instant,
-    dispatched_at: Instant,
+    /// Dispatch time, kept only for the work-duration metric.
+    dispatched_at: Option<Instant>,
     released: bool,
 }
 
@@ -329,12 +346,6 @@ impl Lease {
         self.priority
     }
 
-    /// How long the key waited in the queue before being handed out.
-    pub fn waited(&self) -> Duration {
-        self.dispatched_at
-            .saturating_duration_since(self.enqueued_at)
-    }
-
     /// The key is done: release it (rule 2). A key added meanwhile is queued again.
     pub fn done(mut self) {
         self.release();
@@ -344,24 +355,31 @@ impl Lease {
         if std::mem::replace(&mut self.released, true) {
             return;
         }
-        let now = Instant::now();
+        let mut now = Now::lazy();
         let (requeued, closing) = {
             let mut core = self.shared.lock();
-            core.done(self.slot, now);
+            core.done(self.slot, &mut now);
             (core.has_ready(), core.is_closed())
         };
-        if let Some(m) = &self.shared.metrics {
-            m.work_duration.observe(
-                now.saturating_duration_since(self.dispatched_at)
-                    .as_secs_f64(),
-            );
+        if let (Some(m), Some(at)) = (&self.shared.metrics, self.dispatched_at) {
+            m.work_duration
+                .observe(now.get().saturating_duration_since(at).as_secs_f64());
         }
         if requeued {
-            self.shared.ready.notify_one();
+            self.shared.wake_one();
         }
         if closing {
             self.shared.finished.notify_waiters();
         }
+    }
+}
+
+/// Decrements the waiting-worker count when a `get` returns or is cancelled.
+struct Unregister<'a>(&'a AtomicUsize);
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

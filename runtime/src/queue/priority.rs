@@ -87,6 +87,11 @@ impl Aging {
         }
     }
 
+    /// Whether no entry is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.fifo.is_empty()
+    }
+
     /// Drop every remembered entry (used at shutdown).
     pub fn clear(&mut self) {
         self.fifo.clear();

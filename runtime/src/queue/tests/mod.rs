@@ -3,7 +3,7 @@
 mod prop;
 mod rules;
 
-use super::{Lease, Priority, QueueConfig, WorkQueue};
+use super::{Lease, QueueConfig, WorkQueue};
 use crate::key::{ObjectKey, TenantKey};
 
 pub(super) fn key(name: &str) -> ObjectKey {
@@ -30,6 +30,3 @@ pub(super) fn serve(q: &WorkQueue) -> Option<String> {
     lease.done();
     Some(name)
 }
-
-#[allow(dead_code)]
-pub(super) const EVENT: Priority = Priority::Event;

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::{key, tenant};
-use crate::queue::core::Core;
+use crate::queue::core::{Core, Now};
 use crate::queue::{Priority, QueueConfig};
 
 #[derive(Clone, Debug)]
@@ -75,7 +75,12 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     for op in ops {
         match op {
             Op::Add { k, t, resync } => {
-                core.add(&key(&name(k)), &tenant(&format!("t{t}")), prio(resync), now);
+                core.add(
+                    &key(&name(k)),
+                    &tenant(&format!("t{t}")),
+                    prio(resync),
+                    &mut Now::at(now),
+                );
                 model.owed.insert(name(k));
             }
             Op::AddAfter { k, t, ms, resync } => {
@@ -85,12 +90,12 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
                     &tenant(&format!("t{t}")),
                     d,
                     prio(resync),
-                    now,
+                    &mut Now::at(now),
                 );
                 model.owed.insert(name(k));
             }
             Op::Get => {
-                if let Some(d) = core.pop(now) {
+                if let Some(d) = core.pop(&mut Now::at(now)) {
                     let n = d.key.name.to_string();
                     model.dispatched(&n, d.slot, d.tenant.as_str(), &cfg);
                     held.push((n, d.slot, d.tenant.as_str().to_owned()));
@@ -99,7 +104,7 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
             Op::Done(i) => {
                 if !held.is_empty() {
                     let (n, slot, t) = held.remove(i % held.len());
-                    assert!(core.done(slot, now));
+                    assert!(core.done(slot, &mut Now::at(now)));
                     model.in_flight.remove(&n);
                     *model.per_tenant.get_mut(&t).unwrap() -= 1;
                 }
@@ -110,16 +115,16 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     }
     // Drain: finish everything, let every delay and aging bound pass, serve until empty.
     for (n, slot, t) in held.drain(..) {
-        assert!(core.done(slot, now));
+        assert!(core.done(slot, &mut Now::at(now)));
         model.in_flight.remove(&n);
         *model.per_tenant.get_mut(&t).unwrap() -= 1;
     }
     now += Duration::from_secs(3600);
     let mut rounds = 0;
-    while let Some(d) = core.pop(now) {
+    while let Some(d) = core.pop(&mut Now::at(now)) {
         let n = d.key.name.to_string();
         model.dispatched(&n, d.slot, d.tenant.as_str(), &cfg);
-        assert!(core.done(d.slot, now));
+        assert!(core.done(d.slot, &mut Now::at(now)));
         model.in_flight.remove(&n);
         *model.per_tenant.get_mut(d.tenant.as_str()).unwrap() -= 1;
         rounds += 1;
