@@ -117,6 +117,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + 'static> {
     weight_of: Option<WeightFn<K>>,
     config: ControllerConfig,
     metrics: Option<Metrics>,
+    synced: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl<K> Controller<K>
@@ -135,6 +136,7 @@ where
             weight_of: None,
             config: ControllerConfig::default(),
             metrics: None,
+            synced: None,
         }
     }
 
@@ -177,6 +179,15 @@ where
     #[must_use]
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Sends `true` on `synced` once every watch (primary and children) has listed and the
+    /// workers start; a `/readyz` endpoint can serve it (controller-runtime's readiness once
+    /// caches are synced).
+    #[must_use]
+    pub fn with_synced_signal(mut self, synced: tokio::sync::watch::Sender<bool>) -> Self {
+        self.synced = Some(synced);
         self
     }
 
@@ -252,6 +263,9 @@ where
             () = &mut shutdown => {}
             () = all_synced => {
                 tracing::info!(controller = %name, "caches synced; starting workers");
+                if let Some(synced) = &self.synced {
+                    let _ = synced.send(true);
+                }
                 let worker = Arc::new(Worker {
                     queue: queue.clone(),
                     store,
