@@ -31,17 +31,23 @@ fn status_impl(m: &Model) -> TokenStream {
     let span = status.span();
     quote_spanned! {span=>
         impl #krate::resource::ObjectStatus for #status {
+            // Patterns, not `self.field`: a missing field then reads "struct has no field
+            // named `conditions`" instead of being confused with the trait's methods.
             fn conditions(&self) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
-                #krate::resource::ConditionsField::get(&self.conditions)
+                let Self { conditions, .. } = self;
+                #krate::resource::ConditionsField::get(conditions)
             }
             fn conditions_mut(&mut self) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-                #krate::resource::ConditionsField::get_mut(&mut self.conditions)
+                let Self { conditions, .. } = self;
+                #krate::resource::ConditionsField::get_mut(conditions)
             }
             fn observed_generation(&self) -> ::core::option::Option<i64> {
-                #krate::resource::ObservedGenerationField::get(&self.observed_generation)
+                let Self { observed_generation, .. } = self;
+                #krate::resource::ObservedGenerationField::get(observed_generation)
             }
             fn set_observed_generation(&mut self, generation: i64) {
-                #krate::resource::ObservedGenerationField::set(&mut self.observed_generation, generation)
+                let Self { observed_generation, .. } = self;
+                #krate::resource::ObservedGenerationField::set(observed_generation, generation)
             }
         }
     }

@@ -27,6 +27,8 @@ pub struct Input<'a> {
     pub fields: Option<Vec<Field>>,
     /// `#[idempotent(...)]`, all occurrences merged.
     pub opts: ContainerOpts,
+    /// The span of each `#[idempotent(...)]` key that was given, for errors about it.
+    pub key_spans: Vec<(String, Span)>,
     /// `#[kube(...)]` and the span of its first occurrence; `None` when absent.
     pub kube: Option<(KubeOpts, Span)>,
 }
@@ -35,7 +37,7 @@ fn nested_of(attrs: &[Attribute], name: &str, errors: &mut darling::error::Accum
     let mut all = Vec::new();
     let mut first = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident(name)) {
-        first.get_or_insert(attr.span());
+        first.get_or_insert(attr.path().span());
         match &attr.meta {
             syn::Meta::List(list) => {
                 if let Some(items) = errors.handle(NestedMeta::parse_meta_list(list.tokens.clone()).map_err(darling::Error::from)) {
@@ -48,6 +50,39 @@ fn nested_of(attrs: &[Attribute], name: &str, errors: &mut darling::error::Accum
         }
     }
     first.map(|span| (all, span))
+}
+
+/// Keys of the container attribute.
+const KEYS: &[&str] = &["tenant", "field_manager", "conditions", "crate", "skip"];
+
+/// Reports unknown (with a "did you mean") and repeated keys and drops them, so that darling
+/// parses the rest and validation still runs: every error is reported in one go.
+fn known_items(
+    items: Vec<NestedMeta>,
+    key_spans: &mut Vec<(String, Span)>,
+    errors: &mut darling::error::Accumulator,
+) -> Vec<NestedMeta> {
+    let mut kept = Vec::new();
+    for item in items {
+        let NestedMeta::Meta(meta) = &item else {
+            kept.push(item);
+            continue;
+        };
+        let path = meta.path();
+        let name = path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| quote::quote!(#path).to_string().replace(' ', ""));
+        if !KEYS.contains(&name.as_str()) {
+            errors.push(darling::Error::unknown_field_with_alts(&name, KEYS).with_span(path));
+        } else if key_spans.iter().any(|(k, _)| *k == name) {
+            errors.push(darling::Error::duplicate_field(&name).with_span(path));
+        } else {
+            key_spans.push((name, path.span()));
+            kept.push(item);
+        }
+    }
+    kept
 }
 
 /// serde's container `rename_all`, when given as `rename_all = "..."`.
@@ -79,8 +114,12 @@ fn serde_value(attrs: &[Attribute], key: &str) -> Option<String> {
 
 /// Parses the input; never fails, every problem is pushed to `errors`.
 pub fn parse<'a>(input: &'a DeriveInput, errors: &mut darling::error::Accumulator) -> Input<'a> {
+    let mut key_spans = Vec::new();
     let opts = nested_of(&input.attrs, "idempotent", errors)
-        .and_then(|(items, _)| errors.handle(ContainerOpts::from_list(&items)))
+        .and_then(|(items, _)| {
+            let known = known_items(items, &mut key_spans, errors);
+            errors.handle(ContainerOpts::from_list(&known))
+        })
         .unwrap_or_default();
     let kube = nested_of(&input.attrs, "kube", errors).and_then(|(items, span)| {
         errors.handle(KubeOpts::from_list(&items)).map(|k| (k, span))
@@ -161,6 +200,7 @@ pub fn parse<'a>(input: &'a DeriveInput, errors: &mut darling::error::Accumulato
         ident: &input.ident,
         fields,
         opts,
+        key_spans,
         kube,
     }
 }

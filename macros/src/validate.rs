@@ -175,7 +175,19 @@ fn field_path(expr: &Expr) -> Option<Vec<Ident>> {
 /// Validates the parsed input; problems go to `errors`, and the model holds what could be
 /// understood (expand writes a stub when `errors` is not empty).
 pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> Model {
-    let Input { ident, fields, opts, kube } = input;
+    let Input {
+        ident,
+        fields,
+        opts,
+        key_spans,
+        kube,
+    } = input;
+    let key_span = |k: &str| {
+        key_spans
+            .iter()
+            .find(|(n, _)| n == k)
+            .map_or_else(Span::call_site, |(_, s)| *s)
+    };
     let (namespaced, root, status) = match &kube {
         None => {
             errors.push(err(
@@ -224,7 +236,7 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
     let conditions = match &opts.conditions {
         Some(list) => {
             if list.0.is_empty() {
-                errors.push(err("conditions(...) lists no condition; leave it out to use Ready, Reconciling, Stalled", list.span()));
+                errors.push(err("conditions(...) lists no condition; leave it out to use Ready, Reconciling, Stalled", key_span("conditions")));
             }
             let mut seen: Vec<&crate::attr::ConditionName> = Vec::new();
             for c in &list.0 {
