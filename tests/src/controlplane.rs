@@ -1,0 +1,413 @@
+//! Starting and stopping one local control plane: etcd → kube-apiserver →
+//! kube-controller-manager → kube-scheduler → kwok, on free loopback ports, with a fresh PKI.
+
+use std::fs;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::binaries::{self, Binaries};
+use crate::error::{Error, Result};
+use crate::kubeconfig;
+use crate::pki::Pki;
+use crate::process::{self, Lifetime, Process, STOP_GRACE};
+use crate::readiness;
+use crate::state::{self, State};
+
+/// The service CIDR given to the API server and controller-manager.
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The first address of [`SERVICE_CIDR`]: the `kubernetes` Service's ClusterIP.
+pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// Annotation that tells kwok to manage a Node (kwok's own convention).
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Whether the processes die with the starter ([`Lifetime::Attached`], the default) or keep
+    /// running for `cargo xtask controlplane down` ([`Lifetime::Detached`]).
+    pub lifetime: Lifetime,
+    /// How many kwok fake nodes to register (default 2).
+    pub nodes: u32,
+    /// Where run directories go (default [`state::root`]: `$TMPDIR/idem-controlplane/`).
+    pub run_root: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            lifetime: Lifetime::Attached,
+            nodes: 2,
+            run_root: state::root(),
+        }
+    }
+}
+
+/// A running local control plane.
+///
+/// Dropping an attached control plane stops every process (SIGTERM, then SIGKILL after
+/// [`STOP_GRACE`]) in reverse start order and removes its run directory. Should the harness
+/// die without dropping it (a shared control plane in a `static`, a killed test binary), the
+/// kernel kills the processes (parent-death signal) and the next start removes the stale run
+/// directory.
+#[derive(Debug)]
+pub struct ControlPlane {
+    info: Info,
+    keeper: Option<Keeper>,
+}
+
+/// What a started control plane tells its users.
+#[derive(Debug, Clone)]
+pub(crate) struct Info {
+    pub(crate) run_dir: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
+    pub(crate) config: kube::Config,
+    pub(crate) kubectl: PathBuf,
+    pub(crate) logs: Vec<(String, PathBuf)>,
+    pub(crate) pids: Vec<(String, u32)>,
+    pub(crate) server: String,
+}
+
+/// The thread that spawned the attached processes and stops them when told to (or never, for
+/// a control plane in a `static`: then the parent-death signal stops them at process exit).
+#[derive(Debug)]
+struct Keeper {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl ControlPlane {
+    /// Builds the binaries if needed ([`binaries::ensure_built`]) and starts an attached
+    /// control plane with two kwok nodes. See [`ControlPlane::start_with`].
+    ///
+    /// # Errors
+    /// As [`ControlPlane::start_with`].
+    pub fn start() -> Result<Self> {
+        Self::start_with(Options::default())
+    }
+
+    /// Builds the binaries if needed and starts a control plane; returns once the API server
+    /// answers `/readyz`, the `default` namespace and its `default` ServiceAccount exist (so the
+    /// controller-manager works) and every kwok node is Ready. About 5 s when built.
+    ///
+    /// Blocks the calling thread; the processes are spawned from a dedicated thread, so this
+    /// may be called from inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// Build errors from [`binaries::ensure_built`]; [`Error::NotReady`] with the tail of the
+    /// failing component's log when a process exits or does not become ready in time
+    /// (everything already started is stopped again); [`Error::Io`] / [`Error::Pki`] for local
+    /// failures.
+    pub fn start_with(options: Options) -> Result<Self> {
+        let bins = binaries::ensure_built()?;
+        let lifetime = options.lifetime;
+        let run_dir = match lifetime {
+            Lifetime::Attached => state::new_attached_dir(&options.run_root)?,
+            Lifetime::Detached => state::claim_detached_dir(&options.run_root)?,
+        };
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = thread::Builder::new()
+            .name("idem-controlplane".into())
+            .spawn(move || {
+                let mut procs = Vec::new();
+                let result = launch(&options, &bins, &run_dir, &mut procs);
+                let started = result.is_ok();
+                let _ = ready_tx.send(result);
+                if lifetime == Lifetime::Detached && started {
+                    return;
+                }
+                if started {
+                    // Wait for Drop (or for the sender to vanish); a shared control plane in a
+                    // `static` waits here until the process exits.
+                    let _ = stop_rx.recv();
+                }
+                for p in procs.iter_mut().rev() {
+                    p.stop(STOP_GRACE);
+                }
+                let _ = fs::remove_dir_all(&run_dir);
+            })
+            .map_err(Error::io("starting the control-plane thread"))?;
+        let info = ready_rx.recv().unwrap_or_else(|_| {
+            Err(Error::Kubeconfig(
+                "the control-plane thread died while starting".into(),
+            ))
+        });
+        let keeper = Keeper {
+            stop: stop_tx,
+            thread,
+        };
+        match (info, lifetime) {
+            (Ok(info), Lifetime::Attached) => Ok(Self {
+                info,
+                keeper: Some(keeper),
+            }),
+            (Ok(info), Lifetime::Detached) => {
+                let _ = keeper.thread.join();
+                Ok(Self { info, keeper: None })
+            }
+            (Err(e), _) => {
+                let _ = keeper.thread.join();
+                Err(e)
+            }
+        }
+    }
+
+    /// A new client for the admin user (`system:masters`).
+    ///
+    /// Each call builds a new [`kube::Client`], because a client belongs to the Tokio runtime
+    /// it was made in and tests each run their own runtime.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (kube's client spawns its connection task).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.info.config.clone())
+            .expect("a client from the control plane's own kubeconfig")
+    }
+
+    /// The kubeconfig for the admin user; `kubectl --kubeconfig <path>` works with it.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.info.kubeconfig
+    }
+
+    /// The API server's URL, e.g. `https://127.0.0.1:41234`.
+    pub fn server(&self) -> &str {
+        &self.info.server
+    }
+
+    /// A [`Command`] for the control plane's own kubectl (same version as the server) with
+    /// `KUBECONFIG` pointing at this control plane; add arguments and run it.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(&self.info.kubectl);
+        cmd.env("KUBECONFIG", &self.info.kubeconfig);
+        cmd
+    }
+
+    /// The raw text of the API server's `/metrics` (Prometheus text format); count requests
+    /// with [`crate::metrics`].
+    ///
+    /// # Errors
+    /// [`Error::Kube`] when the request fails.
+    pub async fn metrics(&self) -> Result<String> {
+        readiness::get_text(&self.client(), "/metrics").await
+    }
+
+    /// Each component's name and log file, in start order.
+    pub fn logs(&self) -> &[(String, PathBuf)] {
+        &self.info.logs
+    }
+
+    /// Each component's name and process id, in start order.
+    pub fn pids(&self) -> &[(String, u32)] {
+        &self.info.pids
+    }
+
+    /// The run directory (PKI, etcd data, logs, kubeconfig).
+    pub fn run_dir(&self) -> &Path {
+        &self.info.run_dir
+    }
+
+    /// Stops an attached control plane now (the same as dropping it).
+    pub fn stop(self) {
+        drop(self)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.stop.send(());
+            let _ = keeper.thread.join();
+        }
+    }
+}
+
+/// Stops the detached control plane recorded under `run_root` (see [`Options::run_root`]), as
+/// `cargo xtask controlplane down` does; returns the stopped components with their pids.
+///
+/// # Errors
+/// [`Error::NoState`] when none is recorded.
+pub fn down(run_root: &Path) -> Result<Vec<String>> {
+    let dir = state::detached_dir(run_root);
+    let state = State::load(&dir)?;
+    let mut stopped = Vec::new();
+    for (name, pid) in state.pids.iter().rev() {
+        process::stop_pid(*pid, STOP_GRACE);
+        stopped.push(format!("{name} (pid {pid})"));
+    }
+    fs::remove_dir_all(&dir).map_err(Error::io(format!("removing {}", dir.display())))?;
+    Ok(stopped)
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released).
+fn free_port() -> Result<u16> {
+    let l =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(Error::io("finding a free port"))?;
+    Ok(l.local_addr()
+        .map_err(Error::io("finding a free port"))?
+        .port())
+}
+
+/// Starts every component in order, pushing each started process into `procs` (so the caller
+/// can stop them even when a later step fails).
+fn launch(
+    options: &Options,
+    bins: &Binaries,
+    run_dir: &Path,
+    procs: &mut Vec<Process>,
+) -> Result<Info> {
+    let pki = Pki::generate(&run_dir.join("pki"), SERVICE_IP)?;
+    let logs = run_dir.join("logs");
+    fs::create_dir_all(&logs).map_err(Error::io("creating the log directory"))?;
+    let [etcd_client, etcd_peer, api, kcm, sched, kwok] = [(); 6].map(|_| free_port());
+    let (etcd_client, etcd_peer, api, kcm, sched, kwok) =
+        (etcd_client?, etcd_peer?, api?, kcm?, sched?, kwok?);
+    let server = format!("https://127.0.0.1:{api}");
+    let kubeconfig_path = run_dir.join("kubeconfig");
+    let kubeconfig = kubeconfig::admin(&server, &pki)?;
+    kubeconfig::write(&kubeconfig, &kubeconfig_path)?;
+    let kc = kubeconfig_path.display().to_string();
+    let p = |f: &Path| f.display().to_string();
+
+    let lifetime = options.lifetime;
+    let spawn = |procs: &mut Vec<Process>, name: &str, args: Vec<String>| -> Result<()> {
+        let log = logs.join(format!("{name}.log"));
+        procs.push(Process::spawn(
+            name,
+            &bins.path(name),
+            &args,
+            &log,
+            lifetime,
+        )?);
+        Ok(())
+    };
+    let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+    let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+    spawn(
+        procs,
+        "etcd",
+        vec![
+            "--name=idem".into(),
+            format!("--data-dir={}", p(&run_dir.join("etcd"))),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=idem={peer_url}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ],
+    )?;
+    spawn(
+        procs,
+        "kube-apiserver",
+        vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--cert-dir={}", p(&run_dir.join("apiserver-certs"))),
+            format!("--secure-port={api}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            // Loopback may not be an endpoint of the `kubernetes` Service; without this the
+            // server exits (envtest does the same).
+            "--endpoint-reconciler-type=none".into(),
+            format!("--tls-cert-file={}", p(&pki.serving_cert)),
+            format!("--tls-private-key-file={}", p(&pki.serving_key)),
+            format!("--client-ca-file={}", p(&pki.ca_cert)),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-account-issuer={server}"),
+            format!("--service-account-key-file={}", p(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+            "--authorization-mode=RBAC".into(),
+            "--allow-privileged=true".into(),
+            "--v=1".into(),
+        ],
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::io("starting a Tokio runtime"))?;
+    let config = rt.block_on(kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &KubeConfigOptions::default(),
+    ));
+    let config = config.map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    rt.block_on(readiness::apiserver(&config, procs))?;
+
+    let common = |port: u16| {
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--leader-elect=false".into(),
+            "--v=1".into(),
+        ]
+    };
+    let mut kcm_args = common(kcm);
+    kcm_args.extend([
+        format!("--cert-dir={}", p(&run_dir.join("kcm-certs"))),
+        format!("--service-account-private-key-file={}", p(&pki.sa_key)),
+        format!("--root-ca-file={}", p(&pki.ca_cert)),
+        format!("--cluster-signing-cert-file={}", p(&pki.ca_cert)),
+        format!("--cluster-signing-key-file={}", p(&pki.ca_key)),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--use-service-account-credentials=false".into(),
+    ]);
+    spawn(procs, "kube-controller-manager", kcm_args)?;
+    let mut sched_args = common(sched);
+    sched_args.push(format!(
+        "--cert-dir={}",
+        p(&run_dir.join("scheduler-certs"))
+    ));
+    spawn(procs, "kube-scheduler", sched_args)?;
+    spawn(
+        procs,
+        "kwok",
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--config={}", p(&bins.kwok_stages())),
+            "--manage-all-nodes=false".into(),
+            format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+            "--cidr=10.244.0.0/16".into(),
+            "--node-ip=10.244.0.1".into(),
+            format!("--server-address=127.0.0.1:{kwok}"),
+        ],
+    )?;
+    rt.block_on(readiness::cluster(&config, options.nodes, procs))?;
+
+    let info = Info {
+        run_dir: run_dir.to_path_buf(),
+        kubeconfig: kubeconfig_path,
+        config,
+        kubectl: bins.path("kubectl"),
+        logs: procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.log().to_path_buf()))
+            .collect(),
+        pids: procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect(),
+        server,
+    };
+    if lifetime == Lifetime::Detached {
+        State {
+            pids: info.pids.clone(),
+            kubeconfig: info.kubeconfig.clone(),
+        }
+        .save(run_dir)?;
+        // Detached processes must outlive these handles: forget them without stopping.
+        procs.drain(..).for_each(std::mem::forget);
+    }
+    Ok(info)
+}
+
+/// The kubeconfig a started control plane wrote (used by the CLI to print instructions).
+pub fn load_kubeconfig(path: &Path) -> Result<Kubeconfig> {
+    Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))
+}

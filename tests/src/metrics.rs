@@ -1,0 +1,104 @@
+//! Reading the API server's own request counters (`apiserver_request_total` in `/metrics`), so
+//! tests count writes as the server saw them rather than by their own bookkeeping.
+
+/// The verbs that change state, as `apiserver_request_total` labels them (`APPLY` is
+/// server-side apply, a PATCH with `application/apply-patch+yaml`).
+pub const WRITE_VERBS: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+/// Total `apiserver_request_total` for one verb on one resource (plural, e.g. `configmaps`)
+/// of one API group (`""` for the core group), over every subresource, scope and code.
+pub fn requests(metrics_text: &str, verb: &str, group: &str, resource: &str) -> u64 {
+    samples(metrics_text, "apiserver_request_total")
+        .filter(|s| {
+            s.label("verb") == Some(verb)
+                && s.label("group") == Some(group)
+                && s.label("resource") == Some(resource)
+        })
+        .map(|s| s.value as u64)
+        .sum()
+}
+
+/// Total write requests (every verb in [`WRITE_VERBS`]) on one resource of one group.
+pub fn writes(metrics_text: &str, group: &str, resource: &str) -> u64 {
+    WRITE_VERBS
+        .iter()
+        .map(|verb| requests(metrics_text, verb, group, resource))
+        .sum()
+}
+
+/// One sample line of the Prometheus text format: `name{k="v",...} value`.
+#[derive(Debug)]
+struct Sample<'a> {
+    labels: Vec<(&'a str, &'a str)>,
+    value: f64,
+}
+
+impl Sample<'_> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+}
+
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample<'a>> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => {
+                let end = r.rfind('}')?;
+                (&r[..end], r[end + 1..].trim())
+            }
+            None if rest.starts_with(' ') => ("", rest.trim()),
+            None => return None,
+        };
+        let value = value.split_whitespace().next()?.parse().ok()?;
+        Some(Sample {
+            labels: parse_labels(labels),
+            value,
+        })
+    })
+}
+
+/// Splits `a="x",b="y"`; label values in these metrics never contain `"` or `,` escapes.
+fn parse_labels(s: &str) -> Vec<(&str, &str)> {
+    s.split("\",")
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            Some((k.trim(), v.trim().trim_matches('"')))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="POST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="APPLY",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="GET",version="v1"} 40
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="apps",resource="deployments",scope="resource",subresource="status",verb="PUT",version="v1"} 5
+apiserver_request_total_other{group="",resource="configmaps",verb="POST"} 99
+"#;
+
+    #[test]
+    fn counts_by_verb_group_and_resource() {
+        assert_eq!(requests(TEXT, "POST", "", "configmaps"), 3);
+        assert_eq!(requests(TEXT, "GET", "", "configmaps"), 40);
+        assert_eq!(requests(TEXT, "PUT", "apps", "deployments"), 5);
+        assert_eq!(requests(TEXT, "PUT", "", "deployments"), 0);
+    }
+
+    #[test]
+    fn writes_sum_every_write_verb_and_skip_reads() {
+        assert_eq!(writes(TEXT, "", "configmaps"), 5);
+        assert_eq!(writes(TEXT, "apps", "deployments"), 5);
+    }
+}
