@@ -14,6 +14,7 @@ use super::{
 };
 use crate::compare::is_applied;
 use crate::key::ObjectKey;
+use crate::status::Readiness;
 
 /// What happened to one desired child.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +49,31 @@ impl ApplyReport {
             ChildOutcome::NotOwned { reason } => Some((k, reason.as_str())),
             _ => None,
         })
+    }
+
+    /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
+    /// desired child's name is taken by an object we do not own (it needs a human: delete or
+    /// rename one of them), otherwise `Ready` with reason `Reconciled`. Messages are stable
+    /// for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
+    pub fn readiness(&self) -> Readiness {
+        let clashes: Vec<String> = self
+            .not_owned()
+            .map(|(k, why)| format!("{k} exists and is {why}"))
+            .collect();
+        if clashes.is_empty() {
+            Readiness::Ready {
+                reason: "Reconciled".to_owned(),
+                message: format!("{} children up to date", self.children.len()),
+            }
+        } else {
+            Readiness::Stalled {
+                reason: "ChildNotOwned".to_owned(),
+                message: format!(
+                    "not modifying objects this resource does not own: {}",
+                    clashes.join("; ")
+                ),
+            }
+        }
     }
 
     /// Whether any write was made.
