@@ -32,7 +32,10 @@ mod tests {
 
     #[test]
     fn serde_rules() {
-        assert_eq!(rename("camelCase", "observed_generation").as_deref(), Some("observedGeneration"));
+        assert_eq!(
+            rename("camelCase", "observed_generation").as_deref(),
+            Some("observedGeneration")
+        );
         assert_eq!(rename("PascalCase", "a_b").as_deref(), Some("AB"));
         assert_eq!(rename("kebab-case", "a_b").as_deref(), Some("a-b"));
         assert_eq!(rename("nope", "a"), None);

@@ -22,33 +22,33 @@ pub fn derive(input: &DeriveInput) -> TokenStream {
     }
 }
 
-fn status_impl(m: &Model) -> TokenStream {
+/// The four status accessors of `IdempotentResource`, spanned at the `status = "..."` value so
+/// a missing or mistyped field is reported there. Patterns, not `status.field`, so a missing
+/// field reads "struct has no field named `conditions`".
+fn status_fns(m: &Model) -> TokenStream {
     let krate = &m.krate;
     let Some(status) = &m.status else {
         return TokenStream::new();
     };
-    // Spanned at the `status = "..."` value, so a missing or mistyped field is reported there.
     let span = status.span();
+    let condition =
+        quote!(#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition);
     quote_spanned! {span=>
-        impl #krate::resource::ObjectStatus for #status {
-            // Patterns, not `self.field`: a missing field then reads "struct has no field
-            // named `conditions`" instead of being confused with the trait's methods.
-            fn conditions(&self) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
-                let Self { conditions, .. } = self;
-                #krate::resource::ConditionsField::get(conditions)
-            }
-            fn conditions_mut(&mut self) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-                let Self { conditions, .. } = self;
-                #krate::resource::ConditionsField::get_mut(conditions)
-            }
-            fn observed_generation(&self) -> ::core::option::Option<i64> {
-                let Self { observed_generation, .. } = self;
-                #krate::resource::ObservedGenerationField::get(observed_generation)
-            }
-            fn set_observed_generation(&mut self, generation: i64) {
-                let Self { observed_generation, .. } = self;
-                #krate::resource::ObservedGenerationField::set(observed_generation, generation)
-            }
+        fn conditions_of(status: &#status) -> &[#condition] {
+            let #status { conditions, .. } = status;
+            #krate::resource::ConditionsField::get(conditions)
+        }
+        fn conditions_of_mut(status: &mut #status) -> &mut ::std::vec::Vec<#condition> {
+            let #status { conditions, .. } = status;
+            #krate::resource::ConditionsField::get_mut(conditions)
+        }
+        fn observed_generation_of(status: &#status) -> ::core::option::Option<i64> {
+            let #status { observed_generation, .. } = status;
+            #krate::resource::ObservedGenerationField::get(observed_generation)
+        }
+        fn set_observed_generation_of(status: &mut #status, generation: i64) {
+            let #status { observed_generation, .. } = status;
+            #krate::resource::ObservedGenerationField::set(observed_generation, generation)
         }
     }
 }
@@ -78,7 +78,11 @@ fn expand(m: &Model) -> TokenStream {
             quote!(#krate::resource::__tenant::by_namespace_label(self, #l)),
         ),
         Tenant::Field(path) => {
-            let text = path.iter().map(ToString::to_string).collect::<Vec<_>>().join(".");
+            let text = path
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(".");
             let span = path[0].span();
             (
                 quote!(#krate::resource::TenantRule::Field(#text)),
@@ -86,7 +90,7 @@ fn expand(m: &Model) -> TokenStream {
             )
         }
     };
-    let status_impl = status_impl(m);
+    let status_fns = status_fns(m);
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
@@ -108,8 +112,6 @@ fn expand(m: &Model) -> TokenStream {
                 }
             }
 
-            #status_impl
-
             impl #krate::resource::IdempotentResource for #root {
                 type Spec = #spec;
                 type Status = #status;
@@ -126,6 +128,7 @@ fn expand(m: &Model) -> TokenStream {
                 fn status_mut(&mut self) -> &mut ::core::option::Option<#status> {
                     &mut self.status
                 }
+                #status_fns
                 fn tenant(&self) -> ::core::result::Result<#krate::resource::TenantRef, #krate::resource::TenantError> {
                     #tenant_body
                 }
@@ -139,11 +142,25 @@ fn expand(m: &Model) -> TokenStream {
 fn stub(m: &Model) -> TokenStream {
     let krate = &m.krate;
     let spec = &m.spec;
-    let unreachable = quote!(::core::unreachable!("#[derive(IdempotentResource)] failed to expand; see the compile errors"));
+    let unreachable = quote!(::core::unreachable!(
+        "#[derive(IdempotentResource)] failed to expand; see the compile errors"
+    ));
     let status_ty = m
         .status
         .as_ref()
         .map_or_else(|| quote!(#krate::resource::__NoStatus), |s| quote!(#s));
+    // The real accessors when the status type is known (their errors are real errors), else
+    // placeholders over the stub status type.
+    let status_fns = if m.status.is_some() {
+        status_fns(m)
+    } else {
+        quote! {
+            fn conditions_of(_: &#status_ty) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] { #unreachable }
+            fn conditions_of_mut(_: &mut #status_ty) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> { #unreachable }
+            fn observed_generation_of(_: &#status_ty) -> ::core::option::Option<i64> { #unreachable }
+            fn set_observed_generation_of(_: &mut #status_ty, _: i64) { #unreachable }
+        }
+    };
     let root_impl = m.root.as_ref().map(|root| {
         quote! {
             impl #krate::resource::IdempotentResource for #root {
@@ -157,17 +174,16 @@ fn stub(m: &Model) -> TokenStream {
                 fn status(&self) -> ::core::option::Option<&#status_ty> { #unreachable }
                 fn status_mut(&mut self) -> &mut ::core::option::Option<#status_ty> { #unreachable }
                 fn tenant(&self) -> ::core::result::Result<#krate::resource::TenantRef, #krate::resource::TenantError> { #unreachable }
+                #status_fns
             }
         }
     });
-    let status_impl = status_impl(m);
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
                 fn diff(&self, _: &Self) -> ::std::vec::Vec<&'static str> { #unreachable }
                 fn fingerprint(&self) -> #krate::compare::Fingerprint { #unreachable }
             }
-            #status_impl
             #root_impl
         };
     }

@@ -33,14 +33,20 @@ pub struct Input<'a> {
     pub kube: Option<(KubeOpts, Span)>,
 }
 
-fn nested_of(attrs: &[Attribute], name: &str, errors: &mut darling::error::Accumulator) -> Option<(Vec<NestedMeta>, Span)> {
+fn nested_of(
+    attrs: &[Attribute],
+    name: &str,
+    errors: &mut darling::error::Accumulator,
+) -> Option<(Vec<NestedMeta>, Span)> {
     let mut all = Vec::new();
     let mut first = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident(name)) {
         first.get_or_insert(attr.path().span());
         match &attr.meta {
             syn::Meta::List(list) => {
-                if let Some(items) = errors.handle(NestedMeta::parse_meta_list(list.tokens.clone()).map_err(darling::Error::from)) {
+                if let Some(items) = errors.handle(
+                    NestedMeta::parse_meta_list(list.tokens.clone()).map_err(darling::Error::from),
+                ) {
                     all.extend(items);
                 }
             }
@@ -122,7 +128,9 @@ pub fn parse<'a>(input: &'a DeriveInput, errors: &mut darling::error::Accumulato
         })
         .unwrap_or_default();
     let kube = nested_of(&input.attrs, "kube", errors).and_then(|(items, span)| {
-        errors.handle(KubeOpts::from_list(&items)).map(|k| (k, span))
+        errors
+            .handle(KubeOpts::from_list(&items))
+            .map(|k| (k, span))
     });
     if !input.generics.params.is_empty() {
         errors.push(
@@ -147,7 +155,9 @@ pub fn parse<'a>(input: &'a DeriveInput, errors: &mut darling::error::Accumulato
                         let rust = rust.strip_prefix("r#").unwrap_or(&rust).to_owned();
                         let wire = serde_value(&f.attrs, "rename")
                             .or_else(|| {
-                                rename_all.as_deref().and_then(|r| crate::case::rename(r, &rust))
+                                rename_all
+                                    .as_deref()
+                                    .and_then(|r| crate::case::rename(r, &rust))
                             })
                             .unwrap_or(rust);
                         Some(Field {

@@ -73,7 +73,9 @@ fn check_condition(c: &crate::attr::ConditionName) -> Option<String> {
         && name.len() <= 63
         && name.starts_with(alnum)
         && name.ends_with(alnum)
-        && name.chars().all(|ch| alnum(ch) || matches!(ch, '-' | '_' | '.'));
+        && name
+            .chars()
+            .all(|ch| alnum(ch) || matches!(ch, '-' | '_' | '.'));
     let prefix_ok = prefix.is_none_or(|p| {
         !p.is_empty()
             && p.len() <= 253
@@ -81,7 +83,8 @@ fn check_condition(c: &crate::attr::ConditionName) -> Option<String> {
                 !l.is_empty()
                     && l.starts_with(|ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit())
                     && l.ends_with(|ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit())
-                    && l.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
+                    && l.chars()
+                        .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
             })
     });
     (!(name_ok && prefix_ok)).then(|| {
@@ -92,7 +95,11 @@ fn check_condition(c: &crate::attr::ConditionName) -> Option<String> {
     })
 }
 
-fn parse_tenant(expr: &Expr, fields: Option<&[Field]>, errors: &mut darling::error::Accumulator) -> Option<Tenant> {
+fn parse_tenant(
+    expr: &Expr,
+    fields: Option<&[Field]>,
+    errors: &mut darling::error::Accumulator,
+) -> Option<Tenant> {
     let bad = || {
         err(
             "expected `tenant = name`, `tenant = namespace`, `tenant = namespace_label(\"label-key\")` or `tenant = field(path.to.field)`",
@@ -109,20 +116,37 @@ fn parse_tenant(expr: &Expr, fields: Option<&[Field]>, errors: &mut darling::err
             };
             if func.path.is_ident("namespace_label") {
                 let arg = match call.args.iter().collect::<Vec<_>>().as_slice() {
-                    [Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. })] => s.clone(),
+                    [
+                        Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Str(s),
+                            ..
+                        }),
+                    ] => s.clone(),
                     _ => {
                         errors.push(err("`namespace_label` takes one string: the label key, e.g. namespace_label(\"tenancy.idem.dev/tenant\")", call.span()));
                         return None;
                     }
                 };
                 let key = arg.value();
-                let (prefix, name) = key.split_once('/').map_or((None, key.as_str()), |(p, n)| (Some(p), n));
+                let (prefix, name) = key
+                    .split_once('/')
+                    .map_or((None, key.as_str()), |(p, n)| (Some(p), n));
                 let ok = !name.is_empty()
                     && name.len() <= 63
                     && name.starts_with(|c: char| c.is_ascii_alphanumeric())
                     && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-                    && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                    && prefix.is_none_or(|p| !p.is_empty() && p.len() <= 253 && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.')));
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                    && prefix.is_none_or(|p| {
+                        !p.is_empty()
+                            && p.len() <= 253
+                            && p.chars().all(|c| {
+                                c.is_ascii_lowercase()
+                                    || c.is_ascii_digit()
+                                    || matches!(c, '-' | '.')
+                            })
+                    });
                 if !ok {
                     errors.push(err(format!("\"{key}\" is not a valid label key (optional DNS prefix and `/`, then 1-63 characters of [A-Za-z0-9_.-])"), arg.span()));
                     return None;
@@ -140,7 +164,13 @@ fn parse_tenant(expr: &Expr, fields: Option<&[Field]>, errors: &mut darling::err
                 if let Some(fields) = fields
                     && !fields.iter().any(|f| f.ident == path[0])
                 {
-                    errors.push(err(format!("the spec has no field `{}` to take the tenant from", path[0]), path[0].span()));
+                    errors.push(err(
+                        format!(
+                            "the spec has no field `{}` to take the tenant from",
+                            path[0]
+                        ),
+                        path[0].span(),
+                    ));
                     return None;
                 }
                 Some(Tenant::Field(path))
@@ -197,14 +227,12 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
             (false, None, None)
         }
         Some((k, span)) => {
-            let root = k
-                .root
-                .as_ref()
-                .or(k.kind.as_ref())
-                .and_then(|r| syn::parse_str::<Ident>(r).ok().map(|mut i| {
+            let root = k.root.as_ref().or(k.kind.as_ref()).and_then(|r| {
+                syn::parse_str::<Ident>(r).ok().map(|mut i| {
                     i.set_span(r.span());
                     i
-                }));
+                })
+            });
             if k.status.is_none() {
                 errors.push(err(
                     "IdempotentResource keeps status conditions and observedGeneration: add `status = \"<Kind>Status\"` to #[kube(...)]",
@@ -244,7 +272,10 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
                     errors.push(err(msg, c.span));
                 }
                 if seen.iter().any(|s| s.name == c.name) {
-                    errors.push(err(format!("condition `{}` is listed twice", c.name), c.span));
+                    errors.push(err(
+                        format!("condition `{}` is listed twice", c.name),
+                        c.span,
+                    ));
                 } else {
                     seen.push(c);
                 }
@@ -288,6 +319,10 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         field_manager,
         conditions,
         tenant,
-        fields: fields.unwrap_or_default().into_iter().filter(|f| !f.skip).collect(),
+        fields: fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| !f.skip)
+            .collect(),
     }
 }

@@ -3,10 +3,13 @@
 
 pub mod apply;
 pub mod compare;
+pub mod derive;
 pub mod key;
 pub mod resource;
 pub mod status;
 
+/// Derives [`resource::IdempotentResource`] for a kube `CustomResource`; see [`derive`] for
+/// every attribute.
 pub use idem_macros::IdempotentResource;
 pub use key::{ObjectKey, TenantKey};
 

@@ -42,7 +42,7 @@ pub enum TenantError {
         namespace: String,
         /// The client error.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -107,7 +107,7 @@ impl TenantRef {
                     .await
                     .map_err(|source| TenantError::Api {
                         namespace: namespace.clone(),
-                        source,
+                        source: Box::new(source),
                     })?;
                 let labels = ns.metadata.labels.unwrap_or_default();
                 TenantRef::NamespaceLabel { namespace, label }.resolve_with_labels(&labels)
@@ -161,25 +161,6 @@ pub trait SpecDiff {
     /// A stable fingerprint of the compared fields (skipped fields excluded): equal specs give
     /// equal fingerprints across processes and versions of idem.
     fn fingerprint(&self) -> Fingerprint;
-}
-
-/// A status type with the fields idem keeps: `conditions` (metav1.Condition shape) and
-/// `observed_generation`. The derive implements it for the type named in `#[kube(status = ...)]`.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a status type idem can keep",
-    label = "needs `conditions: Vec<Condition>` and `observed_generation: Option<i64>`"
-)]
-pub trait ObjectStatus:
-    Clone + Default + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
-{
-    /// The status conditions (metav1.Condition shape).
-    fn conditions(&self) -> &[Condition];
-    /// The status conditions, to change.
-    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
-    /// `status.observedGeneration`: the `metadata.generation` the status describes.
-    fn observed_generation(&self) -> Option<i64>;
-    /// Sets `status.observedGeneration`.
-    fn set_observed_generation(&mut self, generation: i64);
 }
 
 /// The field of a status type that holds its conditions; used by the derive's generated code.
@@ -240,8 +221,10 @@ pub trait IdempotentResource:
 {
     /// The spec struct the derive is on.
     type Spec: SpecDiff;
-    /// The status type named in `#[kube(status = "...")]`.
-    type Status: ObjectStatus;
+    /// The status type named in `#[kube(status = "...")]`; it has the fields
+    /// `conditions: Vec<Condition>` and `observed_generation: Option<i64>` (or `i64`), read
+    /// through the `*_of` functions below (so kinds may share one status type).
+    type Status: Clone + Default + Debug + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// The field manager for server-side apply and status writes
     /// (`#[idempotent(field_manager = "...")]`, default `"idem-operator"`).
     const FIELD_MANAGER: &'static str;
@@ -259,6 +242,14 @@ pub trait IdempotentResource:
     fn status(&self) -> Option<&Self::Status>;
     /// The status, to change.
     fn status_mut(&mut self) -> &mut Option<Self::Status>;
+    /// `status.conditions` (metav1.Condition shape).
+    fn conditions_of(status: &Self::Status) -> &[Condition];
+    /// `status.conditions`, to change.
+    fn conditions_of_mut(status: &mut Self::Status) -> &mut Vec<Condition>;
+    /// `status.observedGeneration`: the `metadata.generation` the status describes.
+    fn observed_generation_of(status: &Self::Status) -> Option<i64>;
+    /// Sets `status.observedGeneration`.
+    fn set_observed_generation_of(status: &mut Self::Status, generation: i64);
     /// The tenant of this object, as [`Self::TENANT_RULE`] says.
     ///
     /// # Errors
@@ -325,19 +316,4 @@ pub mod __tenant {
 pub struct __NoStatus {
     conditions: Vec<Condition>,
     observed_generation: Option<i64>,
-}
-
-impl ObjectStatus for __NoStatus {
-    fn conditions(&self) -> &[Condition] {
-        &self.conditions
-    }
-    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
-        &mut self.conditions
-    }
-    fn observed_generation(&self) -> Option<i64> {
-        self.observed_generation
-    }
-    fn set_observed_generation(&mut self, generation: i64) {
-        self.observed_generation = Some(generation);
-    }
 }

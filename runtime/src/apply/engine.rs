@@ -2,15 +2,14 @@
 
 use std::collections::BTreeSet;
 
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use kube::Client;
 use serde_json::{Value, json};
 
 use super::owner::DesiredChild;
 use super::{
-    ApplyError, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists, is_conflict,
-    is_not_found,
+    ApplyError, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found,
 };
 use crate::compare::is_applied;
 use crate::key::ObjectKey;
@@ -160,11 +159,14 @@ impl Applier {
     ) -> Result<(ObjectKey, ChildOutcome), ApplyError> {
         let (key, _) = child.stamped(owner)?;
         let api = self.api(&child.resource, key.namespace.as_deref());
-        let live = api.get_opt(&key.name).await.map_err(|source| ApplyError::Api {
-            child: key.clone(),
-            action: "get",
-            source,
-        })?;
+        let live = api
+            .get_opt(&key.name)
+            .await
+            .map_err(|source| ApplyError::Api {
+                child: key.clone(),
+                action: "get",
+                source: Box::new(source),
+            })?;
         let outcome = self.apply_observed(owner, child, live).await?;
         Ok((key, outcome))
     }
@@ -188,18 +190,17 @@ impl Applier {
         let err = |action, source| ApplyError::Api {
             child: key.clone(),
             action,
-            source,
+            source: Box::new(source),
         };
         let attempts = self.retry.attempts();
         for attempt in 0..attempts {
             self.retry.sleep_before(attempt).await;
             let Some(live) = observed.take() else {
-                let obj: DynamicObject = serde_json::from_value(body.clone()).map_err(|e| {
-                    ApplyError::Serialize {
+                let obj: DynamicObject =
+                    serde_json::from_value(body.clone()).map_err(|e| ApplyError::Serialize {
                         kind: key.kind.to_string(),
                         reason: e.to_string(),
-                    }
-                })?;
+                    })?;
                 let pp = PostParams {
                     field_manager: Some(owner.field_manager().to_owned()),
                     ..PostParams::default()
@@ -228,7 +229,9 @@ impl Applier {
                     let mut guarded = body.clone();
                     guarded["metadata"]["resourceVersion"] = json!(rv);
                     let pp = PatchParams::apply(owner.field_manager()).force();
-                    api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await.map(|_| ())
+                    api.patch(&key.name, &pp, &Patch::Apply(&guarded))
+                        .await
+                        .map(|_| ())
                 }
                 Err(e) => Err(e),
             };
@@ -313,7 +316,7 @@ impl Applier {
         let list = api.list(&lp).await.map_err(|source| ApplyError::Api {
             child: kind_key(scope, "*"),
             action: "list",
-            source,
+            source: Box::new(source),
         })?;
         let mut pruned = Vec::new();
         for obj in list.items {
@@ -342,7 +345,7 @@ impl Applier {
                     return Err(ApplyError::Api {
                         child: key,
                         action: "delete",
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }

@@ -47,7 +47,9 @@ pub const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// The owner was not read from the API server: it lacks `metadata.name` or `metadata.uid`.
-    #[error("owner {kind} has no metadata.name or metadata.uid; only stored objects can own children")]
+    #[error(
+        "owner {kind} has no metadata.name or metadata.uid; only stored objects can own children"
+    )]
     OwnerNotStored {
         /// The owner's kind.
         kind: String,
@@ -89,7 +91,7 @@ pub enum ApplyError {
         action: &'static str,
         /// The client error.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// Every attempt met 409 Conflict (someone else kept changing the child).
     #[error("{child}: still conflicting after {attempts} attempts")]

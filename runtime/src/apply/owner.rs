@@ -8,9 +8,7 @@ use kube::core::{ApiResource, ClusterResourceScope, NamespaceResourceScope};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{
-    ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, TENANT_LABEL,
-};
+use super::{ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, TENANT_LABEL};
 use crate::compare::fingerprint;
 use crate::key::{ObjectKey, TenantKey};
 
@@ -277,13 +275,19 @@ impl DesiredChild {
         match (self.namespaced, owner.namespace(), key.namespace.as_deref()) {
             (true, Some(ns), None) => key.namespace = Some(ns.into()),
             (true, Some(ns), Some(child_ns)) if ns != child_ns => {
-                return Err(invalid(&key, "a namespaced owner only owns children in its own namespace"));
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner only owns children in its own namespace",
+                ));
             }
             (true, None, None) => {
                 return Err(invalid(&key, "a namespaced child needs metadata.namespace"));
             }
             (false, Some(_), _) => {
-                return Err(invalid(&key, "a namespaced owner cannot own cluster-scoped objects"));
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner cannot own cluster-scoped objects",
+                ));
             }
             _ => {}
         }

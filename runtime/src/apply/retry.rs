@@ -99,7 +99,10 @@ mod tests {
         assert_eq!(p.wait_before(0), Duration::ZERO);
         for attempt in 1..5 {
             let w = p.wait_before(attempt);
-            assert!(w >= Duration::from_millis(10) && w < Duration::from_millis(11), "{w:?}");
+            assert!(
+                w >= Duration::from_millis(10) && w < Duration::from_millis(11),
+                "{w:?}"
+            );
         }
     }
 
@@ -107,7 +110,10 @@ mod tests {
     fn default_backoff_grows_by_five() {
         let p = RetryPolicy::client_go_default_backoff();
         let w3 = p.wait_before(3);
-        assert!(w3 >= Duration::from_millis(250) && w3 < Duration::from_millis(275), "{w3:?}");
+        assert!(
+            w3 >= Duration::from_millis(250) && w3 < Duration::from_millis(275),
+            "{w3:?}"
+        );
     }
 
     #[test]

@@ -92,6 +92,9 @@ mod tests {
     #[test]
     fn pinned_value_is_stable() {
         // FNV-1a of the bytes `{"a":1}`; pinned so a change of algorithm is noticed.
-        assert_eq!(fingerprint(&json!({"a": 1})).to_string(), "9c3e82dd6fcae8b1");
+        assert_eq!(
+            fingerprint(&json!({"a": 1})).to_string(),
+            "9c3e82dd6fcae8b1"
+        );
     }
 }

@@ -71,7 +71,14 @@ pub fn is_applied(desired: &Value, live: Option<&Value>) -> bool {
 /// not applied in `live`; empty when converged.
 pub fn drift(desired: &Value, live: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    walk(desired, Some(live), &mut String::new(), false, &mut out, false);
+    walk(
+        desired,
+        Some(live),
+        &mut String::new(),
+        false,
+        &mut out,
+        false,
+    );
     out
 }
 
@@ -220,8 +227,7 @@ fn walk_list(
         for d in desired {
             let id = &d[key];
             let found = live.iter().find(|l| {
-                l.get(key).is_some_and(|lv| scalar_eq(id, lv, false))
-                    && protocol_matches(d, l)
+                l.get(key).is_some_and(|lv| scalar_eq(id, lv, false)) && protocol_matches(d, l)
             });
             let len = path.len();
             let id_text = id.as_str().map_or_else(|| id.to_string(), str::to_owned);

@@ -73,7 +73,10 @@ fn atomic_lists_need_same_length_and_order() {
     let desired = json!({"args": ["a", "b"]});
     assert!(is_applied(&desired, Some(&json!({"args": ["a", "b"]}))));
     assert!(!is_applied(&desired, Some(&json!({"args": ["b", "a"]}))));
-    assert!(!is_applied(&desired, Some(&json!({"args": ["a", "b", "c"]}))));
+    assert!(!is_applied(
+        &desired,
+        Some(&json!({"args": ["a", "b", "c"]}))
+    ));
 }
 
 #[test]
@@ -86,8 +89,16 @@ fn port_protocol_is_part_of_the_key() {
 
 #[test]
 fn same_meaning_is_symmetric_for_spec_values() {
-    assert!(same_meaning(&json!({"a": [1, 2]}), &json!({"a": [1, 2]}), false));
-    assert!(!same_meaning(&json!({"a": [1, 2]}), &json!({"a": [1]}), false));
+    assert!(same_meaning(
+        &json!({"a": [1, 2]}),
+        &json!({"a": [1, 2]}),
+        false
+    ));
+    assert!(!same_meaning(
+        &json!({"a": [1, 2]}),
+        &json!({"a": [1]}),
+        false
+    ));
     assert!(same_meaning(
         &json!({"limits": {"cpu": "1000m"}}),
         &json!({"limits": {"cpu": "1"}}),

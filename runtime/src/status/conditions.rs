@@ -4,7 +4,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::StatusError;
-use crate::resource::ObjectStatus;
 
 /// A condition's status (`metav1.ConditionStatus`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,25 +132,38 @@ pub(crate) fn now_seconds() -> Time {
 /// A status being computed for one write: the object's generation, the time of this
 /// computation and the declared condition types; handed to the closure of
 /// [`super::StatusWriter::write`].
-#[derive(Debug)]
 pub struct StatusDraft<'a, S> {
     status: &'a mut S,
+    conditions_of: fn(&mut S) -> &mut Vec<Condition>,
     generation: i64,
     now: Time,
     declared: &'static [&'static str],
     error: Option<StatusError>,
 }
 
-impl<'a, S: ObjectStatus> StatusDraft<'a, S> {
-    /// A draft over `status` for `generation`, at time `now`, allowing `declared` types.
+impl<S: std::fmt::Debug> std::fmt::Debug for StatusDraft<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusDraft")
+            .field("status", &self.status)
+            .field("generation", &self.generation)
+            .field("declared", &self.declared)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, S> StatusDraft<'a, S> {
+    /// A draft over `status`, whose conditions `conditions_of` reaches, for `generation`, at
+    /// time `now`, allowing the `declared` condition types.
     pub fn new(
         status: &'a mut S,
+        conditions_of: fn(&mut S) -> &mut Vec<Condition>,
         generation: i64,
         now: Time,
         declared: &'static [&'static str],
     ) -> Self {
         Self {
             status,
+            conditions_of,
             generation,
             now,
             declared,
@@ -190,7 +202,7 @@ impl<'a, S: ObjectStatus> StatusDraft<'a, S> {
             self.error = Some(StatusError::UndeclaredType(type_.to_owned()));
             return self;
         }
-        let conditions = self.status.conditions_mut();
+        let conditions = (self.conditions_of)(self.status);
         let now = self.now.clone();
         match conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(c) => {

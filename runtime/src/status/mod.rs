@@ -29,14 +29,18 @@ pub use writer::{StatusOutcome, StatusWriter};
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
     /// A condition type is not a qualified name (apimachinery `ValidateConditions`).
-    #[error("condition type {0:?} is not a valid qualified name (optional DNS prefix, name of 1-63 characters [A-Za-z0-9_.-] starting and ending alphanumeric)")]
+    #[error(
+        "condition type {0:?} is not a valid qualified name (optional DNS prefix, name of 1-63 characters [A-Za-z0-9_.-] starting and ending alphanumeric)"
+    )]
     InvalidType(String),
     /// A condition type is not among the resource's declared `conditions(...)`.
     #[error("condition type {0:?} is not declared in #[idempotent(conditions(...))]")]
     UndeclaredType(String),
     /// A condition reason does not match `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` or is
     /// longer than 1024 characters.
-    #[error("condition reason {0:?} must match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$ and be 1-1024 characters")]
+    #[error(
+        "condition reason {0:?} must match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$ and be 1-1024 characters"
+    )]
     InvalidReason(String),
     /// A condition message is longer than 32768 bytes.
     #[error("condition message of {0} bytes exceeds the 32768-byte limit")]
@@ -54,7 +58,7 @@ pub enum StatusError {
         action: &'static str,
         /// The client error.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// Every attempt met 409 Conflict.
     #[error("{name}: status still conflicting after {attempts} attempts")]

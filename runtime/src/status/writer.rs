@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::StatusError;
 use super::conditions::{StatusDraft, now_seconds};
 use crate::apply::{RetryPolicy, is_conflict, is_not_found};
-use crate::resource::{IdempotentResource, ObjectStatus};
+use crate::resource::IdempotentResource;
 
 /// What a status write did.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,7 +60,10 @@ impl<K: IdempotentResource> StatusWriter<K> {
     where
         F: FnMut(&K, &mut StatusDraft<'_, K::Status>),
     {
-        let generation = read.meta().generation.ok_or(StatusError::NotStored("generation"))?;
+        let generation = read
+            .meta()
+            .generation
+            .ok_or(StatusError::NotStored("generation"))?;
         let name = read
             .meta()
             .name
@@ -71,27 +74,37 @@ impl<K: IdempotentResource> StatusWriter<K> {
         for attempt in 0..attempts {
             self.retry.sleep_before(attempt).await;
             if attempt > 0 {
-                current = self.api.get(&name).await.map_err(|source| StatusError::Api {
-                    name: name.clone(),
-                    action: "get",
-                    source,
-                })?;
+                current = self
+                    .api
+                    .get(&name)
+                    .await
+                    .map_err(|source| StatusError::Api {
+                        name: name.clone(),
+                        action: "get",
+                        source: Box::new(source),
+                    })?;
             }
             let stored = current.status().cloned();
             if stored
                 .as_ref()
-                .and_then(ObjectStatus::observed_generation)
+                .and_then(K::observed_generation_of)
                 .is_some_and(|g| g > generation)
             {
                 return Ok(StatusOutcome::Superseded);
             }
             let mut next = stored.clone().unwrap_or_default();
-            let mut draft = StatusDraft::new(&mut next, generation, now_seconds(), K::CONDITION_TYPES);
+            let mut draft = StatusDraft::new(
+                &mut next,
+                K::conditions_of_mut,
+                generation,
+                now_seconds(),
+                K::CONDITION_TYPES,
+            );
             compute(&current, &mut draft);
             if let Some(e) = draft.into_error() {
                 return Err(e);
             }
-            next.set_observed_generation(generation);
+            K::set_observed_generation_of(&mut next, generation);
             let as_json = |s: &K::Status| serde_json::to_value(s).unwrap_or(Value::Null);
             if stored.as_ref().map(as_json) == Some(as_json(&next)) {
                 return Ok(StatusOutcome::Unchanged);
@@ -112,7 +125,7 @@ impl<K: IdempotentResource> StatusWriter<K> {
                     return Err(StatusError::Api {
                         name,
                         action: "replace_status",
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }
@@ -161,7 +174,11 @@ impl<K: IdempotentResource> StatusWriter<K> {
         obj: &K,
         mut edit: impl FnMut(&mut Vec<String>) -> bool,
     ) -> Result<Option<K>, StatusError> {
-        let name = obj.meta().name.clone().ok_or(StatusError::NotStored("name"))?;
+        let name = obj
+            .meta()
+            .name
+            .clone()
+            .ok_or(StatusError::NotStored("name"))?;
         let mut current = obj.clone();
         let attempts = self.retry.attempts();
         for attempt in 0..attempts {
@@ -174,7 +191,7 @@ impl<K: IdempotentResource> StatusWriter<K> {
                         return Err(StatusError::Api {
                             name,
                             action: "get",
-                            source,
+                            source: Box::new(source),
                         });
                     }
                 }
@@ -201,7 +218,7 @@ impl<K: IdempotentResource> StatusWriter<K> {
                     return Err(StatusError::Api {
                         name,
                         action: "patch",
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }

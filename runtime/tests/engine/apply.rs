@@ -20,8 +20,33 @@ async fn second_apply_makes_zero_writes() {
     let _guard = METRICS_LOCK.write().await;
     let ns = namespace(&client, "zero-writes").await;
     let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let kinds = [
+        ("", "configmaps"),
+        ("apps", "deployments"),
+        ("", "resourcequotas"),
+        ("", "services"),
+        ("test.idem.dev", "widgets"),
+    ];
+    let mut initial = Vec::new();
+    for (g, r) in kinds {
+        initial.push(counts(g, r).await);
+    }
     let (report, _) = reconcile(&client, &w).await.expect("first reconcile");
-    assert!(report.children.iter().all(|(_, o)| *o == ChildOutcome::Created), "{report:?}");
+    assert!(
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Created),
+        "{report:?}"
+    );
+    // The counter sees the first reconcile's writes (so a zero below means zero).
+    for ((g, r), i) in kinds.iter().zip(&initial) {
+        let c = counts(g, r).await;
+        assert!(
+            c.writes + c.status_writes > i.writes + i.status_writes,
+            "no write seen on {r}"
+        );
+    }
 
     // Let the deployment controller settle: it writes the revision annotation on the
     // Deployment itself once.
@@ -46,13 +71,6 @@ async fn second_apply_makes_zero_writes() {
     assert_eq!(hard["cpu"].0, "1", "server canonicalises 1000m");
     assert_eq!(hard["memory"].0, "1Gi", "server canonicalises 1024Mi");
 
-    let kinds = [
-        ("", "configmaps"),
-        ("apps", "deployments"),
-        ("", "resourcequotas"),
-        ("", "services"),
-        ("test.idem.dev", "widgets"),
-    ];
     let mut before = Vec::new();
     for (g, r) in kinds {
         before.push(counts(g, r).await);
@@ -60,16 +78,30 @@ async fn second_apply_makes_zero_writes() {
     let w = get_widget(&client, &ns, "w").await;
     let (report, status) = reconcile(&client, &w).await.expect("second reconcile");
     assert!(
-        report.children.iter().all(|(_, o)| *o == ChildOutcome::Unchanged),
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Unchanged),
         "{report:?}"
     );
     assert!(report.pruned.is_empty());
-    assert!(matches!(status, idem_runtime::status::StatusOutcome::Unchanged), "{status:?}");
+    assert!(
+        matches!(status, idem_runtime::status::StatusOutcome::Unchanged),
+        "{status:?}"
+    );
     for ((g, r), b) in kinds.iter().zip(before) {
         let a = counts(g, r).await;
-        assert_eq!(a.writes - b.writes, 0, "writes on {r} during the second reconcile");
+        assert_eq!(
+            a.writes - b.writes,
+            0,
+            "writes on {r} during the second reconcile"
+        );
         if *r == "widgets" {
-            assert_eq!(a.status_writes - b.status_writes, 0, "status writes on widgets");
+            assert_eq!(
+                a.status_writes - b.status_writes,
+                0,
+                "status writes on widgets"
+            );
         }
     }
 }
@@ -90,9 +122,13 @@ async fn rival_change_to_owned_field_is_restored_and_others_fields_kept() {
         "metadata": {"name": "w-config", "labels": {"rival": "yes"}},
         "data": {"greeting": "tampered", "rival-key": "kept"}
     });
-    cms.patch("w-config", &PatchParams::apply("rival").force(), &Patch::Apply(&rival))
-        .await
-        .expect("rival apply");
+    cms.patch(
+        "w-config",
+        &PatchParams::apply("rival").force(),
+        &Patch::Apply(&rival),
+    )
+    .await
+    .expect("rival apply");
 
     let (report, _) = reconcile(&client, &w).await.expect("reconcile");
     let outcome = report
@@ -104,12 +140,21 @@ async fn rival_change_to_owned_field_is_restored_and_others_fields_kept() {
     let cm = cms.get("w-config").await.expect("get");
     let data = cm.data.expect("data");
     assert_eq!(data["greeting"], "hello", "owned field restored");
-    assert_eq!(data["rival-key"], "kept", "field owned by another manager left alone");
+    assert_eq!(
+        data["rival-key"], "kept",
+        "field owned by another manager left alone"
+    );
     assert_eq!(cm.metadata.labels.expect("labels")["rival"], "yes");
 
     // Converged again: the next reconcile writes nothing to it.
     let (report, _) = reconcile(&client, &w).await.expect("reconcile");
-    assert!(report.children.iter().all(|(_, o)| *o == ChildOutcome::Unchanged), "{report:?}");
+    assert!(
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Unchanged),
+        "{report:?}"
+    );
 }
 
 #[tokio::test]
@@ -121,7 +166,9 @@ async fn field_dropped_from_desired_is_removed_from_child() {
     let mut spec = widget_spec();
     spec.config.insert("extra".into(), "1".into());
     let w = create_widget(&client, &ns, "w", spec).await;
-    reconcile(&client, &w).await.expect("first reconcile (creates)");
+    reconcile(&client, &w)
+        .await
+        .expect("first reconcile (creates)");
 
     let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
     let patch = json!({"spec": {"config": {"extra": null}}});
@@ -137,7 +184,12 @@ async fn field_dropped_from_desired_is_removed_from_child() {
     let data: BTreeMap<_, _> = cm.data.expect("data");
     assert_eq!(data.get("extra"), None, "dropped key removed by the apply");
     assert_eq!(data["greeting"], "hello");
-    assert!(cm.metadata.annotations.expect("annotations").contains_key(FINGERPRINT_ANNOTATION));
+    assert!(
+        cm.metadata
+            .annotations
+            .expect("annotations")
+            .contains_key(FINGERPRINT_ANNOTATION)
+    );
 }
 
 #[tokio::test]
@@ -155,24 +207,41 @@ async fn unowned_child_is_not_modified_and_a_condition_says_why() {
         data: Some([("greeting".to_string(), "theirs".to_string())].into()),
         ..ConfigMap::default()
     };
-    let created = cms.create(&PostParams::default(), &foreign).await.expect("create foreign");
+    let created = cms
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("create foreign");
     let w = create_widget(&client, &ns, "w", widget_spec()).await;
-    let (report, _) = reconcile(&client, &w).await.expect("reconcile is not an error");
+    let (report, _) = reconcile(&client, &w)
+        .await
+        .expect("reconcile is not an error");
 
     let (key, why) = report.not_owned().next().expect("reported as not owned");
     assert_eq!(&*key.name, "w-config");
     assert!(why.contains("not controlled"), "{why}");
     let after = cms.get("w-config").await.expect("get");
-    assert_eq!(after.metadata.resource_version, created.metadata.resource_version, "untouched");
+    assert_eq!(
+        after.metadata.resource_version, created.metadata.resource_version,
+        "untouched"
+    );
     assert_eq!(after.data.expect("data")["greeting"], "theirs");
 
     let w = get_widget(&client, &ns, "w").await;
     let stalled = condition(&w, "Stalled");
-    assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "ChildNotOwned"));
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "ChildNotOwned")
+    );
     assert!(stalled.message.contains("ConfigMap/") && stalled.message.contains("w-config"));
     assert_eq!(condition(&w, "Ready").status, "False");
     // The other children were still applied.
-    assert!(Api::<Deployment>::namespaced(client.clone(), &ns).get_opt("w").await.expect("get").is_some());
+    assert!(
+        Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt("w")
+            .await
+            .expect("get")
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -194,17 +263,27 @@ async fn prune_deletes_only_owned_children() {
     }))
     .expect("service json");
     impostor.metadata.namespace = Some(ns.clone());
-    services.create(&PostParams::default(), &impostor).await.expect("create impostor");
+    services
+        .create(&PostParams::default(), &impostor)
+        .await
+        .expect("create impostor");
 
     let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
     let w = api
-        .patch("w", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"service": false}})))
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"service": false}})),
+        )
         .await
         .expect("edit spec");
     let (report, _) = reconcile(&client, &w).await.expect("reconcile");
     assert_eq!(report.pruned.len(), 1, "{report:?}");
     assert_eq!(&*report.pruned[0].name, "w");
-    assert!(services.get_opt("impostor").await.expect("get").is_some(), "not ours: kept");
+    assert!(
+        services.get_opt("impostor").await.expect("get").is_some(),
+        "not ours: kept"
+    );
     // Our Service is gone or going (deletion is asynchronous for objects with finalizers).
     let ours = services.get_opt("w").await.expect("get");
     assert!(ours.is_none_or(|s| s.metadata.deletion_timestamp.is_some()));

@@ -70,14 +70,20 @@ pub async fn ensure_crd(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = Widget::crd();
     let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(&name, &PatchParams::apply("idem-tests").force(), &Patch::Apply(&crd))
-        .await
-        .expect("apply CRD");
+    api.patch(
+        &name,
+        &PatchParams::apply("idem-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply CRD");
     for _ in 0..100 {
         let c = api.get(&name).await.expect("get CRD");
-        let established = c.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| {
-            c.type_ == "Established" && c.status == "True"
-        });
+        let established = c
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| c.type_ == "Established" && c.status == "True");
         if established {
             return;
         }
@@ -98,10 +104,17 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
         },
         ..Namespace::default()
     };
-    api.create(&PostParams::default(), &ns).await.expect("create namespace");
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &name);
     for _ in 0..100 {
-        if cms.get_opt("kube-root-ca.crt").await.expect("get").is_some() {
+        if cms
+            .get_opt("kube-root-ca.crt")
+            .await
+            .expect("get")
+            .is_some()
+        {
             return name;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -180,8 +193,11 @@ pub fn desired_children(w: &Widget) -> DesiredChildren {
                         }]),
                         resources: Some(ResourceRequirements {
                             requests: Some(
-                                [("cpu".to_string(), q("0.1")), ("memory".to_string(), q("64Mi"))]
-                                    .into(),
+                                [
+                                    ("cpu".to_string(), q("0.1")),
+                                    ("memory".to_string(), q("64Mi")),
+                                ]
+                                .into(),
                             ),
                             ..ResourceRequirements::default()
                         }),

@@ -44,12 +44,24 @@ async fn status_write_racing_another_writer_gets_409_and_succeeds_on_retry() {
         .expect("write succeeds after retry");
     let after = counts("test.idem.dev", "widgets").await;
     assert!(matches!(outcome, StatusOutcome::Written(_)), "{outcome:?}");
-    assert_eq!(after.conflicts - before.conflicts, 1, "exactly one 409 seen by the server");
-    assert_eq!(after.status_writes - before.status_writes, 2, "the 409 and the retry");
+    assert_eq!(
+        after.conflicts - before.conflicts,
+        1,
+        "exactly one 409 seen by the server"
+    );
+    assert_eq!(
+        after.status_writes - before.status_writes,
+        2,
+        "the 409 and the retry"
+    );
 
     let w = get_widget(&client, &ns, "w").await;
     let status = w.status.as_ref().expect("status");
-    assert_eq!(status.note.as_deref(), Some("rival was here"), "rival's write not lost");
+    assert_eq!(
+        status.note.as_deref(),
+        Some("rival was here"),
+        "rival's write not lost"
+    );
     assert_eq!(condition(&w, "Reconciling").status, "True");
     assert_eq!(condition(&w, "Ready").reason, "Progressing");
 }
@@ -112,7 +124,11 @@ async fn observed_generation_never_goes_backwards() {
     assert_eq!(old.metadata.generation, Some(1));
     let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
     let new = api
-        .patch("w", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 3}})))
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 3}})),
+        )
         .await
         .expect("edit spec");
     assert_eq!(new.metadata.generation, Some(2));
@@ -129,7 +145,10 @@ async fn observed_generation_never_goes_backwards() {
         .expect("no error");
     assert!(matches!(outcome, StatusOutcome::Superseded), "{outcome:?}");
     let w = get_widget(&client, &ns, "w").await;
-    assert_eq!(w.status.as_ref().and_then(|s| s.observed_generation), Some(2));
+    assert_eq!(
+        w.status.as_ref().and_then(|s| s.observed_generation),
+        Some(2)
+    );
     assert_eq!(condition(&w, "Ready").status, "True");
 }
 
@@ -155,12 +174,25 @@ async fn finalizer_edits_survive_a_concurrent_change() {
         .expect("add")
         .expect("written");
     let list = w.metadata.finalizers.clone().unwrap_or_default();
-    assert_eq!(list, vec!["example.com/other", "tenancy.idem.dev/cleanup"], "no lost update");
-    assert!(writer(&ns).add_finalizer(&w, "tenancy.idem.dev/cleanup").await.expect("add").is_none());
+    assert_eq!(
+        list,
+        vec!["example.com/other", "tenancy.idem.dev/cleanup"],
+        "no lost update"
+    );
+    assert!(
+        writer(&ns)
+            .add_finalizer(&w, "tenancy.idem.dev/cleanup")
+            .await
+            .expect("add")
+            .is_none()
+    );
     let w = writer(&ns)
         .remove_finalizer(&w, "tenancy.idem.dev/cleanup")
         .await
         .expect("remove")
         .expect("written");
-    assert_eq!(w.metadata.finalizers.unwrap_or_default(), vec!["example.com/other"]);
+    assert_eq!(
+        w.metadata.finalizers.unwrap_or_default(),
+        vec!["example.com/other"]
+    );
 }
