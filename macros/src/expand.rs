@@ -15,7 +15,12 @@ pub fn derive(input: &DeriveInput) -> TokenStream {
     match errors.finish() {
         Ok(()) => expand(&model),
         Err(e) => {
-            let stub = stub(&model);
+            // A generic spec cannot be named without its parameters: no stub then.
+            let stub = if input.generics.params.is_empty() {
+                stub(&model)
+            } else {
+                TokenStream::new()
+            };
             let errs = e.write_errors();
             quote! { #errs #stub }
         }

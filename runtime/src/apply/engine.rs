@@ -353,3 +353,43 @@ impl Applier {
         Ok(pruned)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_from_report() {
+        let ok = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::Created,
+            )],
+            pruned: vec![],
+        };
+        assert!(
+            matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
+        );
+        assert!(ok.wrote());
+        let clash = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::NotOwned {
+                    reason: "not controlled by any owner".into(),
+                },
+            )],
+            pruned: vec![],
+        };
+        match clash.readiness() {
+            Readiness::Stalled { reason, message } => {
+                assert_eq!(reason, "ChildNotOwned");
+                assert!(
+                    message.contains("ConfigMap/ns/a exists and is not controlled"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!clash.wrote());
+    }
+}

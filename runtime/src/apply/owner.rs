@@ -323,3 +323,6 @@ impl DesiredChild {
         Ok((key, body))
     }
 }
+
+#[cfg(test)]
+mod tests;

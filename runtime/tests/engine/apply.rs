@@ -291,3 +291,27 @@ async fn prune_deletes_only_owned_children() {
     let (report, _) = reconcile(&client, &w).await.expect("reconcile again");
     assert!(report.pruned.is_empty());
 }
+
+#[tokio::test]
+async fn tenant_from_namespace_label_is_resolved_from_the_server() {
+    use idem_runtime::resource::{TenantError, TenantRef};
+    use k8s_openapi::api::core::v1::Namespace;
+    let client = client();
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "tenant-label").await;
+    let r = TenantRef::NamespaceLabel {
+        namespace: ns.clone(),
+        label: "tenancy.idem.dev/tenant",
+    };
+    let missing = r.clone().resolve(&client).await;
+    assert!(
+        matches!(missing, Err(TenantError::MissingLabel { .. })),
+        "{missing:?}"
+    );
+    let label = json!({"metadata": {"labels": {"tenancy.idem.dev/tenant": "acme"}}});
+    Api::<Namespace>::all(client.clone())
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label namespace");
+    assert_eq!(r.resolve(&client).await.expect("resolved").as_str(), "acme");
+}
