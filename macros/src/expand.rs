@@ -99,12 +99,10 @@ fn expand(m: &Model) -> TokenStream {
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
-                fn diff(&self, other: &Self) -> ::std::vec::Vec<&'static str> {
+                fn diff(&self, other: &Self) -> ::std::vec::Vec<::std::string::String> {
                     let mut differ = ::std::vec::Vec::new();
                     #(
-                        if !#krate::compare::__field_eq(&self.#idents, &other.#idents) {
-                            differ.push(#wires);
-                        }
+                        #krate::compare::__field_diff(#wires, &self.#idents, &other.#idents, &mut differ);
                     )*
                     differ
                 }
@@ -186,7 +184,7 @@ fn stub(m: &Model) -> TokenStream {
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
-                fn diff(&self, _: &Self) -> ::std::vec::Vec<&'static str> { #unreachable }
+                fn diff(&self, _: &Self) -> ::std::vec::Vec<::std::string::String> { #unreachable }
                 fn fingerprint(&self) -> #krate::compare::Fingerprint { #unreachable }
             }
             #root_impl

@@ -29,6 +29,6 @@ fn main() {
     assert_eq!(QuotaResource::CONDITION_TYPES, &["Ready", "tenancy.idem.dev/QuotaApplied"]);
     let a = QuotaSpec { hard: [("cpu".to_string(), "1".to_string())].into() };
     let b = QuotaSpec { hard: [("cpu".to_string(), "2".to_string())].into() };
-    assert_eq!(a.diff(&b), vec!["hardLimits"]);
+    assert_eq!(a.diff(&b), vec!["hardLimits.cpu"]);
     assert!(a.diff(&a.clone()).is_empty());
 }

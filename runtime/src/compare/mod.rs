@@ -268,8 +268,25 @@ pub fn __to_value<T: serde::Serialize + ?Sized>(value: &T) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
-/// Whether two spec field values mean the same (the derive's `diff`).
+/// Appends to `out` the paths under spec field `name` where `a` and `b` differ by meaning
+/// (the derive's `diff`): `name` itself for a changed scalar, `name.key` / `name[i]` /
+/// `name[name=x]` for changes inside maps and lists.
 #[doc(hidden)]
-pub fn __field_eq<T: serde::Serialize + ?Sized>(a: &T, b: &T) -> bool {
-    same_meaning(&__to_value(a), &__to_value(b), false)
+pub fn __field_diff<T: serde::Serialize + ?Sized>(name: &str, a: &T, b: &T, out: &mut Vec<String>) {
+    let (a, b) = (__to_value(a), __to_value(b));
+    if same_meaning(&a, &b, false) {
+        return;
+    }
+    let mut paths = drift(&a, &b);
+    for p in drift(&b, &a) {
+        if !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    if paths.is_empty() {
+        // Equal as "applied" both ways but not the same (e.g. `{}` against `null`): the
+        // field as a whole differs.
+        paths.push(String::new());
+    }
+    out.extend(paths.into_iter().map(|p| format!("{name}{p}")));
 }

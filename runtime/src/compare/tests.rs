@@ -107,3 +107,19 @@ fn same_meaning_is_symmetric_for_spec_values() {
     assert!(!same_meaning(&json!("1000m"), &json!("1"), false));
     assert!(same_meaning(&json!(80), &json!("80"), false));
 }
+
+#[test]
+fn field_diff_paths() {
+    let mut out = Vec::new();
+    __field_diff("replicas", &1, &2, &mut out);
+    __field_diff("same", &"x", &"x", &mut out);
+    let a: std::collections::BTreeMap<&str, &str> = [("a", "1"), ("b", "2")].into();
+    let b: std::collections::BTreeMap<&str, &str> = [("a", "1"), ("c", "3")].into();
+    __field_diff("config", &a, &b, &mut out);
+    __field_diff("list", &vec![1, 2], &vec![1, 3], &mut out);
+    __field_diff("opt", &None::<u8>, &Some(1u8), &mut out);
+    assert_eq!(
+        out,
+        vec!["replicas", "config.b", "config.c", "list[1]", "opt"]
+    );
+}
