@@ -25,6 +25,9 @@ pub enum ChildOutcome {
     /// Changed with server-side apply (one `PATCH`, plus one to move ownership recorded by a
     /// create to the apply operation the first time).
     Applied,
+    /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
+    /// left alone; a later reconcile creates it anew once it is gone.
+    Terminating,
     /// An object with this name exists and is not controlled by the owner: left untouched.
     NotOwned {
         /// Who controls it instead, in words.
@@ -52,13 +55,30 @@ impl ApplyReport {
 
     /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
     /// desired child's name is taken by an object we do not own (it needs a human: delete or
-    /// rename one of them), otherwise `Ready` with reason `Reconciled`. Messages are stable
-    /// for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
+    /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
+    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
+    /// `Reconciled`. Messages are stable for an unchanged outcome, so an unchanged reconcile
+    /// leaves the status unchanged.
     pub fn readiness(&self) -> Readiness {
         let clashes: Vec<String> = self
             .not_owned()
             .map(|(k, why)| format!("{k} exists and is {why}"))
             .collect();
+        let terminating: Vec<String> = self
+            .children
+            .iter()
+            .filter(|(_, o)| *o == ChildOutcome::Terminating)
+            .map(|(k, _)| k.to_string())
+            .collect();
+        if clashes.is_empty() && !terminating.is_empty() {
+            return Readiness::Reconciling {
+                reason: "ChildTerminating".to_owned(),
+                message: format!(
+                    "waiting for the deletion of {} to finish before creating it again",
+                    terminating.join(", ")
+                ),
+            };
+        }
         if clashes.is_empty() {
             Readiness::Ready {
                 reason: "Reconciled".to_owned(),
@@ -218,6 +238,9 @@ impl Applier {
                 return Ok(ChildOutcome::NotOwned {
                     reason: owner.describe_foreign(&live.metadata),
                 });
+            }
+            if live.metadata.deletion_timestamp.is_some() {
+                return Ok(ChildOutcome::Terminating);
             }
             let live_json = serde_json::to_value(&live).unwrap_or(Value::Null);
             if is_applied(&body, Some(&live_json)) {
@@ -391,5 +414,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!clash.wrote());
+        let terminating = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("Service", "ns", "s"),
+                ChildOutcome::Terminating,
+            )],
+            pruned: vec![],
+        };
+        assert!(matches!(
+            terminating.readiness(),
+            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
+        ));
     }
 }

@@ -315,3 +315,58 @@ async fn tenant_from_namespace_label_is_resolved_from_the_server() {
         .expect("label namespace");
     assert_eq!(r.resolve(&client).await.expect("resolved").as_str(), "acme");
 }
+
+#[tokio::test]
+async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "terminating").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Hold the child in deletion with a finalizer of someone else's, and drift it.
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}, "data": {"greeting": "x"}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold");
+    cms.delete("w-config", &Default::default())
+        .await
+        .expect("delete");
+    let before = cms.get("w-config").await.expect("still there");
+    assert!(before.metadata.deletion_timestamp.is_some());
+
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o);
+    assert_eq!(outcome, Some(&ChildOutcome::Terminating));
+    let after = cms.get("w-config").await.expect("get");
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "untouched"
+    );
+    let w = get_widget(&client, &ns, "w").await;
+    assert_eq!(condition(&w, "Reconciling").status, "True");
+    assert_eq!(condition(&w, "Ready").reason, "ChildTerminating");
+
+    // Release it: the next reconcile creates it again and is Ready.
+    let release = json!({"metadata": {"finalizers": null}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("release");
+    let w = get_widget(&client, &ns, "w").await;
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o);
+    assert_eq!(outcome, Some(&ChildOutcome::Created));
+    assert_eq!(
+        condition(&get_widget(&client, &ns, "w").await, "Ready").status,
+        "True"
+    );
+}
