@@ -2,8 +2,8 @@
 //! idem tenant resource (desired-state comparison, tenant key, status bookkeeping).
 //!
 //! Use it through `idem-runtime`, which re-exports it and documents every attribute. The
-//! pipeline is parse ([`parse`]: syntax and darling attributes, every item keeping its span)
-//! → validate ([`validate`]: meaning, all errors collected) → expand ([`expand`]: the impls,
+//! pipeline is parse (`parse.rs`: syntax and darling attributes, every item keeping its span)
+//! → validate (`validate.rs`: meaning, all errors collected) → expand (`expand.rs`: the impls,
 //! or a stub impl next to the errors so only the real errors are shown).
 
 mod attr;

@@ -8,7 +8,7 @@ pub mod key;
 pub mod resource;
 pub mod status;
 
-/// Derives [`resource::IdempotentResource`] for a kube `CustomResource`; see [`derive`] for
+/// Derives [`resource::IdempotentResource`] for a kube `CustomResource`; see [`derive`](mod@derive) for
 /// every attribute.
 pub use idem_macros::IdempotentResource;
 pub use key::{ObjectKey, TenantKey};
