@@ -2,9 +2,13 @@
 //! apply/status engine that `#[derive(IdempotentResource)]` plugs into.
 
 pub mod apply;
+pub mod backoff;
 pub mod compare;
+pub mod controller;
 pub mod derive;
 pub mod key;
+pub mod metrics;
+pub mod queue;
 pub mod resource;
 pub mod status;
 

@@ -140,7 +140,14 @@ fn source_stamp() -> Result<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for file in files {
         let bytes = fs::read(&file).map_err(Error::io(format!("reading {}", file.display())))?;
-        for b in bytes.iter().chain(file.to_string_lossy().as_bytes()) {
+        // Content and file name only, not the checkout's path: every worktree with the same
+        // sources shares one cache.
+        let name = file
+            .strip_prefix(&module)
+            .unwrap_or(&file)
+            .to_string_lossy()
+            .to_string();
+        for b in bytes.iter().chain(name.as_bytes()) {
             hash ^= u64::from(*b);
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }

@@ -68,6 +68,9 @@ impl Process {
         let child = cmd
             .spawn()
             .map_err(Error::io(format!("starting {}", program.display())))?;
+        if lifetime == Lifetime::Attached {
+            wait_for_exec(child.id(), program);
+        }
         Ok(Self {
             name: name.to_string(),
             child,
@@ -135,6 +138,21 @@ impl Drop for Process {
 
 const SETPRIV: &str = "/usr/bin/setpriv";
 
+/// Waits (up to 2 s) until the child runs `program` itself: `setpriv` sets the parent-death
+/// signal just before it execs `program`, and a harness that exited before that moment would
+/// leave an orphan. The kernel keeps the first 15 bytes of the name in `/proc/<pid>/comm`.
+fn wait_for_exec(pid: u32, program: &Path) {
+    let name = program.file_name().unwrap_or_default().to_string_lossy();
+    let expected: String = name.chars().take(15).collect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match fs::read_to_string(format!("/proc/{pid}/comm")) {
+            Ok(comm) if comm.trim_end() != expected => sleep(Duration::from_millis(1)),
+            _ => return,
+        }
+    }
+}
+
 /// Stops a process that is not our child (a detached control plane): SIGTERM, up to `grace`,
 /// then SIGKILL. Returns once the pid is gone.
 pub fn stop_pid(pid: u32, grace: Duration) {
@@ -192,7 +210,10 @@ mod tests {
         let mut p = Process::spawn(
             "stubborn",
             Path::new("/bin/sh"),
-            &["-c".into(), "trap '' TERM; echo started; sleep 60".into()],
+            &[
+                "-c".into(),
+                "trap '' TERM; echo started; exec sleep 60".into(),
+            ],
             &dir.path().join("log"),
             Lifetime::Attached,
         )

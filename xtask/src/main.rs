@@ -1,6 +1,9 @@
 //! `cargo xtask`: idem's developer tasks, one subcommand each.
 
 mod controlplane;
+mod crds;
+mod generated;
+mod manifests;
 
 use clap::{Parser, Subcommand};
 
@@ -18,10 +21,24 @@ enum Command {
     /// kube-controller-manager, kube-scheduler, kwok fake nodes) built from pinned Go modules.
     #[command(subcommand)]
     Controlplane(controlplane::Cmd),
+    /// Write `deploy/crds/*.yaml` from the Rust types (`--check`: fail if they are stale).
+    Crds {
+        /// Only check that the committed files are current.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write `deploy/operator/` (Namespace, RBAC, Deployment) (`--check`: fail if stale).
+    Manifests {
+        /// Only check that the committed files are current.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Controlplane(cmd) => controlplane::run(cmd),
+        Command::Crds { check } => crds::run(&generated::repo_root(), check),
+        Command::Manifests { check } => manifests::run(&generated::repo_root(), check),
     }
 }

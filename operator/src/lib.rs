@@ -1,0 +1,9 @@
+//! idem-operator: the Tenant and TenantApp controllers, and the manager that runs them
+//! (leader election, probes, metrics, graceful shutdown).
+//!
+//! The flow of one controller is visible in its file names: `source` (what is watched) →
+//! the runtime's fair `queue` → `reconcile` (desired children) → `apply` (idem-runtime's
+//! engine) → `status`.
+
+pub mod rbac;
+pub mod resources;

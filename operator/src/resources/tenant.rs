@@ -1,0 +1,182 @@
+//! `Tenant`: a cluster-scoped resource that owns a set of namespaces with quota, limits,
+//! owner RoleBindings and optional network isolation.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The longest tenant name: a namespace is `<tenant>-<short name>` and must stay a DNS label
+/// (at most 63 characters, RFC 1123), which leaves room for a short name of up to 32.
+pub const MAX_TENANT_NAME: usize = 30;
+/// The longest namespace short name (see [`MAX_TENANT_NAME`]).
+pub const MAX_SHORT_NAME: usize = 32;
+
+/// Desired state of a tenant.
+///
+/// ```yaml
+/// apiVersion: tenancy.idem.dev/v1alpha1
+/// kind: Tenant
+/// metadata: {name: acme}
+/// spec:
+///   owners: [{kind: User, name: alice}, {kind: Group, name: acme-admins}]
+///   namespaces: [dev, prod]        # → namespaces acme-dev, acme-prod
+///   quota: {hard: {cpu: "4", memory: 8Gi, pods: "20"}}
+///   limits: {defaultRequest: {cpu: 100m, memory: 128Mi}}
+///   isolation: true
+///   weight: 1
+/// ```
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "tenancy.idem.dev",
+    version = "v1alpha1",
+    kind = "Tenant",
+    shortname = "tnt",
+    status = "TenantStatus",
+    printcolumn = r#"{"name":"Namespaces","type":"integer","jsonPath":".status.namespaceCount"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 30").message("a tenant name has at most 30 characters, so that <tenant>-<namespace> stays a valid namespace name"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantSpec {
+    /// Users, groups and service accounts that get the `admin` ClusterRole in every namespace
+    /// of the tenant (RoleBinding `idem-owners`).
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub owners: Vec<Owner>,
+    /// Short names of the tenant's namespaces; namespace `<short>` is created as
+    /// `<tenant>-<short>`. Each is a DNS label of at most 32 characters; no duplicates.
+    #[serde(default)]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "set"))]
+    pub namespaces: Vec<ShortName>,
+    /// A ResourceQuota `idem-quota` in each namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Quota>,
+    /// A LimitRange `idem-limits` (container defaults) in each namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// With `true`, a NetworkPolicy `idem-isolation` in each namespace admits ingress only from
+    /// the tenant's own namespaces.
+    #[serde(default)]
+    pub isolation: bool,
+    /// Fair-share weight of this tenant in the operator's work queue, 1 to 100 (default 1).
+    #[serde(default = "default_weight")]
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: u32,
+    /// With `true`, the operator leaves the tenant's children alone (no apply, no prune) and
+    /// reports `Reconciling=False` with reason `Paused`.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// A namespace short name: a DNS label (RFC 1123) of at most [`MAX_SHORT_NAME`] characters.
+#[derive(
+    JsonSchema, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct ShortName(
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub String,
+);
+
+impl ShortName {
+    /// The short name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for ShortName {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
+/// Who owns a tenant: a subject of the `admin` RoleBinding.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || has(self.__namespace__)").message("a ServiceAccount owner needs a namespace"))]
+pub struct Owner {
+    /// `User`, `Group` or `ServiceAccount` (RBAC subject kinds).
+    pub kind: OwnerKind,
+    /// The subject's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The ServiceAccount's namespace; required for `ServiceAccount`, ignored otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The kind of an RBAC subject.
+#[derive(JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OwnerKind {
+    /// A user, as authenticated by the API server.
+    User,
+    /// A group of users.
+    Group,
+    /// A ServiceAccount (needs `namespace`).
+    ServiceAccount,
+}
+
+/// The ResourceQuota of each tenant namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Quota {
+    /// Hard limits by resource name, e.g. `{cpu: "4", memory: 8Gi, pods: "20"}`.
+    #[serde(default)]
+    pub hard: BTreeMap<String, Quantity>,
+}
+
+/// The LimitRange (container defaults) of each tenant namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Default requests of containers that set none, e.g. `{cpu: 100m, memory: 128Mi}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub default_request: BTreeMap<String, Quantity>,
+    /// Default limits of containers that set none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub default: BTreeMap<String, Quantity>,
+}
+
+/// Observed state of a tenant.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The full names of the namespaces the tenant has, sorted.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// `namespaces.len()`, for the printer column.
+    #[serde(default)]
+    pub namespace_count: i32,
+    /// `Ready`, `Reconciling` and `Stalled`, in `metav1.Condition` shape (kstatus).
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl Tenant {
+    /// The full name of the namespace with short name `short`: `<tenant>-<short>`.
+    pub fn namespace_name(&self, short: &ShortName) -> String {
+        format!(
+            "{}-{}",
+            self.metadata.name.as_deref().unwrap_or_default(),
+            short.as_str()
+        )
+    }
+}

@@ -1,0 +1,80 @@
+//! `TenantApp`: a namespaced application in a tenant namespace, realised as a ConfigMap, a
+//! Deployment and a Service.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of an application.
+///
+/// ```yaml
+/// apiVersion: tenancy.idem.dev/v1alpha1
+/// kind: TenantApp
+/// metadata: {name: web, namespace: acme-dev}
+/// spec:
+///   image: nginx:1.27
+///   replicas: 2
+///   port: 8080
+///   env: {LOG_LEVEL: info}
+///   config: {app.toml: "greeting = 'hi'"}
+/// ```
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "tenancy.idem.dev",
+    version = "v1alpha1",
+    kind = "TenantApp",
+    namespaced,
+    status = "TenantAppStatus",
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.image"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantAppSpec {
+    /// Container image, e.g. `nginx:1.27`.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Desired pod replicas, 0 or more (default 1).
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// The container port, also the Service's port, 1 to 65535 (default 8080).
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Environment variables of the container.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Files of the ConfigMap `<app>-config`, mounted at `/etc/<app>`; a change rolls the pods
+    /// (the pod template carries a hash of it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, String>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+fn default_port() -> i32 {
+    8080
+}
+
+/// Observed state of an application.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantAppStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Available replicas of the Deployment.
+    #[serde(default)]
+    pub available_replicas: i32,
+    /// `Ready` (available == desired), `Reconciling` and `Stalled`, in `metav1.Condition` shape.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,283 @@
+//! The controller loop: watch a primary kind and its owned children with kube-runtime's
+//! `watcher` + `reflector`, feed keys to the per-tenant fair queue, and run the reconcile
+//! with the cache's latest object on a fixed pool of workers.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use idem_runtime::controller::{Action, Attempt, Controller};
+//! # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+//! # use kube::{Api, runtime::watcher};
+//! # async fn reconcile(_: Arc<ConfigMap>, _: Arc<()>, _: Attempt) -> Result<Action, kube::Error> {
+//! #     Ok(Action::await_change())
+//! # }
+//! # async fn run(client: kube::Client) -> Result<(), idem_runtime::controller::ControllerError> {
+//! let report = Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+//!     .owns(Api::<Secret>::all(client), watcher::Config::default())
+//!     .weight_of(|_cm| 1)
+//!     .run(reconcile, Arc::new(()), tokio::signal::ctrl_c().map(|_| ()))
+//!     .await?;
+//! # Ok(()) }
+//! # use futures::FutureExt;
+//! ```
+//!
+//! Differences from kube-runtime's `Controller`: keys are scheduled fairly per tenant (see
+//! [`crate::queue`]), failures back off per key and reset on success ([`crate::backoff`]), the
+//! reconcile receives an [`Attempt`] with the consecutive-failure count, status-only changes of
+//! the primary do not enqueue it (rule 8, see [`mapping::fingerprint`]), every object is resynced
+//! periodically at [`Priority::Resync`](crate::queue::Priority::Resync), and shutdown is
+//! graceful with a report.
+
+mod action;
+pub mod mapping;
+mod watch;
+mod worker;
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::runtime::reflector;
+use kube::runtime::watcher;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinSet;
+
+pub use self::action::{Action, Attempt};
+use self::watch::{Shared, TenantFn, WatchTask, WeightFn};
+use self::worker::Worker;
+use crate::backoff::{Backoff, BackoffConfig, BackoffError};
+use crate::key::TenantKey;
+use crate::metrics::Metrics;
+use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
+
+/// Errors that stop a controller from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The queue limits derived from [`ControllerConfig`] are invalid.
+    #[error("invalid queue configuration: {0}")]
+    Queue(#[from] QueueError),
+    /// The backoff configuration is invalid.
+    #[error("invalid backoff configuration: {0}")]
+    Backoff(#[from] BackoffError),
+    /// `resync_jitter` was negative or not finite.
+    #[error("resync jitter {0} must be a finite number ≥ 0")]
+    ResyncJitter(f64),
+}
+
+/// Tunables of a [`Controller`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControllerConfig {
+    /// Name in logs and in the metrics' `controller`/`name` labels. Default: the primary kind
+    /// in lower case.
+    pub name: Option<String>,
+    /// Concurrent reconciles (workers, the queue's global cap). Default 4.
+    pub workers: usize,
+    /// Keys of one tenant reconciled at once. Default 2.
+    pub per_tenant_cap: usize,
+    /// Anti-entropy resync period of each object, counted from its last successful reconcile;
+    /// zero disables resync. Default 10 h (controller-runtime's default `SyncPeriod`).
+    pub resync_period: Duration,
+    /// Each resync delay is `resync_period × (1 + u)`, `u` uniform in `[0, resync_jitter]`, so
+    /// resyncs of objects created together spread out. Default 0.1 (as controller-runtime's
+    /// informer resync jitter of up to +10%).
+    pub resync_jitter: f64,
+    /// Aging bound of resync work behind event work. Default 60 s.
+    pub resync_max_wait: Duration,
+    /// Per-key retry backoff after errors.
+    pub backoff: BackoffConfig,
+    /// How long shutdown waits for running reconciles. Default 30 s (controller-runtime's
+    /// default graceful shutdown timeout).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            workers: 4,
+            per_tenant_cap: 2,
+            resync_period: Duration::from_secs(10 * 3600),
+            resync_jitter: 0.1,
+            resync_max_wait: Duration::from_secs(60),
+            backoff: BackoffConfig::default(),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+type ChildFactory<K> = Box<dyn FnOnce(Arc<Shared<K>>) -> WatchTask + Send>;
+
+/// A controller for primary kind `K`; build it, then [`Controller::run`] it.
+pub struct Controller<K: Resource<DynamicType = ()> + 'static> {
+    api: Api<K>,
+    watcher_config: watcher::Config,
+    children: Vec<ChildFactory<K>>,
+    tenant_of: TenantFn<K>,
+    weight_of: Option<WeightFn<K>>,
+    config: ControllerConfig,
+    metrics: Option<Metrics>,
+}
+
+impl<K> Controller<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+{
+    /// Watch objects of `api` selected by `watcher_config`. The tenant of an object defaults to
+    /// [`mapping::default_tenant`]; every tenant has weight 1 until [`Controller::weight_of`].
+    pub fn new(api: Api<K>, watcher_config: watcher::Config) -> Self {
+        Self {
+            api,
+            watcher_config,
+            children: Vec::new(),
+            tenant_of: Arc::new(|obj: &K| mapping::default_tenant(obj.meta())),
+            weight_of: None,
+            config: ControllerConfig::default(),
+            metrics: None,
+        }
+    }
+
+    /// Also watch children of kind `C` and reconcile their owner when they change; see
+    /// [`mapping::owners_of`] for how a child maps to its owner.
+    #[must_use]
+    pub fn owns<C>(mut self, api: Api<C>, watcher_config: watcher::Config) -> Self
+    where
+        C: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.children.push(Box::new(move |shared| {
+            watch::child::<K, C>(api, watcher_config, shared)
+        }));
+        self
+    }
+
+    /// How to find an object's tenant (the unit of fairness).
+    #[must_use]
+    pub fn tenant_of(mut self, f: impl Fn(&K) -> TenantKey + Send + Sync + 'static) -> Self {
+        self.tenant_of = Arc::new(f);
+        self
+    }
+
+    /// How to find the weight of an object's tenant (its DRR quantum, ≥ 1; a 0 is logged and
+    /// ignored). Read on every change of a primary object.
+    #[must_use]
+    pub fn weight_of(mut self, f: impl Fn(&K) -> u32 + Send + Sync + 'static) -> Self {
+        self.weight_of = Some(Arc::new(f));
+        self
+    }
+
+    /// Replace the tunables.
+    #[must_use]
+    pub fn with_config(mut self, config: ControllerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Report queue and reconcile metrics to `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Run until `shutdown` resolves: start the watches, wait for every cache to sync, then
+    /// reconcile with [`ControllerConfig::workers`] workers. On shutdown, stop the watches and
+    /// the queue, wait up to [`ControllerConfig::shutdown_grace`] for running reconciles and
+    /// return what was dropped.
+    ///
+    /// A reconcile error (or panic) is logged and retried after the key's backoff; a key whose
+    /// object is gone from the cache is skipped without calling `reconcile`.
+    ///
+    /// # Errors
+    /// [`ControllerError`] if the configuration is invalid (checked before anything starts).
+    pub async fn run<Ctx, F, Fut, E>(
+        self,
+        reconcile: F,
+        ctx: Arc<Ctx>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ShutdownReport, ControllerError>
+    where
+        Ctx: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>, Attempt) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Display + Debug + Send + 'static,
+    {
+        let c = &self.config;
+        if !c.resync_jitter.is_finite() || c.resync_jitter < 0.0 {
+            return Err(ControllerError::ResyncJitter(c.resync_jitter));
+        }
+        let backoff = Backoff::new(c.backoff.clone())?;
+        let name = c
+            .name
+            .clone()
+            .unwrap_or_else(|| K::kind(&()).to_lowercase());
+        let queue_config = QueueConfig {
+            max_in_flight: c.workers,
+            per_tenant_cap: c.per_tenant_cap,
+            resync_max_wait: c.resync_max_wait,
+        };
+        let queue = match &self.metrics {
+            Some(m) => WorkQueue::with_metrics(queue_config, m.queue(&name))?,
+            None => WorkQueue::new(queue_config)?,
+        };
+        let (store, writer) = reflector::store::<K>();
+        let shared = Arc::new(Shared {
+            queue: queue.clone(),
+            store: store.clone(),
+            tenant_of: self.tenant_of,
+            weight_of: self.weight_of,
+        });
+        let mut tasks = vec![watch::primary(
+            self.api,
+            self.watcher_config,
+            writer,
+            Arc::clone(&shared),
+        )];
+        tasks.extend(self.children.into_iter().map(|f| f(Arc::clone(&shared))));
+        let mut watches = JoinSet::new();
+        let mut synced = Vec::new();
+        for task in tasks {
+            synced.push(task.synced);
+            watches.spawn(task.run);
+        }
+        tokio::pin!(shutdown);
+        let all_synced = async {
+            for mut rx in synced {
+                // An Err means the watch task ended; it cannot, short of a panic.
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut workers = JoinSet::new();
+        tokio::select! {
+            () = &mut shutdown => {}
+            () = all_synced => {
+                tracing::info!(controller = %name, "caches synced; starting workers");
+                let worker = Arc::new(Worker {
+                    queue: queue.clone(),
+                    store,
+                    backoff: Arc::new(Mutex::new(backoff)),
+                    ctx,
+                    metrics: self.metrics.as_ref().map(|m| m.controller(&name)),
+                    resync_period: c.resync_period,
+                    resync_jitter: c.resync_jitter,
+                });
+                let reconcile = Arc::new(reconcile);
+                for _ in 0..c.workers {
+                    workers.spawn(Arc::clone(&worker).run(Arc::clone(&reconcile)));
+                }
+                shutdown.await;
+            }
+        }
+        tracing::info!(controller = %name, "shutting down");
+        watches.abort_all();
+        let report = queue.shutdown(c.shutdown_grace).await;
+        // Workers exit once their current key is done; abandoned ones are cancelled.
+        workers.abort_all();
+        while workers.join_next().await.is_some() {}
+        while watches.join_next().await.is_some() {}
+        if !report.drained() {
+            tracing::warn!(controller = %name, abandoned = ?report.abandoned, "reconciles cut off");
+        }
+        Ok(report)
+    }
+}

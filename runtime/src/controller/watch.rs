@@ -1,0 +1,177 @@
+//! The watch side of the controller: kube-runtime `watcher` + `reflector` streams of the
+//! primary kind and of owned children, turned into queue adds.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_fn};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
+use crate::key::{ObjectKey, TenantKey};
+use crate::queue::{Priority, WorkQueue};
+
+/// Maps a primary object to its tenant.
+pub(crate) type TenantFn<K> = Arc<dyn Fn(&K) -> TenantKey + Send + Sync>;
+/// Maps a primary object to its tenant's weight.
+pub(crate) type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
+
+/// What the watch tasks share.
+pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
+    pub queue: WorkQueue,
+    pub store: Store<K>,
+    pub tenant_of: TenantFn<K>,
+    pub weight_of: Option<WeightFn<K>>,
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn tenant(&self, obj: &K) -> TenantKey {
+        let tenant = (self.tenant_of)(obj);
+        if let Some(weight_of) = &self.weight_of {
+            let weight = weight_of(obj);
+            if let Err(e) = self.queue.set_weight(&tenant, weight) {
+                tracing::warn!(object = %key_of(obj), error = %e, "ignoring tenant weight");
+            }
+        }
+        tenant
+    }
+
+    /// The tenant of an owner key: from the cached owner, else from the child's metadata.
+    fn owner_tenant(&self, owner: &ObjectKey, child: &kube::api::ObjectMeta) -> TenantKey {
+        let mut r = ObjectRef::<K>::new(&owner.name);
+        if let Some(ns) = &owner.namespace {
+            r = r.within(ns);
+        }
+        match self.store.get(&r) {
+            Some(obj) => self.tenant(&obj),
+            None => default_tenant(child),
+        }
+    }
+}
+
+/// A boxed watch task plus the flag it raises once its first list completed.
+pub(crate) struct WatchTask {
+    pub run: BoxFuture<'static, ()>,
+    pub synced: watch::Receiver<bool>,
+}
+
+/// Drive the primary watch: keep the store, and enqueue objects whose fingerprint changed
+/// (rule 8: status-only writes do not enqueue).
+pub(crate) fn primary<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    shared: Arc<Shared<K>>,
+) -> WatchTask
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (tx, synced) = watch::channel(false);
+    let run = async move {
+        let stream = reflector::reflector(writer, watch_fn(api, config).default_backoff());
+        futures::pin_mut!(stream);
+        let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
+        let mut listed: HashSet<ObjectKey> = HashSet::new();
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, kind = %K::kind(&()), "primary watch error");
+                    continue;
+                }
+            };
+            match event {
+                Event::Apply(obj) | Event::InitApply(obj) => {
+                    let key = key_of(&obj);
+                    listed.insert(key.clone());
+                    let print = fingerprint(obj.meta());
+                    if seen.insert(key.clone(), print) != Some(print) {
+                        let tenant = shared.tenant(&obj);
+                        shared.queue.add(&key, &tenant, Priority::Event);
+                    }
+                }
+                Event::Delete(obj) => {
+                    seen.remove(&key_of(&obj));
+                }
+                Event::Init => listed.clear(),
+                Event::InitDone => {
+                    // Objects missing from a relist were deleted while the watch was down.
+                    seen.retain(|k, _| listed.contains(k));
+                    tx.send_replace(true);
+                }
+            }
+        }
+    };
+    WatchTask {
+        run: Box::pin(run),
+        synced,
+    }
+}
+
+/// Drive a child watch: enqueue the owner of every child that changed (by resourceVersion,
+/// so a relist of unchanged children enqueues nothing).
+pub(crate) fn child<K, C>(api: Api<C>, config: watcher::Config, shared: Arc<Shared<K>>) -> WatchTask
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K::Scope: 'static,
+    C: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (tx, synced) = watch::channel(false);
+    let run = async move {
+        let stream = watch_fn(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut versions: HashMap<ObjectKey, Option<String>> = HashMap::new();
+        let mut listed: HashSet<ObjectKey> = HashSet::new();
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, kind = %C::kind(&()), "child watch error");
+                    continue;
+                }
+            };
+            let (obj, deleted) = match event {
+                Event::Apply(obj) | Event::InitApply(obj) => (obj, false),
+                Event::Delete(obj) => (obj, true),
+                Event::Init => {
+                    listed.clear();
+                    continue;
+                }
+                Event::InitDone => {
+                    versions.retain(|k, _| listed.contains(k));
+                    tx.send_replace(true);
+                    continue;
+                }
+            };
+            let key = key_of(&obj);
+            let changed = if deleted {
+                versions.remove(&key);
+                true
+            } else {
+                listed.insert(key.clone());
+                let rv = obj.resource_version();
+                versions.insert(key, rv.clone()) != Some(rv)
+            };
+            if changed {
+                for owner in owners_of::<K>(obj.meta()) {
+                    let tenant = shared.owner_tenant(&owner, obj.meta());
+                    shared.queue.add(&owner, &tenant, Priority::Event);
+                }
+            }
+        }
+    };
+    WatchTask {
+        run: Box::pin(run),
+        synced,
+    }
+}

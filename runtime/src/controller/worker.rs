@@ -1,0 +1,120 @@
+//! A worker: take a key from the fair queue, reconcile the cached object, apply the result
+//! (done → resync later, requeue → exactly then, error → per-key backoff).
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::mapping::is_gone;
+use super::{Action, Attempt};
+use crate::backoff::Backoff;
+use crate::metrics::ControllerMetrics;
+use crate::queue::{Priority, WorkQueue};
+
+/// Everything a worker needs, shared by all workers of one controller.
+pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
+    pub queue: WorkQueue,
+    pub store: Store<K>,
+    pub backoff: Arc<Mutex<Backoff>>,
+    pub ctx: Arc<Ctx>,
+    pub metrics: Option<ControllerMetrics>,
+    /// Nominal resync period; 0 disables resync.
+    pub resync_period: Duration,
+    /// Extra random fraction in `[0, resync_jitter]` added to each resync delay.
+    pub resync_jitter: f64,
+}
+
+impl<K, Ctx> Worker<K, Ctx>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+{
+    fn resync_delay(&self) -> Duration {
+        let extra: f64 = if self.resync_jitter > 0.0 {
+            rand::rng().random_range(0.0..=self.resync_jitter)
+        } else {
+            0.0
+        };
+        self.resync_period.mul_f64(1.0 + extra)
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serve keys until the queue shuts down.
+    pub async fn run<F, Fut, E>(self: Arc<Self>, reconcile: Arc<F>)
+    where
+        F: Fn(Arc<K>, Arc<Ctx>, Attempt) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Display + Debug + Send + 'static,
+    {
+        while let Some(lease) = self.queue.get().await {
+            let key = lease.key().clone();
+            let tenant = lease.tenant().clone();
+            let mut oref = ObjectRef::<K>::new(&key.name);
+            if let Some(ns) = &key.namespace {
+                oref = oref.within(ns);
+            }
+            let Some(obj) = self.store.get(&oref).filter(|o| !is_gone(o.meta())) else {
+                // Deleted (or about to vanish): nothing to reconcile, not an error.
+                self.backoff().forget(&key);
+                tracing::debug!(%key, "object gone; reconcile skipped");
+                lease.done();
+                continue;
+            };
+            let attempt = Attempt {
+                key: key.clone(),
+                tenant: tenant.clone(),
+                failures: self.backoff().failures(&key),
+                priority: lease.priority(),
+            };
+            let started = Instant::now();
+            let result = AssertUnwindSafe(reconcile(obj, Arc::clone(&self.ctx), attempt))
+                .catch_unwind()
+                .await;
+            if let Some(m) = &self.metrics {
+                m.reconcile_time.observe(started.elapsed().as_secs_f64());
+            }
+            lease.done();
+            let error = match result {
+                Ok(Ok(action)) => {
+                    self.backoff().success(&key);
+                    if let Some(after) = action.requeue_after() {
+                        self.queue.add_after(&key, &tenant, after, Priority::Event);
+                    }
+                    if let Some(m) = &self.metrics {
+                        match action.requeue_after() {
+                            Some(_) => m.requeue_after.inc(),
+                            None => m.success.inc(),
+                        };
+                    }
+                    if !self.resync_period.is_zero() {
+                        let delay = self.resync_delay();
+                        self.queue.add_after(&key, &tenant, delay, Priority::Resync);
+                    }
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "reconcile panicked".to_owned(),
+            };
+            let (failures, delay) = self.backoff().failure(&key);
+            tracing::warn!(%key, %tenant, failures, ?delay, %error, "reconcile failed; retrying");
+            if let Some(m) = &self.metrics {
+                m.error.inc();
+            }
+            if let Some(m) = self.queue.metrics() {
+                m.retry();
+            }
+            self.queue.add_after(&key, &tenant, delay, Priority::Event);
+        }
+    }
+}

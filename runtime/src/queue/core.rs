@@ -1,0 +1,520 @@
+//! The queue's synchronous state machine: per-key state (dedupe, one in flight, delays),
+//! driven with an explicit `now` so it is deterministic to test and cheap to benchmark.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::collections::hash_map::Entry as MapEntry;
+
+use foldhash::HashMap;
+use std::sync::Arc;
+
+use tokio::time::{Duration, Instant};
+
+use super::fair::{Entry, Fair, LEVELS};
+use super::priority::{Aging, AgingEntry, Priority};
+use super::{QueueConfig, QueueMetrics};
+use crate::key::{ObjectKey, TenantKey};
+
+/// What an add did to the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// The key was not waiting: it is now queued (or its delay was recorded).
+    Queued,
+    /// The key was already waiting (queued, or an earlier delay is pending): nothing changed
+    /// except, possibly, a raise from resync to event priority.
+    Deduped,
+    /// The key is in flight: it will be queued once more after its worker calls done.
+    Dirty,
+    /// The queue is shut down: the add was ignored.
+    Closed,
+}
+
+/// The current time, read from the clock at most once per operation and only when needed
+/// (event-only work without metrics never reads it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Now(Option<Instant>);
+
+impl Now {
+    /// Read the clock on first use.
+    pub fn lazy() -> Self {
+        Self(None)
+    }
+
+    /// A fixed time (tests).
+    #[cfg(test)]
+    pub fn at(t: Instant) -> Self {
+        Self(Some(t))
+    }
+
+    /// The time, reading the clock if not read yet.
+    pub fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
+/// Per-key state. A slot lives while the key is queued, in flight, dirty or delayed.
+#[derive(Debug)]
+struct Slot {
+    key: ObjectKey,
+    tenant: u32,
+    /// The level whose entry with `seq` is the key's valid queue entry, if queued.
+    queued: Option<usize>,
+    /// Enqueue sequence number; never reset, so stale entries stay stale across reuse.
+    seq: u32,
+    in_flight: bool,
+    /// Added again while in flight: queue again at this priority after done.
+    dirty: Option<Priority>,
+    /// The earliest pending delayed add, if any.
+    delay: Option<(Instant, Priority)>,
+    /// Delay generation; heap entries with another generation are stale.
+    delay_gen: u32,
+    /// When the key was last enqueued (for queue-duration metrics).
+    enqueued_at: Instant,
+    live: bool,
+}
+
+impl Slot {
+    fn idle(&self) -> bool {
+        self.queued.is_none() && !self.in_flight && self.dirty.is_none() && self.delay.is_none()
+    }
+}
+
+/// A key handed to a worker by [`Core::pop`].
+#[derive(Debug)]
+pub(crate) struct Dispatch {
+    pub slot: u32,
+    pub key: ObjectKey,
+    pub tenant: TenantKey,
+    pub priority: Priority,
+}
+
+/// The queue state; see the module docs of [`super`] for the rules it keeps.
+#[derive(Debug)]
+pub(crate) struct Core {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: HashMap<ObjectKey, u32>,
+    fair: Fair,
+    aging: Aging,
+    delays: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    in_flight: usize,
+    queued: usize,
+    config: QueueConfig,
+    closed: bool,
+    metrics: Option<Arc<QueueMetrics>>,
+    /// Placeholder for `enqueued_at` when no time is needed.
+    epoch: Instant,
+}
+
+impl Core {
+    pub fn new(config: QueueConfig, metrics: Option<Arc<QueueMetrics>>) -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::default(),
+            fair: Fair::new(config.per_tenant_cap),
+            aging: Aging::default(),
+            delays: BinaryHeap::new(),
+            in_flight: 0,
+            queued: 0,
+            config,
+            closed: false,
+            metrics,
+            epoch: Instant::now(),
+        }
+    }
+
+    fn tenant_id(&mut self, tenant: &TenantKey) -> u32 {
+        let metrics = &self.metrics;
+        self.fair
+            .tenant_id(tenant, |t| metrics.as_ref().map(|m| m.tenant(t)))
+    }
+
+    /// Set a tenant's DRR weight (≥ 1; validated by the caller).
+    pub fn set_weight(&mut self, tenant: &TenantKey, weight: u32) {
+        let id = self.tenant_id(tenant);
+        self.fair.set_weight(id, weight);
+    }
+
+    /// The slot of `key`, created for `tenant` if the key is idle.
+    fn slot_for(&mut self, key: &ObjectKey, tenant: &TenantKey) -> u32 {
+        let vacant = match self.index.entry(key.clone()) {
+            MapEntry::Occupied(e) => return *e.get(),
+            MapEntry::Vacant(v) => v,
+        };
+        let metrics = &self.metrics;
+        let tenant = self
+            .fair
+            .tenant_id(tenant, |t| metrics.as_ref().map(|m| m.tenant(t)));
+        let slot = Slot {
+            key: key.clone(),
+            tenant,
+            queued: None,
+            seq: 0,
+            in_flight: false,
+            dirty: None,
+            delay: None,
+            delay_gen: 0,
+            enqueued_at: self.epoch,
+            live: true,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                let old = &mut self.slots[id as usize];
+                let (seq, delay_gen) = (old.seq, old.delay_gen);
+                *old = Slot {
+                    seq,
+                    delay_gen,
+                    ..slot
+                };
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        vacant.insert(id);
+        id
+    }
+
+    fn release_if_idle(&mut self, id: u32) {
+        let slot = &mut self.slots[id as usize];
+        if slot.live && slot.idle() {
+            slot.live = false;
+            self.index.remove(&slot.key);
+            self.free.push(id);
+        }
+    }
+
+    /// Put an idle (not queued, not in flight) key into its tenant's queue at `priority`.
+    fn enqueue(&mut self, id: u32, priority: Priority, now: &mut Now, front: bool) {
+        let slot = &mut self.slots[id as usize];
+        let level = priority.level();
+        slot.seq = slot.seq.wrapping_add(1);
+        slot.queued = Some(level);
+        if priority == Priority::Resync || self.metrics.is_some() {
+            slot.enqueued_at = now.get();
+        }
+        let entry = Entry {
+            slot: id,
+            seq: slot.seq,
+        };
+        let tenant = slot.tenant;
+        self.fair.push(tenant, level, entry, front);
+        if priority == Priority::Resync {
+            self.aging.push(AgingEntry {
+                entry,
+                tenant,
+                since: slot.enqueued_at,
+            });
+        }
+        self.queued += 1;
+        if let Some(m) = &self.metrics {
+            m.depth.inc();
+        }
+    }
+
+    /// Apply an immediate add to an existing slot (also used when a delay fires).
+    fn add_slot(&mut self, id: u32, priority: Priority, now: &mut Now) -> AddOutcome {
+        let slot = &mut self.slots[id as usize];
+        if slot.in_flight {
+            let was = slot.dirty;
+            slot.dirty = Some(was.map_or(priority, |p| p.max(priority)));
+            return if was.is_some() {
+                AddOutcome::Deduped
+            } else {
+                AddOutcome::Dirty
+            };
+        }
+        match slot.queued {
+            Some(level) => {
+                if priority.level() < level {
+                    // Raise resync → event: the old entry goes stale, a new one is queued.
+                    let tenant = slot.tenant;
+                    slot.queued = None;
+                    self.queued -= 1;
+                    if let Some(m) = &self.metrics {
+                        m.depth.dec();
+                    }
+                    self.fair.forget(tenant, level);
+                    self.enqueue(id, priority, now, false);
+                }
+                AddOutcome::Deduped
+            }
+            None => {
+                self.enqueue(id, priority, now, false);
+                AddOutcome::Queued
+            }
+        }
+    }
+
+    /// Rule 1/2: add `key` now. An immediate add supersedes any pending delay of the key.
+    pub fn add(
+        &mut self,
+        key: &ObjectKey,
+        tenant: &TenantKey,
+        priority: Priority,
+        now: &mut Now,
+    ) -> AddOutcome {
+        if self.closed {
+            return AddOutcome::Closed;
+        }
+        let id = self.slot_for(key, tenant);
+        self.slots[id as usize].delay = None;
+        let outcome = self.add_slot(id, priority, now);
+        if outcome != AddOutcome::Deduped
+            && let Some(m) = &self.metrics
+        {
+            m.adds.inc();
+        }
+        outcome
+    }
+
+    /// Rule 3: add `key` once `delay` has passed; of several pending delays the earliest wins,
+    /// and a key already queued (or dirty) is not delayed further.
+    pub fn add_after(
+        &mut self,
+        key: &ObjectKey,
+        tenant: &TenantKey,
+        delay: Duration,
+        priority: Priority,
+        now: &mut Now,
+    ) -> AddOutcome {
+        if delay.is_zero() {
+            return self.add(key, tenant, priority, now);
+        }
+        if self.closed {
+            return AddOutcome::Closed;
+        }
+        let id = self.slot_for(key, tenant);
+        let slot = &mut self.slots[id as usize];
+        if slot.queued.is_some() || slot.dirty.is_some() {
+            return AddOutcome::Deduped;
+        }
+        let deadline = now.get() + delay;
+        match slot.delay {
+            Some((d, p)) if d < deadline || (d == deadline && p >= priority) => AddOutcome::Deduped,
+            _ => {
+                slot.delay = Some((deadline, priority));
+                slot.delay_gen = slot.delay_gen.wrapping_add(1);
+                self.delays.push(Reverse((deadline, id, slot.delay_gen)));
+                AddOutcome::Queued
+            }
+        }
+    }
+
+    /// Fire every delay due at `now`.
+    fn fire_delays(&mut self, now: &mut Now) {
+        while let Some(&Reverse((deadline, id, generation))) = self.delays.peek() {
+            if deadline > now.get() {
+                break;
+            }
+            self.delays.pop();
+            let slot = &mut self.slots[id as usize];
+            if !slot.live || slot.delay_gen != generation {
+                continue;
+            }
+            let Some((_, priority)) = slot.delay.take() else {
+                continue;
+            };
+            if self.add_slot(id, priority, now) != AddOutcome::Deduped
+                && let Some(m) = &self.metrics
+            {
+                m.adds.inc();
+            }
+        }
+    }
+
+    /// Rule 5 (aging): promote resync entries that waited `resync_max_wait` to the front of
+    /// their tenant's event queue.
+    fn promote_aged(&mut self, now: &mut Now) {
+        if self.aging.is_empty() {
+            return;
+        }
+        let now = now.get();
+        let max_wait = self.config.resync_max_wait;
+        let resync = Priority::Resync.level();
+        while let Some(aged) = self.aging.pop_aged(now, max_wait) {
+            let slot = &mut self.slots[aged.entry.slot as usize];
+            if slot.queued != Some(resync) || slot.seq != aged.entry.seq {
+                continue;
+            }
+            slot.seq = slot.seq.wrapping_add(1);
+            slot.queued = Some(Priority::Event.level());
+            let entry = Entry {
+                slot: aged.entry.slot,
+                seq: slot.seq,
+            };
+            self.fair.forget(aged.tenant, resync);
+            self.fair
+                .push(aged.tenant, Priority::Event.level(), entry, true);
+        }
+        let slots = &self.slots;
+        self.aging.trim(|a| {
+            let s = &slots[a.entry.slot as usize];
+            s.queued == Some(resync) && s.seq == a.entry.seq
+        });
+    }
+
+    /// Hand out the next key, or `None` if nothing is ready, the global cap is reached, or
+    /// the queue is shut down.
+    pub fn pop(&mut self, now: &mut Now) -> Option<Dispatch> {
+        if self.closed {
+            return None;
+        }
+        self.fire_delays(now);
+        if self.in_flight >= self.config.max_in_flight || self.queued == 0 {
+            return None;
+        }
+        self.promote_aged(now);
+        for level in 0..LEVELS {
+            let slots = &self.slots;
+            let popped = self.fair.pop(level, |e| {
+                let s = &slots[e.slot as usize];
+                s.queued == Some(level) && s.seq == e.seq
+            });
+            if let Some((tenant, entry)) = popped {
+                let slot = &mut self.slots[entry.slot as usize];
+                slot.queued = None;
+                slot.in_flight = true;
+                self.queued -= 1;
+                self.in_flight += 1;
+                if let Some(m) = &self.metrics {
+                    m.depth.dec();
+                    m.queue_duration.observe(
+                        now.get()
+                            .saturating_duration_since(slot.enqueued_at)
+                            .as_secs_f64(),
+                    );
+                }
+                return Some(Dispatch {
+                    slot: entry.slot,
+                    key: slot.key.clone(),
+                    tenant: self.fair.name(tenant).clone(),
+                    priority: Priority::from_level(level),
+                });
+            }
+        }
+        None
+    }
+
+    /// Rule 2: the worker holding `slot` is done; a key added meanwhile is queued again.
+    /// Returns whether the slot was in flight (false means a double done, ignored).
+    pub fn done(&mut self, slot: u32, now: &mut Now) -> bool {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return false;
+        };
+        if !s.live || !s.in_flight {
+            return false;
+        }
+        s.in_flight = false;
+        let tenant = s.tenant;
+        let dirty = s.dirty.take();
+        self.in_flight -= 1;
+        self.fair.finish(tenant);
+        if let Some(priority) = dirty
+            && !self.closed
+        {
+            self.enqueue(slot, priority, now, false);
+        }
+        self.release_if_idle(slot);
+        true
+    }
+
+    /// The earliest pending delay deadline, for the async waiter's timer.
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((deadline, id, generation))) = self.delays.peek() {
+            let s = &self.slots[id as usize];
+            if s.live && s.delay_gen == generation && s.delay.is_some() {
+                return Some(deadline);
+            }
+            self.delays.pop();
+        }
+        None
+    }
+
+    /// Whether a worker could get a key right now (ready work under the global cap).
+    pub fn has_ready(&self) -> bool {
+        !self.closed && self.queued > 0 && self.in_flight < self.config.max_in_flight
+    }
+
+    /// Keys ready to be handed out (not delayed, not in flight).
+    pub fn len(&self) -> usize {
+        self.queued
+    }
+
+    /// Keys currently handed to workers.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Keys of `tenant` in flight (0 for an unknown tenant).
+    pub fn tenant_in_flight(&self, tenant: &TenantKey) -> usize {
+        self.tenant_index(tenant)
+            .map_or(0, |&id| self.fair.in_flight(id))
+    }
+
+    /// Ready keys of `tenant` at `priority` (0 for an unknown tenant).
+    pub fn tenant_queued(&self, tenant: &TenantKey, priority: Priority) -> usize {
+        self.tenant_index(tenant)
+            .map_or(0, |&id| self.fair.queued(id, priority.level()))
+    }
+
+    fn tenant_index(&self, tenant: &TenantKey) -> Option<&u32> {
+        self.fair.lookup(tenant)
+    }
+
+    /// Stop handing out keys; drop queued, dirty and delayed work and return the dropped
+    /// keys (sorted) plus the keys still in flight.
+    pub fn close(&mut self) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
+        self.closed = true;
+        let mut dropped = Vec::new();
+        let mut in_flight = Vec::new();
+        for slot in self.slots.iter_mut().filter(|s| s.live) {
+            if slot.queued.is_some() || slot.dirty.is_some() || slot.delay.is_some() {
+                dropped.push(slot.key.clone());
+            }
+            if slot.in_flight {
+                in_flight.push(slot.key.clone());
+            }
+            slot.queued = None;
+            slot.dirty = None;
+            slot.delay = None;
+        }
+        if let Some(m) = &self.metrics {
+            m.depth.set(0);
+        }
+        self.queued = 0;
+        self.fair.clear_queues();
+        self.aging.clear();
+        self.delays.clear();
+        let idle: Vec<u32> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].live && self.slots[i].idle())
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
+        for id in idle {
+            self.release_if_idle(id);
+        }
+        dropped.sort();
+        in_flight.sort();
+        (dropped, in_flight)
+    }
+
+    /// The keys in flight, sorted.
+    pub fn in_flight_keys(&self) -> Vec<ObjectKey> {
+        let mut keys: Vec<ObjectKey> = self
+            .slots
+            .iter()
+            .filter(|s| s.live && s.in_flight)
+            .map(|s| s.key.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Whether [`Core::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
