@@ -1,8 +1,7 @@
 //! Custom condition types (identifier and prefixed string), a plain i64 observedGeneration,
 //! serde renames honoured in diff paths, and kube's `root` rename.
 use idem_runtime::IdempotentResource;
-use idem_runtime::resource::{IdempotentResource as _, SpecDiff, TenantRef, TenantRule};
-use idem_runtime::TenantKey;
+use idem_runtime::resource::{IdempotentResource as _, SpecDiff};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;

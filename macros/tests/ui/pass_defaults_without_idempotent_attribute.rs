@@ -1,7 +1,6 @@
 //! No #[idempotent] at all: namespaced roots default to the tenancy.idem.dev/tenant label.
 use idem_runtime::IdempotentResource;
-use idem_runtime::resource::{IdempotentResource as _, SpecDiff, TenantRef, TenantRule};
-use idem_runtime::TenantKey;
+use idem_runtime::resource::{IdempotentResource as _, TenantRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;

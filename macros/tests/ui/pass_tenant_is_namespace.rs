@@ -1,6 +1,6 @@
 //! Tenant = the object's namespace name.
 use idem_runtime::IdempotentResource;
-use idem_runtime::resource::{IdempotentResource as _, SpecDiff, TenantRef, TenantRule};
+use idem_runtime::resource::{IdempotentResource as _, TenantRef};
 use idem_runtime::TenantKey;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
