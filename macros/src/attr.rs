@@ -1,0 +1,96 @@
+//! The attribute grammar: darling types for `#[idempotent(...)]` and kube's `#[kube(...)]`.
+
+use darling::ast::NestedMeta;
+use darling::util::{Flag, SpannedValue};
+use darling::{FromField, FromMeta};
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+
+/// `#[idempotent(...)]` on the spec struct.
+#[derive(Debug, Default, FromMeta)]
+pub struct ContainerOpts {
+    /// `tenant = name | namespace | namespace_label("key") | field(path)`.
+    pub tenant: Option<syn::Expr>,
+    /// `field_manager = "idem-operator"`.
+    pub field_manager: Option<SpannedValue<String>>,
+    /// `conditions(Ready, Reconciling, Stalled, "example.com/Custom")`.
+    pub conditions: Option<SpannedValue<Conditions>>,
+    /// `crate = "::idem_runtime"`: where the runtime is, for re-exports.
+    #[darling(rename = "crate")]
+    pub krate: Option<syn::Path>,
+    /// `skip` belongs on fields; accepted here only to say so clearly.
+    pub skip: Flag,
+}
+
+/// `#[idempotent(...)]` on a field.
+#[derive(Debug, FromField)]
+#[darling(attributes(idempotent))]
+pub struct FieldOpts {
+    /// The field's name (`None` in tuple structs).
+    pub ident: Option<syn::Ident>,
+    /// The field's type.
+    pub ty: syn::Type,
+    /// `#[idempotent(skip)]`: leave this field out of comparison and fingerprint.
+    pub skip: Flag,
+}
+
+/// One entry of `conditions(...)`, with its span.
+#[derive(Debug, Clone)]
+pub struct ConditionName {
+    /// The condition type.
+    pub name: String,
+    /// Where it was written.
+    pub span: Span,
+    /// Whether written as an identifier (then CamelCase is required) or a string.
+    pub ident: bool,
+}
+
+/// The list in `conditions(...)`.
+#[derive(Debug, Default)]
+pub struct Conditions(pub Vec<ConditionName>);
+
+impl FromMeta for Conditions {
+    fn from_list(items: &[NestedMeta]) -> darling::Result<Self> {
+        let mut errors = darling::Error::accumulator();
+        let mut out = Vec::new();
+        for item in items {
+            match item {
+                NestedMeta::Meta(syn::Meta::Path(p)) if p.get_ident().is_some() => {
+                    let ident = p.get_ident().expect("checked");
+                    out.push(ConditionName {
+                        name: ident.to_string(),
+                        span: ident.span(),
+                        ident: true,
+                    });
+                }
+                NestedMeta::Lit(syn::Lit::Str(s)) => out.push(ConditionName {
+                    name: s.value(),
+                    span: s.span(),
+                    ident: false,
+                }),
+                other => errors.push(
+                    darling::Error::custom(
+                        "expected a condition type: an identifier like `Ready` or a string like \"example.com/Ready\"",
+                    )
+                    .with_span(&other.span()),
+                ),
+            }
+        }
+        errors.finish_with(Conditions(out))
+    }
+}
+
+/// The parts of kube's `#[kube(...)]` idem reads; every other key is kube's business.
+#[derive(Debug, FromMeta)]
+#[darling(allow_unknown_fields)]
+pub struct KubeOpts {
+    /// `kind = "TenantApp"`.
+    pub kind: Option<SpannedValue<String>>,
+    /// `root = "TenantAppCrd"`: the generated struct's name when it differs from the kind.
+    pub root: Option<SpannedValue<String>>,
+    /// `namespaced`.
+    #[darling(default)]
+    pub namespaced: bool,
+    /// `status = "TenantAppStatus"`.
+    pub status: Option<syn::Path>,
+}

@@ -1,0 +1,17 @@
+use idem_runtime::IdempotentResource;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "tenancy.idem.dev", version = "v1alpha1", kind = "App", namespaced, status = "AppStatus")]
+pub struct AppSpec {
+    pub image: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AppStatus {
+    pub observed_generation: Option<i64>,
+}
+
+fn main() {}

@@ -1,0 +1,22 @@
+use idem_runtime::IdempotentResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "tenancy.idem.dev", version = "v1alpha1", kind = "Tenant", status = "AppStatus")]
+#[idempotent(tenant = namespace_label("tenancy.idem.dev/tenant"))]
+pub struct TenantSpec {
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AppStatus {
+    pub observed_generation: Option<i64>,
+    pub conditions: Vec<Condition>,
+}
+
+fn main() {
+    let _ = <Tenant as idem_runtime::resource::IdempotentResource>::FIELD_MANAGER;
+}

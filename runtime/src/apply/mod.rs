@@ -1,0 +1,127 @@
+//! The apply engine: server-side apply of desired children, skipping converged ones, pruning
+//! children no longer desired, never touching objects another owner controls.
+//!
+//! Rules, and their sources:
+//! - Children are written with server-side apply (`PATCH` `application/apply-patch+yaml`) under
+//!   the owner's field manager with `force=true`, so idem takes over the fields it applies and
+//!   leaves fields owned by other managers alone (Kubernetes "Server-Side Apply", conflicts).
+//! - A child whose applied fields are already equal by meaning in the live object
+//!   ([`crate::compare::is_applied`]) is not written at all: a converged reconcile makes zero
+//!   write requests. Each applied child carries the fingerprint of its desired body in the
+//!   annotation [`FINGERPRINT_ANNOTATION`], so a field dropped from the desired object also
+//!   counts as a change and the next apply removes it.
+//! - Every child gets a controller ownerReference to the owner (`controller: true`,
+//!   `blockOwnerDeletion: true`) and the labels [`MANAGED_BY_LABEL`], [`TENANT_LABEL`] and
+//!   [`OWNER_UID_LABEL`]. A live object without our controller ownerReference is never
+//!   modified, adopted or deleted: it is reported as [`ChildOutcome::NotOwned`].
+//! - Optimistic concurrency: writes to an existing child carry the `resourceVersion` that was
+//!   read, so the ownership check and the write are atomic; on 409 Conflict the child is read
+//!   again and the decision is taken anew, up to [`RetryPolicy`] attempts (client-go
+//!   `retry.DefaultRetry`).
+//! - A child that was absent is created with `POST`; a create that meets `AlreadyExists`
+//!   (someone created it between our read and our create) is read and handled like any live
+//!   object: applied when it is ours, reported as not owned when it is not.
+//! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
+//!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
+
+mod engine;
+mod owner;
+pub mod retry;
+
+pub use engine::{Applier, ApplyReport, ChildOutcome};
+pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
+pub use retry::RetryPolicy;
+
+use crate::key::ObjectKey;
+
+/// Label naming the field manager that manages the object (Kubernetes recommended label).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Label naming the tenant a child belongs to.
+pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
+/// Label holding the owner's `metadata.uid`; used to list an owner's children for pruning.
+pub const OWNER_UID_LABEL: &str = "tenancy.idem.dev/owner-uid";
+/// Annotation holding the fingerprint of the desired body last applied.
+pub const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
+
+/// Errors of the apply engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The owner was not read from the API server: it lacks `metadata.name` or `metadata.uid`.
+    #[error(
+        "owner {kind} has no metadata.name or metadata.uid; only stored objects can own children"
+    )]
+    OwnerNotStored {
+        /// The owner's kind.
+        kind: String,
+    },
+    /// A desired child could not be turned into JSON, or is not a JSON object.
+    #[error("desired child {kind} cannot be serialised: {reason}")]
+    Serialize {
+        /// The child's kind.
+        kind: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A desired child has no `metadata.name`.
+    #[error("desired child {kind} has no metadata.name")]
+    MissingName {
+        /// The child's kind.
+        kind: String,
+    },
+    /// A desired child cannot be owned by this owner: Kubernetes only allows a namespaced owner
+    /// to own objects in its own namespace (API conventions, garbage collection).
+    #[error("desired child {child} cannot be owned by {owner}: {reason}")]
+    InvalidScope {
+        /// The child.
+        child: ObjectKey,
+        /// The owner.
+        owner: ObjectKey,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Two desired children have the same kind, namespace and name.
+    #[error("desired child {0} is listed twice")]
+    Duplicate(ObjectKey),
+    /// A request to the API server failed with an error that retrying will not fix.
+    #[error("{action} {child}: {source}")]
+    Api {
+        /// The child.
+        child: ObjectKey,
+        /// The request: `get`, `create`, `apply`, `list`, `delete`.
+        action: &'static str,
+        /// The client error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Every attempt met 409 Conflict (someone else kept changing the child).
+    #[error("{child}: still conflicting after {attempts} attempts")]
+    ConflictsExhausted {
+        /// The child.
+        child: ObjectKey,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// The API status `reason` of an error, when it is one.
+pub(crate) fn api_reason(err: &kube::Error) -> Option<(u16, &str)> {
+    match err {
+        kube::Error::Api(status) => Some((status.code, status.reason.as_str())),
+        _ => None,
+    }
+}
+
+/// Whether `err` is 409 Conflict on a write guarded by `resourceVersion` (not AlreadyExists).
+pub(crate) fn is_conflict(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((409, reason)) if reason != "AlreadyExists")
+}
+
+/// Whether `err` is 409 AlreadyExists.
+pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((409, "AlreadyExists")))
+}
+
+/// Whether `err` is 404 NotFound.
+pub(crate) fn is_not_found(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((404, _)))
+}

@@ -1,0 +1,328 @@
+//! The owner of a set of children, and the set of children it desires.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use kube::core::{ApiResource, ClusterResourceScope, NamespaceResourceScope};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, TENANT_LABEL};
+use crate::compare::fingerprint;
+use crate::key::{ObjectKey, TenantKey};
+
+/// Whether a kind's objects live in a namespace; implemented for k8s-openapi's scopes.
+pub trait ChildScope {
+    /// `true` for namespaced kinds.
+    const NAMESPACED: bool;
+}
+
+impl ChildScope for NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+}
+
+impl ChildScope for ClusterResourceScope {
+    const NAMESPACED: bool = false;
+}
+
+/// The object that owns children: the target of their controller ownerReference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    api_version: String,
+    kind: String,
+    name: String,
+    uid: String,
+    namespace: Option<String>,
+    tenant: Option<TenantKey>,
+    field_manager: String,
+}
+
+impl Owner {
+    /// The owner `obj`, writing under `field_manager` and labelling children with `tenant`.
+    ///
+    /// # Errors
+    /// [`ApplyError::OwnerNotStored`] when `obj` lacks `metadata.name` or `metadata.uid`.
+    pub fn new<K: Resource<DynamicType = ()>>(
+        obj: &K,
+        field_manager: &str,
+        tenant: Option<TenantKey>,
+    ) -> Result<Self, ApplyError> {
+        let meta = obj.meta();
+        let (Some(name), Some(uid)) = (meta.name.clone(), meta.uid.clone()) else {
+            return Err(ApplyError::OwnerNotStored {
+                kind: K::kind(&()).into_owned(),
+            });
+        };
+        Ok(Self {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            name,
+            uid,
+            namespace: meta.namespace.clone(),
+            tenant,
+            field_manager: field_manager.to_owned(),
+        })
+    }
+
+    /// The field manager children are applied under.
+    pub fn field_manager(&self) -> &str {
+        &self.field_manager
+    }
+
+    /// The owner's `metadata.uid`.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// The owner's namespace, `None` when cluster-scoped.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The owner's key.
+    pub fn key(&self) -> ObjectKey {
+        match &self.namespace {
+            Some(ns) => ObjectKey::namespaced(&self.kind, ns, &self.name),
+            None => ObjectKey::cluster(&self.kind, &self.name),
+        }
+    }
+
+    /// The controller ownerReference children carry.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    /// The labels children carry.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::new();
+        labels.insert(MANAGED_BY_LABEL.to_owned(), self.field_manager.clone());
+        labels.insert(OWNER_UID_LABEL.to_owned(), self.uid.clone());
+        if let Some(t) = &self.tenant {
+            labels.insert(TENANT_LABEL.to_owned(), t.to_string());
+        }
+        labels
+    }
+
+    /// Whether `meta` carries this owner's controller ownerReference (matched by uid).
+    pub fn owns(&self, meta: &ObjectMeta) -> bool {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.uid == self.uid && r.controller == Some(true))
+    }
+
+    /// Who controls `meta` instead of us, for messages.
+    pub(crate) fn describe_foreign(&self, meta: &ObjectMeta) -> String {
+        match meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+        {
+            Some(r) => format!("controlled by {} {} (uid {})", r.kind, r.name, r.uid),
+            None => "not controlled by any owner".to_owned(),
+        }
+    }
+}
+
+/// One desired child: its API resource, scope, key and JSON body (see [`DesiredChildren::add`]).
+#[derive(Clone, Debug)]
+pub struct DesiredChild {
+    pub(crate) resource: ApiResource,
+    pub(crate) namespaced: bool,
+    pub(crate) key: ObjectKey,
+    pub(crate) body: Value,
+}
+
+/// The children an owner desires, plus the kinds whose undesired children get pruned.
+#[derive(Clone, Debug, Default)]
+pub struct DesiredChildren {
+    pub(crate) children: Vec<DesiredChild>,
+    pub(crate) kinds: Vec<(ApiResource, bool)>,
+}
+
+impl DesiredChildren {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a desired child; its kind also becomes a pruned kind. A namespaced child without a
+    /// namespace is put in the owner's namespace when applied.
+    ///
+    /// # Errors
+    /// [`ApplyError::Serialize`] when the child does not serialise to a JSON object,
+    /// [`ApplyError::MissingName`] when it has no name.
+    pub fn add<K>(&mut self, child: &K) -> Result<&mut Self, ApplyError>
+    where
+        K: Resource<DynamicType = ()> + Serialize,
+        K::Scope: ChildScope,
+    {
+        let kind = K::kind(&()).into_owned();
+        let mut body = serde_json::to_value(child).map_err(|e| ApplyError::Serialize {
+            kind: kind.clone(),
+            reason: e.to_string(),
+        })?;
+        let Some(obj) = body.as_object_mut() else {
+            return Err(ApplyError::Serialize {
+                kind,
+                reason: "not a JSON object".to_owned(),
+            });
+        };
+        obj.insert("apiVersion".into(), json!(K::api_version(&())));
+        obj.insert("kind".into(), json!(kind));
+        // Fields the server owns never belong in an apply body.
+        obj.remove("status");
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            for f in [
+                "resourceVersion",
+                "uid",
+                "managedFields",
+                "creationTimestamp",
+                "generation",
+                "selfLink",
+                "deletionTimestamp",
+            ] {
+                meta.remove(f);
+            }
+        }
+        let meta = child.meta();
+        let name = meta
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApplyError::MissingName { kind: kind.clone() })?;
+        let namespaced = <K::Scope as ChildScope>::NAMESPACED;
+        let key = ObjectKey {
+            kind: kind.as_str().into(),
+            namespace: meta.namespace.as_deref().map(Into::into),
+            name: name.as_str().into(),
+        };
+        self.register_kind::<K>();
+        self.children.push(DesiredChild {
+            resource: ApiResource::erase::<K>(&()),
+            namespaced,
+            key,
+            body,
+        });
+        Ok(self)
+    }
+
+    /// Prunes undesired children of kind `K` even when no child of that kind is desired.
+    pub fn prune_kind<K>(&mut self) -> &mut Self
+    where
+        K: Resource<DynamicType = ()>,
+        K::Scope: ChildScope,
+    {
+        self.register_kind::<K>();
+        self
+    }
+
+    fn register_kind<K>(&mut self)
+    where
+        K: Resource<DynamicType = ()>,
+        K::Scope: ChildScope,
+    {
+        let ar = ApiResource::erase::<K>(&());
+        if !self.kinds.iter().any(|(k, _)| k == &ar) {
+            self.kinds.push((ar, <K::Scope as ChildScope>::NAMESPACED));
+        }
+    }
+
+    /// The desired children, in the order they were added.
+    pub fn children(&self) -> &[DesiredChild] {
+        &self.children
+    }
+
+    /// Number of desired children.
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Whether no child is desired.
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+}
+
+impl DesiredChild {
+    /// The child's key as desired (namespace `None` until placed in the owner's namespace).
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    /// Places the child for `owner` and stamps ownership: namespace, labels, ownerReference
+    /// and the fingerprint annotation.
+    ///
+    /// # Errors
+    /// [`ApplyError::InvalidScope`] when Kubernetes would not let `owner` own this child.
+    pub(crate) fn stamped(&self, owner: &Owner) -> Result<(ObjectKey, Value), ApplyError> {
+        let mut key = self.key.clone();
+        let mut body = self.body.clone();
+        let invalid = |key: &ObjectKey, reason| ApplyError::InvalidScope {
+            child: key.clone(),
+            owner: owner.key(),
+            reason,
+        };
+        match (self.namespaced, owner.namespace(), key.namespace.as_deref()) {
+            (true, Some(ns), None) => key.namespace = Some(ns.into()),
+            (true, Some(ns), Some(child_ns)) if ns != child_ns => {
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner only owns children in its own namespace",
+                ));
+            }
+            (true, None, None) => {
+                return Err(invalid(&key, "a namespaced child needs metadata.namespace"));
+            }
+            (false, Some(_), _) => {
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner cannot own cluster-scoped objects",
+                ));
+            }
+            _ => {}
+        }
+        let meta = body
+            .as_object_mut()
+            .expect("checked to be an object in add()")
+            .entry("metadata")
+            .or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        if let Some(ns) = &key.namespace {
+            meta["namespace"] = json!(ns.as_ref());
+        }
+        let labels = meta
+            .as_object_mut()
+            .expect("metadata is an object")
+            .entry("labels")
+            .or_insert_with(|| json!({}));
+        if !labels.is_object() {
+            *labels = json!({});
+        }
+        for (k, v) in owner.labels() {
+            labels[k] = json!(v);
+        }
+        meta["ownerReferences"] = json!([owner.owner_reference()]);
+        let print = fingerprint(&body).to_string();
+        let meta = &mut body["metadata"];
+        if !meta.get("annotations").is_some_and(Value::is_object) {
+            meta["annotations"] = json!({});
+        }
+        meta["annotations"][FINGERPRINT_ANNOTATION] = json!(print);
+        Ok((key, body))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+//! Unit tests of ownership stamping and desired-children bookkeeping.
+
+use super::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+
+fn stored_cm(ns: Option<&str>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("owner".into()),
+            namespace: ns.map(Into::into),
+            uid: Some("uid-1".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+fn cm(name: &str, ns: Option<&str>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: ns.map(Into::into),
+            resource_version: Some("42".into()),
+            uid: Some("child-uid".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("k".to_string(), "v".to_string())].into()),
+        ..ConfigMap::default()
+    }
+}
+
+#[test]
+fn owner_needs_a_stored_object() {
+    let fresh = ConfigMap::default();
+    assert!(matches!(
+        Owner::new(&fresh, "m", None),
+        Err(ApplyError::OwnerNotStored { .. })
+    ));
+}
+
+#[test]
+fn stamping_adds_ownership_and_strips_server_fields() {
+    let owner = Owner::new(
+        &stored_cm(Some("ns")),
+        "idem-operator",
+        Some(TenantKey::new("acme")),
+    )
+    .expect("owner");
+    let mut d = DesiredChildren::new();
+    d.add(&cm("child", None)).expect("add");
+    let (key, body) = d.children()[0].stamped(&owner).expect("stamp");
+    assert_eq!(key, ObjectKey::namespaced("ConfigMap", "ns", "child"));
+    let meta = &body["metadata"];
+    assert_eq!(meta["namespace"], "ns");
+    assert_eq!(meta["labels"][MANAGED_BY_LABEL], "idem-operator");
+    assert_eq!(meta["labels"][TENANT_LABEL], "acme");
+    assert_eq!(meta["labels"][OWNER_UID_LABEL], "uid-1");
+    assert_eq!(meta["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(meta["ownerReferences"][0]["controller"], true);
+    assert!(meta.get("resourceVersion").is_none() && meta.get("uid").is_none());
+    assert_eq!(body["apiVersion"], "v1");
+    assert_eq!(body["kind"], "ConfigMap");
+    let print = meta["annotations"][FINGERPRINT_ANNOTATION]
+        .as_str()
+        .expect("fingerprint");
+    assert_eq!(print.len(), 16);
+
+    // The fingerprint follows the desired content.
+    let mut other = cm("child", None);
+    other.data = Some([("k".to_string(), "changed".to_string())].into());
+    let mut d2 = DesiredChildren::new();
+    d2.add(&other).expect("add");
+    let (_, body2) = d2.children()[0].stamped(&owner).expect("stamp");
+    assert_ne!(
+        body2["metadata"]["annotations"][FINGERPRINT_ANNOTATION],
+        print
+    );
+}
+
+#[test]
+fn scope_rules_of_owner_references() {
+    let namespaced = Owner::new(&stored_cm(Some("ns")), "m", None).expect("owner");
+    let cluster = Owner::new(
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some("acme".into()),
+                uid: Some("u".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        },
+        "m",
+        None,
+    )
+    .expect("owner");
+    let stamp = |owner: &Owner, d: &mut DesiredChildren| d.children()[0].stamped(owner).map(|_| ());
+    let mut other_ns = DesiredChildren::new();
+    other_ns.add(&cm("c", Some("elsewhere"))).expect("add");
+    assert!(matches!(
+        stamp(&namespaced, &mut other_ns),
+        Err(ApplyError::InvalidScope { .. })
+    ));
+    let mut cluster_child = DesiredChildren::new();
+    cluster_child
+        .add(&ClusterRole {
+            metadata: ObjectMeta {
+                name: Some("r".into()),
+                ..ObjectMeta::default()
+            },
+            ..ClusterRole::default()
+        })
+        .expect("add");
+    assert!(matches!(
+        stamp(&namespaced, &mut cluster_child),
+        Err(ApplyError::InvalidScope { .. })
+    ));
+    assert!(stamp(&cluster, &mut cluster_child).is_ok());
+    let mut no_ns = DesiredChildren::new();
+    no_ns.add(&cm("c", None)).expect("add");
+    assert!(matches!(
+        stamp(&cluster, &mut no_ns),
+        Err(ApplyError::InvalidScope { .. })
+    ));
+    let mut with_ns = DesiredChildren::new();
+    with_ns.add(&cm("c", Some("acme-dev"))).expect("add");
+    assert!(
+        stamp(&cluster, &mut with_ns).is_ok(),
+        "cluster owner, namespaced child: allowed"
+    );
+}
+
+#[test]
+fn a_child_without_a_name_is_an_error() {
+    let mut d = DesiredChildren::new();
+    assert!(matches!(
+        d.add(&ConfigMap::default()),
+        Err(ApplyError::MissingName { .. })
+    ));
+    assert!(d.is_empty());
+}
+
+#[test]
+fn ownership_is_by_controller_reference_uid() {
+    let owner = Owner::new(&stored_cm(Some("ns")), "m", None).expect("owner");
+    let mut meta = ObjectMeta::default();
+    assert!(!owner.owns(&meta));
+    let mut r = owner.owner_reference();
+    r.controller = Some(false);
+    meta.owner_references = Some(vec![r.clone()]);
+    assert!(
+        !owner.owns(&meta),
+        "a non-controller reference is not ownership"
+    );
+    r.controller = Some(true);
+    r.uid = "someone-else".into();
+    meta.owner_references = Some(vec![r]);
+    assert!(!owner.owns(&meta));
+    assert!(owner.describe_foreign(&meta).contains("someone-else"));
+    meta.owner_references = Some(vec![owner.owner_reference()]);
+    assert!(owner.owns(&meta));
+}
+
+#[test]
+fn kinds_are_registered_once() {
+    let mut d = DesiredChildren::new();
+    d.add(&cm("a", None)).expect("add");
+    d.add(&cm("b", None)).expect("add");
+    d.prune_kind::<ConfigMap>();
+    assert_eq!(d.kinds.len(), 1);
+    assert_eq!(d.len(), 2);
+}

@@ -1,0 +1,372 @@
+//! Applying children: zero writes when converged, restoring rivals' changes to owned fields,
+//! leaving others' fields and unowned objects alone, pruning only what we own.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use idem_runtime::apply::{ChildOutcome, FINGERPRINT_ANNOTATION};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn second_apply_makes_zero_writes() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.write().await;
+    let ns = namespace(&client, "zero-writes").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let kinds = [
+        ("", "configmaps"),
+        ("apps", "deployments"),
+        ("", "resourcequotas"),
+        ("", "services"),
+        ("test.idem.dev", "widgets"),
+    ];
+    let mut initial = Vec::new();
+    for (g, r) in kinds {
+        initial.push(counts(g, r).await);
+    }
+    let (report, _) = reconcile(&client, &w).await.expect("first reconcile");
+    assert!(
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Created),
+        "{report:?}"
+    );
+    // The counter sees the first reconcile's writes (so a zero below means zero).
+    for ((g, r), i) in kinds.iter().zip(&initial) {
+        let c = counts(g, r).await;
+        assert!(
+            c.writes + c.status_writes > i.writes + i.status_writes,
+            "no write seen on {r}"
+        );
+    }
+
+    // Let the deployment controller settle: it writes the revision annotation on the
+    // Deployment itself once.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for _ in 0..100 {
+        let d = deployments.get("w").await.expect("get deployment");
+        let annotated = d
+            .metadata
+            .annotations
+            .is_some_and(|a| a.contains_key("deployment.kubernetes.io/revision"));
+        if annotated {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The server canonicalised the quota: "1000m" is stored as "1", "1024Mi" as "1Gi".
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+        .get("w-quota")
+        .await
+        .expect("quota");
+    let hard = quota.spec.and_then(|s| s.hard).expect("hard");
+    assert_eq!(hard["cpu"].0, "1", "server canonicalises 1000m");
+    assert_eq!(hard["memory"].0, "1Gi", "server canonicalises 1024Mi");
+
+    let mut before = Vec::new();
+    for (g, r) in kinds {
+        before.push(counts(g, r).await);
+    }
+    let w = get_widget(&client, &ns, "w").await;
+    let (report, status) = reconcile(&client, &w).await.expect("second reconcile");
+    assert!(
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Unchanged),
+        "{report:?}"
+    );
+    assert!(report.pruned.is_empty());
+    assert!(
+        matches!(status, idem_runtime::status::StatusOutcome::Unchanged),
+        "{status:?}"
+    );
+    for ((g, r), b) in kinds.iter().zip(before) {
+        let a = counts(g, r).await;
+        assert_eq!(
+            a.writes - b.writes,
+            0,
+            "writes on {r} during the second reconcile"
+        );
+        if *r == "widgets" {
+            assert_eq!(
+                a.status_writes - b.status_writes,
+                0,
+                "status writes on widgets"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn rival_change_to_owned_field_is_restored_and_others_fields_kept() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "rival").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+
+    // A rival field manager takes our data key and adds a key and a label of its own.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let rival = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "w-config", "labels": {"rival": "yes"}},
+        "data": {"greeting": "tampered", "rival-key": "kept"}
+    });
+    cms.patch(
+        "w-config",
+        &PatchParams::apply("rival").force(),
+        &Patch::Apply(&rival),
+    )
+    .await
+    .expect("rival apply");
+
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o.clone());
+    assert_eq!(outcome, Some(ChildOutcome::Applied));
+    let cm = cms.get("w-config").await.expect("get");
+    let data = cm.data.expect("data");
+    assert_eq!(data["greeting"], "hello", "owned field restored");
+    assert_eq!(
+        data["rival-key"], "kept",
+        "field owned by another manager left alone"
+    );
+    assert_eq!(cm.metadata.labels.expect("labels")["rival"], "yes");
+
+    // Converged again: the next reconcile writes nothing to it.
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    assert!(
+        report
+            .children
+            .iter()
+            .all(|(_, o)| *o == ChildOutcome::Unchanged),
+        "{report:?}"
+    );
+}
+
+#[tokio::test]
+async fn field_dropped_from_desired_is_removed_from_child() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "drop-field").await;
+    let mut spec = widget_spec();
+    spec.config.insert("extra".into(), "1".into());
+    let w = create_widget(&client, &ns, "w", spec).await;
+    reconcile(&client, &w)
+        .await
+        .expect("first reconcile (creates)");
+
+    let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let patch = json!({"spec": {"config": {"extra": null}}});
+    let w = api
+        .patch("w", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("edit spec");
+    reconcile(&client, &w).await.expect("reconcile");
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("w-config")
+        .await
+        .expect("get");
+    let data: BTreeMap<_, _> = cm.data.expect("data");
+    assert_eq!(data.get("extra"), None, "dropped key removed by the apply");
+    assert_eq!(data["greeting"], "hello");
+    assert!(
+        cm.metadata
+            .annotations
+            .expect("annotations")
+            .contains_key(FINGERPRINT_ANNOTATION)
+    );
+}
+
+#[tokio::test]
+async fn unowned_child_is_not_modified_and_a_condition_says_why() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "unowned").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let foreign = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("w-config".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("greeting".to_string(), "theirs".to_string())].into()),
+        ..ConfigMap::default()
+    };
+    let created = cms
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("create foreign");
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let (report, _) = reconcile(&client, &w)
+        .await
+        .expect("reconcile is not an error");
+
+    let (key, why) = report.not_owned().next().expect("reported as not owned");
+    assert_eq!(&*key.name, "w-config");
+    assert!(why.contains("not controlled"), "{why}");
+    let after = cms.get("w-config").await.expect("get");
+    assert_eq!(
+        after.metadata.resource_version, created.metadata.resource_version,
+        "untouched"
+    );
+    assert_eq!(after.data.expect("data")["greeting"], "theirs");
+
+    let w = get_widget(&client, &ns, "w").await;
+    let stalled = condition(&w, "Stalled");
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "ChildNotOwned")
+    );
+    assert!(stalled.message.contains("ConfigMap/") && stalled.message.contains("w-config"));
+    assert_eq!(condition(&w, "Ready").status, "False");
+    // The other children were still applied.
+    assert!(
+        Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt("w")
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn prune_deletes_only_owned_children() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "prune").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+
+    // An object carrying our labels but not our ownerReference must survive pruning.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let mut impostor: Service = serde_json::from_value(json!({
+        "metadata": {"name": "impostor", "labels": {
+            "tenancy.idem.dev/owner-uid": w.metadata.uid.clone().expect("uid"),
+            "app.kubernetes.io/managed-by": "idem-operator"}},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .expect("service json");
+    impostor.metadata.namespace = Some(ns.clone());
+    services
+        .create(&PostParams::default(), &impostor)
+        .await
+        .expect("create impostor");
+
+    let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let w = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"service": false}})),
+        )
+        .await
+        .expect("edit spec");
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    assert_eq!(report.pruned.len(), 1, "{report:?}");
+    assert_eq!(&*report.pruned[0].name, "w");
+    assert!(
+        services.get_opt("impostor").await.expect("get").is_some(),
+        "not ours: kept"
+    );
+    // Our Service is gone or going (deletion is asynchronous for objects with finalizers).
+    let ours = services.get_opt("w").await.expect("get");
+    assert!(ours.is_none_or(|s| s.metadata.deletion_timestamp.is_some()));
+    // Pruning again is a no-op (NotFound or already deleting is success).
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile again");
+    assert!(report.pruned.is_empty());
+}
+
+#[tokio::test]
+async fn tenant_from_namespace_label_is_resolved_from_the_server() {
+    use idem_runtime::resource::{TenantError, TenantRef};
+    use k8s_openapi::api::core::v1::Namespace;
+    let client = client();
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "tenant-label").await;
+    let r = TenantRef::NamespaceLabel {
+        namespace: ns.clone(),
+        label: "tenancy.idem.dev/tenant",
+    };
+    let missing = r.clone().resolve(&client).await;
+    assert!(
+        matches!(missing, Err(TenantError::MissingLabel { .. })),
+        "{missing:?}"
+    );
+    let label = json!({"metadata": {"labels": {"tenancy.idem.dev/tenant": "acme"}}});
+    Api::<Namespace>::all(client.clone())
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label namespace");
+    assert_eq!(r.resolve(&client).await.expect("resolved").as_str(), "acme");
+}
+
+#[tokio::test]
+async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "terminating").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Hold the child in deletion with a finalizer of someone else's, and drift it.
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}, "data": {"greeting": "x"}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold");
+    cms.delete("w-config", &Default::default())
+        .await
+        .expect("delete");
+    let before = cms.get("w-config").await.expect("still there");
+    assert!(before.metadata.deletion_timestamp.is_some());
+
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o);
+    assert_eq!(outcome, Some(&ChildOutcome::Terminating));
+    let after = cms.get("w-config").await.expect("get");
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "untouched"
+    );
+    let w = get_widget(&client, &ns, "w").await;
+    assert_eq!(condition(&w, "Reconciling").status, "True");
+    assert_eq!(condition(&w, "Ready").reason, "ChildTerminating");
+
+    // Release it: the next reconcile creates it again and is Ready.
+    let release = json!({"metadata": {"finalizers": null}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("release");
+    let w = get_widget(&client, &ns, "w").await;
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o);
+    assert_eq!(outcome, Some(&ChildOutcome::Created));
+    assert_eq!(
+        condition(&get_widget(&client, &ns, "w").await, "Ready").status,
+        "True"
+    );
+}

@@ -1,0 +1,7 @@
+//! The apply and status engines against the real local control plane (idem-tests): write
+//! counts come from the API server's own `/metrics`.
+
+mod apply;
+mod common;
+mod race;
+mod status;
