@@ -2,8 +2,12 @@
 //! (leader election, probes, metrics, graceful shutdown).
 //!
 //! The flow of one controller is visible in its file names: `source` (what is watched) →
-//! the runtime's fair `queue` → `reconcile` (desired children) → `apply` (idem-runtime's
+//! the runtime's fair queue → `reconcile` → `desired` children (applied by idem-runtime's
 //! engine) → `status`.
 
+pub mod context;
+pub mod error;
+pub mod events;
 pub mod rbac;
 pub mod resources;
+pub mod tenant;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use idem_runtime::IdempotentResource;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -29,7 +30,9 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   isolation: true
 ///   weight: 1
 /// ```
-#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(
+    CustomResource, IdempotentResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize,
+)]
 #[kube(
     group = "tenancy.idem.dev",
     version = "v1alpha1",
@@ -42,6 +45,7 @@ pub const MAX_SHORT_NAME: usize = 32;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 30").message("a tenant name has at most 30 characters, so that <tenant>-<namespace> stays a valid namespace name"),
 )]
+#[idempotent(tenant = name, field_manager = "idem-operator", conditions(Ready, Reconciling, Stalled))]
 #[serde(rename_all = "camelCase")]
 pub struct TenantSpec {
     /// Users, groups and service accounts that get the `admin` ClusterRole in every namespace

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use idem_runtime::IdempotentResource;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +21,9 @@ use serde::{Deserialize, Serialize};
 ///   env: {LOG_LEVEL: info}
 ///   config: {app.toml: "greeting = 'hi'"}
 /// ```
-#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(
+    CustomResource, IdempotentResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize,
+)]
 #[kube(
     group = "tenancy.idem.dev",
     version = "v1alpha1",
@@ -32,6 +35,11 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[idempotent(
+    tenant = namespace_label("tenancy.idem.dev/tenant"),
+    field_manager = "idem-operator",
+    conditions(Ready, Reconciling, Stalled)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TenantAppSpec {

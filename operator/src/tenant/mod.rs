@@ -1,0 +1,7 @@
+//! The Tenant controller: `source` (what is watched) → the runtime's fair queue (weighted by
+//! `spec.weight`) → `reconcile` → `desired` (applied by idem-runtime) → `status`.
+
+pub mod desired;
+pub mod reconcile;
+pub mod source;
+pub mod status;
