@@ -25,7 +25,10 @@ async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
     match prometheus_client::encoding::text::encode(&mut text, &e.registry) {
         Ok(()) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             text,
         ),
         Err(err) => (
@@ -64,7 +67,10 @@ async fn serve(
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+        {
             tracing::error!(error = %e, "HTTP server failed");
         }
     });
@@ -93,7 +99,12 @@ pub async fn start(
         return Ok(vec![serve(health_addr, app, shutdown).await?]);
     }
     Ok(vec![
-        serve(metrics_addr, metrics.with_state(state.clone()), shutdown.clone()).await?,
+        serve(
+            metrics_addr,
+            metrics.with_state(state.clone()),
+            shutdown.clone(),
+        )
+        .await?,
         serve(health_addr, health.with_state(state), shutdown).await?,
     ])
 }

@@ -8,6 +8,10 @@
 pub mod context;
 pub mod error;
 pub mod events;
+pub mod http;
+pub mod leader;
+pub mod manager;
 pub mod rbac;
 pub mod resources;
 pub mod tenant;
+pub mod tenant_app;

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use idem_runtime::IdempotentResource;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use idem_runtime::IdempotentResource;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,15 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   weight: 1
 /// ```
 #[derive(
-    CustomResource, IdempotentResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize,
+    CustomResource,
+    IdempotentResource,
+    KubeSchema,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Serialize,
+    Deserialize,
 )]
 #[kube(
     group = "tenancy.idem.dev",

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use idem_runtime::IdempotentResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +22,15 @@ use serde::{Deserialize, Serialize};
 ///   config: {app.toml: "greeting = 'hi'"}
 /// ```
 #[derive(
-    CustomResource, IdempotentResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize,
+    CustomResource,
+    IdempotentResource,
+    KubeSchema,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Serialize,
+    Deserialize,
 )]
 #[kube(
     group = "tenancy.idem.dev",

@@ -29,7 +29,11 @@ pub const TERMINATING_POLL: Duration = Duration::from_secs(2);
 ///
 /// # Errors
 /// [`Error`] from the API; the controller retries with per-key backoff.
-pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context>, attempt: Attempt) -> Result<Action, Error> {
+pub async fn reconcile(
+    tenant: Arc<Tenant>,
+    ctx: Arc<Context>,
+    attempt: Attempt,
+) -> Result<Action, Error> {
     let result = reconcile_inner(&tenant, &ctx).await;
     if let Err(e) = &result {
         let failures = attempt.failures + 1;
@@ -123,9 +127,10 @@ async fn write_status(
     readiness: &Readiness,
 ) -> Result<(), Error> {
     let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
-    let previous = tenant.status.as_ref().and_then(|s| {
-        s.conditions.iter().find(|c| c.type_ == "Ready").cloned()
-    });
+    let previous = tenant
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
     writer
         .write(tenant, |_, draft| {
             if let Some(namespaces) = namespaces {
@@ -136,6 +141,12 @@ async fn write_status(
             draft.set_readiness(readiness);
         })
         .await?;
-    events::readiness(&ctx.recorder, &tenant.object_ref(&()), previous.as_ref(), readiness).await;
+    events::readiness(
+        &ctx.recorder,
+        &tenant.object_ref(&()),
+        previous.as_ref(),
+        readiness,
+    )
+    .await;
     Ok(())
 }

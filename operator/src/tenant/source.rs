@@ -20,13 +20,16 @@ pub fn children_config() -> watcher::Config {
 /// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue,
 /// with `spec.weight` as its weight.
 pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenant> {
-    Controller::new(Api::<Tenant>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Namespace>::all(client.clone()), children_config())
-        .owns(Api::<ResourceQuota>::all(client.clone()), children_config())
-        .owns(Api::<LimitRange>::all(client.clone()), children_config())
-        .owns(Api::<RoleBinding>::all(client.clone()), children_config())
-        .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
-        .tenant_of(|t: &Tenant| TenantKey::new(t.name_any()))
-        .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100))
-        .with_config(config)
+    Controller::new(
+        Api::<Tenant>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Namespace>::all(client.clone()), children_config())
+    .owns(Api::<ResourceQuota>::all(client.clone()), children_config())
+    .owns(Api::<LimitRange>::all(client.clone()), children_config())
+    .owns(Api::<RoleBinding>::all(client.clone()), children_config())
+    .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
+    .tenant_of(|t: &Tenant| TenantKey::new(t.name_any()))
+    .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100))
+    .with_config(config)
 }

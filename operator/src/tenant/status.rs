@@ -98,7 +98,12 @@ mod tests {
     fn conflict_beats_everything_and_names_the_namespace() {
         let report = ApplyReport {
             children: vec![
-                (key("a-b-c"), ChildOutcome::NotOwned { reason: "controlled by Tenant a-b".into() }),
+                (
+                    key("a-b-c"),
+                    ChildOutcome::NotOwned {
+                        reason: "controlled by Tenant a-b".into(),
+                    },
+                ),
                 (key("a-dev"), ChildOutcome::Created),
                 (key("a-old"), ChildOutcome::Terminating),
             ],

@@ -1,0 +1,239 @@
+//! The manager: owns startup (client, metrics, probes, leader election, caches) and graceful
+//! shutdown (stop taking work, let in-flight reconciles finish, release the Lease).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use idem_runtime::apply::MANAGED_BY_LABEL;
+use idem_runtime::controller::ControllerConfig;
+use idem_runtime::metrics::Metrics;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Config};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::context::Context;
+use crate::leader::Leadership;
+use crate::resources::FIELD_MANAGER;
+use crate::{http, tenant, tenant_app};
+
+/// How the manager runs; see `idem-operator run --help`.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, then in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Concurrent reconciles per controller.
+    pub workers: usize,
+    /// Reconciles of one tenant at once, per controller.
+    pub tenant_concurrency: usize,
+    /// Anti-entropy resync period (zero disables).
+    pub resync_period: Duration,
+    /// Address of `/metrics`.
+    pub metrics_addr: SocketAddr,
+    /// Address of `/healthz` and `/readyz`.
+    pub health_addr: SocketAddr,
+    /// Hold a Lease before running controllers.
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default `default`).
+    pub leader_elect_namespace: Option<String>,
+    /// Identity in the Lease (default host name + pid).
+    pub identity: Option<String>,
+    /// How long shutdown waits for in-flight reconciles.
+    pub shutdown_grace: Duration,
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+/// A client from `kubeconfig`, or kube's inferred config.
+///
+/// # Errors
+/// When no configuration can be loaded.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+fn identity(options: &ManagerOptions) -> String {
+    options.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    })
+}
+
+/// Runs both controllers until `shutdown` resolves (or leadership is lost), then shuts down
+/// gracefully.
+///
+/// # Errors
+/// When the client, endpoints or Lease cannot be set up, a controller's configuration is
+/// invalid, or leadership is lost (so the process exits and a standby takes over).
+pub async fn run(
+    options: ManagerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let client = client(options.kubeconfig.as_deref()).await?;
+    let mut registry = Registry::with_prefix("");
+    let metrics = Metrics::new(&mut registry);
+    let registry = Arc::new(registry);
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let servers = http::start(
+        options.metrics_addr,
+        options.health_addr,
+        Arc::clone(&registry),
+        ready_rx,
+        stop_rx.clone(),
+    )
+    .await
+    .context("binding the metrics/health addresses")?;
+    for (addr, _) in &servers {
+        tracing::info!(%addr, "serving HTTP endpoints");
+    }
+    tokio::pin!(shutdown);
+
+    let identity = identity(&options);
+    let mut leadership = None;
+    if options.leader_elect {
+        let ns = options
+            .leader_elect_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let mut lease = Leadership::start(client.clone(), &ns, &identity).await?;
+        tracing::info!(%identity, namespace = %ns, "waiting to become leader");
+        tokio::select! {
+            () = lease.acquired() => tracing::info!(%identity, "became leader"),
+            () = &mut shutdown => {
+                lease.release().await;
+                let _ = stop_tx.send(true);
+                return Ok(());
+            }
+        }
+        leadership = Some(lease);
+    }
+
+    // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
+    let (store, writer) = reflector::store::<Namespace>();
+    let ns_config =
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    let ns_watch = tokio::spawn(
+        watcher(Api::<Namespace>::all(client.clone()), ns_config)
+            .default_backoff()
+            .reflect(writer)
+            .for_each(|_| futures::future::ready(())),
+    );
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let ctx = Context::new(client.clone(), recorder, store);
+    let config = |name: &str| ControllerConfig {
+        name: Some(name.into()),
+        workers: options.workers,
+        per_tenant_cap: options.tenant_concurrency,
+        resync_period: options.resync_period,
+        shutdown_grace: options.shutdown_grace,
+        ..ControllerConfig::default()
+    };
+    let (tenant_synced, mut tenant_ready) = watch::channel(false);
+    let (app_synced, mut app_ready) = watch::channel(false);
+    let tenants = tenant::source::controller(&client, config("tenant"))
+        .with_metrics(metrics.clone())
+        .with_synced_signal(tenant_synced);
+    let apps = tenant_app::source::controller(&client, &ctx, config("tenantapp"))
+        .with_metrics(metrics)
+        .with_synced_signal(app_synced);
+    tokio::spawn(async move {
+        let _ = tenant_ready.wait_for(|s| *s).await;
+        let _ = app_ready.wait_for(|s| *s).await;
+        let _ = ready_tx.send(true);
+        tracing::info!("all caches synced: ready");
+    });
+
+    let stopping = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let controllers = futures::future::join(
+        tenants.run(
+            tenant::reconcile::reconcile,
+            Arc::clone(&ctx),
+            stopping(stop_rx.clone()),
+        ),
+        apps.run(
+            tenant_app::reconcile::reconcile,
+            Arc::clone(&ctx),
+            stopping(stop_rx.clone()),
+        ),
+    );
+    tokio::pin!(controllers);
+    let lost = async {
+        match &leadership {
+            Some(lease) => lease.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut lost_leadership = false;
+    let (tenant_report, app_report) = tokio::select! {
+        reports = &mut controllers => reports,
+        () = &mut shutdown => {
+            tracing::info!("shutdown requested: finishing in-flight reconciles");
+            let _ = stop_tx.send(true);
+            controllers.await
+        }
+        () = lost => {
+            tracing::error!("lost leadership: stopping");
+            lost_leadership = true;
+            let _ = stop_tx.send(true);
+            controllers.await
+        }
+    };
+    let _ = stop_tx.send(true);
+    ns_watch.abort();
+    for (name, report) in [("tenant", tenant_report?), ("tenantapp", app_report?)] {
+        tracing::info!(
+            controller = name,
+            dropped = report.dropped.len(),
+            abandoned = report.abandoned.len(),
+            "controller stopped"
+        );
+    }
+    if let Some(lease) = leadership {
+        lease.release().await;
+    }
+    for (_, task) in servers {
+        let _ = task.await;
+    }
+    if lost_leadership {
+        anyhow::bail!("lost leadership");
+    }
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! One reconcile of a TenantApp: check it lives in a tenant namespace, apply its ConfigMap,
+//! Deployment and Service, then mirror the Deployment's availability into the status.
+
+use std::sync::Arc;
+
+use idem_runtime::apply::Owner;
+use idem_runtime::controller::{Action, Attempt};
+use idem_runtime::resource::IdempotentResource as _;
+use idem_runtime::status::{Readiness, StatusWriter};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+
+use super::{desired, status};
+use crate::context::{Context, STALLED_AFTER_FAILURES};
+use crate::error::Error;
+use crate::events;
+use crate::resources::TenantApp;
+
+/// Reconciles one TenantApp; after [`STALLED_AFTER_FAILURES`] failures in a row the status
+/// says `Stalled` with reason `ReconcileFailed` while retries go on.
+///
+/// # Errors
+/// [`Error`] from the API; the controller retries with per-key backoff.
+pub async fn reconcile(
+    app: Arc<TenantApp>,
+    ctx: Arc<Context>,
+    attempt: Attempt,
+) -> Result<Action, Error> {
+    let result = reconcile_inner(&app, &ctx).await;
+    if let Err(e) = &result {
+        let failures = attempt.failures + 1;
+        if failures >= STALLED_AFTER_FAILURES {
+            let readiness = crate::tenant::status::failed(failures, &e.to_string());
+            let _ = write_status(&ctx, &app, None, &readiness).await;
+        }
+    }
+    result
+}
+
+async fn reconcile_inner(app: &TenantApp, ctx: &Context) -> Result<Action, Error> {
+    if app.meta().deletion_timestamp.is_some() {
+        // Children carry a controller ownerReference: the garbage collector deletes them.
+        return Ok(Action::await_change());
+    }
+    let namespace = app.namespace().unwrap_or_default();
+    let tenant = match ctx.tenant_of_namespace(&namespace) {
+        Some(tenant) => tenant,
+        // Not cached yet (just created) or not ours: ask the server before judging.
+        None => match app.tenant().ok().map(|t| t.resolve(&ctx.client)) {
+            Some(resolving) => match resolving.await {
+                Ok(tenant) => tenant,
+                Err(_) => {
+                    write_status(
+                        ctx,
+                        app,
+                        Some(0),
+                        &status::not_in_tenant_namespace(&namespace),
+                    )
+                    .await?;
+                    return Ok(Action::await_change());
+                }
+            },
+            None => {
+                write_status(
+                    ctx,
+                    app,
+                    Some(0),
+                    &status::not_in_tenant_namespace(&namespace),
+                )
+                .await?;
+                return Ok(Action::await_change());
+            }
+        },
+    };
+    let owner = Owner::new(app, TenantApp::FIELD_MANAGER, Some(tenant))?;
+    let report = ctx
+        .applier
+        .reconcile(&owner, &desired::children(app)?)
+        .await?;
+    events::children(&ctx.recorder, &app.object_ref(&()), &report).await;
+    let deployment = Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&app.name_any())
+        .await?;
+    let readiness = status::readiness(app.spec.replicas, &report, deployment.as_ref());
+    write_status(
+        ctx,
+        app,
+        Some(status::available(deployment.as_ref())),
+        &readiness,
+    )
+    .await?;
+    // The Deployment is watched: its status changes bring the app back; no polling.
+    Ok(Action::await_change())
+}
+
+async fn write_status(
+    ctx: &Context,
+    app: &TenantApp,
+    available: Option<i32>,
+    readiness: &Readiness,
+) -> Result<(), Error> {
+    let api =
+        Api::<TenantApp>::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
+    let previous = app
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
+    StatusWriter::new(api)
+        .write(app, |_, draft| {
+            if let Some(available) = available {
+                draft.status_mut().available_replicas = available;
+            }
+            draft.set_readiness(readiness);
+        })
+        .await?;
+    events::readiness(
+        &ctx.recorder,
+        &app.object_ref(&()),
+        previous.as_ref(),
+        readiness,
+    )
+    .await;
+    Ok(())
+}
