@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controllers (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
 }
@@ -70,9 +70,9 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Some(Command::Run(args)) => run(args),
+        Some(Command::Run(args)) => run(*args),
         None => match Cli::parse_from(["idem-operator", "run"]).command {
-            Some(Command::Run(args)) => run(args),
+            Some(Command::Run(args)) => run(*args),
             _ => unreachable!("`run` parses as the run command"),
         },
     }

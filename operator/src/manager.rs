@@ -99,7 +99,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let client = client(options.kubeconfig.as_deref()).await?;
-    let mut registry = Registry::with_prefix("");
+    let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let registry = Arc::new(registry);
     let (ready_tx, ready_rx) = watch::channel(false);

@@ -79,14 +79,14 @@ pub struct TenantSpec {
     /// Fair-share weight of this tenant in the operator's work queue, 1 to 100 (default 1).
     #[serde(default = "default_weight")]
     #[schemars(range(min = 1, max = 100))]
-    pub weight: u32,
+    pub weight: i32,
     /// With `true`, the operator leaves the tenant's children alone (no apply, no prune) and
     /// reports `Reconciling=False` with reason `Paused`.
     #[serde(default)]
     pub paused: bool,
 }
 
-fn default_weight() -> u32 {
+fn default_weight() -> i32 {
     1
 }
 

@@ -30,6 +30,6 @@ pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenan
     .owns(Api::<RoleBinding>::all(client.clone()), children_config())
     .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
     .tenant_of(|t: &Tenant| TenantKey::new(t.name_any()))
-    .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100))
+    .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100) as u32)
     .with_config(config)
 }
