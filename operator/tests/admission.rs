@@ -1,9 +1,6 @@
 //! The CRDs' schemas and CEL rules reject bad input at admission, on the real API server.
 
-use std::time::Duration;
-
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
@@ -12,29 +9,8 @@ use idem_operator::resources;
 use idem_tests::{shared, unique_name};
 
 async fn install(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("idem-test").force();
     for crd in resources::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(&name, &pp, &Patch::Apply(&crd)).await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = crds.get(&name).await.unwrap();
-            let established = got
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name} not Established"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        idem_tests::install_crd(client, &crd).await.unwrap();
     }
 }
 

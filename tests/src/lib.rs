@@ -19,6 +19,7 @@
 //! ```
 
 pub mod binaries;
+pub mod cluster;
 mod controlplane;
 mod error;
 pub mod kubeconfig;
@@ -31,6 +32,7 @@ pub mod state;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub use cluster::{create_namespace, install_crd};
 pub use controlplane::{
     ControlPlane, KWOK_NODE_ANNOTATION, Options, SERVICE_CIDR, SERVICE_IP, down, load_kubeconfig,
 };

@@ -7,24 +7,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use idem_tests::{metrics, shared, unique_name};
+use idem_tests::{metrics, shared};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A fresh namespace for one test.
 async fn namespace(client: &Client, prefix: &str) -> String {
-    let name = unique_name(prefix);
-    let ns: Api<Namespace> = Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    ns.create(&PostParams::default(), &obj).await.unwrap();
-    name
+    idem_tests::create_namespace(client, prefix).await.unwrap()
 }
 
 fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -269,20 +264,9 @@ pub struct WidgetStatus {
 }
 
 async fn install_widget_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("idem-test").force();
-    crds.patch(Widget::crd_name(), &pp, &Patch::Apply(Widget::crd()))
+    idem_tests::install_crd(client, &Widget::crd())
         .await
         .unwrap();
-    eventually("the Widget CRD to be Established", || async {
-        let crd = crds.get(Widget::crd_name()).await.unwrap();
-        crd.status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-    })
-    .await;
 }
 
 #[tokio::test]

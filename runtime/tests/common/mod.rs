@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::PostParams;
 use kube::{Api, Client, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -59,22 +58,9 @@ pub struct EchoSpec {
 
 /// Install `crd` (server-side apply, idempotent) and wait until it is Established.
 pub async fn install_crd(client: &Client, crd: CustomResourceDefinition) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().expect("crd name");
-    crds.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply crd");
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        await_condition(crds, &name, conditions::is_crd_established()),
-    )
-    .await
-    .expect("crd established in time")
-    .expect("watch crd");
+    idem_tests::install_crd(client, &crd)
+        .await
+        .expect("install crd");
 }
 
 /// Install the [`Widget`] CRD.

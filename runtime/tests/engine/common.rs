@@ -14,11 +14,10 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, ContainerPort, Namespace, PodSpec, PodTemplateSpec, ResourceQuota,
     ResourceQuotaSpec, ResourceRequirements, Service, ServicePort, ServiceSpec,
 };
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -67,29 +66,9 @@ pub fn client() -> Client {
 
 /// Installs the Widget CRD (idempotent) and waits until it is established.
 pub async fn ensure_crd(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = Widget::crd();
-    let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(
-        &name,
-        &PatchParams::apply("idem-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply CRD");
-    for _ in 0..100 {
-        let c = api.get(&name).await.expect("get CRD");
-        let established = c
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter().flatten())
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("CRD {name} not established after 10 s");
+    idem_tests::install_crd(client, &Widget::crd())
+        .await
+        .expect("install the Widget CRD");
 }
 
 /// A fresh namespace, after the root-CA publisher has put its ConfigMap in it (so later
