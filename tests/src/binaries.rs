@@ -5,6 +5,8 @@ use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -271,12 +273,13 @@ fn copy_kwok_stages(go: &str, out_dir: &Path) -> Result<()> {
     fs::write(out_dir.join(KWOK_STAGES_FILE), all).map_err(Error::io("writing kwok stages"))
 }
 
-/// Build progress: a spinner on a terminal, a plain line every 30 s elsewhere (CI logs).
+/// Build progress: a spinner on a terminal; elsewhere (CI logs) a heartbeat line every 30 s
+/// from a thread of its own, so a long silent compile still shows signs of life.
 struct Progress {
     bar: ProgressBar,
     started: Instant,
-    count: std::cell::Cell<u64>,
-    last_line: std::cell::Cell<Instant>,
+    count: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
 }
 
 impl Progress {
@@ -291,34 +294,49 @@ impl Progress {
             "idem: building the local control plane ({KUBERNETES_VERSION}) into {}; the first build takes ~10 minutes",
             cache_dir().display()
         );
-        Self {
+        let progress = Self {
             bar,
             started: Instant::now(),
-            count: 0.into(),
-            last_line: Instant::now().into(),
+            count: Arc::default(),
+            done: Arc::default(),
+        };
+        if progress.bar.is_hidden() {
+            let (count, done, started) = (
+                Arc::clone(&progress.count),
+                Arc::clone(&progress.done),
+                progress.started,
+            );
+            std::thread::spawn(move || {
+                let mut next = Duration::from_secs(30);
+                while !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    if started.elapsed() >= next && !done.load(Ordering::Relaxed) {
+                        next += Duration::from_secs(30);
+                        eprintln!(
+                            "idem: still building ({} s, {} packages compiled)",
+                            started.elapsed().as_secs(),
+                            count.load(Ordering::Relaxed)
+                        );
+                    }
+                }
+            });
         }
+        progress
     }
 
     fn line(&self, line: &str) {
         // `go build -v` names each package as it compiles it; anything else is a message.
         if !line.contains(' ') {
-            self.count.set(self.count.get() + 1);
+            self.count.fetch_add(1, Ordering::Relaxed);
         }
         self.bar.set_message(format!(
             "{} packages compiled, now {line}",
-            self.count.get()
+            self.count.load(Ordering::Relaxed)
         ));
-        if self.bar.is_hidden() && self.last_line.get().elapsed() >= Duration::from_secs(30) {
-            self.last_line.set(Instant::now());
-            eprintln!(
-                "idem: still building ({} s, {} packages compiled)",
-                self.started.elapsed().as_secs(),
-                self.count.get()
-            );
-        }
     }
 
     fn finish(&self, ok: bool) {
+        self.done.store(true, Ordering::Relaxed);
         self.bar.finish_and_clear();
         eprintln!(
             "idem: control plane build {} after {} s",
