@@ -33,7 +33,16 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 /// When cargo cannot be started or the build fails (with the tail of cargo's output).
 pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut child = Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    // `cargo run` / `cargo test` set per-package variables for this process; passed on, they
+    // change build-script fingerprints (ring reruns on CARGO_MANIFEST_DIR) and the next plain
+    // `cargo build` would rebuild half the tree.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(is_per_package_cargo_var) {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd
         .args([
             "build",
             "--package",
@@ -82,6 +91,25 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
         bail!("`cargo build -p idem-operator` failed ({status}):\n{tail}");
     }
     executable.context("cargo built idem-operator but named no executable")
+}
+
+/// Whether `key` is one of the variables cargo sets for the package it runs (not the user's
+/// own configuration such as `CARGO_TARGET_DIR` or `CARGO_HOME`).
+fn is_per_package_cargo_var(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_BIN_EXE_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
 }
 
 /// Writes a copy of `config` whose current user impersonates [`SERVICE_ACCOUNT_USER`]
@@ -331,6 +359,27 @@ mod tests {
             impersonating_kubeconfig(&config, &dir.path().join("o")).unwrap_err()
         );
         assert!(err.contains("no current-context"), "{err}");
+    }
+
+    #[test]
+    fn only_per_package_cargo_variables_are_dropped() {
+        for key in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_BIN_EXE_xtask",
+            "OUT_DIR",
+        ] {
+            assert!(is_per_package_cargo_var(key), "{key}");
+        }
+        for key in [
+            "CARGO_TARGET_DIR",
+            "CARGO_HOME",
+            "CARGO",
+            "RUSTFLAGS",
+            "PATH",
+        ] {
+            assert!(!is_per_package_cargo_var(key), "{key}");
+        }
     }
 
     #[test]
