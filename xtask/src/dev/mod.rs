@@ -35,6 +35,10 @@ pub struct Args {
     /// How long the examples get to become Ready, e.g. `3m`, `90s`.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The directory of manifests to apply and wait for (every Tenant and TenantApp in it
+    /// must become Ready).
+    #[arg(long, default_value = "examples")]
+    examples: PathBuf,
     /// How many kwok fake nodes the local control plane registers.
     #[arg(long, default_value_t = 2)]
     nodes: u32,
@@ -58,7 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let root = repo_root();
     // Read every input first: a bad YAML file fails before anything starts.
-    let examples = apply::read_dir(&root.join("examples"))?;
+    let examples = apply::read_dir(&root.join(&args.examples))?;
     let rbac: Vec<Manifest> = apply::read_dir(&root.join(crate::manifests::DIR))?
         .into_iter()
         .filter(|m| m.kind() != "Deployment")
@@ -209,7 +213,8 @@ impl Session<'_> {
         client: &Client,
         op: &mut Operator,
     ) -> anyhow::Result<()> {
-        let step = Step::start("applying examples/");
+        let what = format!("applying {}", self.args.examples.display());
+        let step = Step::start(what.clone());
         let (namespaced, cluster): (Vec<&Manifest>, Vec<&Manifest>) = self
             .examples
             .iter()
@@ -219,7 +224,7 @@ impl Session<'_> {
         }
         for m in &namespaced {
             let ns = m.object.metadata.namespace.as_deref().unwrap_or_default();
-            step.set_message(format!("applying examples/: waiting for namespace {ns}"));
+            step.set_message(format!("{what}: waiting for namespace {ns}"));
             if let Some(status) = op.exited() {
                 return Err(op.died(&status));
             }

@@ -33,7 +33,8 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 /// When cargo cannot be started or the build fails (with the tail of cargo's output).
 pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    // SIGTERM to cargo if `dev` dies mid-build, so no orphaned build keeps the machine busy.
+    let mut cmd = dying_with_us(Path::new(&cargo), "TERM");
     // `cargo run` / `cargo test` set per-package variables for this process; passed on, they
     // change build-script fingerprints (ring reruns on CARGO_MANIFEST_DIR) and the next plain
     // `cargo build` would rebuild half the tree.
@@ -91,6 +92,19 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
         bail!("`cargo build -p idem-operator` failed ({status}):\n{tail}");
     }
     executable.context("cargo built idem-operator but named no executable")
+}
+
+/// A command for `program` that the kernel sends `signal` (`KILL`, `TERM`) when the thread
+/// that spawns it exits (for the main thread: when `dev` exits, even by SIGKILL), through
+/// `setpriv --pdeathsig`; a plain command where util-linux is missing.
+fn dying_with_us(program: &Path, signal: &str) -> Command {
+    if Path::new(SETPRIV).is_file() {
+        let mut c = Command::new(SETPRIV);
+        c.args(["--pdeathsig", signal, "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
 }
 
 /// Whether `key` is one of the variables cargo sets for the package it runs (not the user's
@@ -176,13 +190,7 @@ impl Operator {
         let metrics = free_addr()?;
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut cmd = if Path::new(SETPRIV).is_file() {
-            let mut c = Command::new(SETPRIV);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(binary);
-            c
-        } else {
-            Command::new(binary)
-        };
+        let mut cmd = dying_with_us(binary, "KILL");
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)

@@ -121,20 +121,29 @@ pub async fn observe(client: &Client, targets: &[Target]) -> anyhow::Result<Vec<
     Ok(out)
 }
 
-/// `Ready=False (Reason: message); Stalled=…`, every condition in [`CONDITION_TYPES`] order.
+/// `Ready=False (Reason); Stalled=True (Reason): message`: every condition in
+/// [`CONDITION_TYPES`] order, then their distinct messages.
 pub fn describe_conditions(conditions: &[Condition]) -> String {
-    CONDITION_TYPES
+    let present: Vec<&Condition> = CONDITION_TYPES
         .iter()
         .filter_map(|ty| find(conditions, ty))
-        .map(|c| {
-            if c.message.is_empty() {
-                format!("{}={} ({})", c.type_, c.status, c.reason)
-            } else {
-                format!("{}={} ({}: {})", c.type_, c.status, c.reason, c.message)
-            }
-        })
+        .collect();
+    let mut out = present
+        .iter()
+        .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("; ");
+    let mut messages: Vec<&str> = Vec::new();
+    for c in &present {
+        if !c.message.is_empty() && !messages.contains(&c.message.as_str()) {
+            messages.push(&c.message);
+        }
+    }
+    if !messages.is_empty() {
+        out.push_str(": ");
+        out.push_str(&messages.join("; "));
+    }
+    out
 }
 
 fn find<'a>(conditions: &'a [Condition], ty: &str) -> Option<&'a Condition> {
@@ -317,14 +326,21 @@ mod tests {
     fn conditions_are_described_in_kstatus_order() {
         let c = [
             cond("Stalled", "True", "NamespaceConflict", "b-c is not ours"),
+            cond(
+                "Reconciling",
+                "False",
+                "NamespaceConflict",
+                "b-c is not ours",
+            ),
             cond("Ready", "False", "Stalled", ""),
         ];
         assert_eq!(
             describe_conditions(&c),
-            "Ready=False (Stalled); Stalled=True (NamespaceConflict: b-c is not ours)"
+            "Ready=False (Stalled); Reconciling=False (NamespaceConflict); \
+             Stalled=True (NamespaceConflict): b-c is not ours"
         );
         assert_eq!(cell(&c, "Ready"), "Ready=False(Stalled)");
-        assert_eq!(cell(&c, "Reconciling"), "-");
+        assert_eq!(cell(&c[..1], "Reconciling"), "-");
     }
 
     #[test]
