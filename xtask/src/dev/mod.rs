@@ -79,10 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (control_plane, kubeconfig) = match &args.kubeconfig {
         Some(paths) => (None, load_kubeconfig(paths)?),
         None => {
-            // The harness prints its own progress while it compiles the Go binaries.
-            let step = Step::start("building the control plane binaries (cached after once)");
+            // Builds the Go binaries once (cached); the harness shows its own spinner then, so
+            // no step of ours draws at the same time.
             binaries::ensure_built()?;
-            step.done("");
             let step = Step::start("starting the local control plane");
             let cp = ControlPlane::start_with(Options {
                 nodes: args.nodes,

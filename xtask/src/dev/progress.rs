@@ -20,7 +20,7 @@ impl Step {
         let what = what.into();
         let bar = ProgressBar::new_spinner();
         bar.set_style(
-            ProgressStyle::with_template("{spinner:.cyan} {msg} [{elapsed}]")
+            ProgressStyle::with_template("{spinner:.cyan} [{elapsed}] {wide_msg}")
                 .expect("a valid indicatif template"),
         );
         bar.set_message(what.clone());
