@@ -77,7 +77,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     step.done(&operator_bin.display().to_string());
 
     let (control_plane, kubeconfig) = match &args.kubeconfig {
-        Some(paths) => (None, load_kubeconfig(paths)?),
+        Some(paths) => {
+            let config = load_kubeconfig(paths)?;
+            eprintln!(
+                "using the cluster of {} (context {}), not a local control plane",
+                paths.to_string_lossy(),
+                config.current_context.as_deref().unwrap_or("<none>")
+            );
+            (None, config)
+        }
         None => {
             // Builds the Go binaries once (cached); the harness shows its own spinner then, so
             // no step of ours draws at the same time.
