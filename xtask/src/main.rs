@@ -2,6 +2,7 @@
 
 mod controlplane;
 mod crds;
+mod dev;
 mod generated;
 mod manifests;
 
@@ -21,6 +22,10 @@ enum Command {
     /// kube-controller-manager, kube-scheduler, kwok fake nodes) built from pinned Go modules.
     #[command(subcommand)]
     Controlplane(controlplane::Cmd),
+    /// The whole product locally: start the control plane, install the CRDs and RBAC, run the
+    /// operator, apply `examples/`, wait until every example is Ready and print a table; keep
+    /// running until Ctrl-C (which tears everything down) unless `--once`.
+    Dev(dev::Args),
     /// Write `deploy/crds/*.yaml` from the Rust types (`--check`: fail if they are stale).
     Crds {
         /// Only check that the committed files are current.
@@ -38,6 +43,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Controlplane(cmd) => controlplane::run(cmd),
+        Command::Dev(args) => dev::run(args),
         Command::Crds { check } => crds::run(&generated::repo_root(), check),
         Command::Manifests { check } => manifests::run(&generated::repo_root(), check),
     }
