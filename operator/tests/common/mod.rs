@@ -5,6 +5,7 @@
 //! Each test binary uses a subset of these helpers, hence `dead_code` is allowed here.
 #![allow(dead_code)]
 
+pub mod apps;
 pub mod tenants;
 
 use std::fmt::Debug;
@@ -134,13 +135,20 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts an operator against the shared control plane with two workers, the given
-    /// anti-entropy `resync_period`, and no leader election; waits until `/readyz` says its
-    /// caches are synced.
+    /// Starts an operator (see [`Operator::spawn`]) and waits until `/readyz` says its caches
+    /// are synced.
     ///
     /// # Panics
     /// When it exits or is not ready within [`TIMEOUT`].
     pub async fn start(resync_period: Duration) -> Self {
+        let mut operator = Self::spawn(resync_period);
+        operator.wait_ready().await;
+        operator
+    }
+
+    /// Starts an operator against the shared control plane with two workers, the given
+    /// anti-entropy `resync_period`, and no leader election; returns at once.
+    pub fn spawn(resync_period: Duration) -> Self {
         let addr = free_addr();
         let options = ManagerOptions {
             kubeconfig: Some(idem_tests::shared().kubeconfig_path().to_path_buf()),
@@ -164,14 +172,12 @@ impl Operator {
         let task = runtime.spawn(manager::run(options, async move {
             let _ = stopped.await;
         }));
-        let mut operator = Self {
+        Self {
             addr,
             runtime: Some(runtime),
             task: Some(task),
             stop: Some(stop),
-        };
-        operator.wait_ready().await;
-        operator
+        }
     }
 
     async fn wait_ready(&mut self) {
