@@ -178,3 +178,36 @@ async fn a_namespace_conflict_with_an_unmanaged_namespace_clears_when_it_is_dele
     let tenant = tenants::wait_ready(&client, &name).await;
     tenants::assert_full_children(&client, &tenant, &["x"]).await;
 }
+
+#[tokio::test]
+async fn a_paused_tenant_leaves_its_children_alone_until_resumed() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("pause");
+    tenants::create(&client, &name, full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    patch_spec(&client, &name, json!({"paused": true})).await;
+    let paused = tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+    assert_eq!(tenants::condition(&paused, "Ready").unwrap().status, "False");
+
+    // A hand edit while paused stays; a spec change is not applied.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &format!("{name}-a"));
+    quotas
+        .patch(
+            QUOTA,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"hard": {"pods": "99"}}})),
+        )
+        .await
+        .unwrap();
+    patch_spec(&client, &name, json!({"namespaces": ["a", "b"]})).await;
+    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let hard = quotas.get(QUOTA).await.unwrap().spec.unwrap().hard.unwrap();
+    assert_eq!(hard.get("pods").map(|q| q.0.as_str()), Some("99"));
+    assert_eq!(labelled::<Namespace>(&client, &name).await.len(), 1);
+
+    patch_spec(&client, &name, json!({"paused": false})).await;
+    let tenant = tenants::wait_ready(&client, &name).await;
+    tenants::assert_full_children(&client, &tenant, &["a", "b"]).await;
+}
