@@ -166,7 +166,10 @@ async fn reconciling_a_converged_fleet_again_makes_no_writes() {
     .await;
     let after_restart = writes().await;
     let (t, a, errors) = reconciles(&operator).await;
-    eprintln!("restart: {t} tenant + {a} app reconciles, writes {after_restart:?}");
+    eprintln!(
+        "restart: {t} tenant + {a} app reconciles, writes grew by {:?}",
+        grown(&before, &after_restart)
+    );
     assert_eq!(errors, 0, "reconciles failed");
     assert_eq!(
         grown(&before, &after_restart),
@@ -253,4 +256,55 @@ async fn a_converged_fleet_left_alone_for_60_s_makes_no_writes_and_no_reconciles
         })
         .count();
     assert_eq!(ours, 5, "the fleet's namespaces");
+}
+
+#[tokio::test]
+async fn a_tenant_stalled_on_a_conflict_polls_without_writing() {
+    let _serial = SERIAL.lock().await;
+    fleet().await;
+    let client = shared().client();
+    let name = unique_name("stall");
+    let taken = format!("{name}-x");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let obj = serde_json::from_value(serde_json::json!({"metadata": {"name": taken}})).unwrap();
+    namespaces.create(&Default::default(), &obj).await.unwrap();
+    let operator = Operator::start(Duration::from_secs(3600)).await;
+    tenants::create(&client, &name, tenants::full_spec(&["x"])).await;
+    tenants::wait_condition(&client, &name, "Stalled", "NamespaceConflict").await;
+    settle().await;
+
+    let poll = idem_operator::tenant::reconcile::CONFLICT_POLL;
+    let writes_before = writes().await;
+    let (tenant_before, _, _) = reconciles(&operator).await;
+    tokio::time::sleep(poll * 2 + Duration::from_secs(5)).await;
+    let grew = grown(&writes_before, &writes().await);
+    let (tenant_after, _, errors) = reconciles(&operator).await;
+    eprintln!(
+        "stalled for {:?}: {} reconciles, writes grew by {grew:?}",
+        poll * 2 + Duration::from_secs(5),
+        tenant_after - tenant_before
+    );
+    assert!(
+        tenant_after - tenant_before >= 2,
+        "the stalled tenant is looked at again: {tenant_before} -> {tenant_after}"
+    );
+    assert_eq!(errors, 0);
+    assert_eq!(grew, BTreeMap::new(), "writes while stalled");
+
+    // Leave the cluster as the other tests expect it: no stalled tenant polling.
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .unwrap();
+    tenants::wait_gone(&client, &name).await;
+    assert!(
+        namespaces.get_opt(&taken).await.unwrap().is_some(),
+        "the unmanaged namespace is not deleted with the tenant"
+    );
+    namespaces
+        .delete(&taken, &Default::default())
+        .await
+        .unwrap();
+    operator.stop().await;
+    settle().await;
 }

@@ -188,7 +188,10 @@ async fn a_paused_tenant_leaves_its_children_alone_until_resumed() {
     tenants::wait_ready(&client, &name).await;
     patch_spec(&client, &name, json!({"paused": true})).await;
     let paused = tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
-    assert_eq!(tenants::condition(&paused, "Ready").unwrap().status, "False");
+    assert_eq!(
+        tenants::condition(&paused, "Ready").unwrap().status,
+        "False"
+    );
 
     // A hand edit while paused stays; a spec change is not applied.
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &format!("{name}-a"));
