@@ -81,7 +81,7 @@ pub struct TenantSpec {
     #[schemars(range(min = 1, max = 100))]
     pub weight: i32,
     /// With `true`, the operator leaves the tenant's children alone (no apply, no prune) and
-    /// reports `Reconciling=False` with reason `Paused`.
+    /// reports `Stalled=True` (and `Ready=False`) with reason `Paused`.
     #[serde(default)]
     pub paused: bool,
 }

@@ -23,6 +23,12 @@ use crate::resources::{FINALIZER, Tenant};
 /// How often a tenant whose namespaces are still being deleted is looked at again.
 pub const TERMINATING_POLL: Duration = Duration::from_secs(2);
 
+/// How often a tenant stalled on a namespace conflict is looked at again. No watch event
+/// tells it when the namespace is released: an unmanaged namespace is not watched at all, and
+/// another tenant's namespace maps to that other tenant. A conflicted reconcile writes nothing
+/// (its status is unchanged), so this slow poll costs a few reads.
+pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
+
 /// Reconciles one Tenant; on failure, after [`STALLED_AFTER_FAILURES`] attempts in a row the
 /// status says `Stalled` with reason `ReconcileFailed` (the error is still returned, so the
 /// key keeps retrying with backoff).
@@ -83,10 +89,12 @@ async fn reconcile_inner(tenant: &Tenant, ctx: &Context) -> Result<Action, Error
     events::children(&ctx.recorder, &reference, &contents).await;
     let readiness = status::readiness(&pass, &contents);
     write_status(ctx, tenant, Some(&pass.owned), &readiness).await?;
-    if pass.terminating.is_empty() {
-        Ok(Action::await_change())
-    } else {
+    if !pass.terminating.is_empty() {
         Ok(Action::requeue(TERMINATING_POLL))
+    } else if !pass.conflicts.is_empty() {
+        Ok(Action::requeue(CONFLICT_POLL))
+    } else {
+        Ok(Action::await_change())
     }
 }
 

@@ -1,0 +1,340 @@
+//! Tenant helpers for the end-to-end tests: building specs, creating tenants, waiting on their
+//! conditions, and checking that exactly the expected children exist with the expected content.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use idem_operator::resources::tenant::{Limits, Owner, OwnerKind, Quota, ShortName};
+use idem_operator::resources::{FIELD_MANAGER, FINALIZER, TENANT_LABEL, Tenant, TenantSpec};
+use idem_operator::tenant::desired::{ISOLATION, LIMITS, OWNER_ROLE, OWNERS, QUOTA};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::{TIMEOUT, eventually, why};
+
+/// The Tenant API.
+pub fn api(client: &kube::Client) -> Api<Tenant> {
+    Api::all(client.clone())
+}
+
+/// A map of quantities from string pairs.
+pub fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect()
+}
+
+/// A spec using every feature: the given namespaces, a User and a Group owner, quota
+/// `{cpu: 4, memory: 8Gi, pods: 20}`, default requests `{cpu: 100m, memory: 128Mi}`, and
+/// network isolation.
+pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
+    TenantSpec {
+        owners: vec![
+            Owner {
+                kind: OwnerKind::User,
+                name: "alice".into(),
+                namespace: None,
+            },
+            Owner {
+                kind: OwnerKind::Group,
+                name: "admins".into(),
+                namespace: None,
+            },
+        ],
+        namespaces: namespaces.iter().map(|n| ShortName::from(*n)).collect(),
+        quota: Some(Quota {
+            hard: quantities(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "20")]),
+        }),
+        limits: Some(Limits {
+            default_request: quantities(&[("cpu", "100m"), ("memory", "128Mi")]),
+            default: BTreeMap::new(),
+        }),
+        isolation: true,
+        weight: 1,
+        paused: false,
+    }
+}
+
+/// Creates tenant `name` with `spec`.
+///
+/// # Panics
+/// When the API server rejects it.
+pub async fn create(client: &kube::Client, name: &str, spec: TenantSpec) -> Tenant {
+    api(client)
+        .create(&PostParams::default(), &Tenant::new(name, spec))
+        .await
+        .unwrap_or_else(|e| panic!("creating tenant {name}: {e}"))
+}
+
+/// The condition of `type_` in the tenant's status.
+pub fn condition<'a>(tenant: &'a Tenant, type_: &str) -> Option<&'a Condition> {
+    tenant
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Whether the status describes the current generation (status and conditions).
+fn observed_current(tenant: &Tenant) -> bool {
+    let generation = tenant.metadata.generation;
+    tenant.status.as_ref().and_then(|s| s.observed_generation) == generation
+        && tenant
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .all(|c| c.observed_generation == generation)
+}
+
+/// Waits until tenant `name` has condition `type_` = `"True"` with `reason`, for its current
+/// generation, and returns it.
+///
+/// # Panics
+/// After [`TIMEOUT`], with the last status seen.
+pub async fn wait_condition(
+    client: &kube::Client,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> Tenant {
+    let tenants = api(client);
+    eventually(
+        &format!("tenant {name} {type_}=True ({reason})"),
+        TIMEOUT,
+        || async {
+            let t = tenants.get(name).await.map_err(why)?;
+            match condition(&t, type_) {
+                Some(c) if c.status == "True" && c.reason == reason && observed_current(&t) => {
+                    Ok(t)
+                }
+                _ => Err(format!("{:?}", t.status)),
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until tenant `name` is `Ready` (reason `Reconciled`) at its current generation.
+pub async fn wait_ready(client: &kube::Client, name: &str) -> Tenant {
+    wait_condition(client, name, "Ready", "Reconciled").await
+}
+
+/// Lists every object of kind `K` in the cluster labelled as belonging to tenant `name`.
+///
+/// # Panics
+/// When the list fails.
+pub async fn labelled<K>(client: &kube::Client, name: &str) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
+        .await
+        .unwrap_or_else(|e| panic!("listing {}: {e}", K::kind(&())))
+        .items
+}
+
+/// The `namespace/name` of each object, sorted (a multiset: duplicates stay visible).
+pub fn keys<K: Resource>(objects: &[K]) -> Vec<String> {
+    let mut keys: Vec<String> = objects
+        .iter()
+        .map(|o| {
+            let m = o.meta();
+            format!(
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Checks that `meta` is the tenant's child: our labels and exactly one controller
+/// ownerReference, to this tenant's uid.
+///
+/// # Panics
+/// When it is not.
+pub fn assert_owned(meta: &ObjectMeta, tenant: &Tenant) {
+    let what = meta.name.as_deref().unwrap_or_default();
+    let labels = meta.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get(TENANT_LABEL).map(String::as_str),
+        tenant.metadata.name.as_deref(),
+        "{what}: tenant label"
+    );
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some(FIELD_MANAGER),
+        "{what}: managed-by label"
+    );
+    let controllers: Vec<_> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true))
+        .collect();
+    assert_eq!(controllers.len(), 1, "{what}: one controller reference");
+    assert_eq!(
+        Some(&controllers[0].uid),
+        tenant.metadata.uid.as_ref(),
+        "{what}: controlled by the tenant"
+    );
+    assert_eq!(controllers[0].kind, "Tenant", "{what}");
+}
+
+/// Lists the namespaced children of kind `K` labelled for tenant `name` and checks they are
+/// exactly one object named `child` in each of `namespaces`.
+async fn exactly_one_each<K>(
+    client: &kube::Client,
+    tenant: &Tenant,
+    namespaces: &[String],
+    child: &str,
+) -> Vec<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let objects: Vec<K> = labelled(client, &tenant.name_any()).await;
+    let expected: Vec<String> = namespaces
+        .iter()
+        .map(|ns| format!("{ns}/{child}"))
+        .collect();
+    assert_eq!(keys(&objects), expected, "{} children", K::kind(&()));
+    for o in &objects {
+        assert_owned(o.meta(), tenant);
+    }
+    objects
+}
+
+/// Checks that the cluster holds exactly the children [`full_spec`] asks for — for each of
+/// the tenant's namespaces, one Namespace, one quota, one LimitRange, one RoleBinding and one
+/// NetworkPolicy, nothing else labelled for the tenant — with the spec's content, and that the
+/// tenant's status and finalizers match. `shorts` are the expected short names.
+///
+/// # Panics
+/// On the first difference.
+pub async fn assert_full_children(client: &kube::Client, tenant: &Tenant, shorts: &[&str]) {
+    let name = tenant.name_any();
+    let mut expected: Vec<String> = shorts.iter().map(|s| format!("{name}-{s}")).collect();
+    expected.sort();
+
+    let namespaces: Vec<Namespace> = labelled(client, &name).await;
+    let mut names: Vec<String> = namespaces.iter().map(|n| n.name_any()).collect();
+    names.sort();
+    assert_eq!(names, expected, "namespaces of {name}");
+    for ns in &namespaces {
+        assert_owned(&ns.metadata, tenant);
+        assert!(
+            ns.metadata.deletion_timestamp.is_none(),
+            "{}",
+            ns.name_any()
+        );
+    }
+
+    let spec = full_spec(shorts);
+    for quota in exactly_one_each::<ResourceQuota>(client, tenant, &expected, QUOTA).await {
+        let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+        assert_eq!(hard, spec.quota.clone().unwrap().hard, "quota hard");
+    }
+    for limits in exactly_one_each::<LimitRange>(client, tenant, &expected, LIMITS).await {
+        let items = limits.spec.map(|s| s.limits).unwrap_or_default();
+        assert_eq!(items.len(), 1, "one LimitRange item");
+        assert_eq!(items[0].type_, "Container");
+        assert_eq!(
+            items[0].default_request.clone().unwrap_or_default(),
+            spec.limits.clone().unwrap().default_request,
+            "LimitRange defaultRequest"
+        );
+    }
+    for binding in exactly_one_each::<RoleBinding>(client, tenant, &expected, OWNERS).await {
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, OWNER_ROLE);
+        let subjects: BTreeSet<(String, String)> = binding
+            .subjects
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| (s.kind, s.name))
+            .collect();
+        let want = BTreeSet::from([
+            ("User".to_string(), "alice".to_string()),
+            ("Group".to_string(), "admins".to_string()),
+        ]);
+        assert_eq!(subjects, want, "RoleBinding subjects");
+    }
+    for policy in exactly_one_each::<NetworkPolicy>(client, tenant, &expected, ISOLATION).await {
+        let spec = policy.spec.expect("NetworkPolicy spec");
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+        let ingress = spec.ingress.unwrap_or_default();
+        assert_eq!(ingress.len(), 1, "one ingress rule");
+        let peers = ingress[0].from.clone().unwrap_or_default();
+        assert_eq!(peers.len(), 1, "one peer");
+        let selector = peers[0]
+            .namespace_selector
+            .clone()
+            .and_then(|s| s.match_labels)
+            .unwrap_or_default();
+        assert_eq!(
+            selector,
+            BTreeMap::from([(TENANT_LABEL.to_string(), name.clone())]),
+            "peer selects the tenant's namespaces"
+        );
+        // The selector must really match every namespace of the tenant.
+        for ns in &namespaces {
+            let labels = ns.metadata.labels.clone().unwrap_or_default();
+            assert_eq!(labels.get(TENANT_LABEL), Some(&name), "{}", ns.name_any());
+        }
+    }
+
+    let status = tenant.status.clone().expect("a status");
+    assert_eq!(status.namespaces, expected, "status.namespaces");
+    assert_eq!(status.namespace_count as usize, expected.len());
+    let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+    let mut sorted = types.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["Ready", "Reconciling", "Stalled"],
+        "one of each condition"
+    );
+    assert_eq!(
+        tenant.finalizers(),
+        [FINALIZER.to_string()],
+        "exactly one finalizer"
+    );
+}
+
+/// Waits until no namespace labelled for tenant `name` is left and the Tenant itself is gone.
+///
+/// # Panics
+/// After [`TIMEOUT`].
+pub async fn wait_gone(client: &kube::Client, name: &str) {
+    let tenants = api(client);
+    eventually(&format!("tenant {name} gone"), TIMEOUT, || async {
+        let left: Vec<Namespace> = labelled(client, name).await;
+        let tenant = tenants.get_opt(name).await.map_err(why)?;
+        if left.is_empty() && tenant.is_none() {
+            Ok(())
+        } else {
+            Err(format!(
+                "namespaces {:?}, tenant {:?}",
+                keys(&left),
+                tenant.map(|t| t.status)
+            ))
+        }
+    })
+    .await;
+}

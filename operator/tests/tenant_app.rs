@@ -1,0 +1,200 @@
+//! TenantApp against the real control plane (kube-scheduler and kwok nodes make its pods
+//! really Ready): convergence, rollout on a config change, repair, and the stall outside a
+//! tenant namespace.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{TIMEOUT, apps, eventually, shared_operator, tenants, why};
+use idem_operator::resources::TenantApp;
+use idem_operator::tenant_app::desired::{APP_LABEL, CONFIG_HASH_ANNOTATION, config_map_name};
+use idem_tests::{shared, unique_name};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// The config-hash annotation of the Deployment's pod template.
+fn template_hash(deployment: &Deployment) -> Option<String> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH_ANNOTATION)
+        .cloned()
+}
+
+/// Checks that `meta` is controlled by `app` (one controller reference, to its uid).
+fn assert_controlled_by(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    app: &TenantApp,
+) {
+    let controllers: Vec<_> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true))
+        .collect();
+    assert_eq!(controllers.len(), 1, "{:?}", meta.name);
+    assert_eq!(
+        Some(&controllers[0].uid),
+        app.uid().as_ref(),
+        "{:?}",
+        meta.name
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_app_becomes_ready_rolls_on_config_changes_and_is_repaired() {
+    shared_operator().await;
+    let client = shared().client();
+    let tenant = unique_name("app");
+    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-apps");
+    apps::create(&client, &ns, "web", apps::spec(2, "greeting = 'hi'")).await;
+
+    let app = apps::wait_ready(&client, &ns, "web").await;
+    assert_eq!(app.status.as_ref().unwrap().available_replicas, 2);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let config = config_maps.get(&config_map_name("web")).await.unwrap();
+    assert_eq!(
+        config.data.clone().unwrap_or_default(),
+        BTreeMap::from([("app.toml".to_string(), "greeting = 'hi'".to_string())])
+    );
+    assert_controlled_by(&config.metadata, &app);
+    let deployment = deployments.get("web").await.unwrap();
+    assert_controlled_by(&deployment.metadata, &app);
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(2));
+    let status = deployment.status.clone().unwrap_or_default();
+    assert_eq!(status.available_replicas, Some(2), "pods really available");
+    let service = services.get("web").await.unwrap();
+    assert_controlled_by(&service.metadata, &app);
+    let service_spec = service.spec.unwrap();
+    assert_eq!(service_spec.ports.unwrap()[0].port, 8080);
+    assert_eq!(
+        service_spec
+            .selector
+            .unwrap()
+            .get(APP_LABEL)
+            .map(String::as_str),
+        Some("web")
+    );
+    let first_hash = template_hash(&deployment).expect("a config hash on the pod template");
+
+    // A config change rolls the Deployment: new template hash, new pods, Ready again.
+    let apps_api: Api<TenantApp> = Api::namespaced(client.clone(), &ns);
+    apps_api
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"config": {"app.toml": "greeting = 'hello'"}}})),
+        )
+        .await
+        .unwrap();
+    let rolled = eventually("the Deployment to roll", TIMEOUT, || async {
+        let d = deployments.get("web").await.map_err(why)?;
+        match template_hash(&d) {
+            Some(h) if h != first_hash => Ok(d),
+            other => Err(format!("hash {other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        rolled.metadata.uid, deployment.metadata.uid,
+        "rolled, not replaced"
+    );
+    let app = apps::wait_ready(&client, &ns, "web").await;
+    assert_eq!(app.status.as_ref().unwrap().available_replicas, 2);
+    let config = config_maps.get(&config_map_name("web")).await.unwrap();
+    assert_eq!(
+        config
+            .data
+            .unwrap_or_default()
+            .get("app.toml")
+            .map(String::as_str),
+        Some("greeting = 'hello'")
+    );
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let new_hash = template_hash(&rolled).unwrap();
+    eventually("every pod on the new config", TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("{APP_LABEL}=web")))
+            .await
+            .map_err(why)?;
+        let hashes: Vec<Option<String>> = list
+            .items
+            .iter()
+            .map(|p| p.annotations().get(CONFIG_HASH_ANNOTATION).cloned())
+            .collect();
+        if hashes.len() == 2
+            && hashes
+                .iter()
+                .all(|h| h.as_deref() == Some(new_hash.as_str()))
+        {
+            Ok(())
+        } else {
+            Err(format!("{hashes:?}"))
+        }
+    })
+    .await;
+
+    // Deleting the Deployment by hand: it is recreated and the app is Ready again.
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Deployment recreated", TIMEOUT, || async {
+        match deployments.get_opt("web").await.map_err(why)? {
+            Some(d) if d.uid() != rolled.uid() && d.metadata.deletion_timestamp.is_none() => Ok(()),
+            other => Err(format!("{:?}", other.map(|d| d.metadata.uid))),
+        }
+    })
+    .await;
+    let app = apps::wait_ready(&client, &ns, "web").await;
+    assert_eq!(app.status.as_ref().unwrap().available_replicas, 2);
+    let recreated = deployments.get("web").await.unwrap();
+    assert_eq!(template_hash(&recreated), Some(new_hash));
+}
+
+#[tokio::test]
+async fn a_tenant_app_outside_a_tenant_namespace_is_stalled_and_creates_nothing() {
+    shared_operator().await;
+    let client = shared().client();
+    let ns = unique_name("plain");
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    apps::create(&client, &ns, "stray", apps::spec(1, "x")).await;
+    let app = apps::wait_condition(&client, &ns, "stray", "Stalled", "NotInTenantNamespace").await;
+    let conditions = &app.status.as_ref().unwrap().conditions;
+    let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    assert!(
+        Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt("stray")
+            .await
+            .unwrap()
+            .is_none(),
+        "no Deployment outside a tenant namespace"
+    );
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get_opt(&config_map_name("stray"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
