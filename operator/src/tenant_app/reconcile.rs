@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idem_runtime::apply::Owner;
 use idem_runtime::controller::{Action, Attempt};
-use idem_runtime::resource::IdempotentResource as _;
+use idem_runtime::resource::{IdempotentResource as _, TenantError};
 use idem_runtime::status::{Readiness, StatusWriter};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
@@ -44,34 +44,23 @@ async fn reconcile_inner(app: &TenantApp, ctx: &Context) -> Result<Action, Error
         return Ok(Action::await_change());
     }
     let namespace = app.namespace().unwrap_or_default();
+    // From the cache; a namespace not cached yet (just created) is asked of the server before
+    // the app is judged to be outside a tenant namespace. Only an API failure is an error.
     let tenant = match ctx.tenant_of_namespace(&namespace) {
-        Some(tenant) => tenant,
-        // Not cached yet (just created) or not ours: ask the server before judging.
-        None => match app.tenant().ok().map(|t| t.resolve(&ctx.client)) {
-            Some(resolving) => match resolving.await {
-                Ok(tenant) => tenant,
-                Err(_) => {
-                    write_status(
-                        ctx,
-                        app,
-                        Some(0),
-                        &status::not_in_tenant_namespace(&namespace),
-                    )
-                    .await?;
-                    return Ok(Action::await_change());
-                }
+        Some(tenant) => Some(tenant),
+        None => match app.tenant() {
+            Ok(tenant) => match tenant.resolve(&ctx.client).await {
+                Ok(tenant) => Some(tenant),
+                Err(e @ TenantError::Api { .. }) => return Err(e.into()),
+                Err(_) => None,
             },
-            None => {
-                write_status(
-                    ctx,
-                    app,
-                    Some(0),
-                    &status::not_in_tenant_namespace(&namespace),
-                )
-                .await?;
-                return Ok(Action::await_change());
-            }
+            Err(_) => None,
         },
+    };
+    let Some(tenant) = tenant else {
+        let readiness = status::not_in_tenant_namespace(&namespace);
+        write_status(ctx, app, Some(0), &readiness).await?;
+        return Ok(Action::await_change());
     };
     let owner = Owner::new(app, TenantApp::FIELD_MANAGER, Some(tenant))?;
     let report = ctx
