@@ -53,12 +53,8 @@ impl Process {
             .try_clone()
             .map_err(Error::io("duplicating a log handle"))?;
         let mut cmd = match lifetime {
-            Lifetime::Attached if Path::new(SETPRIV).is_file() => {
-                let mut c = Command::new(SETPRIV);
-                c.args(["--pdeathsig", "KILL", "--"]).arg(program);
-                c
-            }
-            _ => Command::new(program),
+            Lifetime::Attached => dying_with_parent(program, "KILL"),
+            Lifetime::Detached => Command::new(program),
         };
         cmd.args(args)
             .stdin(Stdio::null())
@@ -137,6 +133,19 @@ impl Drop for Process {
 }
 
 const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// A [`Command`] for `program` that the kernel sends `signal` (`"KILL"`, `"TERM"`, …) when the
+/// process that spawned it exits, even by SIGKILL: `setpriv --pdeathsig` (util-linux). A plain
+/// command where util-linux is missing.
+pub fn dying_with_parent(program: &Path, signal: &str) -> Command {
+    if Path::new(SETPRIV).is_file() {
+        let mut c = Command::new(SETPRIV);
+        c.args(["--pdeathsig", signal, "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
 
 /// Waits (up to 2 s) until the child runs `program` itself: `setpriv` sets the parent-death
 /// signal just before it execs `program`, and a harness that exited before that moment would

@@ -1,15 +1,16 @@
 //! Building `idem-operator` with cargo and running it as a child process (its log in a file,
 //! impersonating its ServiceAccount), waiting for its `/readyz`, and stopping it.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use idem_tests::process::{dying_with_parent, tail};
 use indicatif::ProgressBar;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -17,10 +18,6 @@ use nix::unistd::Pid;
 /// The user the operator's kubeconfig impersonates: its ServiceAccount, so the least-privilege
 /// ClusterRole in `deploy/operator/` is what the API server really checks.
 pub const SERVICE_ACCOUNT_USER: &str = "system:serviceaccount:idem-system:idem-operator";
-
-/// `setpriv` (util-linux) gives the child a parent-death signal, so the operator dies with
-/// `cargo xtask dev` even when that is killed with SIGKILL.
-const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// How long the operator gets to finish in-flight reconciles after SIGTERM before SIGKILL
 /// (its `--shutdown-grace` is a little shorter).
@@ -34,7 +31,7 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // SIGTERM to cargo if `dev` dies mid-build, so no orphaned build keeps the machine busy.
-    let mut cmd = dying_with_us(Path::new(&cargo), "TERM");
+    let mut cmd = dying_with_parent(Path::new(&cargo), "TERM");
     // `cargo run` / `cargo test` set per-package variables for this process; passed on, they
     // change build-script fingerprints (ring reruns on CARGO_MANIFEST_DIR) and the next plain
     // `cargo build` would rebuild half the tree.
@@ -92,19 +89,6 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
         bail!("`cargo build -p idem-operator` failed ({status}):\n{tail}");
     }
     executable.context("cargo built idem-operator but named no executable")
-}
-
-/// A command for `program` that the kernel sends `signal` (`KILL`, `TERM`) when the thread
-/// that spawns it exits (for the main thread: when `dev` exits, even by SIGKILL), through
-/// `setpriv --pdeathsig`; a plain command where util-linux is missing.
-fn dying_with_us(program: &Path, signal: &str) -> Command {
-    if Path::new(SETPRIV).is_file() {
-        let mut c = Command::new(SETPRIV);
-        c.args(["--pdeathsig", signal, "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
 }
 
 /// Whether `key` is one of the variables cargo sets for the package it runs (not the user's
@@ -190,7 +174,7 @@ impl Operator {
         let metrics = free_addr()?;
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut cmd = dying_with_us(binary, "KILL");
+        let mut cmd = dying_with_parent(binary, "KILL");
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -311,17 +295,11 @@ fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The last `n` lines of a file (empty when it cannot be read).
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::manifests::{NAME, NAMESPACE};
+    use std::fs;
 
     #[test]
     fn the_impersonating_kubeconfig_acts_as_the_service_account() {
