@@ -10,6 +10,8 @@ use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::resources::GROUP;
+
 /// How many consecutive failed reconciles of one object make it `Stalled` (reason
 /// `ReconcileFailed`); retries go on at the backoff cap (kstatus: Stalled means it needs help).
 pub const STALLED_AFTER_FAILURES: u32 = 5;
@@ -38,14 +40,87 @@ impl Context {
         })
     }
 
-    /// The tenant that namespace `ns` belongs to (its `tenancy.idem.dev/tenant` label), from
-    /// the cache; `None` for a namespace the operator does not manage.
+    /// The tenant that namespace `ns` belongs to, from the cache; `None` for a namespace that
+    /// is not a tenant namespace. See [`tenant_of`].
     pub fn tenant_of_namespace(&self, ns: &str) -> Option<TenantKey> {
-        let obj = self.namespaces.get(&ObjectRef::new(ns))?;
-        obj.metadata
-            .labels
-            .as_ref()?
-            .get(TENANT_LABEL)
-            .map(TenantKey::new)
+        tenant_of(self.namespaces.get(&ObjectRef::new(ns))?.as_ref())
+    }
+
+    /// [`Context::tenant_of_namespace`], asking the API server when the namespace is not
+    /// cached (yet).
+    ///
+    /// # Errors
+    /// When reading the namespace fails.
+    pub async fn resolve_tenant_of_namespace(
+        &self,
+        ns: &str,
+    ) -> Result<Option<TenantKey>, kube::Error> {
+        if let Some(tenant) = self.tenant_of_namespace(ns) {
+            return Ok(Some(tenant));
+        }
+        let live = kube::Api::<Namespace>::all(self.client.clone())
+            .get_opt(ns)
+            .await?;
+        Ok(live.as_ref().and_then(tenant_of))
+    }
+}
+
+/// The tenant of a namespace: the value of its `tenancy.idem.dev/tenant` label, but only when
+/// the namespace is really that tenant's — its controller ownerReference names a `Tenant` of
+/// that name. A label alone proves nothing (anyone allowed to label a namespace could claim
+/// a tenant); an ownerReference to a Tenant that does not exist would get the namespace
+/// garbage-collected.
+pub fn tenant_of(ns: &Namespace) -> Option<TenantKey> {
+    let tenant = ns.metadata.labels.as_ref()?.get(TENANT_LABEL)?;
+    let owned = ns.metadata.owner_references.iter().flatten().any(|r| {
+        r.controller == Some(true)
+            && r.kind == "Tenant"
+            && r.api_version == format!("{GROUP}/v1alpha1")
+            && &r.name == tenant
+    });
+    owned.then(|| TenantKey::new(tenant))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(labels: serde_json::Value, owners: serde_json::Value) -> Namespace {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "acme-dev", "labels": labels, "ownerReferences": owners}
+        }))
+        .unwrap()
+    }
+
+    fn owner(kind: &str, name: &str, controller: bool) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "tenancy.idem.dev/v1alpha1", "kind": kind, "name": name,
+                           "uid": "u1", "controller": controller})
+    }
+
+    #[test]
+    fn a_namespace_belongs_to_a_tenant_only_with_label_and_controller_reference() {
+        let label = serde_json::json!({TENANT_LABEL: "acme"});
+        let good = ns(
+            label.clone(),
+            serde_json::json!([owner("Tenant", "acme", true)]),
+        );
+        assert_eq!(tenant_of(&good), Some(TenantKey::new("acme")));
+        assert_eq!(
+            tenant_of(&ns(label.clone(), serde_json::json!([]))),
+            None,
+            "label only"
+        );
+        let other = ns(
+            label.clone(),
+            serde_json::json!([owner("Tenant", "ghost", true)]),
+        );
+        assert_eq!(tenant_of(&other), None, "owned by another tenant");
+        let weak = ns(label, serde_json::json!([owner("Tenant", "acme", false)]));
+        assert_eq!(tenant_of(&weak), None, "not the controller");
+        let unlabelled = ns(
+            serde_json::json!({}),
+            serde_json::json!([owner("Tenant", "acme", true)]),
+        );
+        assert_eq!(tenant_of(&unlabelled), None);
     }
 }

@@ -9,9 +9,6 @@ pub enum Error {
     /// Writing status or finalizers failed.
     #[error(transparent)]
     Status(#[from] idem_runtime::status::StatusError),
-    /// Finding the tenant of an object failed (an API error while reading its namespace).
-    #[error(transparent)]
-    Tenant(#[from] idem_runtime::resource::TenantError),
     /// Another API call failed.
     #[error("API request failed: {0}")]
     Kube(#[from] kube::Error),

@@ -82,6 +82,11 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             json!({"namespaces": ["a".repeat(33)]}),
             "namespaces",
         ),
+        (
+            "bad-quota",
+            json!({"quota": {"hard": {"cpu": "lots"}}}),
+            "must be a quantity",
+        ),
     ];
     for (prefix, spec, expect) in cases {
         let message = try_create(&tenants, tenant(&unique_name(prefix), spec))
@@ -89,6 +94,11 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             .unwrap_or_else(|| panic!("{prefix}: accepted"));
         assert!(message.contains(expect), "{prefix}: {message}");
     }
+    let dotted = format!("{}.x", unique_name("dot"));
+    let message = try_create(&tenants, tenant(&dotted, json!({})))
+        .await
+        .expect("dotted name accepted");
+    assert!(message.contains("must be a DNS label"), "{message}");
     let long = "t".repeat(31);
     let message = try_create(&tenants, tenant(&long, json!({})))
         .await
@@ -119,6 +129,11 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
         ("neg", json!({"image": "x", "replicas": -1}), "replicas"),
         ("port", json!({"image": "x", "port": 70000}), "port"),
         ("noimage", json!({"replicas": 1}), "image"),
+        (
+            "badkey",
+            json!({"image": "x", "config": {"bad/key": "v"}}),
+            "config keys",
+        ),
     ] {
         let message = try_create(&apps, app(name, spec))
             .await

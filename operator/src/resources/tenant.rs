@@ -52,6 +52,7 @@ pub const MAX_SHORT_NAME: usize = 32;
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 30").message("a tenant name has at most 30 characters, so that <tenant>-<namespace> stays a valid namespace name"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a tenant name must be a DNS label (lower case letters, digits and '-'), because it prefixes namespace names"),
 )]
 #[idempotent(tenant = name, field_manager = "idem-operator", conditions(Ready, Reconciling, Stalled))]
 #[serde(rename_all = "camelCase")]
@@ -146,8 +147,11 @@ pub enum OwnerKind {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Quota {
-    /// Hard limits by resource name, e.g. `{cpu: "4", memory: 8Gi, pods: "20"}`.
+    /// Hard limits by resource name (at most 12), e.g. `{cpu: "4", memory: 8Gi, pods: "20"}`; each value must
+    /// be a Kubernetes quantity (checked at admission with CEL's `isQuantity`).
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 12))]
+    #[x_kube(validation = Rule::new("self.all(k, isQuantity(string(self[k])))").message("every quota value must be a quantity such as 4, 500m or 8Gi"))]
     pub hard: BTreeMap<String, Quantity>,
 }
 

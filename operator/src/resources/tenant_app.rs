@@ -66,8 +66,11 @@ pub struct TenantAppSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Files of the ConfigMap `<app>-config`, mounted at `/etc/<app>`; a change rolls the pods
-    /// (the pod template carries a hash of it).
+    /// (the pod template carries a hash of it). Keys are ConfigMap keys: letters, digits, `-`,
+    /// `_` and `.`, at most 253 characters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, size(k) <= 253 && k.matches('^[-._a-zA-Z0-9]+$'))").message("config keys may hold only letters, digits, '-', '_' and '.' (ConfigMap key rules)"))]
     pub config: BTreeMap<String, String>,
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idem_runtime::apply::Owner;
 use idem_runtime::controller::{Action, Attempt};
-use idem_runtime::resource::{IdempotentResource as _, TenantError};
+use idem_runtime::resource::IdempotentResource as _;
 use idem_runtime::status::{Readiness, StatusWriter};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
@@ -16,6 +16,10 @@ use crate::context::{Context, STALLED_AFTER_FAILURES};
 use crate::error::Error;
 use crate::events;
 use crate::resources::TenantApp;
+
+/// How often an app outside a tenant namespace is looked at again (its namespace may become
+/// a tenant's).
+pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Reconciles one TenantApp; after [`STALLED_AFTER_FAILURES`] failures in a row the status
 /// says `Stalled` with reason `ReconcileFailed` while retries go on.
@@ -44,23 +48,15 @@ async fn reconcile_inner(app: &TenantApp, ctx: &Context) -> Result<Action, Error
         return Ok(Action::await_change());
     }
     let namespace = app.namespace().unwrap_or_default();
-    // From the cache; a namespace not cached yet (just created) is asked of the server before
-    // the app is judged to be outside a tenant namespace. Only an API failure is an error.
-    let tenant = match ctx.tenant_of_namespace(&namespace) {
-        Some(tenant) => Some(tenant),
-        None => match app.tenant() {
-            Ok(tenant) => match tenant.resolve(&ctx.client).await {
-                Ok(tenant) => Some(tenant),
-                Err(e @ TenantError::Api { .. }) => return Err(e.into()),
-                Err(_) => None,
-            },
-            Err(_) => None,
-        },
-    };
+    // From the cache; a namespace not cached yet (just created) is read from the server
+    // before the app is judged to be outside a tenant namespace.
+    let tenant = ctx.resolve_tenant_of_namespace(&namespace).await?;
     let Some(tenant) = tenant else {
         let readiness = status::not_in_tenant_namespace(&namespace);
         write_status(ctx, app, Some(0), &readiness).await?;
-        return Ok(Action::await_change());
+        // Namespace labels are not watched by this controller: look again now and then (a
+        // status that does not change is not written again).
+        return Ok(Action::requeue(NOT_IN_TENANT_NAMESPACE_POLL));
     };
     let owner = Owner::new(app, TenantApp::FIELD_MANAGER, Some(tenant))?;
     let report = ctx
