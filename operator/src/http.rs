@@ -61,7 +61,14 @@ async fn serve(
     app: Router,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot listen on {addr}: {e} (choose another with --metrics-addr / --health-addr)"
+            ),
+        )
+    })?;
     let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let stop = async move {

@@ -81,5 +81,8 @@ pub fn write_or_check(
             stale.join(", ")
         );
     }
+    if check {
+        println!("{dir}: {} generated files are up to date", files.len());
+    }
     Ok(())
 }
