@@ -169,3 +169,51 @@ async fn rival_port_with_our_name_is_repaired_by_replace() {
         "clusterIP unchanged"
     );
 }
+
+#[tokio::test]
+async fn unowned_child_with_the_same_drift_is_not_replaced() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "replace-unowned").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let foreign = Service {
+        metadata: ObjectMeta {
+            name: Some("w".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 9999,
+                target_port: Some(IntOrString::Int(8080)),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    let created = services
+        .create(&kube::api::PostParams::default(), &foreign)
+        .await
+        .expect("create foreign service");
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let (report, _) = reconcile(&client, &w)
+        .await
+        .expect("reconcile is not an error");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.kind == "Service")
+        .map(|(_, o)| o.clone());
+    assert!(
+        matches!(outcome, Some(ChildOutcome::NotOwned { .. })),
+        "{report:?}"
+    );
+    let after = services.get("w").await.expect("service");
+    assert_eq!(
+        after.metadata.resource_version, created.metadata.resource_version,
+        "untouched"
+    );
+    assert_eq!(ports(&after), ports(&created));
+}
