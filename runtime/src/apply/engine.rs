@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
@@ -23,8 +24,13 @@ pub enum ChildOutcome {
     /// Created (one `POST`).
     Created,
     /// Changed with server-side apply (one `PATCH`, plus one to move ownership recorded by a
-    /// create to the apply operation the first time).
+    /// create or a replace to the apply operation the first time).
     Applied,
+    /// Replaced with `PUT` because server-side apply could not repair it: the apply was
+    /// rejected as 422 Invalid, typically because another field manager's list item merged
+    /// beside ours (e.g. a second Service port with our port's name). Fields of other
+    /// managers are dropped; server-allocated Service fields are kept by the API server.
+    Replaced,
     /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
     /// left alone; a later reconcile creates it anew once it is gone.
     Terminating,
@@ -98,10 +104,12 @@ impl ApplyReport {
     /// Whether any write was made.
     pub fn wrote(&self) -> bool {
         !self.pruned.is_empty()
-            || self
-                .children
-                .iter()
-                .any(|(_, o)| matches!(o, ChildOutcome::Created | ChildOutcome::Applied))
+            || self.children.iter().any(|(_, o)| {
+                matches!(
+                    o,
+                    ChildOutcome::Created | ChildOutcome::Applied | ChildOutcome::Replaced
+                )
+            })
     }
 }
 
@@ -197,6 +205,13 @@ impl Applier {
     /// read-then-create race can be exercised: when `observed` is stale (the child was created
     /// since), the create meets AlreadyExists and the child is handled as an apply.
     ///
+    /// When the server-side apply of an existing child we own is rejected with 422 `Invalid`,
+    /// the child is replaced (`PUT` of the desired body, guarded by the live
+    /// `resourceVersion`): server-side apply merges list items by key, so a rival's item (e.g.
+    /// a Service port with another port number but our port's name) stays beside ours and
+    /// every apply fails, while a replace drops it ([`ChildOutcome::Replaced`]). A child we do
+    /// not own is never replaced, and nothing is ever deleted for this.
+    ///
     /// # Errors
     /// See [`ApplyError`].
     pub async fn apply_observed(
@@ -258,13 +273,19 @@ impl Applier {
                 }
                 Err(e) => Err(e),
             };
-            match result {
+            let (action, e) = match result {
                 Ok(()) => return Ok(ChildOutcome::Applied),
-                Err(e) if is_conflict(&e) || is_not_found(&e) => {
-                    observed = api.get_opt(&key.name).await.map_err(|e| err("get", e))?;
-                }
-                Err(e) => return Err(err("apply", e)),
+                Err(e) if is_invalid(&e) => match replace(&api, owner, &key, &body, &live).await {
+                    Ok(()) => return Ok(ChildOutcome::Replaced),
+                    Err(ReplaceError::Serialize(e)) => return Err(e),
+                    Err(ReplaceError::Api(e)) => ("replace", e),
+                },
+                Err(e) => ("apply", e),
+            };
+            if !(is_conflict(&e) || is_not_found(&e)) {
+                return Err(err(action, e));
             }
+            observed = api.get_opt(&key.name).await.map_err(|e| err("get", e))?;
         }
         Err(ApplyError::ConflictsExhausted {
             child: key,
@@ -272,10 +293,12 @@ impl Applier {
         })
     }
 
-    /// A child created with `POST` records our fields under an `Update` operation, and
-    /// server-side apply only removes fields its `Apply` entry owns. Before the first apply,
-    /// the entry is moved to `Apply` (as kubectl's client-side → server-side upgrade does), so a
-    /// field later dropped from the desired object is removed. One extra write, once per child.
+    /// A child created with `POST` or replaced with `PUT` records our fields under an `Update`
+    /// operation, and server-side apply only removes fields its `Apply` entry owns. Before the
+    /// next apply, the `Update` entry is folded into our `Apply` entry (moved when there is
+    /// none, its field set united with it otherwise; as kubectl's client-side → server-side
+    /// upgrade does), so a field later dropped from the desired object is removed. One extra
+    /// write, once per create or replace.
     async fn take_over_create_ownership(
         &self,
         api: &Api<DynamicObject>,
@@ -292,23 +315,10 @@ impl Applier {
                     && e.subresource.as_deref().unwrap_or("").is_empty()
             })
         };
-        if !ours("Update") || ours("Apply") {
+        if !ours("Update") {
             return Ok(());
         }
-        let moved: Vec<_> = entries
-            .iter()
-            .cloned()
-            .map(|mut e| {
-                if e.manager.as_deref() == Some(owner.field_manager())
-                    && e.operation.as_deref() == Some("Update")
-                    && e.subresource.as_deref().unwrap_or("").is_empty()
-                {
-                    e.operation = Some("Apply".to_owned());
-                    e.time = None;
-                }
-                e
-            })
-            .collect();
+        let moved = fold_update_into_apply(entries, owner.field_manager());
         let patch = json!({"metadata": {
             "managedFields": moved,
             "resourceVersion": live.metadata.resource_version,
@@ -377,9 +387,152 @@ impl Applier {
     }
 }
 
+/// Whether `err` is 422 Invalid (the object failed validation).
+fn is_invalid(err: &kube::Error) -> bool {
+    matches!(super::api_reason(err), Some((422, "Invalid")))
+}
+
+/// Why a replace failed.
+enum ReplaceError {
+    /// The desired body is not an object (an [`ApplyError::Serialize`]).
+    Serialize(ApplyError),
+    /// The `PUT` failed.
+    Api(kube::Error),
+}
+
+/// `PUT`s the desired, stamped `body` over `live`, guarded by the live `resourceVersion`.
+///
+/// `metadata.managedFields` is left out, so the API server keeps the live entries and records
+/// this write as an `Update` of our field manager (folded into `Apply` before the next apply).
+/// Fields the body omits are dropped, except those the API server itself carries over from the
+/// old object on update: for a Service, `spec.clusterIP(s)` and node ports.
+async fn replace(
+    api: &Api<DynamicObject>,
+    owner: &Owner,
+    key: &ObjectKey,
+    body: &Value,
+    live: &DynamicObject,
+) -> Result<(), ReplaceError> {
+    let mut obj: DynamicObject = serde_json::from_value(body.clone()).map_err(|e| {
+        ReplaceError::Serialize(ApplyError::Serialize {
+            kind: key.kind.to_string(),
+            reason: e.to_string(),
+        })
+    })?;
+    obj.metadata.resource_version = live.metadata.resource_version.clone();
+    obj.metadata.managed_fields = None;
+    let pp = PostParams {
+        field_manager: Some(owner.field_manager().to_owned()),
+        ..PostParams::default()
+    };
+    api.replace(&key.name, &pp, &obj)
+        .await
+        .map(|_| ())
+        .map_err(ReplaceError::Api)
+}
+
+/// `entries` with `manager`'s main-resource `Update` entry folded into its `Apply` entry: the
+/// `Update` entry becomes the `Apply` entry when there is none, otherwise its field set is
+/// united with the `Apply` entry's and it is dropped.
+fn fold_update_into_apply(
+    entries: &[ManagedFieldsEntry],
+    manager: &str,
+) -> Vec<ManagedFieldsEntry> {
+    let is = |e: &ManagedFieldsEntry, op: &str| {
+        e.manager.as_deref() == Some(manager)
+            && e.operation.as_deref() == Some(op)
+            && e.subresource.as_deref().unwrap_or("").is_empty()
+    };
+    let updates: Vec<&ManagedFieldsEntry> = entries.iter().filter(|e| is(e, "Update")).collect();
+    let mut out: Vec<ManagedFieldsEntry> = entries
+        .iter()
+        .filter(|e| !is(e, "Update"))
+        .cloned()
+        .collect();
+    for update in updates {
+        match out.iter_mut().find(|e| is(e, "Apply")) {
+            Some(apply) => {
+                let mut fields = apply.fields_v1.take().map_or(Value::Null, |f| f.0);
+                if let Some(more) = &update.fields_v1 {
+                    unite(&mut fields, &more.0);
+                }
+                apply.fields_v1 = Some(FieldsV1(fields));
+                apply.time = None;
+            }
+            None => {
+                let mut moved = update.clone();
+                moved.operation = Some("Apply".to_owned());
+                moved.time = None;
+                out.push(moved);
+            }
+        }
+    }
+    out
+}
+
+/// Unites the `fieldsV1` set `more` into `into` (both nested JSON objects of field paths).
+fn unite(into: &mut Value, more: &Value) {
+    match (into, more) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                unite(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (slot @ Value::Null, v) => *slot = v.clone(),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(manager: &str, op: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(op.into()),
+            api_version: Some("v1".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn update_entry_is_moved_or_united_into_apply() {
+        let create = [
+            entry("idem", "Update", json!({"f:data": {"f:a": {}}})),
+            entry("rival", "Update", json!({"f:data": {"f:r": {}}})),
+        ];
+        let moved = fold_update_into_apply(&create, "idem");
+        assert_eq!(moved.len(), 2);
+        assert_eq!(moved[0], create[1]);
+        assert_eq!(moved[1].operation.as_deref(), Some("Apply"));
+        assert_eq!(moved[1].fields_v1, create[0].fields_v1);
+
+        let replaced = [
+            entry(
+                "idem",
+                "Apply",
+                json!({"f:spec": {"f:selector": {}, "f:ports": {"k:{\"port\":80}": {".": {}}}}}),
+            ),
+            entry(
+                "idem",
+                "Update",
+                json!({"f:spec": {"f:ports": {"k:{\"port\":80}": {"f:name": {}}}}}),
+            ),
+        ];
+        let united = fold_update_into_apply(&replaced, "idem");
+        assert_eq!(united.len(), 1);
+        assert_eq!(united[0].operation.as_deref(), Some("Apply"));
+        assert_eq!(
+            united[0].fields_v1,
+            Some(FieldsV1(json!({"f:spec": {
+                "f:selector": {},
+                "f:ports": {"k:{\"port\":80}": {".": {}, "f:name": {}}},
+            }})))
+        );
+    }
 
     #[test]
     fn readiness_from_report() {

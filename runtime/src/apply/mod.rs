@@ -21,6 +21,13 @@
 //! - A child that was absent is created with `POST`; a create that meets `AlreadyExists`
 //!   (someone created it between our read and our create) is read and handled like any live
 //!   object: applied when it is ours, reported as not owned when it is not.
+//! - An existing child we own whose server-side apply is rejected with 422 `Invalid` is replaced
+//!   with `PUT` (guarded by its `resourceVersion`; 409 → read again and retry): apply merges
+//!   list items by key, so another manager's item can sit beside ours and make the merged
+//!   object invalid (e.g. two Service ports named `http`), which no apply can repair. The API
+//!   server keeps a Service's allocated `clusterIP(s)` and node ports across the `PUT`; the
+//!   `Update` ownership it records is folded into our `Apply` entry before the next apply.
+//!   Children we do not own are never replaced; nothing is deleted for this.
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
@@ -82,12 +89,13 @@ pub enum ApplyError {
     /// Two desired children have the same kind, namespace and name.
     #[error("desired child {0} is listed twice")]
     Duplicate(ObjectKey),
-    /// A request to the API server failed with an error that retrying will not fix.
-    #[error("{action} {child}: {source}")]
+    /// A request to the API server failed with an error that retrying will not fix. Displayed
+    /// as `{action} {child}: {code} {reason}: {message}` for an API status error.
+    #[error("{action} {child}: {}", describe(source))]
     Api {
         /// The child.
         child: ObjectKey,
-        /// The request: `get`, `create`, `apply`, `list`, `delete`.
+        /// The request: `get`, `create`, `apply`, `replace`, `list`, `delete`.
         action: &'static str,
         /// The client error.
         #[source]
@@ -101,6 +109,17 @@ pub enum ApplyError {
         /// Attempts made.
         attempts: u32,
     },
+}
+
+/// A client error in words: for an API status, `{code} {reason}: {message}` (the status the
+/// server sent, not its Rust debug form); otherwise the error's own message.
+pub(crate) fn describe(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} {}: {}", status.code, status.reason, status.message)
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The API status `reason` of an error, when it is one.
@@ -124,4 +143,29 @@ pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
 /// Whether `err` is 404 NotFound.
 pub(crate) fn is_not_found(err: &kube::Error) -> bool {
     matches!(api_reason(err), Some((404, _)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_error_displays_the_status_message() {
+        let status = kube::core::Status {
+            code: 422,
+            reason: "Invalid".into(),
+            message: r#"Service "web" is invalid: spec.ports[1].name: Duplicate value: "http""#
+                .into(),
+            ..kube::core::Status::default()
+        };
+        let err = ApplyError::Api {
+            child: ObjectKey::namespaced("Service", "ns", "web"),
+            action: "apply",
+            source: Box::new(kube::Error::Api(Box::new(status))),
+        };
+        assert_eq!(
+            err.to_string(),
+            r#"apply Service/ns/web: 422 Invalid: Service "web" is invalid: spec.ports[1].name: Duplicate value: "http""#
+        );
+    }
 }

@@ -4,4 +4,5 @@
 mod apply;
 mod common;
 mod race;
+mod replace;
 mod status;
