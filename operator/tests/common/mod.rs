@@ -141,7 +141,12 @@ impl Operator {
     /// # Panics
     /// When it exits or is not ready within [`TIMEOUT`].
     pub async fn start(resync_period: Duration) -> Self {
-        let mut operator = Self::spawn(resync_period);
+        Self::start_with(resync_period, None).await
+    }
+
+    /// [`Operator::start`] with optional leader election (see [`Operator::spawn_with`]).
+    pub async fn start_with(resync_period: Duration, lease: Option<(&str, &str)>) -> Self {
+        let mut operator = Self::spawn_with(resync_period, lease);
         operator.wait_ready().await;
         operator
     }
@@ -149,6 +154,12 @@ impl Operator {
     /// Starts an operator against the shared control plane with two workers, the given
     /// anti-entropy `resync_period`, and no leader election; returns at once.
     pub fn spawn(resync_period: Duration) -> Self {
+        Self::spawn_with(resync_period, None)
+    }
+
+    /// [`Operator::spawn`], with leader election on a Lease in namespace `lease.0` as identity
+    /// `lease.1` when `lease` is given.
+    pub fn spawn_with(resync_period: Duration, lease: Option<(&str, &str)>) -> Self {
         let addr = free_addr();
         let options = ManagerOptions {
             kubeconfig: Some(idem_tests::shared().kubeconfig_path().to_path_buf()),
@@ -157,9 +168,12 @@ impl Operator {
             resync_period,
             metrics_addr: addr,
             health_addr: addr,
-            leader_elect: false,
-            leader_elect_namespace: None,
-            identity: Some(format!("e2e-{}", std::process::id())),
+            leader_elect: lease.is_some(),
+            leader_elect_namespace: lease.map(|(ns, _)| ns.to_string()),
+            identity: Some(lease.map_or_else(
+                || format!("e2e-{}", std::process::id()),
+                |(_, id)| id.to_string(),
+            )),
             shutdown_grace: Duration::from_secs(10),
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -180,7 +194,8 @@ impl Operator {
         }
     }
 
-    async fn wait_ready(&mut self) {
+    /// Waits until `/readyz` answers 200 (caches synced, so: leader, if electing).
+    pub async fn wait_ready(&mut self) {
         let addr = self.addr;
         let task = self.task.as_ref().expect("running");
         eventually("the operator's /readyz", TIMEOUT, || async {
