@@ -13,5 +13,6 @@ pub mod leader;
 pub mod manager;
 pub mod rbac;
 pub mod resources;
+pub mod status;
 pub mod tenant;
 pub mod tenant_app;

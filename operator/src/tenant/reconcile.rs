@@ -134,27 +134,12 @@ async fn write_status(
     namespaces: Option<&[String]>,
     readiness: &Readiness,
 ) -> Result<(), Error> {
-    let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
-    let previous = tenant
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
-    writer
-        .write(tenant, |_, draft| {
-            if let Some(namespaces) = namespaces {
-                let status = draft.status_mut();
-                status.namespaces = namespaces.to_vec();
-                status.namespace_count = namespaces.len() as i32;
-            }
-            draft.set_readiness(readiness);
-        })
-        .await?;
-    events::readiness(
-        &ctx.recorder,
-        &tenant.object_ref(&()),
-        previous.as_ref(),
-        readiness,
-    )
-    .await;
-    Ok(())
+    let api = Api::<Tenant>::all(ctx.client.clone());
+    crate::status::write(ctx, api, tenant, readiness, |status| {
+        if let Some(namespaces) = namespaces {
+            status.namespaces = namespaces.to_vec();
+            status.namespace_count = namespaces.len() as i32;
+        }
+    })
+    .await
 }

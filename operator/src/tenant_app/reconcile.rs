@@ -6,7 +6,7 @@ use std::sync::Arc;
 use idem_runtime::apply::Owner;
 use idem_runtime::controller::{Action, Attempt};
 use idem_runtime::resource::IdempotentResource as _;
-use idem_runtime::status::{Readiness, StatusWriter};
+use idem_runtime::status::Readiness;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
@@ -87,24 +87,10 @@ async fn write_status(
 ) -> Result<(), Error> {
     let api =
         Api::<TenantApp>::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let previous = app
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
-    StatusWriter::new(api)
-        .write(app, |_, draft| {
-            if let Some(available) = available {
-                draft.status_mut().available_replicas = available;
-            }
-            draft.set_readiness(readiness);
-        })
-        .await?;
-    events::readiness(
-        &ctx.recorder,
-        &app.object_ref(&()),
-        previous.as_ref(),
-        readiness,
-    )
-    .await;
-    Ok(())
+    crate::status::write(ctx, api, app, readiness, |status| {
+        if let Some(available) = available {
+            status.available_replicas = available;
+        }
+    })
+    .await
 }
