@@ -8,6 +8,7 @@
 pub mod context;
 pub mod error;
 pub mod events;
+pub mod fence;
 pub mod http;
 pub mod leader;
 pub mod manager;

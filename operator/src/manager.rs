@@ -1,5 +1,6 @@
-//! The manager: owns startup (client, metrics, probes, leader election, caches) and graceful
-//! shutdown (stop taking work, let in-flight reconciles finish, release the Lease).
+//! The manager: owns startup (client, metrics, probes, leader election, caches) and shutdown:
+//! graceful on a signal (stop taking work, let in-flight reconciles finish, release the Lease),
+//! immediate on lost leadership (in-flight reconciles are cancelled, as controller-runtime does).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,15 +13,18 @@ use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::ControllerConfig;
 use idem_runtime::metrics::Metrics;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Config};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::context::Context;
-use crate::leader::Leadership;
+use crate::fence::FenceLayer;
+use crate::leader::{Fence, Leadership};
 use crate::resources::FIELD_MANAGER;
 use crate::{http, tenant, tenant_app};
 
@@ -45,7 +49,8 @@ pub struct ManagerOptions {
     pub leader_elect_namespace: Option<String>,
     /// Identity in the Lease (default host name + pid).
     pub identity: Option<String>,
-    /// How long shutdown waits for in-flight reconciles.
+    /// How long a graceful shutdown (a signal) waits for in-flight reconciles; lost
+    /// leadership cancels them at once.
     pub shutdown_grace: Duration,
 }
 
@@ -70,15 +75,25 @@ pub async fn shutdown_signal() {
 /// # Errors
 /// When no configuration can be loaded.
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
+    Ok(Client::try_from(config(kubeconfig).await?)?)
+}
+
+async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
         }
         None => Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
+    })
+}
+
+/// A client whose writes pass only while `fence` is valid ([`crate::fence`]).
+fn fenced_client(config: Config, fence: Arc<Fence>) -> anyhow::Result<Client> {
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&FenceLayer::new(fence))
+        .build())
 }
 
 fn identity(options: &ManagerOptions) -> String {
@@ -88,20 +103,52 @@ fn identity(options: &ManagerOptions) -> String {
     })
 }
 
-/// Runs both controllers until `shutdown` resolves (or leadership is lost), then shuts down
-/// gracefully.
+/// Runs both controllers until `shutdown` resolves, then shuts down gracefully; or until
+/// leadership is lost, then cancels every reconcile at once and returns an error.
+///
+/// `/readyz` does not depend on leadership (controller-runtime's convention): with
+/// `leader_elect` a standby is ready once it takes part in the election, so every replica of
+/// a Deployment is Ready; without it, once every controller's caches have synced.
 ///
 /// # Errors
-/// When the client, endpoints or Lease cannot be set up, a controller's configuration is
-/// invalid, or leadership is lost (so the process exits and a standby takes over).
+/// When the client or endpoints cannot be set up, a controller's configuration is invalid, or
+/// leadership is lost (so the process exits and a standby takes over).
 pub async fn run(
     options: ManagerOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let client = client(options.kubeconfig.as_deref()).await?;
+    let kube_config = config(options.kubeconfig.as_deref()).await?;
+    let lease_client = Client::try_from(kube_config.clone())?;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let leader_status = Gauge::default();
+    let identity = identity(&options);
+    let mut leadership = options.leader_elect.then(|| {
+        let ns = options
+            .leader_elect_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        tracing::info!(%identity, namespace = %ns, "waiting to become leader");
+        Leadership::start(lease_client, &ns, &identity, leader_status.clone())
+    });
+    let fence = leadership
+        .as_ref()
+        .map_or_else(Fence::open, Leadership::fence);
+    if leadership.is_none() {
+        leader_status.set(1);
+    }
+    registry.register(
+        "leader_election_master_status",
+        "1 while this replica is the leader (always 1 without leader election)",
+        leader_status,
+    );
+    registry.register(
+        "idem_fenced_writes",
+        "Writes refused because this replica's leader lease was not valid",
+        fence.refused.clone(),
+    );
     let registry = Arc::new(registry);
+    let client = fenced_client(kube_config, Arc::clone(&fence))?;
     let (ready_tx, ready_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     let servers = http::start(
@@ -118,24 +165,19 @@ pub async fn run(
     }
     tokio::pin!(shutdown);
 
-    let identity = identity(&options);
-    let mut leadership = None;
-    if options.leader_elect {
-        let ns = options
-            .leader_elect_namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let mut lease = Leadership::start(client.clone(), &ns, &identity).await?;
-        tracing::info!(%identity, namespace = %ns, "waiting to become leader");
+    if let Some(lease) = leadership.as_mut() {
+        // A standby is ready: readiness does not depend on leadership.
+        let _ = ready_tx.send(true);
         tokio::select! {
             () = lease.acquired() => tracing::info!(%identity, "became leader"),
             () = &mut shutdown => {
-                lease.release().await;
+                if let Some(lease) = leadership.take() {
+                    lease.release().await;
+                }
                 let _ = stop_tx.send(true);
                 return Ok(());
             }
         }
-        leadership = Some(lease);
     }
 
     // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
@@ -176,13 +218,13 @@ pub async fn run(
         let _ = tenant_ready.wait_for(|s| *s).await;
         let _ = app_ready.wait_for(|s| *s).await;
         let _ = ready_tx.send(true);
-        tracing::info!("all caches synced: ready");
+        tracing::info!("all caches synced");
     });
 
     let stopping = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let controllers = futures::future::join(
+    let mut controllers = Box::pin(futures::future::join(
         tenants.run(
             tenant::reconcile::reconcile,
             Arc::clone(&ctx),
@@ -193,15 +235,13 @@ pub async fn run(
             Arc::clone(&ctx),
             stopping(stop_rx.clone()),
         ),
-    );
-    tokio::pin!(controllers);
+    ));
     let lost = async {
         match &leadership {
             Some(lease) => lease.lost().await,
             None => std::future::pending().await,
         }
     };
-    let mut lost_leadership = false;
     let (tenant_report, app_report) = tokio::select! {
         reports = &mut controllers => reports,
         () = &mut shutdown => {
@@ -210,10 +250,16 @@ pub async fn run(
             controllers.await
         }
         () = lost => {
-            tracing::error!("lost leadership: stopping");
-            lost_leadership = true;
+            // The fence already refuses writes; dropping the controllers aborts their
+            // workers (in-flight reconciles included) and watches now, with no grace period.
+            tracing::error!("lost leadership: cancelling every reconcile and exiting");
+            drop(controllers);
+            ns_watch.abort();
             let _ = stop_tx.send(true);
-            controllers.await
+            for (_, task) in servers {
+                let _ = task.await;
+            }
+            anyhow::bail!("lost leadership");
         }
     };
     let _ = stop_tx.send(true);
@@ -231,9 +277,6 @@ pub async fn run(
     }
     for (_, task) in servers {
         let _ = task.await;
-    }
-    if lost_leadership {
-        anyhow::bail!("lost leadership");
     }
     Ok(())
 }

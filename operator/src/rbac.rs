@@ -1,5 +1,7 @@
 //! The exact permissions the operator uses, one rule per API it calls: the single source of
-//! the least-privilege ClusterRole that `cargo xtask manifests` writes.
+//! the least-privilege ClusterRole, the leader-election Role and the aggregated TenantApp
+//! ClusterRoles that `cargo xtask manifests` writes, and of the admission policy that confines
+//! the operator's writes to the namespaces it manages.
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
@@ -13,18 +15,19 @@ struct Rule {
 
 /// What the operator does with each resource and why (in the comment).
 const RULES: &[Rule] = &[
-    // Primary resources: watched; finalizers added/removed with guarded updates/patches.
+    // Primary resources: watched, read again before a status write, finalizers added and
+    // removed with merge patches guarded by resourceVersion.
     Rule {
         group: "tenancy.idem.dev",
         resources: &["tenants", "tenantapps"],
-        verbs: &["get", "list", "watch", "patch", "update"],
+        verbs: &["get", "list", "watch", "patch"],
         names: &[],
     },
-    // Status written through the status subresource.
+    // Status written through the status subresource with PUT (resourceVersion-guarded).
     Rule {
         group: "tenancy.idem.dev",
         resources: &["tenants/status", "tenantapps/status"],
-        verbs: &["get", "patch", "update"],
+        verbs: &["update"],
         names: &[],
     },
     // Owner references with blockOwnerDeletion need update on the owner's finalizers.
@@ -79,18 +82,64 @@ const RULES: &[Rule] = &[
         verbs: &["create", "patch"],
         names: &[],
     },
-    // Leader election (`--leader-elect`).
+];
+
+/// Leader election (`--leader-elect`): read and renew its own Lease in its own namespace
+/// (a Role there). `create` cannot be limited by name (the name is not known to the
+/// authorizer before the object exists).
+const LEADER_ELECTION_RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "list", "watch", "create", "update", "patch"],
+        verbs: &["get", "update"],
+        names: &[crate::leader::LEASE_NAME],
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["create"],
         names: &[],
     },
 ];
 
-/// The operator's ClusterRole rules.
-pub fn policy_rules() -> Vec<PolicyRule> {
-    RULES
+/// What users with the built-in `admin` or `edit` role in a namespace (tenant owners get
+/// `admin` in their tenant's namespaces) may do with TenantApps there: aggregated into those
+/// roles by the `rbac.authorization.k8s.io/aggregate-to-*` labels (Kubernetes RBAC "aggregated
+/// ClusterRoles").
+const TENANT_APP_EDIT_RULES: &[Rule] = &[
+    Rule {
+        group: "tenancy.idem.dev",
+        resources: &["tenantapps"],
+        verbs: &[
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        ],
+        names: &[],
+    },
+    Rule {
+        group: "tenancy.idem.dev",
+        resources: &["tenantapps/status"],
+        verbs: &["get"],
+        names: &[],
+    },
+];
+
+/// What the built-in `view` role gets: reading TenantApps.
+const TENANT_APP_VIEW_RULES: &[Rule] = &[Rule {
+    group: "tenancy.idem.dev",
+    resources: &["tenantapps", "tenantapps/status"],
+    verbs: &["get", "list", "watch"],
+    names: &[],
+}];
+
+fn to_policy(rules: &[Rule]) -> Vec<PolicyRule> {
+    rules
         .iter()
         .map(|r| PolicyRule {
             api_groups: Some(vec![r.group.to_string()]),
@@ -101,4 +150,36 @@ pub fn policy_rules() -> Vec<PolicyRule> {
             non_resource_urls: None,
         })
         .collect()
+}
+
+/// The rules of the Role in the operator's namespace that lets it hold its leader Lease.
+pub fn leader_election_rules() -> Vec<PolicyRule> {
+    to_policy(LEADER_ELECTION_RULES)
+}
+
+/// The rules aggregated into the built-in `admin` and `edit` ClusterRoles.
+pub fn tenant_app_edit_rules() -> Vec<PolicyRule> {
+    to_policy(TENANT_APP_EDIT_RULES)
+}
+
+/// The rules aggregated into the built-in `view` ClusterRole.
+pub fn tenant_app_view_rules() -> Vec<PolicyRule> {
+    to_policy(TENANT_APP_VIEW_RULES)
+}
+
+/// The kinds the operator writes inside namespaces (plural names, by API group), which the
+/// admission policy confines to namespaces labelled as managed by the operator.
+pub const NAMESPACED_WRITES: &[(&str, &[&str])] = &[
+    (
+        "",
+        &["resourcequotas", "limitranges", "configmaps", "services"],
+    ),
+    ("apps", &["deployments"]),
+    ("networking.k8s.io", &["networkpolicies"]),
+    ("rbac.authorization.k8s.io", &["rolebindings"]),
+];
+
+/// The operator's ClusterRole rules.
+pub fn policy_rules() -> Vec<PolicyRule> {
+    to_policy(RULES)
 }

@@ -1,17 +1,21 @@
-//! Leader election on the real control plane: of two operators only the Lease holder
-//! reconciles (the standby is live but not ready), and when the leader dies without releasing
-//! the Lease the standby takes over once it expires.
+//! Leader election on the real control plane with two operator processes run as the
+//! generated Deployment runs them: both replicas are Ready (readiness does not depend on
+//! leadership, so the Deployment is Available and a rolling update can proceed), exactly one
+//! leads and reconciles, and when the leader dies without releasing the Lease the standby
+//! takes over once it expires.
 
 mod common;
 
 use std::time::Duration;
 
+use common::process::OperatorProcess;
 use common::tenants::{self, full_spec};
-use common::{Operator, eventually, http_get, install_crds};
+use common::{eventually, install_crds};
 use idem_operator::leader::{LEASE_NAME, LEASE_SECONDS};
 use idem_tests::{create_namespace, shared, unique_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use nix::sys::signal::Signal;
 
 async fn holder(client: &kube::Client, ns: &str) -> Option<String> {
     let lease = Api::<Lease>::namespaced(client.clone(), ns)
@@ -21,57 +25,82 @@ async fn holder(client: &kube::Client, ns: &str) -> Option<String> {
     lease.spec?.holder_identity
 }
 
+/// Waits until both replicas are Ready and exactly one is the leader (by its own metric and
+/// by the Lease); returns `(leader, standby)` indices.
+async fn both_ready_one_leader(
+    client: &kube::Client,
+    ns: &str,
+    replicas: &mut [OperatorProcess; 2],
+) -> (usize, usize) {
+    let deadline = tokio::time::Instant::now() + common::TIMEOUT;
+    loop {
+        for r in replicas.iter_mut() {
+            if let Some(status) = r.exited() {
+                panic!("{} exited ({status}):\n{}", r.name, r.log_tail());
+            }
+        }
+        let mut state = Vec::new();
+        for r in replicas.iter() {
+            state.push((r.ready().await, r.is_leader().await));
+        }
+        let holder = holder(client, ns).await;
+        let leaders: Vec<usize> = (0..2).filter(|&i| state[i].1 == Some(true)).collect();
+        if let ([(true, Some(_)), (true, Some(_))], [l]) = (&state[..], &leaders[..]) {
+            if holder.as_deref() == Some(replicas[*l].name.as_str()) {
+                return (*l, 1 - *l);
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not both Ready with one leader: (ready, leader) {state:?}, Lease holder {holder:?}"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
 #[tokio::test]
-async fn the_standby_takes_over_when_the_leader_dies() {
+async fn two_replicas_are_ready_one_leads_and_the_standby_takes_over() {
     let client = shared().client();
     install_crds(&client).await;
     let ns = create_namespace(&client, "lease").await.unwrap();
 
-    let leader = Operator::start_with(Duration::from_secs(600), Some((&ns, "op-a"))).await;
-    assert_eq!(holder(&client, &ns).await.as_deref(), Some("op-a"));
-    let mut standby = Operator::spawn_with(Duration::from_secs(600), Some((&ns, "op-b")));
-
-    // The standby serves /healthz but is not ready: it runs no controllers.
-    eventually("the standby's /healthz", common::TIMEOUT, || async {
-        match http_get(standby.addr, "/healthz").await? {
-            (200, _) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, _) = http_get(standby.addr, "/readyz").await.unwrap();
-    assert_eq!(
-        code, 503,
-        "the standby must not be ready while the leader holds the Lease"
-    );
+    let mut replicas = [
+        OperatorProcess::spawn(&ns, "idem-operator-a"),
+        OperatorProcess::spawn(&ns, "idem-operator-b"),
+    ];
+    let (leader, standby) = both_ready_one_leader(&client, &ns, &mut replicas).await;
 
     let first = unique_name("led-a");
     tenants::create(&client, &first, full_spec(&["x"])).await;
     tenants::wait_ready(&client, &first).await;
+    assert!(replicas[leader].reconciles("tenant").await > 0);
     assert_eq!(
-        standby.reconciles("tenant").await,
+        replicas[standby].reconciles("tenant").await,
         0,
         "the standby reconciled"
     );
+    assert!(
+        replicas[standby].ready().await,
+        "the standby stays Ready while the leader works"
+    );
 
     // The leader dies without releasing the Lease; the standby takes over after it expires.
-    leader.kill();
+    replicas[leader].signal(Signal::SIGKILL);
     let second = unique_name("led-b");
     tenants::create(&client, &second, full_spec(&["y"])).await;
+    let new_leader = replicas[standby].name.clone();
     let deadline = Duration::from_secs(LEASE_SECONDS * 4 + 30);
     eventually("the standby to hold the Lease", deadline, || async {
-        match holder(&client, &ns).await.as_deref() {
-            Some("op-b") => Ok(()),
+        match holder(&client, &ns).await {
+            Some(h) if h == new_leader => Ok(()),
             other => Err(format!("holder {other:?}")),
         }
     })
     .await;
-    standby.wait_ready().await;
     tenants::wait_ready(&client, &second).await;
     assert!(
-        standby.reconciles("tenant").await > 0,
+        replicas[standby].reconciles("tenant").await > 0,
         "the new leader did not reconcile"
     );
-    standby.stop().await;
+    assert!(replicas[standby].ready().await);
 }

@@ -102,11 +102,26 @@
 //! # fn main() {}
 //! ```
 //!
+//! The runtime uses the rule: [`Controller::for_derived`](crate::controller::Controller::for_derived)
+//! puts each object in its tenant's fair queue by [`IdempotentResource::tenant`](crate::resource::IdempotentResource::tenant)
+//! (a `namespace_label` rule reads the labels given to
+//! [`Controller::namespace_labels`](crate::controller::Controller::namespace_labels)).
+//!
 //! # `#[idempotent(skip)]` on a field
 //!
 //! Leaves the field out of [`SpecDiff::diff`](crate::resource::SpecDiff::diff) and
-//! [`SpecDiff::fingerprint`](crate::resource::SpecDiff::fingerprint): use it for fields that do
-//! not change the desired children (notes, hints).
+//! [`SpecDiff::fingerprint`](crate::resource::SpecDiff::fingerprint), and so out of the change
+//! predicate of [`Controller::for_derived`](crate::controller::Controller::for_derived): editing
+//! only skipped fields does not reconcile (`status.observedGeneration` then stays behind
+//! `metadata.generation` until the next reconcile). Use it for fields that do not change the
+//! desired children (notes, hints).
+//!
+//! # Generating the CRD
+//!
+//! [`crate::schema::crd`] instead of kube's `crd()`: a spec or status field whose type has no
+//! Kubernetes structural schema (an internally or adjacently tagged enum,
+//! `#[serde(tag = "...")]`) is an error naming the field, its type and what to write instead,
+//! where kube's `crd()` panics without naming either. `cargo xtask crds` uses it.
 //!
 //! # What is generated
 //!

@@ -10,6 +10,7 @@ pub mod key;
 pub mod metrics;
 pub mod queue;
 pub mod resource;
+pub mod schema;
 pub mod status;
 
 /// Derives [`resource::IdempotentResource`] for a kube `CustomResource`; see [`derive`](mod@derive) for

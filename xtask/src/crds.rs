@@ -10,8 +10,12 @@ use crate::generated::{self, File};
 pub const DIR: &str = "deploy/crds";
 
 /// One file per CRD, named after it (`tenants.tenancy.idem.dev.yaml`).
+///
+/// # Errors
+/// When a spec or status type has no structural schema: the error names the kind, the field,
+/// its type and what to write instead (see `idem_runtime::schema`).
 pub fn files() -> anyhow::Result<Vec<File>> {
-    idem_operator::resources::crds()
+    idem_operator::resources::try_crds()?
         .iter()
         .map(|crd| generated::yaml_file(&format!("{DIR}/{}.yaml", crd.name_any()), "crds", &[crd]))
         .collect()

@@ -1,5 +1,8 @@
 //! `cargo xtask manifests [--check]`: `deploy/operator/` — Namespace, ServiceAccount,
-//! least-privilege ClusterRole, ClusterRoleBinding and the Deployment with probes.
+//! least-privilege ClusterRole and its binding, the leader-election Role and its binding, the
+//! TenantApp ClusterRoles aggregated into `admin`/`edit`/`view`, the Deployment with probes,
+//! and the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
+//! manages.
 
 use std::path::Path;
 
@@ -13,37 +16,119 @@ pub const DIR: &str = "deploy/operator";
 pub const NAMESPACE: &str = "idem-system";
 /// The operator's name (ServiceAccount, ClusterRole, Deployment).
 pub const NAME: &str = "idem-operator";
+/// The Role (and RoleBinding) that lets the operator hold its leader-election Lease.
+pub const LEADER_ELECTION: &str = "idem-operator-leader-election";
+/// The ValidatingAdmissionPolicy (and its binding) that confines the operator's writes.
+pub const POLICY: &str = "idem-operator-managed-namespaces";
 
 /// The manifests, one file per object kind, in apply order.
 pub fn files() -> anyhow::Result<Vec<File>> {
     let labels = json!({"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "idem"});
-    let rules = serde_json::to_value(idem_operator::rbac::policy_rules())?;
+    use idem_operator::rbac;
+    use idem_operator::resources::{FIELD_MANAGER, MANAGED_BY_LABEL};
+    let rules = serde_json::to_value(rbac::policy_rules())?;
+    let lease_rules = serde_json::to_value(rbac::leader_election_rules())?;
+    let edit_rules = serde_json::to_value(rbac::tenant_app_edit_rules())?;
+    let view_rules = serde_json::to_value(rbac::tenant_app_view_rules())?;
+    let aggregated = |to: &[&str]| {
+        let mut l = labels.clone();
+        for role in to {
+            l[format!("rbac.authorization.k8s.io/aggregate-to-{role}")] = json!("true");
+        }
+        l
+    };
+    let service_account = format!("system:serviceaccount:{NAMESPACE}:{NAME}");
+    let managed = |obj: &str| {
+        format!(
+            "has({obj}.metadata.labels) && '{MANAGED_BY_LABEL}' in {obj}.metadata.labels \
+             && {obj}.metadata.labels['{MANAGED_BY_LABEL}'] == '{FIELD_MANAGER}'"
+        )
+    };
+    let operations = json!(["CREATE", "UPDATE", "DELETE"]);
+    let mut resource_rules = vec![json!({"apiGroups": [""], "apiVersions": ["*"],
+        "resources": ["namespaces"], "operations": operations})];
+    for (group, resources) in rbac::NAMESPACED_WRITES {
+        resource_rules.push(json!({"apiGroups": [group], "apiVersions": ["*"],
+            "resources": resources, "operations": operations}));
+    }
+    let label = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": POLICY, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": resource_rules},
+        "matchConditions": [{"name": "the-operator-only",
+            "expression": format!("request.userInfo.username == '{service_account}'")}],
+        "validations": [
+            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'CREATE' || ({})", managed("object")),
+             "message": format!("idem-operator may only create namespaces labelled {label}"),
+             "reason": "Forbidden"},
+            {"expression": format!("request.resource.resource != 'namespaces' || request.operation == 'CREATE' || ({})", managed("oldObject")),
+             "message": format!("idem-operator may only change or delete namespaces labelled {label}"),
+             "reason": "Forbidden"},
+            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || ({})", managed("object")),
+             "message": format!("idem-operator may not remove the label {label} from a namespace"),
+             "reason": "Forbidden"},
+            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && {})", managed("namespaceObject")),
+             "message": format!("idem-operator may only write into namespaces labelled {label}"),
+             "reason": "Forbidden"},
+        ],
+    }});
+    let policy_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY, "labels": labels},
+        "spec": {"policyName": POLICY, "validationActions": ["Deny"]}});
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
-    let objects: Vec<(&str, Value)> = vec![
+    let objects: Vec<(&str, Vec<Value>)> = vec![
         (
             "00-namespace",
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}),
+            vec![
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}),
+            ],
         ),
         (
             "01-serviceaccount",
-            json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels}}),
+            vec![json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels}})],
         ),
         (
             "02-clusterrole",
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": NAME, "labels": labels}, "rules": rules}),
+            vec![
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": NAME, "labels": labels}, "rules": rules}),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "idem-tenantapps-edit", "labels": aggregated(&["admin", "edit"])},
+                "rules": edit_rules}),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "idem-tenantapps-view", "labels": aggregated(&["view"])},
+                "rules": view_rules}),
+            ],
         ),
         (
             "03-clusterrolebinding",
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            vec![
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": NAME, "labels": labels},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
             "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}),
+            ],
+        ),
+        (
+            "03-leader-election-role",
+            vec![
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": LEADER_ELECTION, "namespace": NAMESPACE, "labels": labels},
+                "rules": lease_rules}),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": LEADER_ELECTION, "namespace": NAMESPACE, "labels": labels},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ELECTION},
+                "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}),
+            ],
         ),
         (
             "04-deployment",
-            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
             "spec": {
                 "replicas": 2,
@@ -69,12 +154,13 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                         }],
                     },
                 },
-            }}),
+            }})],
         ),
+        ("05-admission-policy", vec![policy, policy_binding]),
     ];
     objects
         .into_iter()
-        .map(|(name, obj)| generated::yaml_file(&format!("{DIR}/{name}.yaml"), "manifests", &[obj]))
+        .map(|(name, objs)| generated::yaml_file(&format!("{DIR}/{name}.yaml"), "manifests", &objs))
         .collect()
 }
 

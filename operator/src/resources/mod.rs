@@ -19,9 +19,26 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
 
 /// The CustomResourceDefinitions of every idem resource, in a stable order.
+///
+/// # Panics
+/// When a type has no structural schema (see [`try_crds`]; a test keeps it from happening).
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    use kube::CustomResourceExt;
-    vec![Tenant::crd(), TenantApp::crd()]
+    try_crds().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`crds`], with an error naming the field and type when a spec or status has no structural
+/// schema ([`idem_runtime::schema::crd`]), as `cargo xtask crds` reports it.
+///
+/// # Errors
+/// [`idem_runtime::schema::SchemaError`].
+pub fn try_crds() -> Result<
+    Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+    idem_runtime::schema::SchemaError,
+>{
+    Ok(vec![
+        idem_runtime::schema::crd::<Tenant>()?,
+        idem_runtime::schema::crd::<TenantApp>()?,
+    ])
 }

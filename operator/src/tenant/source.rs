@@ -1,14 +1,13 @@
 //! What the Tenant controller watches: Tenants, and its children (Namespaces, ResourceQuotas,
 //! LimitRanges, RoleBindings, NetworkPolicies) labelled `app.kubernetes.io/managed-by`.
 
-use idem_runtime::TenantKey;
 use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::{Controller, ControllerConfig};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 use crate::resources::{FIELD_MANAGER, Tenant};
 
@@ -17,10 +16,10 @@ pub fn children_config() -> watcher::Config {
     watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
 }
 
-/// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue,
-/// with `spec.weight` as its weight.
+/// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue (its
+/// derive's `tenant = name`), with `spec.weight` as its weight.
 pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenant> {
-    Controller::new(
+    Controller::for_derived(
         Api::<Tenant>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -29,7 +28,6 @@ pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenan
     .owns(Api::<LimitRange>::all(client.clone()), children_config())
     .owns(Api::<RoleBinding>::all(client.clone()), children_config())
     .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
-    .tenant_of(|t: &Tenant| TenantKey::new(t.name_any()))
     .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100) as u32)
     .with_config(config)
 }

@@ -1,15 +1,16 @@
 //! What the TenantApp controller watches: TenantApps, and their ConfigMaps, Deployments and
-//! Services labelled `app.kubernetes.io/managed-by`. The tenant of an app is the tenant label
-//! of its namespace (from the operator's namespace cache).
+//! Services labelled `app.kubernetes.io/managed-by`. The tenant of an app is what its derive's
+//! rule says (`tenant = namespace_label("tenancy.idem.dev/tenant")`), read from the operator's
+//! namespace cache, and only from namespaces a Tenant controls (see [`crate::context::tenant_of`]).
 
 use std::sync::Arc;
 
-use idem_runtime::TenantKey;
 use idem_runtime::controller::{Controller, ControllerConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 use crate::context::Context;
 use crate::resources::TenantApp;
@@ -22,17 +23,17 @@ pub fn controller(
     config: ControllerConfig,
 ) -> Controller<TenantApp> {
     let ctx = Arc::clone(ctx);
-    Controller::new(
+    Controller::for_derived(
         Api::<TenantApp>::all(client.clone()),
         watcher::Config::default(),
     )
     .owns(Api::<ConfigMap>::all(client.clone()), children_config())
     .owns(Api::<Deployment>::all(client.clone()), children_config())
     .owns(Api::<Service>::all(client.clone()), children_config())
-    .tenant_of(move |app: &TenantApp| {
-        let ns = app.namespace().unwrap_or_default();
-        ctx.tenant_of_namespace(&ns)
-            .unwrap_or_else(|| TenantKey::new(ns))
+    .namespace_labels(move |ns| {
+        let ns = ctx.namespaces.get(&ObjectRef::new(ns))?;
+        crate::context::tenant_of(&ns)?;
+        ns.metadata.labels.clone()
     })
     .with_config(config)
 }

@@ -28,6 +28,7 @@
 //! graceful with a report.
 
 mod action;
+mod derived;
 pub mod mapping;
 mod watch;
 mod worker;
@@ -44,7 +45,8 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
 pub use self::action::{Action, Attempt};
-use self::watch::{Shared, TenantFn, WatchTask, WeightFn};
+pub use self::derived::{NamespaceLabelsFn, change_fingerprint};
+use self::watch::{ChangeFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
 use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
@@ -115,6 +117,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + 'static> {
     children: Vec<ChildFactory<K>>,
     tenant_of: TenantFn<K>,
     weight_of: Option<WeightFn<K>>,
+    change_of: Option<ChangeFn<K>>,
     config: ControllerConfig,
     metrics: Option<Metrics>,
     synced: Option<tokio::sync::watch::Sender<bool>>,
@@ -134,6 +137,7 @@ where
             children: Vec::new(),
             tenant_of: Arc::new(|obj: &K| mapping::default_tenant(obj.meta())),
             weight_of: None,
+            change_of: None,
             config: ControllerConfig::default(),
             metrics: None,
             synced: None,
@@ -237,6 +241,7 @@ where
             store: store.clone(),
             tenant_of: self.tenant_of,
             weight_of: self.weight_of,
+            change_of: self.change_of,
         });
         let mut tasks = vec![watch::primary(
             self.api,

@@ -20,6 +20,9 @@ use crate::queue::{Priority, WorkQueue};
 
 /// Maps a primary object to its tenant.
 pub(crate) type TenantFn<K> = Arc<dyn Fn(&K) -> TenantKey + Send + Sync>;
+/// The change predicate of a primary object: a new value enqueues it (default
+/// [`fingerprint`] of its metadata).
+pub(crate) type ChangeFn<K> = Arc<dyn Fn(&K) -> u64 + Send + Sync>;
 /// Maps a primary object to its tenant's weight.
 pub(crate) type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
 
@@ -29,6 +32,7 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub store: Store<K>,
     pub tenant_of: TenantFn<K>,
     pub weight_of: Option<WeightFn<K>>,
+    pub change_of: Option<ChangeFn<K>>,
 }
 
 impl<K> Shared<K>
@@ -94,7 +98,10 @@ where
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
                     listed.insert(key.clone());
-                    let print = fingerprint(obj.meta());
+                    let print = match &shared.change_of {
+                        Some(change_of) => change_of(&obj),
+                        None => fingerprint(obj.meta()),
+                    };
                     if seen.insert(key.clone(), print) != Some(print) {
                         let tenant = shared.tenant(&obj);
                         shared.queue.add(&key, &tenant, Priority::Event);
