@@ -204,8 +204,17 @@ async fn a_paused_tenant_leaves_its_children_alone_until_resumed() {
         .await
         .unwrap();
     patch_spec(&client, &name, json!({"namespaces": ["a", "b"]})).await;
-    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // Not a sleep: this waits for the reconcile of the new generation (the condition's and the
+    // status' observedGeneration must equal it), which has seen both the spec change and the
+    // hand edit; it would have applied them before writing that status.
+    let generation = tenants::api(&client)
+        .get(&name)
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let stalled = tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+    assert_eq!(stalled.metadata.generation, generation);
     let hard = quotas.get(QUOTA).await.unwrap().spec.unwrap().hard.unwrap();
     assert_eq!(hard.get("pods").map(|q| q.0.as_str()), Some("99"));
     assert_eq!(labelled::<Namespace>(&client, &name).await.len(), 1);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{MANAGER, Widget, WidgetSpec, expect_exactly, install_widget, namespace};
+use common::{MANAGER, Widget, WidgetSpec, install_widget, namespace, wait_until};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -19,17 +19,25 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 const FINALIZER: &str = "test.idem.dev/cleanup";
-const WAIT: Duration = Duration::from_secs(30);
-const SETTLE: Duration = Duration::from_secs(3);
+const WAIT: Duration = Duration::from_secs(60);
+/// The widget (and its child ConfigMap) whose reconciles serve as a barrier, see [`Barrier`].
+const SENTINEL: &str = "zz-sentinel";
 
 struct Seen {
+    /// Reconciles of everything but the sentinel.
     count: Arc<AtomicUsize>,
+    /// Reconciles of the sentinel.
+    sentinel: AtomicUsize,
     /// (name, generation, deleting) per reconcile, in order.
     log: Mutex<Vec<(String, i64, bool)>>,
     api: Api<Widget>,
 }
 
 async fn record(obj: Arc<Widget>, ctx: Arc<Seen>, _: Attempt) -> Result<Action, kube::Error> {
+    if obj.name_any() == SENTINEL {
+        ctx.sentinel.fetch_add(1, Ordering::SeqCst);
+        return Ok(Action::await_change());
+    }
     let deleting = obj.meta().deletion_timestamp.is_some();
     ctx.log.lock().unwrap().push((
         obj.name_any(),
@@ -51,6 +59,94 @@ async fn record(obj: Arc<Widget>, ctx: Arc<Seen>, _: Attempt) -> Result<Action, 
     Ok(Action::await_change())
 }
 
+/// A barrier for "this event triggered no reconcile": with one worker and every widget in one
+/// tenant (the namespace), keys are reconciled in the order their watch events were handled.
+/// An edit of the sentinel (and of its child) made after the event under test comes later in
+/// the same watch stream, so once the sentinel has been reconciled for it, any reconcile the
+/// earlier event caused has already run.
+struct Barrier {
+    widgets: Api<Widget>,
+    cms: Api<ConfigMap>,
+    round: i64,
+}
+
+impl Barrier {
+    async fn new(widgets: &Api<Widget>, cms: &Api<ConfigMap>, seen: &Seen) -> Self {
+        let w = widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new(SENTINEL, WidgetSpec { value: 0 }),
+            )
+            .await
+            .unwrap();
+        let child = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(SENTINEL.into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "test.idem.dev/v1".into(),
+                    kind: "Widget".into(),
+                    name: SENTINEL.into(),
+                    uid: w.uid().unwrap(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        cms.create(&PostParams::default(), &child).await.unwrap();
+        wait_until("the sentinel's first reconcile", WAIT, || {
+            seen.sentinel.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        Self {
+            widgets: widgets.clone(),
+            cms: cms.clone(),
+            round: 0,
+        }
+    }
+
+    /// Passes once every watch event handled before now (primary and child) has been
+    /// reconciled, if it caused a reconcile at all.
+    async fn pass(&mut self, seen: &Seen) {
+        self.round += 1;
+        let spec = json!({"spec": {"value": self.round}});
+        let before = seen.sentinel.load(Ordering::SeqCst);
+        self.widgets
+            .patch(SENTINEL, &PatchParams::default(), &Patch::Merge(&spec))
+            .await
+            .unwrap();
+        wait_until("the sentinel's spec reconcile", WAIT, || {
+            seen.sentinel.load(Ordering::SeqCst) > before
+        })
+        .await;
+        let before = seen.sentinel.load(Ordering::SeqCst);
+        let data = json!({"data": {"round": self.round.to_string()}});
+        self.cms
+            .patch(SENTINEL, &PatchParams::default(), &Patch::Merge(&data))
+            .await
+            .unwrap();
+        wait_until("the sentinel's child reconcile", WAIT, || {
+            seen.sentinel.load(Ordering::SeqCst) > before
+        })
+        .await;
+    }
+}
+
+/// Waits for `want` reconciles, passes the barrier, and checks there was no other.
+async fn expect_exactly(seen: &Seen, barrier: &mut Barrier, want: usize, what: &str) {
+    wait_until(&format!("{what}: {want} reconciles"), WAIT, || {
+        seen.count.load(Ordering::SeqCst) >= want
+    })
+    .await;
+    barrier.pass(seen).await;
+    assert_eq!(
+        seen.count.load(Ordering::SeqCst),
+        want,
+        "{what}: extra reconciles"
+    );
+}
+
 fn quiet_config() -> ControllerConfig {
     ControllerConfig {
         workers: 2,
@@ -68,25 +164,30 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let seen = Arc::new(Seen {
         count: Arc::new(AtomicUsize::new(0)),
+        sentinel: AtomicUsize::new(0),
         log: Mutex::new(Vec::new()),
         api: widgets.clone(),
     });
-    let count = Arc::clone(&seen.count);
     let (stop, stopped) = oneshot::channel::<()>();
     let controller = tokio::spawn(
         Controller::new(widgets.clone(), watcher::Config::default())
             .owns(cms.clone(), watcher::Config::default())
-            .with_config(quiet_config())
+            .with_config(ControllerConfig {
+                workers: 1, // the barrier needs one worker (see `Barrier`)
+                per_tenant_cap: 1,
+                ..quiet_config()
+            })
             .run(record, Arc::clone(&seen), async {
                 let _ = stopped.await;
             }),
     );
+    let mut barrier = Barrier::new(&widgets, &cms, &seen).await;
 
     // 1. Create → one reconcile.
     let mut w = Widget::new("w1", WidgetSpec { value: 1 });
     w.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let w = widgets.create(&PostParams::default(), &w).await.unwrap();
-    expect_exactly(&count, 1, WAIT, SETTLE, "create").await;
+    expect_exactly(&seen, &mut barrier, 1, "create").await;
 
     // 2. Spec update → one reconcile, of the new generation.
     let spec = json!({"spec": {"value": 2}});
@@ -94,7 +195,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         .patch("w1", &PatchParams::default(), &Patch::Merge(&spec))
         .await
         .unwrap();
-    expect_exactly(&count, 2, WAIT, SETTLE, "spec update").await;
+    expect_exactly(&seen, &mut barrier, 2, "spec update").await;
     assert_eq!(seen.log.lock().unwrap()[1], ("w1".into(), 2, false));
 
     // 3. A status-only write → no reconcile (rule 8).
@@ -103,7 +204,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         .patch_status("w1", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    expect_exactly(&count, 2, WAIT, SETTLE, "status-only write").await;
+    expect_exactly(&seen, &mut barrier, 2, "status-only write").await;
 
     // 4. Creating an owned child → one reconcile of the owner; editing it → one more.
     let owner = OwnerReference {
@@ -124,7 +225,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         ..ConfigMap::default()
     };
     cms.create(&PostParams::default(), &child).await.unwrap();
-    expect_exactly(&count, 3, WAIT, SETTLE, "child created").await;
+    expect_exactly(&seen, &mut barrier, 3, "child created").await;
     let edit = json!({"data": {"k": "v2"}});
     cms.patch(
         "w1-child",
@@ -133,7 +234,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
     )
     .await
     .unwrap();
-    expect_exactly(&count, 4, WAIT, SETTLE, "child edited").await;
+    expect_exactly(&seen, &mut barrier, 4, "child edited").await;
 
     // 5. A ConfigMap nobody owns → nothing.
     let stray = ConfigMap {
@@ -144,7 +245,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         ..ConfigMap::default()
     };
     cms.create(&PostParams::default(), &stray).await.unwrap();
-    expect_exactly(&count, 4, WAIT, SETTLE, "unowned configmap").await;
+    expect_exactly(&seen, &mut barrier, 4, "unowned configmap").await;
 
     // 6. Delete → one reconcile that sees deletionTimestamp and drops the finalizer; the
     //    object's disappearance (and its child's garbage collection) reconcile nothing.
@@ -152,7 +253,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         .delete("w1", &DeleteParams::default())
         .await
         .unwrap();
-    expect_exactly(&count, 5, WAIT, SETTLE, "delete").await;
+    expect_exactly(&seen, &mut barrier, 5, "delete").await;
     assert!(
         seen.log.lock().unwrap()[4].2,
         "the fifth reconcile saw the deletion"
@@ -167,7 +268,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
         gone.is_ok(),
         "widget deleted after its finalizer was removed"
     );
-    expect_exactly(&count, 5, WAIT, SETTLE, "after deletion").await;
+    expect_exactly(&seen, &mut barrier, 5, "after deletion").await;
 
     stop.send(()).unwrap();
     let report = controller.await.unwrap().unwrap();

@@ -2,8 +2,6 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -90,28 +88,17 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
     name
 }
 
-/// Poll until `counter` reaches `want` (fail after `timeout`), then wait `settle` and check
-/// it did not move past `want`: "exactly `want`".
-pub async fn expect_exactly(
-    counter: &Arc<AtomicUsize>,
-    want: usize,
-    timeout: Duration,
-    settle: Duration,
-    what: &str,
-) {
+/// Polls `done` every 50 ms until it holds.
+///
+/// # Panics
+/// After `timeout`, naming `what`.
+pub async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + timeout;
-    while counter.load(Ordering::SeqCst) < want {
+    while !done() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what}: waited {timeout:?} for {want} reconciles, saw {}",
-            counter.load(Ordering::SeqCst)
+            "waited {timeout:?} for {what}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(settle).await;
-    assert_eq!(
-        counter.load(Ordering::SeqCst),
-        want,
-        "{what}: extra reconciles"
-    );
 }

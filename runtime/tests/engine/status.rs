@@ -78,8 +78,12 @@ async fn last_transition_time_moves_only_when_status_flips() {
     let t0 = condition(&w, "Ready").last_transition_time.clone();
     assert_eq!(condition(&w, "Ready").status, "True");
 
-    // metav1.Time has one-second resolution: wait past it so a moved time would show.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // metav1.Time has one-second resolution: wait until the clock is past t0's second, so
+    // that a moved time would show.
+    let t0_second = t0.0.as_second();
+    while k8s_openapi::jiff::Timestamp::now().as_second() <= t0_second {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (_, outcome) = reconcile(&client, &w).await.expect("reconcile");
     assert!(matches!(outcome, StatusOutcome::Unchanged), "{outcome:?}");
     // Same status, another reason: written, time kept.
