@@ -45,10 +45,10 @@ async fn both_ready_one_leader(
         }
         let holder = holder(client, ns).await;
         let leaders: Vec<usize> = (0..2).filter(|&i| state[i].1 == Some(true)).collect();
-        if let ([(true, Some(_)), (true, Some(_))], [l]) = (&state[..], &leaders[..]) {
-            if holder.as_deref() == Some(replicas[*l].name.as_str()) {
-                return (*l, 1 - *l);
-            }
+        if let ([(true, Some(_)), (true, Some(_))], [l]) = (&state[..], &leaders[..])
+            && holder.as_deref() == Some(replicas[*l].name.as_str())
+        {
+            return (*l, 1 - *l);
         }
         assert!(
             tokio::time::Instant::now() < deadline,

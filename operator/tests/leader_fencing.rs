@@ -52,13 +52,13 @@ async fn operator_writes() -> BTreeMap<String, u64> {
         if !idem_tests::metrics::WRITE_VERBS.contains(&verb.as_str()) {
             continue;
         }
-        let ours = match (group.as_str(), resource.as_str(), sub.as_str()) {
-            ("", "namespaces" | "resourcequotas" | "limitranges", "") => true,
-            ("networking.k8s.io", "networkpolicies", "")
-            | ("rbac.authorization.k8s.io", "rolebindings", "") => true,
-            ("tenancy.idem.dev", _, "status") => true,
-            _ => false,
-        };
+        let ours = matches!(
+            (group.as_str(), resource.as_str(), sub.as_str()),
+            ("", "namespaces" | "resourcequotas" | "limitranges", "")
+                | ("networking.k8s.io", "networkpolicies", "")
+                | ("rbac.authorization.k8s.io", "rolebindings", "")
+                | ("tenancy.idem.dev", _, "status")
+        );
         if ours {
             let v: f64 = value.trim().parse().unwrap_or(0.0);
             *out.entry(format!("{verb} {group}/{resource}/{sub}"))

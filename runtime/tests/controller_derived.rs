@@ -28,9 +28,7 @@ use tokio::sync::oneshot;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A derived test kind whose tenant is a spec field and which has a skipped field.
-#[derive(
-    CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema,
-)]
+#[derive(CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
 #[kube(
     group = "test.idem.dev",
     version = "v1",
@@ -151,10 +149,7 @@ async fn the_derived_tenant_is_used_and_a_skip_field_edit_does_not_reconcile() {
         .await
         .unwrap();
     wait_until("g1's reconcile of size 2", WAIT, || {
-        log.lock()
-            .unwrap()
-            .iter()
-            .any(|e| e.0 == "g1" && e.2 == 2)
+        log.lock().unwrap().iter().any(|e| e.0 == "g1" && e.2 == 2)
     })
     .await;
     stop.send(()).unwrap();

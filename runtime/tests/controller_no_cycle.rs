@@ -60,7 +60,10 @@ async fn barrier(echoes: &Api<Echo>, ctx: &Ctx, round: i64) {
     let before = ctx.sentinel.load(Ordering::SeqCst);
     if round == 0 {
         let sentinel = Echo::new(SENTINEL, EchoSpec { value: 0 });
-        echoes.create(&PostParams::default(), &sentinel).await.unwrap();
+        echoes
+            .create(&PostParams::default(), &sentinel)
+            .await
+            .unwrap();
     } else {
         let spec = json!({"spec": {"value": round}});
         echoes
