@@ -102,3 +102,62 @@ where
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// An inner service that answers 200 to everything and counts the calls.
+    #[derive(Clone, Default)]
+    struct Ok200(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Service<Request<Body>> for Ok200 {
+        type Response = Response<Body>;
+        type Error = BoxError;
+        type Future = Ready<Result<Response<Body>, BoxError>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            ready(Ok(Response::new(Body::empty())))
+        }
+    }
+
+    fn request(method: Method) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri("/api/v1/namespaces")
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn writes_pass_only_while_the_lease_is_valid_and_reads_always() {
+        let fence = Arc::new(Fence::default());
+        let inner = Ok200::default();
+        let mut svc = FenceLayer::new(Arc::clone(&fence)).layer(inner.clone());
+        // Never held: writes refused, reads pass.
+        let err = svc.call(request(Method::POST)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("POST /api/v1/namespaces refused"),
+            "{err}"
+        );
+        svc.call(request(Method::GET)).await.unwrap();
+        // Held: writes pass.
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            svc.call(request(m)).await.unwrap();
+        }
+        // Expired by this replica's clock (a pause longer than the lease): refused again.
+        fence.extend(Instant::now() - Duration::from_millis(1));
+        assert!(svc.call(request(Method::PATCH)).await.is_err());
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        fence.revoke();
+        assert!(svc.call(request(Method::DELETE)).await.is_err());
+        assert_eq!(fence.refused.get(), 3);
+        assert_eq!(inner.0.load(std::sync::atomic::Ordering::SeqCst), 5);
+    }
+}

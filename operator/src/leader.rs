@@ -72,11 +72,11 @@ impl Fence {
         self.lock().is_some_and(|until| Instant::now() < until)
     }
 
-    fn extend(&self, until: Instant) {
+    pub(crate) fn extend(&self, until: Instant) {
         *self.lock() = Some(until);
     }
 
-    fn revoke(&self) {
+    pub(crate) fn revoke(&self) {
         *self.lock() = None;
     }
 }

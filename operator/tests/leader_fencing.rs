@@ -142,6 +142,28 @@ async fn a_deposed_leader_sends_no_write_after_the_hijack_is_observable() {
     tenants::create(&client, &first, full_spec(&["x"])).await;
     tenants::wait_ready(&client, &first).await;
 
+    // Pause it in the middle of work: reconciles that have read but not yet written resume
+    // with their writes when it wakes (the issue's stale quota apply), unless fenced.
+    let busy: Vec<String> = (0..4)
+        .map(|i| unique_name(&format!("fence-busy{i}")))
+        .collect();
+    for name in &busy {
+        tenants::create(&client, name, full_spec(&["p", "q", "r"])).await;
+    }
+    let ns_api = Api::<Namespace>::all(client.clone());
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while ns_api
+        .get_opt(&format!("{}-p", busy[0]))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no busy tenant started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     op.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     hijack(&client, &ns).await;
