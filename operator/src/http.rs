@@ -1,5 +1,7 @@
 //! The operator's HTTP endpoints: `/metrics` (Prometheus text format), `/healthz` (the process
-//! serves requests) and `/readyz` (every controller's caches have synced).
+//! serves requests) and `/readyz` (ready to serve as a replica: with leader election as soon as
+//! it takes part in the election, leader or standby — readiness does not depend on leadership,
+//! controller-runtime's convention; without it once every controller's caches have synced).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,7 +49,7 @@ async fn readyz(State(e): State<Endpoints>) -> (StatusCode, &'static str) {
     if *e.ready.borrow() {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
     }
 }
 

@@ -56,7 +56,8 @@ struct RunArgs {
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
-    /// How long shutdown waits for in-flight reconciles (SIGTERM → exit).
+    /// How long shutdown waits for in-flight reconciles (SIGTERM → exit); lost leadership
+    /// cancels them at once.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
 }

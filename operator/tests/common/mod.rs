@@ -195,7 +195,8 @@ impl Operator {
         }
     }
 
-    /// Waits until `/readyz` answers 200 (caches synced, so: leader, if electing).
+    /// Waits until `/readyz` answers 200 (caches synced; with leader election a standby is
+    /// ready too, see `idem_operator::manager::run`).
     pub async fn wait_ready(&mut self) {
         let addr = self.addr;
         let task = self.task.as_ref().expect("running");
