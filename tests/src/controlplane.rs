@@ -18,10 +18,13 @@ use crate::process::{self, Lifetime, Process, STOP_GRACE};
 use crate::readiness;
 use crate::state::{self, State};
 
-/// The service CIDR given to the API server and controller-manager.
+/// The default service CIDR given to the API server and controller-manager (254 Services;
+/// see [`Options::service_cidr`]).
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 /// The first address of [`SERVICE_CIDR`]: the `kubernetes` Service's ClusterIP.
 pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// A service CIDR for big runs: 65,534 Services.
+pub const LARGE_SERVICE_CIDR: &str = "10.0.0.0/16";
 /// Annotation that tells kwok to manage a Node (kwok's own convention).
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
@@ -35,6 +38,55 @@ pub struct Options {
     pub nodes: u32,
     /// Where run directories go (default [`state::root`]: `$TMPDIR/idem-controlplane/`).
     pub run_root: PathBuf,
+    /// The IPv4 service CIDR (`--service-cluster-ip-range` of the API server and the
+    /// controller-manager), default [`SERVICE_CIDR`] (a /24: 254 Services, fast to start);
+    /// [`LARGE_SERVICE_CIDR`] (a /16) holds thousands. Its first address is the `kubernetes`
+    /// Service's ClusterIP and goes into the serving certificate. Prefix lengths 12–28 (the
+    /// API server refuses IPv4 ranges wider than /12).
+    pub service_cidr: String,
+    /// Extra feature gates, each `Name=true|false`, given as `--feature-gates` to the API
+    /// server, controller-manager and scheduler (default none).
+    pub feature_gates: Vec<String>,
+}
+
+impl Options {
+    /// The service CIDR's first usable address (the `kubernetes` Service's ClusterIP).
+    ///
+    /// # Errors
+    /// [`Error::Options`] when [`Options::service_cidr`] is not `a.b.c.d/p` with `p` in 12–28.
+    pub fn service_ip(&self) -> Result<Ipv4Addr> {
+        let bad = || {
+            Error::Options(format!(
+                "service CIDR {:?} must be an IPv4 network a.b.c.d/p with p from 12 to 28",
+                self.service_cidr
+            ))
+        };
+        let (addr, prefix) = self.service_cidr.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u32 = prefix.parse().map_err(|_| bad())?;
+        if !(12..=28).contains(&prefix) {
+            return Err(bad());
+        }
+        let mask = u32::MAX << (32 - prefix);
+        Ok(Ipv4Addr::from((u32::from(addr) & mask) + 1))
+    }
+
+    /// Checks the feature gates' `Name=true|false` shape.
+    fn check_feature_gates(&self) -> Result<()> {
+        for gate in &self.feature_gates {
+            let ok = gate.split_once('=').is_some_and(|(name, value)| {
+                !name.is_empty()
+                    && name.chars().all(|c| c.is_ascii_alphanumeric())
+                    && matches!(value, "true" | "false")
+            });
+            if !ok {
+                return Err(Error::Options(format!(
+                    "feature gate {gate:?} must be Name=true or Name=false"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for Options {
@@ -43,6 +95,8 @@ impl Default for Options {
             lifetime: Lifetime::Attached,
             nodes: 2,
             run_root: state::root(),
+            service_cidr: SERVICE_CIDR.to_owned(),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -98,11 +152,14 @@ impl ControlPlane {
     /// may be called from inside a Tokio runtime.
     ///
     /// # Errors
-    /// Build errors from [`binaries::ensure_built`]; [`Error::NotReady`] with the tail of the
+    /// [`Error::Options`] for an invalid service CIDR or feature gate (nothing started);
+    /// build errors from [`binaries::ensure_built`]; [`Error::NotReady`] with the tail of the
     /// failing component's log when a process exits or does not become ready in time
     /// (everything already started is stopped again); [`Error::Io`] / [`Error::Pki`] for local
     /// failures.
     pub fn start_with(options: Options) -> Result<Self> {
+        options.service_ip()?;
+        options.check_feature_gates()?;
         let bins = binaries::ensure_built()?;
         let lifetime = options.lifetime;
         let run_dir = match lifetime {
@@ -260,7 +317,10 @@ fn launch(
     run_dir: &Path,
     procs: &mut Vec<Process>,
 ) -> Result<Info> {
-    let pki = Pki::generate(&run_dir.join("pki"), SERVICE_IP)?;
+    let pki = Pki::generate(&run_dir.join("pki"), options.service_ip()?)?;
+    let service_cidr = &options.service_cidr;
+    let gates = (!options.feature_gates.is_empty())
+        .then(|| format!("--feature-gates={}", options.feature_gates.join(",")));
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(Error::io("creating the log directory"))?;
     let [etcd_client, etcd_peer, api, kcm, sched, kwok] = [(); 6].map(|_| free_port());
@@ -317,14 +377,17 @@ fn launch(
             format!("--tls-cert-file={}", p(&pki.serving_cert)),
             format!("--tls-private-key-file={}", p(&pki.serving_key)),
             format!("--client-ca-file={}", p(&pki.ca_cert)),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={service_cidr}"),
             format!("--service-account-issuer={server}"),
             format!("--service-account-key-file={}", p(&pki.sa_pub)),
             format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
             "--authorization-mode=RBAC".into(),
             "--allow-privileged=true".into(),
             "--v=1".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(gates.clone())
+        .collect(),
     )?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -347,6 +410,9 @@ fn launch(
             "--leader-elect=false".into(),
             "--v=1".into(),
         ]
+        .into_iter()
+        .chain(gates.clone())
+        .collect::<Vec<String>>()
     };
     let mut kcm_args = common(kcm);
     kcm_args.extend([
@@ -355,7 +421,7 @@ fn launch(
         format!("--root-ca-file={}", p(&pki.ca_cert)),
         format!("--cluster-signing-cert-file={}", p(&pki.ca_cert)),
         format!("--cluster-signing-key-file={}", p(&pki.ca_key)),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        format!("--service-cluster-ip-range={service_cidr}"),
         "--use-service-account-credentials=false".into(),
     ]);
     spawn(procs, "kube-controller-manager", kcm_args)?;
@@ -410,4 +476,55 @@ fn launch(
 /// The kubeconfig a started control plane wrote (used by the CLI to print instructions).
 pub fn load_kubeconfig(path: &Path) -> Result<Kubeconfig> {
     Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_cidr(cidr: &str) -> Options {
+        Options {
+            service_cidr: cidr.into(),
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn service_ip_is_the_first_address_of_the_range() {
+        assert_eq!(Options::default().service_ip().unwrap(), SERVICE_IP);
+        assert_eq!(
+            with_cidr(LARGE_SERVICE_CIDR).service_ip().unwrap(),
+            SERVICE_IP
+        );
+        assert_eq!(
+            with_cidr("10.96.3.7/12").service_ip().unwrap(),
+            Ipv4Addr::new(10, 96, 0, 1)
+        );
+    }
+
+    #[test]
+    fn bad_service_cidrs_and_feature_gates_are_refused_before_starting() {
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/8",
+            "10.0.0.0/30",
+            "fd00::/108",
+            "x/16",
+        ] {
+            assert!(
+                matches!(with_cidr(bad).service_ip(), Err(Error::Options(_))),
+                "{bad}"
+            );
+        }
+        let gates = |g: &str| Options {
+            feature_gates: vec![g.into()],
+            ..Options::default()
+        };
+        assert!(gates("WatchList=true").check_feature_gates().is_ok());
+        for bad in ["WatchList", "WatchList=yes", "=true", "a b=true"] {
+            assert!(gates(bad).check_feature_gates().is_err(), "{bad}");
+        }
+        let err = ControlPlane::start_with(gates("Nope")).unwrap_err();
+        assert!(matches!(err, Error::Options(_)), "{err}");
+    }
 }

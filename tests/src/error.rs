@@ -6,6 +6,9 @@ use std::path::PathBuf;
 /// plane. Each variant says what to do about it in its message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A start option is invalid (service CIDR, feature gate); nothing was started.
+    #[error("invalid control-plane option: {0}")]
+    Options(String),
     /// `go` is not on `PATH` (or `$IDEM_GO`): the control plane is built from Go modules.
     #[error(
         "Go is not installed (looked for `{0}`): idem builds its local control plane from Go modules; install Go >= 1.26"

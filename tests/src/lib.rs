@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use cluster::{create_namespace, install_crd};
 pub use controlplane::{
-    ControlPlane, KWOK_NODE_ANNOTATION, Options, SERVICE_CIDR, SERVICE_IP, down, load_kubeconfig,
+    ControlPlane, KWOK_NODE_ANNOTATION, LARGE_SERVICE_CIDR, Options, SERVICE_CIDR, SERVICE_IP,
+    down, load_kubeconfig,
 };
 pub use error::{Error, Result};
 pub use process::Lifetime;

@@ -33,6 +33,53 @@ pub fn writes(metrics_text: &str, group: &str, resource: &str) -> u64 {
         .sum()
 }
 
+/// Every `apiserver_request_total` sample's verb, group, resource and subresource with its
+/// value (summed over the other labels: code, scope, version, …), for callers that slice the
+/// counts their own way.
+pub fn all_requests(metrics_text: &str) -> Vec<RequestCount> {
+    let mut out: Vec<RequestCount> = Vec::new();
+    for s in samples(metrics_text, "apiserver_request_total") {
+        let get = |k| s.label(k).unwrap_or_default().to_owned();
+        let (verb, group, resource, subresource) = (
+            get("verb"),
+            get("group"),
+            get("resource"),
+            get("subresource"),
+        );
+        match out.iter_mut().find(|c| {
+            c.verb == verb
+                && c.group == group
+                && c.resource == resource
+                && c.subresource == subresource
+        }) {
+            Some(c) => c.count += s.value as u64,
+            None => out.push(RequestCount {
+                verb,
+                group,
+                resource,
+                subresource,
+                count: s.value as u64,
+            }),
+        }
+    }
+    out
+}
+
+/// Requests of one verb on one resource (and subresource), as [`all_requests`] returns them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestCount {
+    /// `GET`, `LIST`, `WATCH`, `POST`, `PUT`, `PATCH`, `APPLY`, `DELETE`, …
+    pub verb: String,
+    /// API group, `""` for the core group.
+    pub group: String,
+    /// Plural resource name, e.g. `namespaces`.
+    pub resource: String,
+    /// Subresource, e.g. `status`; `""` for the object itself.
+    pub subresource: String,
+    /// How many requests.
+    pub count: u64,
+}
+
 /// One sample line of the Prometheus text format: `name{k="v",...} value`.
 #[derive(Debug)]
 struct Sample<'a> {
@@ -94,6 +141,20 @@ apiserver_request_total_other{group="",resource="configmaps",verb="POST"} 99
         assert_eq!(requests(TEXT, "GET", "", "configmaps"), 40);
         assert_eq!(requests(TEXT, "PUT", "apps", "deployments"), 5);
         assert_eq!(requests(TEXT, "PUT", "", "deployments"), 0);
+    }
+
+    #[test]
+    fn all_requests_keep_subresources_apart() {
+        let all = all_requests(TEXT);
+        let find = |verb: &str, resource: &str, sub: &str| {
+            all.iter()
+                .find(|c| c.verb == verb && c.resource == resource && c.subresource == sub)
+                .map(|c| c.count)
+        };
+        assert_eq!(find("POST", "configmaps", ""), Some(3));
+        assert_eq!(find("PUT", "deployments", "status"), Some(5));
+        assert_eq!(find("PUT", "deployments", ""), None);
+        assert_eq!(all.len(), 4);
     }
 
     #[test]

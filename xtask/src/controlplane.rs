@@ -15,9 +15,21 @@ pub enum Cmd {
         /// Leave it running in the background and return; stop it with `down`.
         #[arg(long)]
         detach: bool,
-        /// How many kwok fake nodes to register.
+        /// How many kwok fake nodes to register (110 pods each).
         #[arg(long, default_value_t = 2)]
         nodes: u32,
+        /// The IPv4 service CIDR, prefix length 12–28 (e.g. `10.0.0.0/16` for thousands of
+        /// Services).
+        #[arg(long, default_value = idem_tests::SERVICE_CIDR)]
+        service_cidr: String,
+        /// Extra feature gates for the API server, controller-manager and scheduler
+        /// (`Name=true`; repeat the flag or separate with commas).
+        #[arg(long, value_delimiter = ',')]
+        feature_gates: Vec<String>,
+        /// Size it for `cargo xtask bench --tenants 2000` and 300+ TenantApps: a /16 service
+        /// range and 20 kwok nodes (2,200 pods), unless given explicitly.
+        #[arg(long)]
+        large: bool,
     },
     /// Stop the detached control plane and remove its files.
     Down,
@@ -31,7 +43,29 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             println!("control plane binaries are in {}", bins.dir().display());
             Ok(())
         }
-        Cmd::Up { detach, nodes } => up(detach, nodes),
+        Cmd::Up {
+            detach,
+            nodes,
+            service_cidr,
+            feature_gates,
+            large,
+        } => {
+            let mut options = Options {
+                lifetime: if detach {
+                    Lifetime::Detached
+                } else {
+                    Lifetime::Attached
+                },
+                nodes,
+                service_cidr,
+                feature_gates,
+                ..Options::default()
+            };
+            if large {
+                options = large_options(options);
+            }
+            up(options)
+        }
         Cmd::Down => {
             let stopped = idem_tests::down(&idem_tests::state::root())?;
             println!("stopped {}", stopped.join(", "));
@@ -40,18 +74,29 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
-fn up(detach: bool, nodes: u32) -> anyhow::Result<()> {
-    let lifetime = if detach {
-        Lifetime::Detached
-    } else {
-        Lifetime::Attached
-    };
-    eprintln!("starting the local control plane…");
-    let cp = ControlPlane::start_with(Options {
-        lifetime,
-        nodes,
-        ..Options::default()
-    })?;
+/// Kwok nodes of a large control plane: 20 × 110 = 2,200 pods.
+pub const LARGE_NODES: u32 = 20;
+
+/// `options` sized for big runs: a /16 service range and [`LARGE_NODES`] kwok nodes, where
+/// they are still at their defaults.
+pub fn large_options(mut options: Options) -> Options {
+    let defaults = Options::default();
+    if options.service_cidr == defaults.service_cidr {
+        options.service_cidr = idem_tests::LARGE_SERVICE_CIDR.to_owned();
+    }
+    if options.nodes == defaults.nodes {
+        options.nodes = LARGE_NODES;
+    }
+    options
+}
+
+fn up(options: Options) -> anyhow::Result<()> {
+    let detach = options.lifetime == Lifetime::Detached;
+    eprintln!(
+        "starting the local control plane ({} kwok nodes, services {})…",
+        options.nodes, options.service_cidr
+    );
+    let cp = ControlPlane::start_with(options)?;
     let kubectl = binaries::ensure_built()?.path("kubectl");
     println!("control plane ready at {}", cp.server());
     println!("  kubeconfig: {}", cp.kubeconfig_path().display());

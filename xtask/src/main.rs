@@ -1,5 +1,6 @@
 //! `cargo xtask`: idem's developer tasks, one subcommand each.
 
+mod bench;
 mod controlplane;
 mod crds;
 mod dev;
@@ -26,6 +27,10 @@ enum Command {
     /// operator, apply `examples/`, wait until every example is Ready and print a table; keep
     /// running until Ctrl-C (which tears everything down) unless `--once`.
     Dev(dev::Args),
+    /// idem's side-by-side benchmark: the same BaseTenant controller on idem's runtime and on a
+    /// plain kube-runtime `Controller`, against one local control plane; prints ratios idem ÷
+    /// peer per scenario and writes `target/bench/report.html` (`--quick`: under 3 minutes).
+    Bench(bench::Args),
     /// Write `deploy/crds/*.yaml` from the Rust types (`--check`: fail if they are stale).
     Crds {
         /// Only check that the committed files are current.
@@ -44,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Controlplane(cmd) => controlplane::run(cmd),
         Command::Dev(args) => dev::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Crds { check } => crds::run(&generated::repo_root(), check),
         Command::Manifests { check } => manifests::run(&generated::repo_root(), check),
     }

@@ -2,8 +2,8 @@
 //! operator, the examples — converged, tabulated, and kept running until Ctrl-C.
 
 mod apply;
-mod operator;
-mod progress;
+pub(crate) mod operator;
+pub(crate) mod progress;
 mod report;
 
 use std::ffi::OsString;

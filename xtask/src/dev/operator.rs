@@ -29,6 +29,15 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 /// # Errors
 /// When cargo cannot be started or the build fails (with the tail of cargo's output).
 pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
+    build_bin(bar, "idem-operator", "idem-operator")
+}
+
+/// Builds binary `bin` of workspace package `package` as [`build`] builds the operator and
+/// returns its path.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_bin(bar: &ProgressBar, package: &str, bin: &str) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // SIGTERM to cargo if `dev` dies mid-build, so no orphaned build keeps the machine busy.
     let mut cmd = dying_with_parent(Path::new(&cargo), "TERM");
@@ -44,9 +53,9 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
         .args([
             "build",
             "--package",
-            "idem-operator",
+            package,
             "--bin",
-            "idem-operator",
+            bin,
             "--message-format=json-render-diagnostics",
         ])
         .current_dir(crate::generated::repo_root())
@@ -54,15 +63,16 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting `cargo build -p idem-operator`")?;
+        .with_context(|| format!("starting `cargo build -p {package}`"))?;
     let stdout = child.stdout.take().context("cargo stdout")?;
     let stderr = child.stderr.take().context("cargo stderr")?;
     // cargo's human output (`Compiling …`, errors) goes to stderr: show it as progress.
     let progress = bar.clone();
+    let bin_name = bin.to_owned();
     let errors = std::thread::spawn(move || {
         let mut tail: Vec<String> = Vec::new();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            progress.set_message(format!("building idem-operator: {}", line.trim()));
+            progress.set_message(format!("building {bin_name}: {}", line.trim()));
             tail.push(line);
             if tail.len() > 40 {
                 tail.remove(0);
@@ -77,7 +87,7 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
             continue;
         };
         if msg["reason"] == "compiler-artifact"
-            && msg["target"]["name"] == "idem-operator"
+            && msg["target"]["name"] == bin
             && let Some(path) = msg["executable"].as_str()
         {
             executable = Some(PathBuf::from(path));
@@ -86,9 +96,9 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
     let status = child.wait().context("waiting for cargo")?;
     let tail = errors.join().unwrap_or_default();
     if !status.success() {
-        bail!("`cargo build -p idem-operator` failed ({status}):\n{tail}");
+        bail!("`cargo build -p {package}` failed ({status}):\n{tail}");
     }
-    executable.context("cargo built idem-operator but named no executable")
+    executable.with_context(|| format!("cargo built {bin} but named no executable"))
 }
 
 /// Whether `key` is one of the variables cargo sets for the package it runs (not the user's

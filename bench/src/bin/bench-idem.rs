@@ -1,0 +1,94 @@
+//! The bench's BaseTenant controller on idem's runtime, written as the README tells a user:
+//! derive, one function returning the desired children, `Applier::reconcile`,
+//! `StatusWriter::write`, and `Controller` with 16 workers.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use futures::FutureExt;
+use idem_bench::{BaseTenant, ControllerArgs, IDEM_MANAGER, MANAGED_BY_LABEL, desired};
+use idem_runtime::TenantKey;
+use idem_runtime::apply::{Applier, DesiredChildren, Owner};
+use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use idem_runtime::resource::IdempotentResource as _;
+use idem_runtime::status::StatusWriter;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+
+struct Ctx {
+    client: Client,
+    applier: Applier,
+}
+
+/// The children of a BaseTenant as idem's engine takes them.
+fn children(bt: &BaseTenant) -> anyhow::Result<DesiredChildren> {
+    let d = desired(bt);
+    let mut out = DesiredChildren::new();
+    for ns in &d.namespaces {
+        out.add(ns)?;
+    }
+    for (i, _) in d.namespaces.iter().enumerate() {
+        out.add(&d.quotas[i])?
+            .add(&d.limits[i])?
+            .add(&d.bindings[i])?;
+    }
+    Ok(out)
+}
+
+async fn reconcile(bt: Arc<BaseTenant>, ctx: Arc<Ctx>, _: Attempt) -> anyhow::Result<Action> {
+    idem_bench::report_reconcile(&bt);
+    let owner = Owner::new(
+        &*bt,
+        BaseTenant::FIELD_MANAGER,
+        Some(TenantKey::new(&bt.spec.tenant)),
+    )?;
+    let report = ctx.applier.reconcile(&owner, &children(&bt)?).await?;
+    let readiness = report.readiness();
+    StatusWriter::new(Api::<BaseTenant>::all(ctx.client.clone()))
+        .write(&bt, |_, draft| {
+            draft.set_readiness(&readiness);
+        })
+        .await?;
+    Ok(Action::await_change())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = ControllerArgs::parse();
+    let client = args.client().await?;
+    let children =
+        || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));
+    let mut config = ControllerConfig {
+        workers: args.workers,
+        ..ControllerConfig::default()
+    };
+    if let Some(resync) = args.resync() {
+        config.resync_period = resync;
+    }
+    let (synced_tx, mut synced_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if synced_rx.wait_for(|s| *s).await.is_ok() {
+            idem_bench::report_synced();
+        }
+    });
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        applier: Applier::new(client.clone()),
+    });
+    Controller::new(
+        Api::<BaseTenant>::all(client.clone()),
+        watcher::Config::default().labels(&args.run_selector()),
+    )
+    .owns(Api::<Namespace>::all(client.clone()), children())
+    .owns(Api::<ResourceQuota>::all(client.clone()), children())
+    .owns(Api::<LimitRange>::all(client.clone()), children())
+    .owns(Api::<RoleBinding>::all(client.clone()), children())
+    .tenant_of(|bt: &BaseTenant| TenantKey::new(&bt.spec.tenant))
+    .with_config(config)
+    .with_synced_signal(synced_tx)
+    .run(reconcile, ctx, tokio::signal::ctrl_c().map(|_| ()))
+    .await?;
+    Ok(())
+}

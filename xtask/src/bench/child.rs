@@ -1,0 +1,227 @@
+//! One benchmarked controller as a child process: started, read (its per-reconcile lines),
+//! measured (`VmRSS`) and killed.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use idem_bench::{RECONCILE_PREFIX, SYNCED_LINE};
+use idem_tests::process::dying_with_parent;
+
+/// Which controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// `bench-idem`: idem's runtime.
+    Idem,
+    /// `bench-peer`: plain kube-runtime.
+    Peer,
+}
+
+impl Side {
+    /// Both, in the order they run.
+    pub const BOTH: [Side; 2] = [Side::Idem, Side::Peer];
+
+    /// `idem` or `peer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Idem => "idem",
+            Side::Peer => "peer",
+        }
+    }
+
+    /// The binary's name.
+    pub fn bin(self) -> &'static str {
+        match self {
+            Side::Idem => "bench-idem",
+            Side::Peer => "bench-peer",
+        }
+    }
+}
+
+/// One reconcile the controller reported.
+#[derive(Clone, Debug)]
+pub struct Reconcile {
+    /// When it started, as this process's clock says.
+    pub at: Instant,
+    /// The BaseTenant's name.
+    pub name: String,
+    /// Its `spec.tenant`.
+    pub tenant: String,
+}
+
+/// What the controller has reported so far.
+#[derive(Debug, Default)]
+pub struct Reports {
+    /// Every reconcile, in order.
+    pub reconciles: Vec<Reconcile>,
+    /// Whether its caches synced.
+    pub synced: bool,
+}
+
+/// A running controller; dropping it kills it.
+pub struct Controller {
+    child: Child,
+    /// What it reported.
+    pub reports: Arc<Mutex<Reports>>,
+    log: PathBuf,
+}
+
+impl Controller {
+    /// Starts `binary` for run `run` with `workers` and `resync_secs` (0: none); stderr goes
+    /// to `log`.
+    ///
+    /// # Errors
+    /// When the log or the process cannot be created.
+    pub fn spawn(
+        binary: &Path,
+        kubeconfig: &Path,
+        run: &str,
+        workers: usize,
+        resync_secs: u64,
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        let err = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let mut child = dying_with_parent(binary, "KILL")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--run", run])
+            .arg(format!("--workers={workers}"))
+            .arg(format!("--resync-secs={resync_secs}"))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let stdout = child.stdout.take().context("controller stdout")?;
+        let reports = Arc::new(Mutex::new(Reports::default()));
+        let sink = Arc::clone(&reports);
+        std::thread::spawn(move || {
+            // Reconcile lines carry wall-clock ms; map them onto Instants once.
+            let (base_instant, base_wall) = (Instant::now(), wall_ms());
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut r = sink.lock().expect("reports lock");
+                if line == SYNCED_LINE {
+                    r.synced = true;
+                } else if let Some(rest) = line.strip_prefix(RECONCILE_PREFIX) {
+                    let mut parts = rest.split(' ');
+                    let (Some(ms), Some(name), Some(tenant)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let ms: i128 = ms.parse().unwrap_or(base_wall);
+                    let offset = ms - base_wall;
+                    let at = if offset >= 0 {
+                        base_instant + Duration::from_millis(offset as u64)
+                    } else {
+                        base_instant
+                    };
+                    r.reconciles.push(Reconcile {
+                        at,
+                        name: name.to_owned(),
+                        tenant: tenant.to_owned(),
+                    });
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            reports,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Waits until the controller says its caches synced.
+    ///
+    /// # Errors
+    /// When it exits first or takes longer than `timeout`.
+    pub fn wait_synced(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.reports.lock().expect("reports lock").synced {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "controller exited with {status}; see {}",
+                    self.log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "controller did not sync within {timeout:?}; see {}",
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Reconciles reported since `since`.
+    pub fn reconciles_since(&self, since: Instant) -> Vec<Reconcile> {
+        let r = self.reports.lock().expect("reports lock");
+        r.reconciles
+            .iter()
+            .filter(|x| x.at >= since)
+            .cloned()
+            .collect()
+    }
+
+    /// How many reconciles were reported so far.
+    pub fn reconcile_count(&self) -> usize {
+        self.reports.lock().expect("reports lock").reconciles.len()
+    }
+
+    /// The controller's resident set size in bytes (`VmRSS` of `/proc/<pid>/status`).
+    ///
+    /// # Errors
+    /// When the process is gone or the file has no `VmRSS`.
+    pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .context("no VmRSS")?;
+        Ok(kb * 1024)
+    }
+
+    /// Whether the process is still running.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "controller exited with {status}; see {}",
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Kills the controller (SIGKILL, as a crash) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wall_ms() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i128
+}

@@ -1,0 +1,155 @@
+//! `cargo xtask bench`: idem's side-by-side benchmark. One BaseTenant job (N tenants × 3
+//! namespaces, each with a ResourceQuota, a LimitRange and a RoleBinding; server-side apply;
+//! 16 workers) is done by `bench-idem` (idem's runtime) and `bench-peer` (a plain kube-runtime
+//! 5 `Controller`), one after the other against one local control plane, each under its own
+//! name prefix; every figure is printed as a ratio idem ÷ peer of the same run and written to
+//! an HTML report with plots. Requests are counted by the API server (`/metrics`).
+
+mod child;
+mod counts;
+mod fleet;
+mod html;
+mod report;
+mod scenarios;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use idem_tests::{ControlPlane, Options};
+
+use self::child::Side;
+use self::scenarios::Plan;
+use crate::dev::operator::build_bin;
+use crate::dev::progress::Step;
+
+/// The scenarios `--scenario` accepts.
+pub const SCENARIOS: [&str; 5] = ["p2", "p3", "p4", "p5", "p6"];
+
+/// `cargo xtask bench` options.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A small run (20 tenants, a 100-object flood, 8 s resync) that finishes in under
+    /// 3 minutes on 2 cores once built.
+    #[arg(long)]
+    pub quick: bool,
+    /// Tenants in the P2 fleet (default 100; 20 with --quick).
+    #[arg(long)]
+    pub tenants: Option<usize>,
+    /// BaseTenants in P4's flood, all of one tenant (default 1000; 100 with --quick).
+    #[arg(long)]
+    pub flood: Option<usize>,
+    /// Run only these scenarios (repeatable: p2, p3, p4, p5, p6); P2's fleet is always made,
+    /// since every other scenario starts from it.
+    #[arg(long, value_parser = SCENARIOS)]
+    pub scenario: Vec<String>,
+    /// Concurrent reconciles of both controllers (and concurrency of the raw-client limit).
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// Resync period during P3's full-resync measurement (default 20 s; 8 s with --quick).
+    #[arg(long)]
+    pub resync_secs: Option<u64>,
+    /// Where `report.html` and the controllers' logs go (default `target/bench/`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl Args {
+    fn plan(&self) -> Plan {
+        let scenarios: BTreeSet<String> = if self.scenario.is_empty() {
+            SCENARIOS.iter().map(|s| (*s).to_owned()).collect()
+        } else {
+            self.scenario.iter().cloned().collect()
+        };
+        let quick = self.quick;
+        Plan {
+            scenarios,
+            tenants: self.tenants.unwrap_or(if quick { 20 } else { 100 }).max(1),
+            flood: self.flood.unwrap_or(if quick { 100 } else { 1000 }).max(1),
+            resync_secs: self
+                .resync_secs
+                .unwrap_or(if quick { 8 } else { 20 })
+                .max(1),
+            alone_samples: if quick { 3 } else { 10 },
+            workers: self.workers.max(1),
+        }
+    }
+}
+
+/// Runs the benchmark.
+///
+/// # Errors
+/// Build, control-plane, controller or API failures.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let plan = args.plan();
+    let started = Instant::now();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| crate::generated::repo_root().join("target").join("bench"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    for side in Side::BOTH {
+        let _ = std::fs::remove_file(out.join(format!("{}.log", side.name())));
+    }
+
+    let step = Step::start("building bench-idem and bench-peer");
+    let idem_bin = build_bin(step.bar(), "idem-bench", Side::Idem.bin())?;
+    let peer_bin = build_bin(step.bar(), "idem-bench", Side::Peer.bin())?;
+    step.done("");
+
+    let step = Step::start("starting the local control plane (services 10.0.0.0/16)");
+    let cp = ControlPlane::start_with(Options {
+        service_cidr: idem_tests::LARGE_SERVICE_CIDR.to_owned(),
+        ..Options::default()
+    })?;
+    step.done(cp.server());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting a Tokio runtime")?;
+    let results = rt.block_on(async {
+        let client = cp.client();
+        fleet::install_crd(&client).await?;
+        let raw = if plan.has("p2") {
+            let step = Step::start(format!(
+                "raw-client limit: {} creates at {} concurrent requests",
+                plan.tenants as u64 * scenarios::WRITES_PER_TENANT,
+                fleet::CONCURRENCY
+            ));
+            let t = fleet::raw_limit(&client, plan.tenants).await?;
+            step.done(&format!("{:.1}s", t.as_secs_f64()));
+            Some(t)
+        } else {
+            None
+        };
+        let mut sides = Vec::new();
+        for (side, bin) in [(Side::Idem, &idem_bin), (Side::Peer, &peer_bin)] {
+            let r = scenarios::run_side(side, bin, cp.kubeconfig_path(), &client, &cp, &plan, &out)
+                .await
+                .with_context(|| {
+                    format!(
+                        "{} controller (log: {})",
+                        side.name(),
+                        out.join(format!("{}.log", side.name())).display()
+                    )
+                })?;
+            sides.push(r);
+        }
+        anyhow::Ok((raw, sides))
+    })?;
+    let (raw, sides) = results;
+    let tables = report::tables(&plan, raw, &sides[0], &sides[1]);
+    for t in &tables {
+        println!("{}", t.to_text());
+    }
+    let path = out.join("report.html");
+    let html = html::page(&plan, &tables, &sides[0], &sides[1], started.elapsed());
+    std::fs::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
+    println!("report: {}", path.display());
+    drop(rt);
+    cp.stop();
+    Ok(())
+}

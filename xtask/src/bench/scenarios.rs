@@ -1,0 +1,351 @@
+//! The scenarios, run for one controller: P2 (fleet → Ready), P3 (requests after a restart and
+//! during a full resync), P4 (a quiet tenant's change alone and after a flood), P5 (RSS), and
+//! the numbers P6 (writes vs the minimum) reads from P2.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use idem_bench::BaseTenant;
+use kube::{Api, Client};
+
+use idem_tests::ControlPlane;
+
+use super::child::{Controller, Reconcile, Side};
+use super::counts::{self, Counts};
+use super::fleet::{self, Tracker};
+use crate::dev::progress::Step;
+
+/// Objects the job writes per tenant: 3 namespaces, 9 children, 1 status.
+pub const WRITES_PER_TENANT: u64 = 13;
+/// How long a controller must stay silent before a replay or resync counts as finished.
+const QUIET: Duration = Duration::from_secs(1);
+
+/// What to run, and how big.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Selected scenarios (`p2` … `p6`).
+    pub scenarios: BTreeSet<String>,
+    /// Tenants of the P2 fleet.
+    pub tenants: usize,
+    /// BaseTenants of the P4 flood (one tenant, one namespace each).
+    pub flood: usize,
+    /// Resync period during P3's resync measurement.
+    pub resync_secs: u64,
+    /// Changes of the quiet tenant measured alone in P4.
+    pub alone_samples: usize,
+    /// Workers of both controllers.
+    pub workers: usize,
+}
+
+impl Plan {
+    /// Whether scenario `name` runs.
+    pub fn has(&self, name: &str) -> bool {
+        self.scenarios.contains(name)
+    }
+}
+
+/// P2's figures for one controller.
+#[derive(Clone, Debug, Default)]
+pub struct P2 {
+    /// From the first create to the last tenant Ready.
+    pub time: Duration,
+    /// The controller's requests meanwhile.
+    pub counts: Counts,
+    /// Reconciles per tenant.
+    pub reconciles_per_tenant: f64,
+    /// Each tenant's create → Ready time, sorted.
+    pub ready_latencies: Vec<Duration>,
+    /// RSS once the fleet is Ready.
+    pub rss: u64,
+}
+
+/// P4's figures for one controller.
+#[derive(Clone, Debug, Default)]
+pub struct P4 {
+    /// The quiet tenant's change → Ready times with nothing else to do.
+    pub alone: Vec<Duration>,
+    /// The same, changed again and again from right after the flood was created until it
+    /// drained.
+    pub flooded: Vec<Duration>,
+    /// From the first flood create until every flood object was Ready.
+    pub drain: Duration,
+    /// Cumulative reconciles per tenant class (`quiet`, `flood`, `others`) against seconds
+    /// since the flood began.
+    pub timeline: BTreeMap<String, Vec<(f64, usize)>>,
+}
+
+/// Everything measured of one controller.
+#[derive(Clone, Debug)]
+pub struct SideResult {
+    /// P2 (always run: every other scenario needs the fleet).
+    pub p2: P2,
+    /// P3: the controller's requests after a restart, until it went quiet.
+    pub restart: Option<Counts>,
+    /// P3: the controller's requests during one full resync.
+    pub resync: Option<Counts>,
+    /// P4.
+    pub p4: Option<P4>,
+    /// P5: RSS at the end, and the objects in its caches then.
+    pub p5: Option<(u64, usize)>,
+}
+
+/// Runs the selected scenarios for `side` on the control plane at `kubeconfig`.
+///
+/// # Errors
+/// When the controller fails, a wait times out or the API fails.
+pub async fn run_side(
+    side: Side,
+    binary: &Path,
+    kubeconfig: &Path,
+    client: &Client,
+    cp: &ControlPlane,
+    plan: &Plan,
+    out: &Path,
+) -> anyhow::Result<SideResult> {
+    let run = side.name();
+    let log = out.join(format!("{run}.log"));
+    let spawn = |resync: u64| -> anyhow::Result<Controller> {
+        let mut c = Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &log)?;
+        c.wait_synced(Duration::from_secs(120))?;
+        Ok(c)
+    };
+    let tracker = Tracker::start(client, run).await;
+    let mut ctrl = spawn(0)?;
+
+    // P2: the fleet.
+    let names: Vec<String> = (0..plan.tenants)
+        .map(|i| format!("{run}-t{i:04}"))
+        .collect();
+    let fleet_objs: Vec<BaseTenant> = names
+        .iter()
+        .map(|n| fleet::tenant(run, n, &n[run.len() + 1..], &["a", "b", "c"]))
+        .collect();
+    let step = Step::start(format!(
+        "{run}: P2 {} tenants × 3 namespaces → Ready",
+        plan.tenants
+    ));
+    let before = cp.metrics().await?;
+    let start = Instant::now();
+    let created = fleet::create_all(&Api::all(client.clone()), fleet_objs).await?;
+    let timeout = Duration::from_secs(120) + Duration::from_millis(500) * plan.tenants as u32;
+    let bar = step.bar().clone();
+    let total = names.len();
+    tracker
+        .wait_ready(&names, timeout, |n| {
+            bar.set_message(format!("{run}: P2 {n}/{total} Ready"))
+        })
+        .await?;
+    let time = start.elapsed();
+    let after = cp.metrics().await?;
+    let reconciles = ctrl.reconciles_since(start).len();
+    let mut ready_latencies: Vec<Duration> = names
+        .iter()
+        .filter_map(|n| {
+            let ready = *tracker.get(n)?.ready_at.get(&1)?;
+            Some(ready.saturating_duration_since(*created.get(n)?))
+        })
+        .collect();
+    ready_latencies.sort();
+    let p2 = P2 {
+        time,
+        counts: counts::delta(&before, &after),
+        reconciles_per_tenant: reconciles as f64 / plan.tenants as f64,
+        ready_latencies,
+        rss: ctrl.rss_bytes()?,
+    };
+    step.done(&format!(
+        "{:.1}s, {}",
+        time.as_secs_f64(),
+        p2.counts.summary()
+    ));
+    let mut result = SideResult {
+        p2,
+        restart: None,
+        resync: None,
+        p4: None,
+        p5: None,
+    };
+
+    if plan.has("p3") {
+        let step = Step::start(format!("{run}: P3 restart of the converged fleet"));
+        ctrl.kill();
+        let before = cp.metrics().await?;
+        let mark = Instant::now();
+        ctrl = spawn(plan.resync_secs)?;
+        wait_all_reconciled(&ctrl, &names, mark, Duration::from_secs(300)).await?;
+        let after = cp.metrics().await?;
+        let restart = counts::delta(&before, &after);
+        step.done(&restart.summary());
+        let step = Step::start(format!(
+            "{run}: P3 full resync (period {} s)",
+            plan.resync_secs
+        ));
+        let mark = Instant::now();
+        let wait = Duration::from_secs(plan.resync_secs * 2 + 120);
+        wait_all_reconciled(&ctrl, &names, mark, wait).await?;
+        let after_resync = cp.metrics().await?;
+        let resync = counts::delta(&after, &after_resync);
+        step.done(&resync.summary());
+        result.restart = Some(restart);
+        result.resync = Some(resync);
+        // P4 runs without resync: restart once more and let the replay finish unmeasured.
+        ctrl.kill();
+        let mark = Instant::now();
+        ctrl = spawn(0)?;
+        wait_all_reconciled(&ctrl, &names, mark, Duration::from_secs(300)).await?;
+    }
+
+    if plan.has("p4") {
+        result.p4 = Some(p4(run, client, &tracker, &mut ctrl, &names, plan).await?);
+    }
+    if plan.has("p5") {
+        let flood = if plan.has("p4") { plan.flood } else { 0 };
+        let cached = plan.tenants * (1 + 3 * 4) + flood * (1 + 4);
+        result.p5 = Some((ctrl.rss_bytes()?, cached));
+    }
+    ctrl.check_alive()?;
+    ctrl.kill();
+    Ok(result)
+}
+
+/// Waits until each of `names` was reconciled at least once since `mark`, then until no
+/// reconcile was reported for [`QUIET`].
+async fn wait_all_reconciled(
+    ctrl: &Controller,
+    names: &[String],
+    mark: Instant,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let want: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    loop {
+        let seen: BTreeSet<String> = ctrl
+            .reconciles_since(mark)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        if want.iter().all(|n| seen.contains(*n)) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {} tenants reconciled within {timeout:?}",
+            want.iter().filter(|n| seen.contains(**n)).count(),
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut count = ctrl.reconcile_count();
+    let mut since = Instant::now();
+    while since.elapsed() < QUIET {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = ctrl.reconcile_count();
+        if now != count {
+            (count, since) = (now, Instant::now());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the controller never went quiet");
+    }
+    Ok(())
+}
+
+/// P4: the quiet tenant's change latency alone, then from right after a flood until it drained.
+async fn p4(
+    run: &str,
+    client: &Client,
+    tracker: &Tracker,
+    ctrl: &mut Controller,
+    names: &[String],
+    plan: &Plan,
+) -> anyhow::Result<P4> {
+    let quiet = names.first().context("P4 needs at least one tenant")?;
+    let mut cpu = 10;
+    let change = async |cpu: &mut u32| -> anyhow::Result<Duration> {
+        *cpu += 1;
+        let sent = Instant::now();
+        let generation = fleet::change_cpu(client, quiet, &cpu.to_string()).await?;
+        let ready = tracker
+            .wait_generation(quiet, generation, Duration::from_secs(600))
+            .await?;
+        Ok(ready.saturating_duration_since(sent))
+    };
+    let step = Step::start(format!("{run}: P4 quiet tenant's change, alone"));
+    let mut alone = Vec::new();
+    for _ in 0..plan.alone_samples {
+        alone.push(change(&mut cpu).await?);
+    }
+    step.done(&format!("median {} ms", median_ms(&alone)));
+
+    let step = Step::start(format!(
+        "{run}: P4 flood of {} objects of one tenant, quiet tenant changed meanwhile",
+        plan.flood
+    ));
+    let flood_names: Vec<String> = (0..plan.flood).map(|i| format!("{run}-f{i:04}")).collect();
+    let objs = flood_names
+        .iter()
+        .map(|n| fleet::tenant(run, n, "flood", &["a"]))
+        .collect();
+    let start = Instant::now();
+    fleet::create_all(&Api::all(client.clone()), objs).await?;
+    let mut flooded = Vec::new();
+    loop {
+        flooded.push(change(&mut cpu).await?);
+        let ready = tracker.ready_count(&flood_names);
+        step.set_message(format!(
+            "{run}: P4 flood {ready}/{} Ready, quiet tenant changed {} times",
+            plan.flood,
+            flooded.len()
+        ));
+        if ready == flood_names.len() || flooded.len() >= 30 {
+            break;
+        }
+    }
+    let timeout = Duration::from_secs(120) + Duration::from_millis(500) * plan.flood as u32;
+    tracker.wait_ready(&flood_names, timeout, |_| {}).await?;
+    let drain = start.elapsed();
+    ctrl.check_alive()?;
+    let timeline = timeline(&ctrl.reconciles_since(start), start, quiet);
+    step.done(&format!(
+        "drained in {:.1}s; quiet tenant median {} ms",
+        drain.as_secs_f64(),
+        median_ms(&flooded)
+    ));
+    Ok(P4 {
+        alone,
+        flooded,
+        drain,
+        timeline,
+    })
+}
+
+/// Cumulative reconciles per class of tenant over seconds since `start`.
+fn timeline(
+    reconciles: &[Reconcile],
+    start: Instant,
+    quiet: &str,
+) -> BTreeMap<String, Vec<(f64, usize)>> {
+    let mut out: BTreeMap<String, Vec<(f64, usize)>> = BTreeMap::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in reconciles {
+        let class = if r.name == quiet {
+            "quiet tenant"
+        } else if r.tenant == "flood" {
+            "flood tenant"
+        } else {
+            "other tenants"
+        };
+        let n = counts.entry(class).or_default();
+        *n += 1;
+        let t = r.at.saturating_duration_since(start).as_secs_f64();
+        out.entry(class.to_owned()).or_default().push((t, *n));
+    }
+    out
+}
+
+/// The median in whole milliseconds (0 for none).
+pub fn median_ms(samples: &[Duration]) -> u128 {
+    let mut v: Vec<Duration> = samples.to_vec();
+    v.sort();
+    v.get(v.len() / 2).map_or(0, Duration::as_millis)
+}
