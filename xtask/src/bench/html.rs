@@ -14,6 +14,9 @@ const W: f64 = 560.0;
 const H: f64 = 260.0;
 const PAD: f64 = 48.0;
 
+/// One plotted line: name, colour, points.
+type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -100,7 +103,7 @@ pub fn page(
         ));
         for (name, p4) in [("idem", a), ("peer", b)] {
             let colors = ["#2ca02c", "#d62728", "#9467bd"];
-            let series: Vec<(&str, &str, Vec<(f64, f64)>)> = p4
+            let series: Vec<Series<'_>> = p4
                 .timeline
                 .iter()
                 .zip(colors)
@@ -171,12 +174,7 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Lines through each series' points, on shared linear axes from 0.
-fn line_chart(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[(&str, &str, Vec<(f64, f64)>)],
-) -> String {
+fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series<'_>]) -> String {
     let x_max = series
         .iter()
         .flat_map(|s| s.2.iter().map(|p| p.0))
