@@ -223,6 +223,18 @@ pub fn report_reconcile(bt: &BaseTenant) {
     let _ = std::io::stdout().lock().write_all(line.as_bytes());
 }
 
+/// Logs warnings and errors (of the controller and the libraries) to stderr; `RUST_LOG`
+/// overrides the level.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
 /// Prints [`SYNCED_LINE`].
 pub fn report_synced() {
     let _ = writeln!(std::io::stdout().lock(), "{SYNCED_LINE}");

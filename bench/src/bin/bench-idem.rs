@@ -57,6 +57,7 @@ async fn reconcile(bt: Arc<BaseTenant>, ctx: Arc<Ctx>, _: Attempt) -> anyhow::Re
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = ControllerArgs::parse();
+    idem_bench::init_logging();
     let client = args.client().await?;
     let children =
         || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));

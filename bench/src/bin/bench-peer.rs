@@ -117,6 +117,7 @@ fn owner_of<C: Resource>(child: C) -> Option<ObjectRef<BaseTenant>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = ControllerArgs::parse();
+    idem_bench::init_logging();
     let client = args.client().await?;
     let children =
         || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={PEER_MANAGER}"));

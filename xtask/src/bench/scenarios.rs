@@ -170,8 +170,7 @@ pub async fn run_side(
 
     if plan.has("p3") {
         let step = Step::start(format!("{run}: P3 restart of the converged fleet"));
-        ctrl.kill();
-        let before = cp.metrics().await?;
+        let before = kill_and_settle(ctrl, cp).await?;
         let mark = Instant::now();
         ctrl = spawn(plan.resync_secs)?;
         wait_all_reconciled(&ctrl, &names, mark, Duration::from_secs(300)).await?;
@@ -208,6 +207,24 @@ pub async fn run_side(
     ctrl.check_alive()?;
     ctrl.kill();
     Ok(result)
+}
+
+/// Kills the controller and returns `/metrics` once the API server has counted the end of
+/// its watches (a WATCH is counted when it ends), so they do not land in the next
+/// measurement; gives up waiting after 5 s.
+async fn kill_and_settle(ctrl: Controller, cp: &ControlPlane) -> anyhow::Result<String> {
+    /// The controller's watches: BaseTenants and the four child kinds.
+    const WATCHES: u64 = 5;
+    let before = cp.metrics().await?;
+    ctrl.kill();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = cp.metrics().await?;
+        if counts::delta(&before, &now).get("WATCH") >= WATCHES || Instant::now() > deadline {
+            return Ok(now);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until each of `names` was reconciled at least once since `mark`, then until no
