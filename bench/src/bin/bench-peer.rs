@@ -100,7 +100,7 @@ async fn reconcile(bt: Arc<BaseTenant>, ctx: Arc<Ctx>) -> Result<Action, kube::E
 }
 
 fn error_policy(_: Arc<BaseTenant>, err: &kube::Error, _: Arc<Ctx>) -> Action {
-    eprintln!("reconcile failed: {err}");
+    tracing::warn!("reconcile failed: {err}");
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -131,8 +131,16 @@ async fn main() -> anyhow::Result<()> {
     );
     let store = controller.store();
     tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            idem_bench::report_synced();
+        // The store's readiness wakes only its last waiter (a oneshot receiver) and the
+        // controller waits on it too, so poll it again now and then.
+        loop {
+            let ready = tokio::time::timeout(Duration::from_millis(50), store.wait_until_ready());
+            if let Ok(result) = ready.await {
+                if result.is_ok() {
+                    idem_bench::report_synced();
+                }
+                return;
+            }
         }
     });
     controller
@@ -151,7 +159,12 @@ async fn main() -> anyhow::Result<()> {
         .with_config(Config::default().concurrency(args.workers as u16))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
+        .for_each(|result| {
+            if let Err(e) = result {
+                tracing::warn!("controller: {e}");
+            }
+            futures::future::ready(())
+        })
         .await;
     Ok(())
 }
