@@ -24,9 +24,9 @@ const WRITE_VERBS: [&str; 6] = [
     "DELETECOLLECTION",
 ];
 
-/// Requests by verb.
+/// Requests by verb, and by verb and resource (`GET namespaces`, `PUT basetenants/status`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Counts(pub BTreeMap<String, u64>);
+pub struct Counts(pub BTreeMap<String, u64>, pub BTreeMap<String, u64>);
 
 impl Counts {
     /// Requests of `verb`.
@@ -42,6 +42,16 @@ impl Counts {
     /// Write requests.
     pub fn writes(&self) -> u64 {
         WRITE_VERBS.iter().map(|v| self.get(v)).sum()
+    }
+
+    /// `GET namespaces 3, LIST rolebindings 4, …` (with a count only).
+    pub fn detail(&self) -> String {
+        let parts: Vec<String> = self.1.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
     }
 
     /// `GET 3, LIST 4, …` (verbs with a count only).
@@ -77,20 +87,29 @@ fn is_controllers(c: &RequestCount) -> bool {
 
 /// The controller's requests by verb between two `/metrics` texts.
 pub fn delta(before: &str, after: &str) -> Counts {
-    let sum = |text: &str| {
+    let sum = |text: &str, detail: bool| {
         let mut m: BTreeMap<String, u64> = BTreeMap::new();
         for c in all_requests(text).iter().filter(|c| is_controllers(c)) {
-            *m.entry(c.verb.clone()).or_default() += c.count;
+            let key = match (detail, c.subresource.is_empty()) {
+                (false, _) => c.verb.clone(),
+                (true, true) => format!("{} {}", c.verb, c.resource),
+                (true, false) => format!("{} {}/{}", c.verb, c.resource, c.subresource),
+            };
+            *m.entry(key).or_default() += c.count;
         }
         m
     };
-    let (b, a) = (sum(before), sum(after));
-    let mut out = BTreeMap::new();
-    for (verb, n) in a {
-        let d = n.saturating_sub(b.get(&verb).copied().unwrap_or(0));
-        out.insert(verb, d);
-    }
-    Counts(out)
+    let diff = |detail: bool| {
+        let (b, a) = (sum(before, detail), sum(after, detail));
+        a.into_iter()
+            .map(|(k, n)| {
+                let d = n.saturating_sub(b.get(&k).copied().unwrap_or(0));
+                (k, d)
+            })
+            .filter(|(_, d)| *d > 0)
+            .collect()
+    };
+    Counts(diff(false), diff(true))
 }
 
 #[cfg(test)]
@@ -120,5 +139,7 @@ mod tests {
         assert_eq!(d.get("PUT"), 2);
         assert_eq!(d.get("LIST"), 1);
         assert_eq!((d.writes(), d.total()), (5, 6));
+        assert_eq!(d.1.get("PUT basetenants/status"), Some(&2));
+        assert_eq!(d.1.get("POST namespaces"), Some(&3));
     }
 }

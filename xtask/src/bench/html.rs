@@ -130,8 +130,27 @@ pub fn page(
     if let (Some(a), Some(b)) = (&idem.resync, &peer.resync) {
         phases.push(("P3 resync", a, b));
     }
-    for (name, a, b) in phases {
+    for (name, a, b) in &phases {
         h.push_str(&bar_chart(&format!("{name}: requests by verb"), a, b));
+    }
+    h.push_str("<h2>Requests by verb and resource</h2>");
+    for (name, a, b) in &phases {
+        let _ = write!(
+            h,
+            "<h3>{name}</h3><table><tr><th></th><th>idem</th><th>peer</th></tr>"
+        );
+        let keys: std::collections::BTreeSet<&String> = a.1.keys().chain(b.1.keys()).collect();
+        for k in keys {
+            let n = |c: &Counts| c.1.get(k).copied().unwrap_or(0);
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(k),
+                n(a),
+                n(b)
+            );
+        }
+        h.push_str("</table>");
     }
     h.push_str("</body></html>\n");
     h

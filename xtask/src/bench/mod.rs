@@ -145,6 +145,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for t in &tables {
         println!("{}", t.to_text());
     }
+    println!("requests by verb and resource:");
+    for (i, side) in Side::BOTH.iter().enumerate() {
+        let r = &sides[i];
+        let phases = [
+            ("P2", Some(&r.p2.counts)),
+            ("P3 restart", r.restart.as_ref()),
+            ("P3 resync", r.resync.as_ref()),
+        ];
+        for (phase, counts) in phases {
+            if let Some(c) = counts {
+                println!("  {} {phase}: {}", side.name(), c.detail());
+            }
+        }
+    }
     let path = out.join("report.html");
     let html = html::page(&plan, &tables, &sides[0], &sides[1], started.elapsed());
     std::fs::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
