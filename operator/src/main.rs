@@ -32,8 +32,10 @@ struct RunArgs {
     /// Concurrent reconciles per controller.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Reconciles of one tenant at once (per controller), so one tenant cannot hold every worker.
-    #[arg(long, default_value_t = 2)]
+    /// Most reconciles of one tenant at once (per controller); 0 (default): no cap. Without a
+    /// cap the queue is work-conserving: a tenant alone may use every worker, and under
+    /// contention workers are shared by Tenant `spec.weight`.
+    #[arg(long, default_value_t = 0)]
     tenant_concurrency: usize,
     /// Anti-entropy resync period of every object, e.g. `10m`, `10h` (0 disables).
     #[arg(long, default_value = "10h", value_parser = humantime::parse_duration)]

@@ -35,7 +35,8 @@ pub struct ManagerOptions {
     pub kubeconfig: Option<PathBuf>,
     /// Concurrent reconciles per controller.
     pub workers: usize,
-    /// Reconciles of one tenant at once, per controller.
+    /// Reconciles of one tenant at once, per controller; 0 (the default of the flag): no
+    /// cap, a tenant may use every idle worker and weights share workers under contention.
     pub tenant_concurrency: usize,
     /// Anti-entropy resync period (zero disables).
     pub resync_period: Duration,
@@ -201,7 +202,7 @@ pub async fn run(
     let config = |name: &str| ControllerConfig {
         name: Some(name.into()),
         workers: options.workers,
-        per_tenant_cap: options.tenant_concurrency,
+        per_tenant_cap: (options.tenant_concurrency > 0).then_some(options.tenant_concurrency),
         resync_period: options.resync_period,
         shutdown_grace: options.shutdown_grace,
         ..ControllerConfig::default()
@@ -211,7 +212,7 @@ pub async fn run(
     let tenants = tenant::source::controller(&client, config("tenant"))
         .with_metrics(metrics.clone())
         .with_synced_signal(tenant_synced);
-    let apps = tenant_app::source::controller(&client, &ctx, config("tenantapp"))
+    let apps = tenant_app::source::controller(&client, &ctx, config("tenantapp"), tenants.store())
         .with_metrics(metrics)
         .with_synced_signal(app_synced);
     tokio::spawn(async move {

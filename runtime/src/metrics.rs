@@ -13,6 +13,10 @@
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
 //!
+//! A tenant's `idem_tenant_*` series are removed when the queue forgets the tenant (no key
+//! refers to it any more), so the series do not grow with every tenant ever seen; a counter
+//! that comes back starts again at 0, which Prometheus' `rate()` treats as a reset.
+//!
 //! Workqueue histograms use client-go's buckets (`ExponentialBuckets(10e-9, 10, 12)`:
 //! 10 ns … 1,000 s); the reconcile-time histogram uses 5 ms × 2ⁿ, n = 0..16 (5 ms … ~164 s).
 
@@ -172,6 +176,16 @@ impl QueueMetrics {
             depth: self.tenant_depth.get_or_create(&labels).clone(),
             dispatches: self.tenant_dispatches.get_or_create(&labels).clone(),
         }
+    }
+
+    /// Remove `tenant`'s series from the per-tenant families (the queue forgot the tenant).
+    pub(crate) fn forget_tenant(&self, tenant: &TenantKey) {
+        let labels: Labels = vec![
+            ("name", self.name.clone()),
+            ("tenant", tenant.as_str().to_owned()),
+        ];
+        self.tenant_depth.remove(&labels);
+        self.tenant_dispatches.remove(&labels);
     }
 
     /// Count one retry (a re-add after a reconcile error), as `workqueue_retries_total`.

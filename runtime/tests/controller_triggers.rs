@@ -318,7 +318,7 @@ async fn two_workers_never_reconcile_one_key_at_once() {
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         workers: 4,
-        per_tenant_cap: 4, // all widgets share the namespace tenant
+        per_tenant_cap: None, // all widgets share the namespace tenant
         ..quiet_config()
     };
     let controller = tokio::spawn(

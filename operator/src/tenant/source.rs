@@ -16,6 +16,12 @@ pub fn children_config() -> watcher::Config {
     watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
 }
 
+/// A Tenant's weight in the operator's fair queues: `spec.weight`, clamped to 1–100 (the
+/// range the CRD admits).
+pub fn weight(tenant: &Tenant) -> u32 {
+    tenant.spec.weight.clamp(1, 100).unsigned_abs()
+}
+
 /// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue (its
 /// derive's `tenant = name`), with `spec.weight` as its weight.
 pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenant> {
@@ -28,6 +34,6 @@ pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenan
     .owns(Api::<LimitRange>::all(client.clone()), children_config())
     .owns(Api::<RoleBinding>::all(client.clone()), children_config())
     .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
-    .weight_of(|t: &Tenant| t.spec.weight.clamp(1, 100) as u32)
+    .weight_of(weight)
     .with_config(config)
 }

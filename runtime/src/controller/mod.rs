@@ -75,8 +75,9 @@ pub struct ControllerConfig {
     pub name: Option<String>,
     /// Concurrent reconciles (workers, the queue's global cap). Default 4.
     pub workers: usize,
-    /// Keys of one tenant reconciled at once. Default 2.
-    pub per_tenant_cap: usize,
+    /// Keys of one tenant reconciled at once, if capped. Default `None`: fair shares apply
+    /// only under contention and a tenant alone may use every worker (see [`crate::queue`]).
+    pub per_tenant_cap: Option<usize>,
     /// Anti-entropy resync period of each object, counted from its last successful reconcile;
     /// zero disables resync. Default 10 h (controller-runtime's default `SyncPeriod`).
     pub resync_period: Duration,
@@ -98,7 +99,7 @@ impl Default for ControllerConfig {
         Self {
             name: None,
             workers: 4,
-            per_tenant_cap: 2,
+            per_tenant_cap: None,
             resync_period: Duration::from_secs(10 * 3600),
             resync_jitter: 0.1,
             resync_max_wait: Duration::from_secs(60),
@@ -108,19 +109,25 @@ impl Default for ControllerConfig {
     }
 }
 
+/// Looks a tenant's weight up by its key.
+type TenantWeightFn = Arc<dyn Fn(&TenantKey) -> Option<u32> + Send + Sync>;
+
 type ChildFactory<K> = Box<dyn FnOnce(Arc<Shared<K>>) -> WatchTask + Send>;
 
 /// A controller for primary kind `K`; build it, then [`Controller::run`] it.
-pub struct Controller<K: Resource<DynamicType = ()> + 'static> {
+pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     api: Api<K>,
     watcher_config: watcher::Config,
     children: Vec<ChildFactory<K>>,
     tenant_of: TenantFn<K>,
     weight_of: Option<WeightFn<K>>,
     change_of: Option<ChangeFn<K>>,
+    tenant_weight: Option<TenantWeightFn>,
     config: ControllerConfig,
     metrics: Option<Metrics>,
     synced: Option<tokio::sync::watch::Sender<bool>>,
+    store: reflector::Store<K>,
+    writer: reflector::store::Writer<K>,
 }
 
 impl<K> Controller<K>
@@ -131,6 +138,7 @@ where
     /// Watch objects of `api` selected by `watcher_config`. The tenant of an object defaults to
     /// [`mapping::default_tenant`]; every tenant has weight 1 until [`Controller::weight_of`].
     pub fn new(api: Api<K>, watcher_config: watcher::Config) -> Self {
+        let (store, writer) = reflector::store::<K>();
         Self {
             api,
             watcher_config,
@@ -138,10 +146,20 @@ where
             tenant_of: Arc::new(|obj: &K| mapping::default_tenant(obj.meta())),
             weight_of: None,
             change_of: None,
+            tenant_weight: None,
             config: ControllerConfig::default(),
             metrics: None,
             synced: None,
+            store,
+            writer,
         }
+    }
+
+    /// A read handle on the cache of primary objects this controller will fill once it runs
+    /// (empty until then), e.g. for another controller to read these objects without API
+    /// calls.
+    pub fn store(&self) -> reflector::Store<K> {
+        self.store.clone()
     }
 
     /// Also watch children of kind `C` and reconcile their owner when they change; see
@@ -164,11 +182,25 @@ where
         self
     }
 
-    /// How to find the weight of an object's tenant (its DRR quantum, ≥ 1; a 0 is logged and
+    /// How to find the weight of an object's tenant (its fair share, ≥ 1; a 0 is logged and
     /// ignored). Read on every change of a primary object.
     #[must_use]
     pub fn weight_of(mut self, f: impl Fn(&K) -> u32 + Send + Sync + 'static) -> Self {
         self.weight_of = Some(Arc::new(f));
+        self
+    }
+
+    /// Look a tenant's weight up at every dispatch of one of its keys (e.g. in another
+    /// controller's cache), so a weight change applies without a change of this controller's
+    /// objects or a restart; `None` falls back to [`Controller::weight_of`] or 1. It runs
+    /// under the queue's lock: keep it to a cache read. See
+    /// [`WorkQueue::set_weight_lookup`](crate::queue::WorkQueue::set_weight_lookup).
+    #[must_use]
+    pub fn tenant_weight(
+        mut self,
+        f: impl Fn(&TenantKey) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.tenant_weight = Some(Arc::new(f));
         self
     }
 
@@ -235,7 +267,10 @@ where
             Some(m) => WorkQueue::with_metrics(queue_config, m.queue(&name))?,
             None => WorkQueue::new(queue_config)?,
         };
-        let (store, writer) = reflector::store::<K>();
+        if let Some(lookup) = self.tenant_weight {
+            queue.set_weight_lookup(move |t: &TenantKey| lookup(t));
+        }
+        let (store, writer) = (self.store, self.writer);
         let shared = Arc::new(Shared {
             queue: queue.clone(),
             store: store.clone(),

@@ -84,7 +84,7 @@ where
     let run = async move {
         let stream = reflector::reflector(writer, watch_fn(api, config).default_backoff());
         futures::pin_mut!(stream);
-        let mut seen: HashMap<ObjectKey, u64> = HashMap::new();
+        let mut seen: HashMap<ObjectKey, (u64, u64)> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -94,17 +94,33 @@ where
                     continue;
                 }
             };
+            // Objects of the first list after start are a replay, queued at resync priority
+            // so that a user's change made meanwhile is served first (controller-runtime does
+            // the same with its initial list).
+            let replay = matches!(event, Event::InitApply(_)) && !*tx.borrow();
             match event {
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
                     listed.insert(key.clone());
-                    let print = match &shared.change_of {
+                    let change = match &shared.change_of {
                         Some(change_of) => change_of(&obj),
                         None => fingerprint(obj.meta()),
                     };
-                    if seen.insert(key.clone(), print) != Some(print) {
+                    let print = (change, spec_mark(obj.meta()));
+                    let before = seen.insert(key.clone(), print);
+                    if before.map(|b| b.0) != Some(print.0) {
                         let tenant = shared.tenant(&obj);
-                        shared.queue.add(&key, &tenant, Priority::Event);
+                        if replay {
+                            shared.queue.add(&key, &tenant, Priority::Resync);
+                        } else if before.is_none_or(|b| b.1 != print.1) {
+                            // Its spec changed (or it is being deleted): a failing key
+                            // retries now rather than after its backoff.
+                            shared
+                                .queue
+                                .add_bypassing_backoff(&key, &tenant, Priority::Event);
+                        } else {
+                            shared.queue.add(&key, &tenant, Priority::Event);
+                        }
                     }
                 }
                 Event::Delete(obj) => {
@@ -160,6 +176,7 @@ where
                     continue;
                 }
             };
+            let replay = !deleted && !*tx.borrow();
             let key = key_of(&obj);
             let changed = if deleted {
                 versions.remove(&key);
@@ -172,7 +189,12 @@ where
             if changed {
                 for owner in owners_of::<K>(obj.meta()) {
                     let tenant = shared.owner_tenant(&owner, obj.meta());
-                    shared.queue.add(&owner, &tenant, Priority::Event);
+                    let priority = if replay {
+                        Priority::Resync // the first list after start: a replay
+                    } else {
+                        Priority::Event
+                    };
+                    shared.queue.add(&owner, &tenant, priority);
                 }
             }
         }
@@ -181,4 +203,18 @@ where
         run: Box::pin(run),
         synced,
     }
+}
+
+/// What makes a change of a primary object a change of its spec, which ends a backoff wait
+/// (queue rule 8): `metadata.generation` (the resourceVersion for kinds without one) and
+/// whether it is being deleted.
+fn spec_mark(meta: &kube::api::ObjectMeta) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match meta.generation {
+        Some(g) => g.hash(&mut h),
+        None => meta.resource_version.hash(&mut h),
+    }
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    h.finish()
 }

@@ -84,22 +84,25 @@ where
             if let Some(m) = &self.metrics {
                 m.reconcile_time.observe(started.elapsed().as_secs_f64());
             }
-            lease.done();
             let error = match result {
                 Ok(Ok(action)) => {
                     self.backoff().success(&key);
+                    // Schedule the follow-ups while the key is still in flight, then release
+                    // it: an add that fired during the reconcile (say a resync) is then merged
+                    // with them and cannot demote the requeue (queue rules 1 and 3).
                     if let Some(after) = action.requeue_after() {
                         self.queue.add_after(&key, &tenant, after, Priority::Event);
                     }
+                    if !self.resync_period.is_zero() {
+                        let delay = self.resync_delay();
+                        self.queue.add_after(&key, &tenant, delay, Priority::Resync);
+                    }
+                    lease.done();
                     if let Some(m) = &self.metrics {
                         match action.requeue_after() {
                             Some(_) => m.requeue_after.inc(),
                             None => m.success.inc(),
                         };
-                    }
-                    if !self.resync_period.is_zero() {
-                        let delay = self.resync_delay();
-                        self.queue.add_after(&key, &tenant, delay, Priority::Resync);
                     }
                     continue;
                 }
@@ -114,7 +117,9 @@ where
             if let Some(m) = self.queue.metrics() {
                 m.retry();
             }
-            self.queue.add_after(&key, &tenant, delay, Priority::Event);
+            // Release and back off in one step: events until then do not bypass the delay
+            // unless the object's spec changed (queue rule 8).
+            lease.retry_after(delay);
         }
     }
 }

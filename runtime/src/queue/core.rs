@@ -20,8 +20,10 @@ use crate::key::{ObjectKey, TenantKey};
 pub enum AddOutcome {
     /// The key was not waiting: it is now queued (or its delay was recorded).
     Queued,
-    /// The key was already waiting (queued, or an earlier delay is pending): nothing changed
-    /// except, possibly, a raise from resync to event priority.
+    /// The key was already waiting at least as soon (queued, dirty, an earlier pending delay,
+    /// or a backoff wait the add was folded into): no new dispatch was scheduled, but the
+    /// waiting work now has the higher of the two priorities (a queued resync key is raised
+    /// to event priority at once; a pending delay fires at event priority).
     Deduped,
     /// The key is in flight: it will be queued once more after its worker calls done.
     Dirty,
@@ -64,6 +66,10 @@ struct Slot {
     in_flight: bool,
     /// Added again while in flight: queue again at this priority after done.
     dirty: Option<Priority>,
+    /// The dirty mark came from an add that bypasses backoff (the primary's spec changed).
+    dirty_forced: bool,
+    /// Backing off after a failure until then: plain adds are folded into the retry delay.
+    hold: Option<Instant>,
     /// The earliest pending delayed add, if any.
     delay: Option<(Instant, Priority)>,
     /// Delay generation; heap entries with another generation are stale.
@@ -104,6 +110,8 @@ pub(crate) struct Core {
     metrics: Option<Arc<QueueMetrics>>,
     /// Placeholder for `enqueued_at` when no time is needed.
     epoch: Instant,
+    /// Placeholder key of free slots (one shared allocation).
+    vacant: ObjectKey,
 }
 
 impl Core {
@@ -113,6 +121,7 @@ impl Core {
             free: Vec::new(),
             index: HashMap::default(),
             fair: Fair::new(config.per_tenant_cap),
+            vacant: ObjectKey::cluster("", ""),
             aging: Aging::default(),
             delays: BinaryHeap::new(),
             in_flight: 0,
@@ -122,6 +131,11 @@ impl Core {
             metrics,
             epoch: Instant::now(),
         }
+    }
+
+    /// Read tenant weights through `lookup` on every dispatch.
+    pub fn set_weight_lookup(&mut self, lookup: super::fair::WeightLookup) {
+        self.fair.set_lookup(lookup);
     }
 
     fn tenant_id(&mut self, tenant: &TenantKey) -> u32 {
@@ -146,6 +160,7 @@ impl Core {
         let tenant = self
             .fair
             .tenant_id(tenant, |t| metrics.as_ref().map(|m| m.tenant(t)));
+        self.fair.retain(tenant);
         let slot = Slot {
             key: key.clone(),
             tenant,
@@ -153,6 +168,8 @@ impl Core {
             seq: 0,
             in_flight: false,
             dirty: None,
+            dirty_forced: false,
+            hold: None,
             delay: None,
             delay_gen: 0,
             enqueued_at: self.epoch,
@@ -178,12 +195,22 @@ impl Core {
         id
     }
 
+    /// Free the slot of a key with nothing left to do: drop its key (no clone stays behind in
+    /// the dead slot) and its reference to its tenant (forgotten when it was the last).
     fn release_if_idle(&mut self, id: u32) {
         let slot = &mut self.slots[id as usize];
         if slot.live && slot.idle() {
             slot.live = false;
-            self.index.remove(&slot.key);
+            slot.hold = None;
+            let key = std::mem::replace(&mut slot.key, self.vacant.clone());
+            self.index.remove(&key);
             self.free.push(id);
+            let metrics = &self.metrics;
+            self.fair.release(slot.tenant, |t| {
+                if let Some(m) = metrics {
+                    m.forget_tenant(t);
+                }
+            });
         }
     }
 
@@ -215,12 +242,14 @@ impl Core {
         }
     }
 
-    /// Apply an immediate add to an existing slot (also used when a delay fires).
-    fn add_slot(&mut self, id: u32, priority: Priority, now: &mut Now) -> AddOutcome {
+    /// Apply an immediate add to an existing slot (also used when a delay fires); `forced`
+    /// marks a dirty key as bypassing backoff.
+    fn add_slot(&mut self, id: u32, priority: Priority, forced: bool, now: &mut Now) -> AddOutcome {
         let slot = &mut self.slots[id as usize];
         if slot.in_flight {
             let was = slot.dirty;
             slot.dirty = Some(was.map_or(priority, |p| p.max(priority)));
+            slot.dirty_forced |= forced;
             return if was.is_some() {
                 AddOutcome::Deduped
             } else {
@@ -249,20 +278,36 @@ impl Core {
         }
     }
 
-    /// Rule 1/2: add `key` now. An immediate add supersedes any pending delay of the key.
+    /// Rules 1–3: add `key` now. An immediate add supersedes a pending delay of the key of no
+    /// higher priority (a higher one stays and raises the key when it fires). While the key
+    /// backs off after a failure (see [`Core::done`]), the add is folded into the retry unless
+    /// `forced` (the primary's spec changed), which ends the backoff wait.
     pub fn add(
         &mut self,
         key: &ObjectKey,
         tenant: &TenantKey,
         priority: Priority,
+        forced: bool,
         now: &mut Now,
     ) -> AddOutcome {
         if self.closed {
             return AddOutcome::Closed;
         }
+        self.fire_delays(now);
         let id = self.slot_for(key, tenant);
-        self.slots[id as usize].delay = None;
-        let outcome = self.add_slot(id, priority, now);
+        let slot = &mut self.slots[id as usize];
+        if forced {
+            slot.hold = None;
+        } else if let Some(hold) = slot.hold {
+            if hold > now.get() {
+                return self.merge_delay(id, hold, priority);
+            }
+            slot.hold = None;
+        }
+        if slot.delay.is_some_and(|(_, p)| p <= priority) {
+            slot.delay = None;
+        }
+        let outcome = self.add_slot(id, priority, forced, now);
         if outcome != AddOutcome::Deduped
             && let Some(m) = &self.metrics
         {
@@ -271,8 +316,11 @@ impl Core {
         outcome
     }
 
-    /// Rule 3: add `key` once `delay` has passed; of several pending delays the earliest wins,
-    /// and a key already queued (or dirty) is not delayed further.
+    /// Rule 3: add `key` once `delay` has passed. A key keeps one pending delay: the earlier
+    /// deadline with the higher priority of the two. A key already queued or dirty at least
+    /// at `priority` is not delayed further; one queued or dirty at a lower priority keeps the
+    /// delay, which raises it when it fires. While the key backs off, the deadline is at
+    /// least the end of the backoff wait.
     pub fn add_after(
         &mut self,
         key: &ObjectKey,
@@ -282,25 +330,49 @@ impl Core {
         now: &mut Now,
     ) -> AddOutcome {
         if delay.is_zero() {
-            return self.add(key, tenant, priority, now);
+            return self.add(key, tenant, priority, false, now);
         }
         if self.closed {
             return AddOutcome::Closed;
         }
+        self.fire_delays(now);
         let id = self.slot_for(key, tenant);
+        let mut deadline = now.get() + delay;
+        if let Some(hold) = self.slots[id as usize].hold {
+            deadline = deadline.max(hold);
+        }
+        let outcome = self.merge_delay(id, deadline, priority);
+        self.release_if_idle(id);
+        outcome
+    }
+
+    /// Record a delayed add at `deadline` into the slot's single pending delay.
+    fn merge_delay(&mut self, id: u32, deadline: Instant, priority: Priority) -> AddOutcome {
         let slot = &mut self.slots[id as usize];
-        if slot.queued.is_some() || slot.dirty.is_some() {
+        let waiting = slot
+            .queued
+            .map(Priority::from_level)
+            .into_iter()
+            .chain(slot.dirty)
+            .max();
+        if waiting.is_some_and(|p| p >= priority) {
             return AddOutcome::Deduped;
         }
-        let deadline = now.get() + delay;
-        match slot.delay {
-            Some((d, p)) if d < deadline || (d == deadline && p >= priority) => AddOutcome::Deduped,
-            _ => {
-                slot.delay = Some((deadline, priority));
-                slot.delay_gen = slot.delay_gen.wrapping_add(1);
-                self.delays.push(Reverse((deadline, id, slot.delay_gen)));
-                AddOutcome::Queued
-            }
+        let merged = match slot.delay {
+            None => (deadline, priority),
+            Some((d, p)) => (d.min(deadline), p.max(priority)),
+        };
+        if slot.delay == Some(merged) {
+            return AddOutcome::Deduped;
+        }
+        let earlier = slot.delay.is_none_or(|(d, _)| merged.0 < d);
+        slot.delay = Some(merged);
+        slot.delay_gen = slot.delay_gen.wrapping_add(1);
+        self.delays.push(Reverse((merged.0, id, slot.delay_gen)));
+        if earlier {
+            AddOutcome::Queued
+        } else {
+            AddOutcome::Deduped
         }
     }
 
@@ -318,7 +390,8 @@ impl Core {
             let Some((_, priority)) = slot.delay.take() else {
                 continue;
             };
-            if self.add_slot(id, priority, now) != AddOutcome::Deduped
+            slot.hold = None; // a delay never fires before the backoff wait ends
+            if self.add_slot(id, priority, false, now) != AddOutcome::Deduped
                 && let Some(m) = &self.metrics
             {
                 m.adds.inc();
@@ -378,6 +451,7 @@ impl Core {
                 let slot = &mut self.slots[entry.slot as usize];
                 slot.queued = None;
                 slot.in_flight = true;
+                slot.hold = None;
                 self.queued -= 1;
                 self.in_flight += 1;
                 if let Some(m) = &self.metrics {
@@ -400,8 +474,13 @@ impl Core {
     }
 
     /// Rule 2: the worker holding `slot` is done; a key added meanwhile is queued again.
-    /// Returns whether the slot was in flight (false means a double done, ignored).
-    pub fn done(&mut self, slot: u32, now: &mut Now) -> bool {
+    ///
+    /// With `retry = Some(delay)` the reconcile failed: the key is queued again at event
+    /// priority once `delay` has passed and backs off until then — adds meanwhile (including
+    /// one that made it dirty while in flight) are folded into the retry, except a forced add
+    /// (the primary's spec changed), which queues it at once. Returns whether the slot was in
+    /// flight (false means a double done, ignored).
+    pub fn done(&mut self, slot: u32, retry: Option<Duration>, now: &mut Now) -> bool {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return false;
         };
@@ -411,13 +490,35 @@ impl Core {
         s.in_flight = false;
         let tenant = s.tenant;
         let dirty = s.dirty.take();
+        let forced = std::mem::take(&mut s.dirty_forced);
         self.in_flight -= 1;
         self.fair.finish(tenant);
-        if let Some(priority) = dirty
-            && !self.closed
-        {
-            self.enqueue(slot, priority, now, false);
+        let spec_changed = forced && dirty.is_some();
+        if !self.closed {
+            match (retry, dirty) {
+                (Some(delay), _) if !spec_changed && !delay.is_zero() => {
+                    let until = now.get() + delay;
+                    let s = &mut self.slots[slot as usize];
+                    s.hold = Some(until);
+                    // The retry replaces any pending delay: nothing fires before it.
+                    s.delay = None;
+                    self.merge_delay(slot, until, Priority::Event);
+                }
+                (Some(_), None) => {
+                    self.enqueue(slot, Priority::Event, now, false);
+                }
+                (_, Some(priority)) => {
+                    let priority = if retry.is_some() {
+                        Priority::Event
+                    } else {
+                        priority
+                    };
+                    self.enqueue(slot, priority, now, false);
+                }
+                (None, None) => {}
+            }
         }
+        self.fire_delays(now);
         self.release_if_idle(slot);
         true
     }
@@ -439,9 +540,22 @@ impl Core {
         !self.closed && self.queued > 0 && self.in_flight < self.config.max_in_flight
     }
 
-    /// Keys ready to be handed out (not delayed, not in flight).
+    /// Queue every key whose delay has passed at `now` (so counts include them).
+    pub fn fire_due(&mut self, now: &mut Now) {
+        if !self.closed {
+            self.fire_delays(now);
+        }
+    }
+
+    /// Keys ready to be handed out (not delayed, not in flight); call [`Core::fire_due`]
+    /// first to count keys whose delay has passed.
     pub fn len(&self) -> usize {
         self.queued
+    }
+
+    /// Tenants the queue tracks (those some key refers to, plus any given a weight since).
+    pub fn tenants(&self) -> usize {
+        self.fair.tenants()
     }
 
     /// Keys currently handed to workers.
@@ -480,6 +594,8 @@ impl Core {
             }
             slot.queued = None;
             slot.dirty = None;
+            slot.dirty_forced = false;
+            slot.hold = None;
             slot.delay = None;
         }
         if let Some(m) = &self.metrics {

@@ -1,22 +1,44 @@
-//! Fair scheduling between tenants: Deficit Round Robin (Shreedhar & Varghese, 1995) with
-//! unit cost per dispatch, one round per priority level, and a per-tenant in-flight cap.
+//! Fair scheduling between tenants: Start-time Fair Queuing (SFQ; Goyal, Vin & Cheng,
+//! "Start-time Fair Queuing", SIGCOMM 1996) with unit cost per dispatch, one scheduler per
+//! priority level, work-conserving, with an optional per-tenant in-flight cap.
 //!
-//! Every tenant with ready work at a level sits in that level's ring. The tenant at the front
-//! of the ring receives a quantum of `weight` dispatches when its turn starts, is served until
-//! the quantum is spent (or it runs out of ready work, or reaches its in-flight cap) and then
-//! moves to the back. Consequences, which the unit tests check:
-//! - with tenants A and B backlogged, dispatches split exactly `wA : wB` per round;
-//! - a tenant that becomes ready joins the back of the ring, so its first key waits for at
-//!   most the sum of the weights of the tenants ahead of it (= the number of backlogged
-//!   tenants when weights are 1), however deep their backlogs are.
+//! Each tenant with ready work at a level carries a virtual *start tag* `S`; the scheduler
+//! dispatches the tenant with the smallest `S` (ties: the one that became ready first) and sets
+//! the level's virtual time `V` to that `S`. After a dispatch the tenant's *finish tag* is
+//! `F = S + 1/weight`, and its next start tag is `F` while it stays backlogged, or
+//! `max(V, F)` when it becomes ready again (so idling earns no credit). Consequences, which
+//! the unit tests check:
+//! - over any interval in which tenants `a` and `b` are both backlogged, their dispatch counts
+//!   satisfy `|n_a/w_a − n_b/w_b| ≤ 1/w_a + 1/w_b` (SFQ's fairness theorem with unit cost):
+//!   shares are proportional to weight up to about one dispatch per tenant, for any weights,
+//!   and however many keys each tenant has in flight;
+//! - a tenant that becomes ready gets `S = V`, at most the tag of every backlogged tenant, so
+//!   its first key is handed out after at most one dispatch of each other active tenant,
+//!   whatever their backlogs and weights;
+//! - it is work-conserving: a tenant is skipped only when it has no ready work or is at its
+//!   explicit cap, so one tenant alone may use every worker.
+//!
+//! Tags are integers: `1/weight` is [`STRIDE`]` / weight` (as in stride scheduling), so no
+//! floating-point drift. Tenants are forgotten (state and metric series) once no key refers
+//! to them; see [`Fair::release`].
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
 
 use foldhash::HashMap;
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use crate::key::TenantKey;
+
+/// Virtual time of one dispatch of a weight-1 tenant (2⁴⁰; a weight `w` dispatch costs
+/// `STRIDE / w`, exact to 2⁻⁴⁰ of a dispatch).
+pub(crate) const STRIDE: u128 = 1 << 40;
+
+/// Looks up a tenant's current weight on every dispatch; `None` keeps the weight given to
+/// [`Fair::set_weight`] (or 1).
+pub(crate) type WeightLookup = Arc<dyn Fn(&TenantKey) -> Option<u32> + Send + Sync>;
 
 /// A reference to one queued key: its slot index and the enqueue sequence number that makes
 /// the entry valid (entries superseded by a later enqueue are skipped lazily).
@@ -48,32 +70,73 @@ struct Tenant {
     queues: [VecDeque<Entry>; LEVELS],
     /// Valid entries per level.
     queued: [usize; LEVELS],
-    /// Dispatches left in the current DRR turn, per level.
-    deficit: [u32; LEVELS],
-    /// Whether the tenant currently sits in a level's ring (maybe ineligible, removed lazily).
-    in_ring: [bool; LEVELS],
+    /// Finish tag of the last dispatch, per level.
+    finish: [u128; LEVELS],
+    /// The heap sequence number of this tenant's live heap entry per level, if it has one.
+    in_heap: [Option<u64>; LEVELS],
     in_flight: usize,
+    /// Slots (keys) that refer to this tenant; at 0 the tenant is forgotten.
+    refs: usize,
     metrics: Option<TenantMetrics>,
 }
 
-/// The DRR scheduler state over all tenants.
-#[derive(Debug)]
+/// One priority level's scheduler: its virtual time and the ready tenants by start tag.
+#[derive(Debug, Default)]
+struct Level {
+    vtime: u128,
+    /// `(start tag, sequence, tenant)`; entries whose sequence is not the tenant's
+    /// `in_heap` are stale.
+    heap: BinaryHeap<Reverse<(u128, u64, u32)>>,
+    next_seq: u64,
+}
+
+/// The SFQ scheduler state over all tenants.
 pub(crate) struct Fair {
-    tenants: Vec<Tenant>,
+    tenants: Vec<Option<Tenant>>,
+    free: Vec<u32>,
     index: HashMap<TenantKey, u32>,
-    rings: [VecDeque<u32>; LEVELS],
-    per_tenant_cap: usize,
+    levels: [Level; LEVELS],
+    per_tenant_cap: Option<usize>,
+    lookup: Option<WeightLookup>,
+}
+
+impl std::fmt::Debug for Fair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fair")
+            .field("tenants", &self.index.len())
+            .field("per_tenant_cap", &self.per_tenant_cap)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fair {
-    /// An empty scheduler; `per_tenant_cap` bounds each tenant's keys in flight.
-    pub fn new(per_tenant_cap: usize) -> Self {
+    /// An empty scheduler; `per_tenant_cap` (if any) bounds each tenant's keys in flight.
+    pub fn new(per_tenant_cap: Option<usize>) -> Self {
         Self {
             tenants: Vec::new(),
+            free: Vec::new(),
             index: HashMap::default(),
-            rings: Default::default(),
+            levels: Default::default(),
             per_tenant_cap,
+            lookup: None,
         }
+    }
+
+    /// Read weights through `lookup` on every dispatch (see [`WeightLookup`]).
+    pub fn set_lookup(&mut self, lookup: WeightLookup) {
+        self.lookup = Some(lookup);
+    }
+
+    fn t(&self, id: u32) -> &Tenant {
+        self.tenants[id as usize]
+            .as_ref()
+            .expect("tenant ids in use refer to live tenants")
+    }
+
+    fn t_mut(&mut self, id: u32) -> &mut Tenant {
+        self.tenants[id as usize]
+            .as_mut()
+            .expect("tenant ids in use refer to live tenants")
     }
 
     /// The index of `name`, registering the tenant (weight 1) on first sight.
@@ -85,19 +148,58 @@ impl Fair {
         if let Some(&id) = self.index.get(name) {
             return id;
         }
-        let id = u32::try_from(self.tenants.len()).unwrap_or(u32::MAX);
-        self.tenants.push(Tenant {
+        let tenant = Tenant {
             name: name.clone(),
             weight: 1,
             queues: Default::default(),
             queued: [0; LEVELS],
-            deficit: [0; LEVELS],
-            in_ring: [false; LEVELS],
+            finish: [0; LEVELS],
+            in_heap: [None; LEVELS],
             in_flight: 0,
+            refs: 0,
             metrics: metrics(name),
-        });
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.tenants[id as usize] = Some(tenant);
+                id
+            }
+            None => {
+                self.tenants.push(Some(tenant));
+                u32::try_from(self.tenants.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
         self.index.insert(name.clone(), id);
         id
+    }
+
+    /// A key now refers to `tenant` (it stays known at least until [`Fair::release`]).
+    pub fn retain(&mut self, tenant: u32) {
+        self.t_mut(tenant).refs += 1;
+    }
+
+    /// A key no longer refers to `tenant`; when none does, the tenant (its weight, tags and
+    /// metric series, via `forget_metrics`) is forgotten. Returns whether it was.
+    pub fn release(&mut self, tenant: u32, forget_metrics: impl FnOnce(&TenantKey)) -> bool {
+        let t = self.t_mut(tenant);
+        t.refs = t.refs.saturating_sub(1);
+        if t.refs > 0 || t.in_flight > 0 || t.queued.iter().any(|&q| q > 0) {
+            return false;
+        }
+        let t = self.tenants[tenant as usize]
+            .take()
+            .expect("checked live above");
+        self.index.remove(&t.name);
+        if t.metrics.is_some() {
+            forget_metrics(&t.name);
+        }
+        self.free.push(tenant);
+        true
+    }
+
+    /// Tenants currently known.
+    pub fn tenants(&self) -> usize {
+        self.index.len()
     }
 
     /// The index of a known tenant.
@@ -107,31 +209,28 @@ impl Fair {
 
     /// The tenant's name.
     pub fn name(&self, tenant: u32) -> &TenantKey {
-        &self.tenants[tenant as usize].name
+        &self.t(tenant).name
     }
 
-    /// Set a tenant's weight (`weight` ≥ 1, checked by the caller).
+    /// Set a tenant's weight (`weight` ≥ 1, checked by the caller); it applies from the
+    /// tenant's next dispatch.
     pub fn set_weight(&mut self, tenant: u32, weight: u32) {
-        let t = &mut self.tenants[tenant as usize];
-        t.weight = weight;
-        for d in &mut t.deficit {
-            *d = (*d).min(weight);
-        }
+        self.t_mut(tenant).weight = weight;
     }
 
     /// Keys of `tenant` in flight.
     pub fn in_flight(&self, tenant: u32) -> usize {
-        self.tenants[tenant as usize].in_flight
+        self.t(tenant).in_flight
     }
 
     /// Valid queued entries of `tenant` at `level`.
     pub fn queued(&self, tenant: u32, level: usize) -> usize {
-        self.tenants[tenant as usize].queued[level]
+        self.t(tenant).queued[level]
     }
 
     /// Append a valid entry for `tenant` at `level` (or put it first with `front`).
     pub fn push(&mut self, tenant: u32, level: usize, entry: Entry, front: bool) {
-        let t = &mut self.tenants[tenant as usize];
+        let t = self.t_mut(tenant);
         if front {
             t.queues[level].push_front(entry);
         } else {
@@ -144,10 +243,10 @@ impl Fair {
         self.make_eligible(tenant, level);
     }
 
-    /// Record that one of `tenant`'s entries at `level` became stale (the key moved level,
-    /// or the queue was cleared) without being dispatched.
+    /// Record that one of `tenant`'s entries at `level` became stale (the key moved level)
+    /// without being dispatched.
     pub fn forget(&mut self, tenant: u32, level: usize) {
-        let t = &mut self.tenants[tenant as usize];
+        let t = self.t_mut(tenant);
         t.queued[level] = t.queued[level].saturating_sub(1);
         if t.queued[level] == 0 {
             t.queues[level].clear();
@@ -157,9 +256,9 @@ impl Fair {
         }
     }
 
-    /// A key of `tenant` finished; it may become eligible again under its cap.
+    /// A key of `tenant` finished; the tenant may become eligible again under its cap.
     pub fn finish(&mut self, tenant: u32) {
-        let t = &mut self.tenants[tenant as usize];
+        let t = self.t_mut(tenant);
         t.in_flight = t.in_flight.saturating_sub(1);
         for level in 0..LEVELS {
             self.make_eligible(tenant, level);
@@ -167,35 +266,50 @@ impl Fair {
     }
 
     fn eligible(&self, tenant: u32, level: usize) -> bool {
-        let t = &self.tenants[tenant as usize];
-        t.queued[level] > 0 && t.in_flight < self.per_tenant_cap
+        let t = self.t(tenant);
+        t.queued[level] > 0 && self.per_tenant_cap.is_none_or(|cap| t.in_flight < cap)
     }
 
+    /// Put a tenant that has ready work (and room under its cap) into the level's heap with
+    /// start tag `max(V, F)`.
     fn make_eligible(&mut self, tenant: u32, level: usize) {
-        if self.eligible(tenant, level) && !self.tenants[tenant as usize].in_ring[level] {
-            self.tenants[tenant as usize].in_ring[level] = true;
-            self.rings[level].push_back(tenant);
+        if !self.eligible(tenant, level) || self.t(tenant).in_heap[level].is_some() {
+            return;
         }
+        let vtime = self.levels[level].vtime;
+        let start = self.t(tenant).finish[level].max(vtime);
+        self.enter(tenant, level, start);
     }
 
-    /// Dispatch the next entry at `level` by DRR, skipping stale entries with `valid`.
+    fn enter(&mut self, tenant: u32, level: usize, start: u128) {
+        let l = &mut self.levels[level];
+        let seq = l.next_seq;
+        l.next_seq += 1;
+        l.heap.push(Reverse((start, seq, tenant)));
+        self.t_mut(tenant).in_heap[level] = Some(seq);
+    }
+
+    /// Dispatch the next entry at `level` by SFQ, skipping stale entries with `valid`.
     /// Returns the tenant index and the entry.
     pub fn pop(&mut self, level: usize, valid: impl Fn(Entry) -> bool) -> Option<(u32, Entry)> {
         loop {
-            let tenant = *self.rings[level].front()?;
+            let Reverse((start, seq, tenant)) = self.levels[level].heap.pop()?;
+            let live = self.tenants[tenant as usize]
+                .as_ref()
+                .is_some_and(|t| t.in_heap[level] == Some(seq));
+            if !live {
+                continue; // stale: the tenant left the heap (or was forgotten) since
+            }
+            self.t_mut(tenant).in_heap[level] = None;
             if !self.eligible(tenant, level) {
-                // Lazily drop a tenant that ran dry or hit its cap since it joined the ring.
-                self.rings[level].pop_front();
-                let t = &mut self.tenants[tenant as usize];
-                t.in_ring[level] = false;
-                t.deficit[level] = 0;
-                continue;
+                continue; // ran dry or hit its cap since it entered; re-enters when ready
             }
-            let cap = self.per_tenant_cap;
-            let t = &mut self.tenants[tenant as usize];
-            if t.deficit[level] == 0 {
-                t.deficit[level] = t.weight; // a new DRR turn: grant the quantum
-            }
+            let weight = match &self.lookup {
+                Some(lookup) => lookup(self.name(tenant)).filter(|&w| w > 0),
+                None => None,
+            };
+            let t = self.t_mut(tenant);
+            let weight = weight.unwrap_or(t.weight).max(1);
             let mut found = None;
             while let Some(entry) = t.queues[level].pop_front() {
                 if valid(entry) {
@@ -210,18 +324,16 @@ impl Fair {
                 continue;
             };
             t.queued[level] -= 1;
-            t.deficit[level] -= 1;
             t.in_flight += 1;
+            t.finish[level] = start + STRIDE / u128::from(weight);
             if let Some(m) = &t.metrics {
                 m.depth.dec();
                 m.dispatches.inc();
             }
-            if t.queued[level] == 0 || t.in_flight >= cap {
-                self.rings[level].pop_front();
-                t.in_ring[level] = false;
-                t.deficit[level] = 0;
-            } else if t.deficit[level] == 0 {
-                self.rings[level].rotate_left(1);
+            let next = t.finish[level];
+            self.levels[level].vtime = start;
+            if self.eligible(tenant, level) {
+                self.enter(tenant, level, next);
             }
             return Some((tenant, entry));
         }
@@ -229,7 +341,7 @@ impl Fair {
 
     /// Clear every queue (at shutdown); in-flight counts are kept.
     pub fn clear_queues(&mut self) {
-        for t in &mut self.tenants {
+        for t in self.tenants.iter_mut().flatten() {
             for level in 0..LEVELS {
                 if let Some(m) = &t.metrics {
                     m.depth
@@ -237,12 +349,11 @@ impl Fair {
                 }
                 t.queues[level].clear();
                 t.queued[level] = 0;
-                t.in_ring[level] = false;
-                t.deficit[level] = 0;
+                t.in_heap[level] = None;
             }
         }
-        for ring in &mut self.rings {
-            ring.clear();
+        for level in &mut self.levels {
+            level.heap.clear();
         }
     }
 }

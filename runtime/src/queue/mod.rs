@@ -1,24 +1,37 @@
 //! A per-tenant fair work queue: deduplicating, one key in flight at a time, delayed adds,
-//! event-before-resync priorities with aging, global and per-tenant caps, graceful shutdown.
+//! event-before-resync priorities with aging, work-conserving weighted fair sharing, backoff
+//! that events cannot bypass, graceful shutdown.
 //!
 //! # Rules
-//! 1. **Dedupe**: adding a key that is already waiting does not queue it twice.
+//! 1. **Dedupe**: adding a key that is already waiting does not queue it twice; the waiting
+//!    work keeps the higher of the two priorities.
 //! 2. **One in flight**: a key handed out by [`WorkQueue::get`] is not handed out again until
 //!    its [`Lease`] is done; an add meanwhile marks it dirty and it comes back once, after done.
-//! 3. **Delays**: of several pending [`WorkQueue::add_after`] for one key the earliest wins; an
-//!    immediate add supersedes any pending delay (it is the earliest of all).
-//! 4. **Fairness**: tenants are scheduled by Deficit Round Robin (Shreedhar & Varghese, 1995)
-//!    with the tenant's weight as quantum and unit cost per dispatch. Bounds: with
-//!    tenants backlogged, dispatches split exactly by weight per round; a tenant that becomes
-//!    ready waits for at most the sum of the weights of the backlogged tenants ahead of it.
+//! 3. **Delays**: a key has at most one pending delay — of several [`WorkQueue::add_after`]
+//!    the earliest deadline wins and it carries the highest priority asked for; an immediate
+//!    add supersedes a pending delay of no higher priority.
+//! 4. **Fairness**: tenants are scheduled by Start-time Fair Queuing (Goyal, Vin & Cheng,
+//!    SIGCOMM 1996) with unit cost per dispatch (see [`fair`]). Under contention each
+//!    backlogged tenant's share of dispatches is proportional to its weight, to within about
+//!    one dispatch per tenant over any interval, however many of its keys are in flight; a
+//!    tenant that becomes ready is served after at most one dispatch of each other active
+//!    tenant, whatever their backlogs. The queue is work-conserving: with no contention one
+//!    tenant may use every worker.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
-//! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total and
-//!    [`QueueConfig::per_tenant_cap`] per tenant.
+//! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total; a per-tenant
+//!    cap ([`QueueConfig::per_tenant_cap`]) is an explicit option, off by default.
 //! 7. **Shutdown**: [`WorkQueue::shutdown`] stops handing out keys, waits for in-flight work up
 //!    to a deadline and reports what was dropped.
+//! 8. **Backoff holds**: after [`Lease::retry_after`] the key waits out its backoff; adds
+//!    meanwhile (child events, resyncs, requeues) are folded into the retry, and only
+//!    [`WorkQueue::add_bypassing_backoff`] (a change of the object's own spec) ends the wait.
+//! 9. **Forgetting**: a key with nothing left to do frees its slot (and its key); a tenant that
+//!    no key refers to any more is forgotten with its `idem_tenant_*` metric series.
 //!
 //! A key keeps the tenant it was first added with while it is queued, in flight or delayed.
+//! Counts ([`WorkQueue::len`], [`WorkQueue::tenant_len`], the depth gauges) include keys whose
+//! delay has passed: every queue operation first queues the keys that are due.
 
 pub(crate) mod core;
 pub(crate) mod fair;
@@ -45,9 +58,11 @@ pub use crate::metrics::QueueMetrics;
 pub struct QueueConfig {
     /// Most keys in flight at once across all tenants (the worker count). Default 10.
     pub max_in_flight: usize,
-    /// Most keys of one tenant in flight at once, so one tenant cannot hold every worker.
-    /// Default 2.
-    pub per_tenant_cap: usize,
+    /// Most keys of one tenant in flight at once, if set. Default `None`: the queue is
+    /// work-conserving, so a tenant alone may use every worker and shares are enforced only
+    /// under contention. A cap trades idle workers for a hard bound (e.g. for reconciles that
+    /// load a tenant's own backend).
+    pub per_tenant_cap: Option<usize>,
     /// How long a resync key may wait behind event work before it is served as event work
     /// (aging). Default 60 s.
     pub resync_max_wait: Duration,
@@ -57,7 +72,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         Self {
             max_in_flight: 10,
-            per_tenant_cap: 2,
+            per_tenant_cap: None,
             resync_max_wait: Duration::from_secs(60),
         }
     }
@@ -69,10 +84,10 @@ pub enum QueueError {
     /// `max_in_flight` was 0: no key could ever be handed out.
     #[error("queue max_in_flight must be at least 1")]
     ZeroMaxInFlight,
-    /// `per_tenant_cap` was 0: no tenant could ever be served.
-    #[error("queue per_tenant_cap must be at least 1")]
+    /// `per_tenant_cap` was `Some(0)`: no tenant could ever be served.
+    #[error("queue per_tenant_cap must be at least 1 (or None for no cap)")]
     ZeroTenantCap,
-    /// A tenant weight of 0 was given: DRR needs a quantum of at least one dispatch.
+    /// A tenant weight of 0 was given: a tenant's share must be positive.
     #[error("weight of tenant {0} must be at least 1")]
     ZeroWeight(TenantKey),
 }
@@ -86,7 +101,7 @@ impl QueueConfig {
         if self.max_in_flight == 0 {
             return Err(QueueError::ZeroMaxInFlight);
         }
-        if self.per_tenant_cap == 0 {
+        if self.per_tenant_cap == Some(0) {
             return Err(QueueError::ZeroTenantCap);
         }
         Ok(())
@@ -117,6 +132,13 @@ impl Shared {
     fn wake_one(&self) {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.ready.notify_one();
+        }
+    }
+
+    /// Wake every waiting worker, so each re-arms its timer for a (maybe earlier) deadline.
+    fn wake_all(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.ready.notify_waiters();
         }
     }
 }
@@ -157,8 +179,9 @@ impl WorkQueue {
         })
     }
 
-    /// Set `tenant`'s fair-share weight (its DRR quantum, in dispatches per round). Tenants
-    /// start at weight 1.
+    /// Set `tenant`'s fair-share weight: under contention its share of dispatches is
+    /// proportional to it. Tenants start at weight 1; the weight applies from the tenant's
+    /// next dispatch and is forgotten with the tenant (when no key refers to it any more).
     ///
     /// # Errors
     /// [`QueueError::ZeroWeight`] if `weight` is 0.
@@ -170,14 +193,51 @@ impl WorkQueue {
         Ok(())
     }
 
-    /// Add `key` of `tenant` now (rules 1 and 2).
+    /// Read each tenant's weight through `lookup` at every dispatch of that tenant, so a
+    /// changed weight applies without anyone calling [`WorkQueue::set_weight`]; `None` (or
+    /// 0) falls back to the weight set there. `lookup` runs under the queue's lock: it must
+    /// be cheap and must not call into this queue (a cache read is the intended use).
+    pub fn set_weight_lookup(
+        &self,
+        lookup: impl Fn(&TenantKey) -> Option<u32> + Send + Sync + 'static,
+    ) {
+        self.shared.lock().set_weight_lookup(Arc::new(lookup));
+    }
+
+    /// Add `key` of `tenant` now (rules 1–3). While the key backs off after a failed
+    /// reconcile ([`Lease::retry_after`]), the add is folded into the pending retry (rule 8).
     pub fn add(&self, key: &ObjectKey, tenant: &TenantKey, priority: Priority) -> AddOutcome {
-        let outcome = self
-            .shared
-            .lock()
-            .add(key, tenant, priority, &mut Now::lazy());
-        if outcome == AddOutcome::Queued {
-            self.shared.wake_one();
+        self.add_inner(key, tenant, priority, false)
+    }
+
+    /// [`WorkQueue::add`] that also ends the key's backoff wait: for a change of the object
+    /// itself (its spec, i.e. `metadata.generation`, or its deletion), which a failing
+    /// reconcile should see at once, as opposed to child events and resyncs (rule 8).
+    pub fn add_bypassing_backoff(
+        &self,
+        key: &ObjectKey,
+        tenant: &TenantKey,
+        priority: Priority,
+    ) -> AddOutcome {
+        self.add_inner(key, tenant, priority, true)
+    }
+
+    fn add_inner(
+        &self,
+        key: &ObjectKey,
+        tenant: &TenantKey,
+        priority: Priority,
+        forced: bool,
+    ) -> AddOutcome {
+        let mut core = self.shared.lock();
+        let outcome = core.add(key, tenant, priority, forced, &mut Now::lazy());
+        let ready = core.has_ready();
+        drop(core);
+        match outcome {
+            AddOutcome::Queued if ready => self.shared.wake_one(),
+            // Folded into a backoff wait with an earlier deadline: re-arm waiting timers.
+            AddOutcome::Queued => self.shared.wake_all(),
+            _ => {}
         }
         outcome
     }
@@ -196,9 +256,7 @@ impl WorkQueue {
             .add_after(key, tenant, delay, priority, &mut Now::lazy());
         if outcome == AddOutcome::Queued {
             // Waiting workers must re-arm their timer for the (maybe earlier) deadline.
-            if self.shared.waiters.load(Ordering::SeqCst) > 0 {
-                self.shared.ready.notify_waiters();
-            }
+            self.shared.wake_all();
         }
         outcome
     }
@@ -257,9 +315,23 @@ impl WorkQueue {
         }
     }
 
-    /// Keys ready to be handed out now (delayed and in-flight keys are not counted).
+    /// Keys ready to be handed out now, including keys whose delay has just passed (those
+    /// are queued by this call); keys still delayed and keys in flight are not counted.
     pub fn len(&self) -> usize {
-        self.shared.lock().len()
+        let mut core = self.shared.lock();
+        core.fire_due(&mut Now::lazy());
+        let (len, ready) = (core.len(), core.has_ready());
+        drop(core);
+        if ready {
+            self.shared.wake_one();
+        }
+        len
+    }
+
+    /// Tenants the queue currently tracks: those some queued, delayed or in-flight key
+    /// refers to (a tenant with none is forgotten, with its metric series).
+    pub fn tenants(&self) -> usize {
+        self.shared.lock().tenants()
     }
 
     /// Whether no key is ready to be handed out now.
@@ -277,9 +349,11 @@ impl WorkQueue {
         self.shared.lock().tenant_in_flight(tenant)
     }
 
-    /// Keys of `tenant` ready at `priority`.
+    /// Keys of `tenant` ready at `priority` (keys whose delay has passed included).
     pub fn tenant_len(&self, tenant: &TenantKey, priority: Priority) -> usize {
-        self.shared.lock().tenant_queued(tenant, priority)
+        let mut core = self.shared.lock();
+        core.fire_due(&mut Now::lazy());
+        core.tenant_queued(tenant, priority)
     }
 
     /// The queue's metric handles, if it has any.
@@ -348,19 +422,31 @@ impl Lease {
 
     /// The key is done: release it (rule 2). A key added meanwhile is queued again.
     pub fn done(mut self) {
-        self.release();
+        self.release(None);
     }
 
-    fn release(&mut self) {
+    /// The reconcile failed: release the key and queue it again at event priority after
+    /// `delay` (the backoff). Until then adds of the key are folded into this retry, except
+    /// [`WorkQueue::add_bypassing_backoff`] (rule 8). An add made while the key was in flight
+    /// is folded in too, unless it bypassed backoff; then the key is queued at once.
+    pub fn retry_after(mut self, delay: Duration) {
+        self.release(Some(delay));
+    }
+
+    fn release(&mut self, retry: Option<Duration>) {
         if std::mem::replace(&mut self.released, true) {
             return;
         }
         let mut now = Now::lazy();
         let (requeued, closing) = {
             let mut core = self.shared.lock();
-            core.done(self.slot, &mut now);
+            core.done(self.slot, retry, &mut now);
             (core.has_ready(), core.is_closed())
         };
+        if retry.is_some() {
+            // A new retry deadline: waiting workers re-arm their timers.
+            self.shared.wake_all();
+        }
         if let (Some(m), Some(at)) = (&self.shared.metrics, self.dispatched_at) {
             m.work_duration
                 .observe(now.get().saturating_duration_since(at).as_secs_f64());
@@ -385,6 +471,6 @@ impl Drop for Unregister<'_> {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.release();
+        self.release(None);
     }
 }

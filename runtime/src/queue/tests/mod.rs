@@ -1,5 +1,7 @@
 //! Unit and property tests of the queue rules (see the numbered rules in [`super`]).
 
+mod fairness;
+mod holds;
 mod prop;
 mod rules;
 
@@ -14,10 +16,20 @@ pub(super) fn tenant(name: &str) -> TenantKey {
     TenantKey::new(name)
 }
 
-pub(super) fn queue(max_in_flight: usize, per_tenant_cap: usize) -> WorkQueue {
+/// A work-conserving queue (no per-tenant cap).
+pub(super) fn queue(max_in_flight: usize) -> WorkQueue {
     WorkQueue::new(QueueConfig {
         max_in_flight,
-        per_tenant_cap,
+        ..QueueConfig::default()
+    })
+    .expect("valid config")
+}
+
+/// A queue with an explicit per-tenant cap.
+pub(super) fn capped(max_in_flight: usize, per_tenant_cap: usize) -> WorkQueue {
+    WorkQueue::new(QueueConfig {
+        max_in_flight,
+        per_tenant_cap: Some(per_tenant_cap),
         ..QueueConfig::default()
     })
     .expect("valid config")

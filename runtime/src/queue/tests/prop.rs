@@ -13,20 +13,33 @@ use crate::queue::{Priority, QueueConfig};
 
 #[derive(Clone, Debug)]
 enum Op {
-    Add { k: u8, t: u8, resync: bool },
-    AddAfter { k: u8, t: u8, ms: u16, resync: bool },
+    Add {
+        k: u8,
+        t: u8,
+        resync: bool,
+        forced: bool,
+    },
+    AddAfter {
+        k: u8,
+        t: u8,
+        ms: u16,
+        resync: bool,
+    },
     Get,
     Done(usize),
+    Retry(usize, u16),
     Advance(u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u8..12, 0u8..4, any::<bool>()).prop_map(|(k, t, resync)| Op::Add { k, t, resync }),
+        3 => (0u8..12, 0u8..4, any::<bool>(), any::<bool>())
+            .prop_map(|(k, t, resync, forced)| Op::Add { k, t, resync, forced }),
         2 => (0u8..12, 0u8..4, 0u16..300, any::<bool>())
             .prop_map(|(k, t, ms, resync)| Op::AddAfter { k, t, ms, resync }),
         3 => Just(Op::Get),
         2 => (0usize..8).prop_map(Op::Done),
+        1 => (0usize..8, 1u16..400).prop_map(|(i, ms)| Op::Retry(i, ms)),
         1 => (0u16..500).prop_map(Op::Advance),
     ]
 }
@@ -61,7 +74,10 @@ impl Model {
         );
         let n = self.per_tenant.entry(tenant.to_owned()).or_default();
         *n += 1;
-        assert!(*n <= cfg.per_tenant_cap, "tenant cap broken");
+        assert!(
+            cfg.per_tenant_cap.is_none_or(|cap| *n <= cap),
+            "tenant cap broken"
+        );
     }
 }
 
@@ -74,11 +90,17 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     // A key keeps its first tenant while active; the model needs the tenant for caps only.
     for op in ops {
         match op {
-            Op::Add { k, t, resync } => {
+            Op::Add {
+                k,
+                t,
+                resync,
+                forced,
+            } => {
                 core.add(
                     &key(&name(k)),
                     &tenant(&format!("t{t}")),
                     prio(resync),
+                    forced,
                     &mut Now::at(now),
                 );
                 model.owed.insert(name(k));
@@ -101,10 +123,20 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
                     held.push((n, d.slot, d.tenant.as_str().to_owned()));
                 }
             }
+            Op::Retry(i, ms) => {
+                if !held.is_empty() {
+                    let (n, slot, t) = held.remove(i % held.len());
+                    let d = Duration::from_millis(u64::from(ms));
+                    assert!(core.done(slot, Some(d), &mut Now::at(now)));
+                    model.in_flight.remove(&n);
+                    model.owed.insert(n);
+                    *model.per_tenant.get_mut(&t).unwrap() -= 1;
+                }
+            }
             Op::Done(i) => {
                 if !held.is_empty() {
                     let (n, slot, t) = held.remove(i % held.len());
-                    assert!(core.done(slot, &mut Now::at(now)));
+                    assert!(core.done(slot, None, &mut Now::at(now)));
                     model.in_flight.remove(&n);
                     *model.per_tenant.get_mut(&t).unwrap() -= 1;
                 }
@@ -115,7 +147,7 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     }
     // Drain: finish everything, let every delay and aging bound pass, serve until empty.
     for (n, slot, t) in held.drain(..) {
-        assert!(core.done(slot, &mut Now::at(now)));
+        assert!(core.done(slot, None, &mut Now::at(now)));
         model.in_flight.remove(&n);
         *model.per_tenant.get_mut(&t).unwrap() -= 1;
     }
@@ -124,7 +156,7 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     while let Some(d) = core.pop(&mut Now::at(now)) {
         let n = d.key.name.to_string();
         model.dispatched(&n, d.slot, d.tenant.as_str(), &cfg);
-        assert!(core.done(d.slot, &mut Now::at(now)));
+        assert!(core.done(d.slot, None, &mut Now::at(now)));
         model.in_flight.remove(&n);
         *model.per_tenant.get_mut(d.tenant.as_str()).unwrap() -= 1;
         rounds += 1;
@@ -143,14 +175,19 @@ proptest! {
 
     #[test]
     fn never_twice_never_lost(ops in proptest::collection::vec(op(), 1..200)) {
-        run(ops, QueueConfig { max_in_flight: 4, per_tenant_cap: 2, ..QueueConfig::default() });
+        run(ops, QueueConfig { max_in_flight: 4, per_tenant_cap: None, ..QueueConfig::default() });
+    }
+
+    #[test]
+    fn never_twice_never_lost_with_a_tenant_cap(ops in proptest::collection::vec(op(), 1..200)) {
+        run(ops, QueueConfig { max_in_flight: 4, per_tenant_cap: Some(2), ..QueueConfig::default() });
     }
 
     #[test]
     fn never_twice_never_lost_with_tight_caps(ops in proptest::collection::vec(op(), 1..200)) {
         run(ops, QueueConfig {
             max_in_flight: 1,
-            per_tenant_cap: 1,
+            per_tenant_cap: Some(1),
             resync_max_wait: Duration::from_millis(200),
         });
     }

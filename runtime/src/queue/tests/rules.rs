@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{key, queue, serve, tenant};
+use super::{capped, key, queue, serve, tenant};
 use crate::queue::{AddOutcome, Priority, QueueConfig, QueueError, WorkQueue};
 
 const EV: Priority = Priority::Event;
@@ -12,7 +12,7 @@ const RS: Priority = Priority::Resync;
 
 #[tokio::test(start_paused = true)]
 async fn rule1_dedupe_waiting_key_is_queued_once() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     assert_eq!(q.add(&key("x"), &t, EV), AddOutcome::Queued);
     assert_eq!(q.add(&key("x"), &t, EV), AddOutcome::Deduped);
@@ -24,7 +24,7 @@ async fn rule1_dedupe_waiting_key_is_queued_once() {
 
 #[tokio::test(start_paused = true)]
 async fn rule1_dedupe_raises_resync_to_event_priority() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     q.add(&key("r"), &t, RS);
     q.add(&key("e"), &t, EV);
@@ -40,7 +40,7 @@ async fn rule1_dedupe_raises_resync_to_event_priority() {
 
 #[tokio::test(start_paused = true)]
 async fn rule2_in_flight_key_is_not_handed_out_again_until_done() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     q.add(&key("x"), &t, EV);
     let lease = q.try_get().unwrap();
@@ -57,7 +57,7 @@ async fn rule2_in_flight_key_is_not_handed_out_again_until_done() {
 
 #[tokio::test(start_paused = true)]
 async fn rule2_dropping_a_lease_releases_the_key() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     q.add(&key("x"), &t, EV);
     let worker = {
@@ -75,7 +75,7 @@ async fn rule2_dropping_a_lease_releases_the_key() {
 
 #[tokio::test(start_paused = true)]
 async fn rule3_earliest_of_several_delays_wins() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     let start = Instant::now();
     q.add_after(&key("x"), &t, Duration::from_secs(5), EV);
@@ -92,7 +92,7 @@ async fn rule3_earliest_of_several_delays_wins() {
 
 #[tokio::test(start_paused = true)]
 async fn rule3_immediate_add_supersedes_delay_and_delay_of_queued_key_is_ignored() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     q.add_after(&key("x"), &t, Duration::from_secs(2), EV);
     q.add(&key("x"), &t, EV);
@@ -115,7 +115,7 @@ async fn rule3_immediate_add_supersedes_delay_and_delay_of_queued_key_is_ignored
 
 #[tokio::test(start_paused = true)]
 async fn rule3_delay_requested_while_in_flight_fires_after_done() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     q.add(&key("x"), &t, EV);
     let lease = q.try_get().unwrap();
@@ -141,7 +141,7 @@ fn dispatch_pattern(q: &WorkQueue, n: usize, total: usize) -> Vec<bool> {
 #[tokio::test(start_paused = true)]
 async fn rule4_weighted_share_within_ten_percent_over_every_window() {
     for (wa, wb) in [(1u32, 1u32), (3, 1), (1, 4), (7, 3)] {
-        let q = queue(10, 10);
+        let q = queue(10);
         q.set_weight(&tenant("a"), wa).unwrap();
         q.set_weight(&tenant("b"), wb).unwrap();
         let served_a = dispatch_pattern(&q, 6000, 5000);
@@ -159,7 +159,7 @@ async fn rule4_weighted_share_within_ten_percent_over_every_window() {
 
 #[tokio::test(start_paused = true)]
 async fn rule4_quiet_tenant_waits_at_most_backlogged_tenants_dispatches() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let flooders = [tenant("a"), tenant("c"), tenant("d")];
     for (n, t) in flooders.iter().enumerate() {
         for i in 0..10_000 {
@@ -189,7 +189,7 @@ async fn rule4_quiet_tenant_waits_at_most_backlogged_tenants_dispatches() {
 
 #[tokio::test(start_paused = true)]
 async fn rule5_events_before_resync() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     for i in 0..5 {
         q.add(&key(&format!("r{i}")), &t, RS);
@@ -233,7 +233,7 @@ async fn rule5_aged_resync_is_served_under_a_steady_event_stream() {
 
 #[tokio::test(start_paused = true)]
 async fn rule6_global_cap_limits_keys_in_flight() {
-    let q = queue(3, 10);
+    let q = queue(3);
     for i in 0..5 {
         q.add(&key(&format!("k{i}")), &tenant(&format!("t{i}")), EV);
     }
@@ -256,7 +256,7 @@ async fn rule6_global_cap_limits_keys_in_flight() {
 
 #[tokio::test(start_paused = true)]
 async fn rule6_tenant_cap_leaves_workers_for_other_tenants() {
-    let q = queue(10, 2);
+    let q = capped(10, 2);
     let (a, b) = (tenant("a"), tenant("b"));
     for i in 0..10 {
         q.add(&key(&format!("a{i}")), &a, EV);
@@ -280,7 +280,7 @@ async fn rule6_tenant_cap_leaves_workers_for_other_tenants() {
 
 #[tokio::test(start_paused = true)]
 async fn rule7_shutdown_stops_waits_and_reports() {
-    let q = queue(10, 10);
+    let q = queue(10);
     let t = tenant("a");
     for name in ["fast", "slow", "queued", "dirty"] {
         q.add(&key(name), &t, EV);
@@ -328,7 +328,7 @@ async fn rule7_shutdown_stops_waits_and_reports() {
 
 #[tokio::test(start_paused = true)]
 async fn rule7_shutdown_returns_early_when_drained() {
-    let q = queue(10, 10);
+    let q = queue(10);
     q.add(&key("x"), &tenant("a"), EV);
     let lease = q.try_get().unwrap();
     tokio::spawn(async move {
@@ -344,17 +344,17 @@ async fn rule7_shutdown_returns_early_when_drained() {
 
 #[test]
 fn bad_config_and_weight_are_typed_errors() {
-    let zero = |max_in_flight, per_tenant_cap| {
+    let zero = |max_in_flight, per_tenant_cap: usize| {
         WorkQueue::new(QueueConfig {
             max_in_flight,
-            per_tenant_cap,
+            per_tenant_cap: Some(per_tenant_cap),
             ..QueueConfig::default()
         })
         .err()
     };
     assert_eq!(zero(0, 1), Some(QueueError::ZeroMaxInFlight));
     assert_eq!(zero(1, 0), Some(QueueError::ZeroTenantCap));
-    let q = queue(1, 1);
+    let q = queue(1);
     assert_eq!(
         q.set_weight(&tenant("a"), 0),
         Err(QueueError::ZeroWeight(tenant("a")))
