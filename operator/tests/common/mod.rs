@@ -161,8 +161,17 @@ impl Operator {
     /// [`Operator::spawn`], with leader election on a Lease in namespace `lease.0` as identity
     /// `lease.1` when `lease` is given.
     pub fn spawn_with(resync_period: Duration, lease: Option<(&str, &str)>) -> Self {
+        Self::spawn_configured(resync_period, lease, |_| {})
+    }
+
+    /// [`Operator::spawn_with`], with `configure` changing the options before it starts.
+    pub fn spawn_configured(
+        resync_period: Duration,
+        lease: Option<(&str, &str)>,
+        configure: impl FnOnce(&mut ManagerOptions),
+    ) -> Self {
         let addr = free_addr();
-        let options = ManagerOptions {
+        let mut options = ManagerOptions {
             kubeconfig: Some(idem_tests::shared().kubeconfig_path().to_path_buf()),
             workers: 2,
             tenant_concurrency: 1,
@@ -177,6 +186,7 @@ impl Operator {
             )),
             shutdown_grace: Duration::from_secs(10),
         };
+        configure(&mut options);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("operator")
