@@ -28,7 +28,9 @@ fn series(metrics: &str, family: &str, tenant: &str) -> f64 {
     let tenant = format!("tenant=\"{tenant}\"");
     metrics
         .lines()
-        .filter(|l| l.starts_with(family) && l.contains("name=\"tenantapp\"") && l.contains(&tenant))
+        .filter(|l| {
+            l.starts_with(family) && l.contains("name=\"tenantapp\"") && l.contains(&tenant)
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
