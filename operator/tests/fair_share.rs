@@ -38,9 +38,9 @@ fn series(metrics: &str, family: &str, tenant: &str) -> f64 {
 async fn sample(operator: &Operator, names: &[String; 2]) -> Sample {
     let text = operator.metrics().await;
     let mut s = Sample::default();
-    for i in 0..2 {
-        s.dispatches[i] = series(&text, "idem_tenant_dispatches_total{", &names[i]);
-        s.depth[i] = series(&text, "idem_tenant_queue_depth{", &names[i]);
+    for (i, name) in names.iter().enumerate() {
+        s.dispatches[i] = series(&text, "idem_tenant_dispatches_total{", name);
+        s.depth[i] = series(&text, "idem_tenant_queue_depth{", name);
     }
     s
 }
@@ -76,8 +76,8 @@ async fn contended_dispatches(
     for w in samples.windows(2) {
         let both = |s: &Sample| s.depth[0] > 0.0 && s.depth[1] > 0.0;
         if both(&w[0]) && both(&w[1]) {
-            for i in 0..2 {
-                contended[i] += w[1].dispatches[i] - w[0].dispatches[i];
+            for (i, c) in contended.iter_mut().enumerate() {
+                *c += w[1].dispatches[i] - w[0].dispatches[i];
             }
         }
     }
