@@ -18,7 +18,8 @@ use crate::key::{ObjectKey, TenantKey};
 /// What an add did to the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AddOutcome {
-    /// The key was not waiting: it is now queued (or its delay was recorded).
+    /// The key was not waiting: it is now queued, or a delay was recorded for it (or its
+    /// pending delay brought forward).
     Queued,
     /// The key was already waiting at least as soon (queued, dirty, an earlier pending delay,
     /// or a backoff wait the add was folded into): no new dispatch was scheduled, but the

@@ -204,3 +204,22 @@ async fn rule8_a_spec_change_ends_the_backoff_wait() {
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(serve(&q), None, "the superseded retry does not fire again");
 }
+
+/// Issue 11, item 4: a restart replays every object at resync priority; a user's change made
+/// meanwhile (an event add of a key already queued for the replay) is served next.
+#[tokio::test(start_paused = true)]
+async fn rule5_a_change_during_a_replay_is_served_before_the_replay_ends() {
+    let q = queue(4);
+    for i in 0..1_000 {
+        q.add(
+            &key(&format!("k{i}")),
+            &tenant(&format!("t{}", i % 100)),
+            RS,
+        );
+    }
+    for _ in 0..10 {
+        serve(&q).unwrap();
+    }
+    q.add(&key("k999"), &tenant("t99"), EV);
+    assert_eq!(serve(&q).as_deref(), Some("k999"));
+}

@@ -1,0 +1,231 @@
+//! Against the real control plane: how the controller feeds its queue — the first list after
+//! start is a low-priority replay that a user's change overtakes, and a key backing off after
+//! a failure is not retried early by child events, only by a change of its own spec.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Widget, WidgetSpec, install_widget, namespace};
+use idem_runtime::backoff::BackoffConfig;
+use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// (name, generation, when) of every reconcile, in order.
+#[derive(Default)]
+struct Log(Mutex<Vec<(String, i64, Instant)>>);
+
+impl Log {
+    fn push(&self, obj: &Widget) {
+        self.0.lock().unwrap().push((
+            obj.name_any(),
+            obj.meta().generation.unwrap_or_default(),
+            Instant::now(),
+        ));
+    }
+
+    fn entries(&self) -> Vec<(String, i64, Instant)> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Polls until `check` holds on the log (fails after [`WAIT`]).
+    async fn wait_for(&self, what: &str, check: impl Fn(&[(String, i64, Instant)]) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !check(&self.entries()) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn slow_ok(obj: Arc<Widget>, log: Arc<Log>, _: Attempt) -> Result<Action, kube::Error> {
+    log.push(&obj);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(Action::await_change())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_during_the_restart_replay_is_reconciled_before_the_replay_ends() {
+    const N: usize = 150;
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-replay").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    for i in 0..N {
+        let w = Widget::new(&format!("w-{i:03}"), WidgetSpec { value: 1 });
+        widgets.create(&PostParams::default(), &w).await.unwrap();
+    }
+    // "Restart": a controller starts over an existing fleet, one worker, ~20 ms a reconcile.
+    let log = Arc::new(Log::default());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .with_config(ControllerConfig {
+                workers: 1,
+                resync_period: Duration::ZERO,
+                ..ControllerConfig::default()
+            })
+            .run(slow_ok, Arc::clone(&log), async {
+                let _ = stopped.await;
+            }),
+    );
+    log.wait_for("the replay to begin", |l| !l.is_empty()).await;
+    // The user changes the object the list returned last.
+    let last = format!("w-{:03}", N - 1);
+    widgets
+        .patch(
+            &last,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": 2}})),
+        )
+        .await
+        .unwrap();
+    log.wait_for("the change to be reconciled", |l| {
+        l.iter().any(|(n, g, _)| *n == last && *g == 2)
+    })
+    .await;
+    let entries = log.entries();
+    let at = entries
+        .iter()
+        .position(|(n, g, _)| *n == last && *g == 2)
+        .unwrap();
+    let replayed: HashSet<&String> = entries[..at].iter().map(|(n, _, _)| n).collect();
+    println!(
+        "the change was reconciled as reconcile {} of a {N}-object replay",
+        at + 1
+    );
+    assert!(
+        replayed.len() < N - 1,
+        "the change waited for the whole replay ({} objects first)",
+        replayed.len()
+    );
+    log.wait_for("the replay to end", |l| {
+        l.iter().map(|(n, _, _)| n).collect::<HashSet<_>>().len() == N
+    })
+    .await;
+    stop.send(()).unwrap();
+    assert!(controller.await.unwrap().unwrap().drained());
+}
+
+async fn always_fails(obj: Arc<Widget>, log: Arc<Log>, _: Attempt) -> Result<Action, String> {
+    log.push(&obj);
+    Err("the backend is down".to_owned())
+}
+
+/// Issue 10, item 8: child events while a key backs off do not bypass the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
+    const BACKOFF: Duration = Duration::from_secs(3);
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-backoff").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let log = Arc::new(Log::default());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .owns(cms.clone(), watcher::Config::default())
+            .with_config(ControllerConfig {
+                workers: 2,
+                resync_period: Duration::ZERO,
+                backoff: BackoffConfig {
+                    base: BACKOFF,
+                    factor: 1.0,
+                    cap: BACKOFF,
+                    jitter: 0.0,
+                },
+                ..ControllerConfig::default()
+            })
+            .run(always_fails, Arc::clone(&log), async {
+                let _ = stopped.await;
+            }),
+    );
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("failing", WidgetSpec { value: 1 }),
+        )
+        .await
+        .unwrap();
+    log.wait_for("the first attempt", |l| !l.is_empty()).await;
+    let child = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("failing-child".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "test.idem.dev/v1".into(),
+                kind: "Widget".into(),
+                name: "failing".into(),
+                uid: w.uid().unwrap(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("n".to_owned(), "0".to_owned())])),
+        ..ConfigMap::default()
+    };
+    cms.create(&PostParams::default(), &child).await.unwrap();
+    // Child events every ~100 ms for 2.5 backoff periods.
+    let until = Instant::now() + BACKOFF * 5 / 2;
+    let mut n = 0;
+    while Instant::now() < until {
+        n += 1;
+        cms.patch(
+            "failing-child",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": n.to_string()}})),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let attempts = log.entries();
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].2 - w[0].2).collect();
+    println!(
+        "{n} child edits; attempts {}, gaps {gaps:?}",
+        attempts.len()
+    );
+    assert!(attempts.len() >= 2, "retries go on: {}", attempts.len());
+    for gap in &gaps {
+        assert!(
+            *gap >= BACKOFF - Duration::from_millis(100),
+            "a child event bypassed the {BACKOFF:?} backoff: gaps {gaps:?}"
+        );
+    }
+    // Right after a failed attempt, a change of the spec is retried at once.
+    let before = log.entries().len();
+    log.wait_for("the next attempt", |l| l.len() > before).await;
+    let failed_at = Instant::now();
+    widgets
+        .patch(
+            "failing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": 2}})),
+        )
+        .await
+        .unwrap();
+    log.wait_for("an attempt at generation 2", |l| {
+        l.iter().any(|(_, g, _)| *g == 2)
+    })
+    .await;
+    let waited = failed_at.elapsed();
+    println!("spec change retried after {waited:?} (backoff {BACKOFF:?})");
+    assert!(
+        waited < BACKOFF * 2 / 3,
+        "the spec change waited for the backoff: {waited:?}"
+    );
+    stop.send(()).unwrap();
+    controller.await.unwrap().unwrap();
+}
