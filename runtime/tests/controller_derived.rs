@@ -94,7 +94,7 @@ async fn the_derived_tenant_is_used_and_a_skip_field_edit_does_not_reconcile() {
         Controller::for_derived(gadgets.clone(), watcher::Config::default())
             .with_config(ControllerConfig {
                 workers: 1,
-                per_tenant_cap: 1,
+                per_tenant_cap: Some(1),
                 resync_period: Duration::ZERO,
                 ..ControllerConfig::default()
             })

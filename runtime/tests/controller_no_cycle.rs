@@ -94,7 +94,7 @@ async fn status_write_does_not_trigger_its_own_reconcile() {
         Controller::new(echoes.clone(), watcher::Config::default())
             .with_config(ControllerConfig {
                 workers: 1,
-                per_tenant_cap: 1,
+                per_tenant_cap: Some(1),
                 ..ControllerConfig::default() // default resync: 10 h
             })
             .run(write_status, Arc::clone(&ctx), async {

@@ -174,7 +174,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
             .owns(cms.clone(), watcher::Config::default())
             .with_config(ControllerConfig {
                 workers: 1, // the barrier needs one worker (see `Barrier`)
-                per_tenant_cap: 1,
+                per_tenant_cap: Some(1),
                 ..quiet_config()
             })
             .run(record, Arc::clone(&seen), async {
