@@ -138,6 +138,15 @@ pub fn tables(
             2,
             "≤ 0.80",
         );
+        let per_tenant = |d: Duration| secs(d) * 1000.0 / n as f64;
+        t.row(
+            "p2-per-tenant",
+            "time per tenant (ms)",
+            per_tenant(a.time),
+            per_tenant(b.time),
+            1,
+            "flat in N",
+        );
         if let Some(raw) = raw {
             t.row(
                 "p2-raw",
