@@ -47,6 +47,10 @@ pub struct Options {
     /// Extra feature gates, each `Name=true|false`, given as `--feature-gates` to the API
     /// server, controller-manager and scheduler (default none).
     pub feature_gates: Vec<String>,
+    /// Extra arguments of kube-controller-manager, appended last (default none), e.g.
+    /// `--controllers=*,-garbage-collector-controller` to keep the garbage collector's
+    /// owner look-ups out of a benchmark's request counts.
+    pub controller_manager_args: Vec<String>,
 }
 
 impl Options {
@@ -97,6 +101,7 @@ impl Default for Options {
             run_root: state::root(),
             service_cidr: SERVICE_CIDR.to_owned(),
             feature_gates: Vec::new(),
+            controller_manager_args: Vec::new(),
         }
     }
 }
@@ -424,6 +429,7 @@ fn launch(
         format!("--service-cluster-ip-range={service_cidr}"),
         "--use-service-account-credentials=false".into(),
     ]);
+    kcm_args.extend(options.controller_manager_args.iter().cloned());
     spawn(procs, "kube-controller-manager", kcm_args)?;
     let mut sched_args = common(sched);
     sched_args.push(format!(
