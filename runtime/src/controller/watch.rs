@@ -124,7 +124,11 @@ where
                     }
                 }
                 Event::Delete(obj) => {
-                    seen.remove(&key_of(&obj));
+                    let key = key_of(&obj);
+                    seen.remove(&key);
+                    // Its pending resync or retry would only find it gone; dropping them lets
+                    // the queue forget the key, and an idle tenant, now (queue rule 9).
+                    shared.queue.remove(&key);
                 }
                 Event::Init => listed.clear(),
                 Event::InitDone => {

@@ -145,7 +145,7 @@ impl Core {
             .tenant_id(tenant, |t| metrics.as_ref().map(|m| m.tenant(t)))
     }
 
-    /// Set a tenant's DRR weight (≥ 1; validated by the caller).
+    /// Set a tenant's fair-share weight (≥ 1; validated by the caller).
     pub fn set_weight(&mut self, tenant: &TenantKey, weight: u32) {
         let id = self.tenant_id(tenant);
         self.fair.set_weight(id, weight);
@@ -628,6 +628,29 @@ impl Core {
             .collect();
         keys.sort();
         keys
+    }
+
+    /// Drop the waiting work of `key` (queued, delayed, backing off, or the dirty mark of an
+    /// in-flight key): its object is gone. Returns whether anything was dropped.
+    pub fn remove(&mut self, key: &ObjectKey) -> bool {
+        let Some(&id) = self.index.get(key) else {
+            return false;
+        };
+        let slot = &mut self.slots[id as usize];
+        let mut dropped = slot.delay.take().is_some() | slot.dirty.take().is_some();
+        slot.dirty_forced = false;
+        slot.hold = None;
+        if let Some(level) = slot.queued.take() {
+            dropped = true;
+            let tenant = slot.tenant;
+            self.queued -= 1;
+            if let Some(m) = &self.metrics {
+                m.depth.dec();
+            }
+            self.fair.forget(tenant, level);
+        }
+        self.release_if_idle(id);
+        dropped
     }
 
     /// Whether [`Core::close`] was called.

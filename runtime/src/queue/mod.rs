@@ -339,6 +339,14 @@ impl WorkQueue {
         self.len() == 0
     }
 
+    /// Drop `key`'s waiting work — queued, delayed (its next resync, say), backing off, or
+    /// due again after its current reconcile — because its object was deleted; an in-flight
+    /// reconcile runs to its end. Frees the key and, if it was the last, its tenant (rule 9).
+    /// Returns whether anything was dropped.
+    pub fn remove(&self, key: &ObjectKey) -> bool {
+        self.shared.lock().remove(key)
+    }
+
     /// Keys in flight.
     pub fn in_flight(&self) -> usize {
         self.shared.lock().in_flight()

@@ -223,3 +223,26 @@ async fn rule5_a_change_during_a_replay_is_served_before_the_replay_ends() {
     q.add(&key("k999"), &tenant("t99"), EV);
     assert_eq!(serve(&q).as_deref(), Some("k999"));
 }
+
+/// A deleted object's pending resync no longer keeps its key and tenant for hours.
+#[tokio::test(start_paused = true)]
+async fn rule9_removing_a_deleted_key_forgets_it_and_its_tenant() {
+    let q = queue(2);
+    let (a, b) = (tenant("pr-1"), tenant("pr-2"));
+    q.add_after(&key("x"), &a, Duration::from_secs(36_000), RS);
+    q.add(&key("y"), &b, RS);
+    q.add(&key("z"), &b, EV);
+    let lease = q.try_get().unwrap();
+    assert_eq!(lease.key(), &key("z"));
+    q.add(&key("z"), &b, EV); // dirty
+    assert_eq!(q.tenants(), 2);
+    assert!(q.remove(&key("x")));
+    assert_eq!(q.tenants(), 1, "tenant pr-1 forgotten");
+    assert!(q.remove(&key("y")));
+    assert!(q.remove(&key("z")), "the dirty mark is dropped");
+    assert_eq!(q.len(), 0);
+    lease.done();
+    assert_eq!(q.tenants(), 0);
+    assert!(q.try_get().is_none());
+    assert!(!q.remove(&key("x")));
+}

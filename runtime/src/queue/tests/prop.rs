@@ -29,6 +29,7 @@ enum Op {
     Done(usize),
     Retry(usize, u16),
     Advance(u16),
+    Remove(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8).prop_map(Op::Done),
         1 => (0usize..8, 1u16..400).prop_map(|(i, ms)| Op::Retry(i, ms)),
         1 => (0u16..500).prop_map(Op::Advance),
+        1 => (0u8..12).prop_map(Op::Remove),
     ]
 }
 
@@ -142,6 +144,10 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
                 }
             }
             Op::Advance(ms) => now += Duration::from_millis(u64::from(ms)),
+            Op::Remove(k) => {
+                core.remove(&key(&name(k)));
+                model.owed.remove(&name(k));
+            }
         }
         assert!(core.len() <= 12, "dedupe: more queued entries than keys");
     }
@@ -168,6 +174,7 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
     assert!(model.owed.is_empty(), "lost keys: {:?}", model.owed);
     assert_eq!(core.in_flight(), 0);
     assert_eq!(core.len(), 0);
+    assert_eq!(core.tenants(), 0, "idle tenants are forgotten");
 }
 
 proptest! {
