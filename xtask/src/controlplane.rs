@@ -125,3 +125,25 @@ fn up(options: Options) -> anyhow::Result<()> {
     cp.stop();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_sizes_the_defaults_and_keeps_what_was_given() {
+        let large = large_options(Options::default());
+        assert_eq!(large.service_cidr, idem_tests::LARGE_SERVICE_CIDR);
+        assert_eq!(large.nodes, LARGE_NODES);
+        assert!(large.service_ip().is_ok());
+        let given = large_options(Options {
+            nodes: 5,
+            service_cidr: "10.0.0.0/20".into(),
+            ..Options::default()
+        });
+        assert_eq!(
+            (given.nodes, given.service_cidr.as_str()),
+            (5, "10.0.0.0/20")
+        );
+    }
+}

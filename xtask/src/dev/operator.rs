@@ -384,8 +384,17 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
+            // Read the whole request: closing with unread bytes makes the kernel reset the
+            // connection, and the client may see the reset before the status line.
+            let mut request = Vec::new();
             let mut buf = [0u8; 256];
-            let _ = s.read(&mut buf).unwrap();
+            while !request.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buf[..n]);
+            }
             s.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
                 .unwrap();
         });
