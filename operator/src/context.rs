@@ -17,7 +17,6 @@ use crate::resources::GROUP;
 pub const STALLED_AFTER_FAILURES: u32 = 5;
 
 /// Shared state of the reconciles.
-#[derive(Clone)]
 pub struct Context {
     /// The API client.
     pub client: Client,
@@ -27,6 +26,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
     pub namespaces: Store<Namespace>,
+    /// Foreign objects blocking a TenantApp's child, watched until they are gone.
+    pub blocked: crate::tenant_app::blocked::Blocked,
 }
 
 impl Context {
@@ -37,6 +38,7 @@ impl Context {
             client,
             recorder,
             namespaces,
+            blocked: crate::tenant_app::blocked::Blocked::default(),
         })
     }
 
@@ -46,23 +48,69 @@ impl Context {
         tenant_of(self.namespaces.get(&ObjectRef::new(ns))?.as_ref())
     }
 
+    /// The namespaces (full names, sorted) that exist and that tenant `tenant` controls, from
+    /// the cache (see [`tenant_of`]).
+    pub fn namespaces_of(&self, tenant: &str) -> Vec<String> {
+        let key = TenantKey::new(tenant);
+        let mut names: Vec<String> = self
+            .namespaces
+            .state()
+            .iter()
+            .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// [`Context::tenant_of_namespace`], asking the API server when the namespace is not
-    /// cached (yet).
+    /// cached (yet); when it is not a tenant namespace, says why ([`NotTenantNamespace`]).
     ///
     /// # Errors
     /// When reading the namespace fails.
     pub async fn resolve_tenant_of_namespace(
         &self,
         ns: &str,
-    ) -> Result<Option<TenantKey>, kube::Error> {
+    ) -> Result<Result<TenantKey, NotTenantNamespace>, kube::Error> {
         if let Some(tenant) = self.tenant_of_namespace(ns) {
-            return Ok(Some(tenant));
+            return Ok(Ok(tenant));
         }
         let live = kube::Api::<Namespace>::all(self.client.clone())
             .get_opt(ns)
             .await?;
-        Ok(live.as_ref().and_then(tenant_of))
+        let Some(live) = live else {
+            return Ok(Err(NotTenantNamespace::Missing));
+        };
+        if let Some(tenant) = tenant_of(&live) {
+            return Ok(Ok(tenant));
+        }
+        let label = live
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(TENANT_LABEL));
+        Ok(Err(match label {
+            None => NotTenantNamespace::Unlabelled,
+            Some(tenant) => NotTenantNamespace::NotControlled {
+                tenant: tenant.clone(),
+            },
+        }))
     }
+}
+
+/// Why a namespace is not a tenant namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotTenantNamespace {
+    /// The namespace does not exist.
+    Missing,
+    /// The namespace has no `tenancy.idem.dev/tenant` label.
+    Unlabelled,
+    /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
+    /// (no controller ownerReference to it): the label alone proves nothing.
+    NotControlled {
+        /// The label's value.
+        tenant: String,
+    },
 }
 
 /// The tenant of a namespace: the value of its `tenancy.idem.dev/tenant` label, but only when

@@ -8,7 +8,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::{Event, EventType, Recorder};
 
-async fn publish(recorder: &Recorder, reference: &ObjectReference, event: Event) {
+/// Publishes `event`, its note cut to the 1024 bytes an Event may hold (at a character
+/// boundary: see [`crate::status::shorten`]).
+pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event: Event) {
+    if let Some(note) = &event.note {
+        event.note = Some(crate::status::shorten(
+            note,
+            crate::status::MAX_MESSAGE_BYTES,
+        ));
+    }
     if let Err(e) = recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, reason = %event.reason, "could not publish an event");
     }

@@ -5,6 +5,7 @@
 //! the runtime's fair queue → `reconcile` → `desired` children (applied by idem-runtime's
 //! engine) → `status`.
 
+pub mod client;
 pub mod context;
 pub mod error;
 pub mod events;

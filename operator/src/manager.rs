@@ -76,7 +76,7 @@ pub async fn shutdown_signal() {
 /// # Errors
 /// When no configuration can be loaded.
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
-    Ok(Client::try_from(config(kubeconfig).await?)?)
+    Ok(crate::client::build(config(kubeconfig).await?)?)
 }
 
 async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -90,10 +90,17 @@ async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> 
     })
 }
 
-/// A client whose writes pass only while `fence` is valid ([`crate::fence`]).
-fn fenced_client(config: Config, fence: Arc<Fence>) -> anyhow::Result<Client> {
+/// A client whose writes pass only while `fence` is valid ([`crate::fence`]), with the
+/// operator's retry of transient failures ([`crate::client`]: a `POST` only on 429) outside
+/// the fence, so every attempt is fenced.
+fn fenced_client(mut config: Config, fence: Arc<Fence>) -> anyhow::Result<Client> {
+    config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&FenceLayer::new(fence))
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&tower::retry::RetryLayer::new(
+            crate::client::IdempotentRetry::default(),
+        ))
         .build())
 }
 

@@ -37,6 +37,15 @@ async fn try_create(api: &Api<DynamicObject>, obj: Value) -> Option<String> {
     }
 }
 
+/// `n` entries `{<prefix><i>: "1"}`.
+fn many(n: usize, prefix: &str) -> Value {
+    Value::Object(
+        (0..n)
+            .map(|i| (format!("{prefix}{i}"), json!("1")))
+            .collect(),
+    )
+}
+
 fn tenant(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": name}, "spec": spec})
 }
@@ -87,6 +96,104 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             json!({"quota": {"hard": {"cpu": "lots"}}}),
             "must be a quantity",
         ),
+        // Quota keys: standard ResourceQuota names or containing a '/'; values ≥ 0, counts whole.
+        (
+            "quota-foo",
+            json!({"quota": {"hard": {"foo": "1"}}}),
+            "standard ResourceQuota name",
+        ),
+        (
+            "quota-neg",
+            json!({"quota": {"hard": {"pods": "-5"}}}),
+            "must not be negative",
+        ),
+        (
+            "quota-frac",
+            json!({"quota": {"hard": {"pods": "1500m"}}}),
+            "whole numbers",
+        ),
+        (
+            "quota-ext-frac",
+            json!({"quota": {"hard": {"count/pods": "0.5"}}}),
+            "whole numbers",
+        ),
+        (
+            "quota-key",
+            json!({"quota": {"hard": {"Bad Key/x": "1"}}}),
+            "resource names",
+        ),
+        (
+            "quota-long-value",
+            json!({"quota": {"hard": {"cpu": "1".repeat(65)}}}),
+            "Too long",
+        ),
+        (
+            "quota-many",
+            json!({"quota": {"hard": many(33, "a.com/r")}}),
+            "must have at most 32",
+        ),
+        // Limits: container resources only, valid quantities ≥ 0, bounded.
+        (
+            "limits-lots",
+            json!({"limits": {"default": {"cpu": "lots"}}}),
+            "must be a quantity",
+        ),
+        (
+            "limits-pods",
+            json!({"limits": {"defaultRequest": {"pods": "1"}}}),
+            "container resource",
+        ),
+        (
+            "limits-neg",
+            json!({"limits": {"default": {"memory": "-1Gi"}}}),
+            "must not be negative",
+        ),
+        (
+            "limits-requests-prefix",
+            json!({"limits": {"default": {"requests.cpu": "1"}}}),
+            "container resource",
+        ),
+        (
+            "limits-huge",
+            json!({"limits": {"default": many(24_000, "k")}}),
+            "must have at most 16",
+        ),
+        (
+            "limits-many",
+            json!({"limits": {"defaultRequest": many(17, "a.com/r")}}),
+            "must have at most 16",
+        ),
+        // Owners: a ServiceAccount's namespace is a DNS label and its name a DNS subdomain.
+        (
+            "sa-bad-ns",
+            json!({"owners": [{"kind": "ServiceAccount", "name": "ci", "namespace": "NOT_A_NS"}]}),
+            "owners[0].namespace",
+        ),
+        (
+            "sa-bad-name",
+            json!({"owners": [{"kind": "ServiceAccount", "name": "CI Bot", "namespace": "tools"}]}),
+            "DNS subdomain",
+        ),
+        (
+            "owner-control-char",
+            json!({"owners": [{"kind": "User", "name": "al\nice"}]}),
+            "owners[0].name",
+        ),
+        (
+            "owners-many",
+            json!({"owners": (0..65).map(|i| json!({"kind": "User", "name": format!("u{i}")})).collect::<Vec<_>>()}),
+            "must have at most 64",
+        ),
+        (
+            "namespaces-many",
+            json!({"namespaces": (0..65).map(|i| format!("n{i}")).collect::<Vec<_>>()}),
+            "must have at most 64",
+        ),
+        (
+            "bad-policy",
+            json!({"deletionPolicy": "Cascade"}),
+            "deletionPolicy",
+        ),
     ];
     for (prefix, spec, expect) in cases {
         let message = try_create(&tenants, tenant(&unique_name(prefix), spec))
@@ -121,10 +228,18 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
         .unwrap();
     let apps = api(&client, "TenantApp", Some(&ns));
     let app = |name: &str, spec: Value| json!({"apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "TenantApp", "metadata": {"name": name}, "spec": spec});
-    assert_eq!(
-        try_create(&apps, app("ok", json!({"image": "nginx:1.27"}))).await,
-        None
-    );
+    for (name, image) in [
+        ("ok", "nginx:1.27"),
+        ("registry", "registry.example.com:5000/team/app_x:v1.2-rc.3"),
+        (
+            "digest",
+            "ghcr.io/a/b@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ),
+    ] {
+        let spec = json!({"image": image, "env": {"LOG_LEVEL": "info", "my.var-1": "x"},
+                          "config": {"app.toml": "x"}});
+        assert_eq!(try_create(&apps, app(name, spec)).await, None, "{image}");
+    }
     for (name, spec, expect) in [
         ("neg", json!({"image": "x", "replicas": -1}), "replicas"),
         ("port", json!({"image": "x", "port": 70000}), "port"),
@@ -134,10 +249,127 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
             json!({"image": "x", "config": {"bad/key": "v"}}),
             "config keys",
         ),
+        ("space", json!({"image": "nginx:1.27 "}), "spec.image"),
+        (
+            "junk",
+            json!({"image": "NOT A VALID IMAGE::@@"}),
+            "spec.image",
+        ),
+        ("upper", json!({"image": "Nginx:1.27"}), "spec.image"),
+        (
+            "short-digest",
+            json!({"image": "nginx@sha256:abc"}),
+            "spec.image",
+        ),
+        (
+            "env-name",
+            json!({"image": "x", "env": {"1BAD": "v"}}),
+            "environment variable names",
+        ),
+        (
+            "env-many",
+            json!({"image": "x", "env": many(65, "E")}),
+            "must have at most 64",
+        ),
+        (
+            "env-long",
+            json!({"image": "x", "env": {"E": "v".repeat(4097)}}),
+            "Too long",
+        ),
+        (
+            "config-many",
+            json!({"image": "x", "config": many(65, "f")}),
+            "must have at most 64",
+        ),
+        (
+            "config-long",
+            json!({"image": "x", "config": {"f": "v".repeat(16001)}}),
+            "Too long",
+        ),
     ] {
         let message = try_create(&apps, app(name, spec))
             .await
             .unwrap_or_else(|| panic!("{name}: accepted"));
         assert!(message.contains(expect), "{name}: {message}");
+    }
+}
+
+/// What the Tenant CRD admits, the children made from it pass too: each accepted spec's
+/// ResourceQuota and LimitRange are created with `dryRun=All` (the API server's own
+/// validation as the oracle), so a tenant can never be admitted and then loop on 422s.
+#[tokio::test]
+async fn every_quota_and_limits_the_crd_admits_makes_children_the_api_server_accepts() {
+    use idem_operator::resources::Tenant;
+    use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+
+    let client = shared().client();
+    install(&client).await;
+    let tenants = api(&client, "Tenant", None);
+    let ns = unique_name("dry");
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut full_quota = many(20, "example.com/r");
+    for (k, v) in [
+        ("pods", json!(20)),
+        ("cpu", json!("500m")),
+        ("requests.memory", json!("8Gi")),
+        ("limits.ephemeral-storage", json!("0")),
+        ("count/deployments.apps", json!("5")),
+        ("requests.nvidia.com/gpu", json!("2")),
+        (
+            "gold.storageclass.storage.k8s.io/requests.storage",
+            json!("10Gi"),
+        ),
+        ("hugepages-2Mi", json!("1Gi")),
+        ("requests.hugepages-1Gi", json!("2Gi")),
+        ("services.loadbalancers", json!("0")),
+        ("configmaps", json!("1e3")),
+        ("resourcequotas", json!("1")),
+    ] {
+        full_quota[k] = v;
+    }
+    let specs = [
+        json!({"quota": {"hard": full_quota}}),
+        json!({"limits": {"default": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi",
+                                       "hugepages-2Mi": "0", "example.com/dongle": "1"},
+                          "defaultRequest": {"cpu": "0", "memory": "128Mi"}}}),
+    ];
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for spec in specs {
+        let name = unique_name("acc");
+        let created = tenants
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(tenant(&name, spec.clone())).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let typed: Tenant =
+            serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+        use idem_operator::tenant::desired;
+        let mut checked = 0;
+        if let Some(q) = desired::quota(&typed, Some(&ns)) {
+            Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+                .create(&pp, &q)
+                .await
+                .unwrap_or_else(|e| panic!("admitted {spec} but its quota is not: {e}"));
+            checked += 1;
+        }
+        if let Some(l) = desired::limit_range(&typed, Some(&ns)) {
+            Api::<LimitRange>::namespaced(client.clone(), &ns)
+                .create(&pp, &l)
+                .await
+                .unwrap_or_else(|e| panic!("admitted {spec} but its limits are not: {e}"));
+            checked += 1;
+        }
+        assert_eq!(checked, 1, "{spec}");
     }
 }

@@ -13,12 +13,17 @@ use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use serde_json::Value;
 
-/// The example manifests, sorted by file name, with their parsed YAML.
+/// The example manifests (`examples/*.yaml`, the tenants, and `examples/apps/*.yaml`), sorted
+/// by path, with their parsed YAML.
 fn examples() -> Vec<(PathBuf, Value)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
+    let mut files: Vec<PathBuf> = [dir.clone(), dir.join("apps")]
+        .iter()
+        .flat_map(|dir| {
+            std::fs::read_dir(dir)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+                .map(|entry| entry.unwrap().path())
+        })
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
         .collect();
     files.sort();

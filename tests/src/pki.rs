@@ -134,7 +134,7 @@ mod tests {
                 text.starts_with(&format!("-----BEGIN {tag}-----")),
                 "{} starts with {:?}",
                 path.display(),
-                &text[..30]
+                text.chars().take(30).collect::<String>()
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The custom resources idem-operator serves: `Tenant` (cluster-scoped) and `TenantApp`
 //! (namespaced, inside a tenant namespace), in API group `tenancy.idem.dev/v1alpha1`.
 
+pub mod schema;
 pub mod tenant;
 pub mod tenant_app;
 

@@ -29,6 +29,7 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   limits: {defaultRequest: {cpu: 100m, memory: 128Mi}}
 ///   isolation: true
 ///   weight: 1
+///   deletionPolicy: Retain         # or Delete: deleting the Tenant deletes its namespaces
 /// ```
 #[derive(
     CustomResource,
@@ -74,7 +75,8 @@ pub struct TenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
     /// With `true`, a NetworkPolicy `idem-isolation` in each namespace admits ingress only from
-    /// the tenant's own namespaces.
+    /// the tenant's own namespaces: those it controls, selected by their
+    /// `kubernetes.io/metadata.name` label (set by the API server, so it cannot be forged).
     #[serde(default)]
     pub isolation: bool,
     /// Fair-share weight of this tenant in the operator's work queue, 1 to 100 (default 1).
@@ -85,6 +87,24 @@ pub struct TenantSpec {
     /// reports `Stalled=True` (and `Ready=False`) with reason `Paused`.
     #[serde(default)]
     pub paused: bool,
+    /// What deleting the Tenant does to its namespaces: `Retain` (the default) keeps them and
+    /// everything in them, only removing their ownerReferences to the Tenant; `Delete` deletes
+    /// them (and so everything in them) before the Tenant goes. Whatever this says, nothing is
+    /// deleted when the Tenant CRD itself is being deleted or when the Tenant is deleted with
+    /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`).
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// What deleting a Tenant does to its namespaces (as a PersistentVolume's reclaim policy).
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeletionPolicy {
+    /// Keep the namespaces and their contents; remove their ownerReferences to the Tenant
+    /// (the safe default: deleting a Tenant never deletes user data unless asked to).
+    #[default]
+    Retain,
+    /// Delete the namespaces, and so everything in them, before the Tenant is gone.
+    Delete,
 }
 
 fn default_weight() -> i32 {
@@ -121,14 +141,21 @@ impl From<&str> for ShortName {
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || has(self.__namespace__)").message("a ServiceAccount owner needs a namespace"))]
+#[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || self.name.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("a ServiceAccount owner's name is a DNS subdomain (lower case letters, digits, '-' and '.')"))]
 pub struct Owner {
     /// `User`, `Group` or `ServiceAccount` (RBAC subject kinds).
     pub kind: OwnerKind,
-    /// The subject's name.
-    #[schemars(length(min = 1, max = 253))]
+    /// The subject's name, 1 to 253 characters without control characters; a ServiceAccount's
+    /// is a DNS subdomain.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[^\x00-\x1f\x7f]+$"))]
     pub name: String,
-    /// The ServiceAccount's namespace; required for `ServiceAccount`, ignored otherwise.
+    /// The ServiceAccount's namespace (a DNS label); required for `ServiceAccount`, ignored
+    /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub namespace: Option<String>,
 }
 
@@ -147,11 +174,11 @@ pub enum OwnerKind {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Quota {
-    /// Hard limits by resource name (at most 12), e.g. `{cpu: "4", memory: 8Gi, pods: "20"}`; each value must
-    /// be a Kubernetes quantity (checked at admission with CEL's `isQuantity`).
+    /// Hard limits by resource name, e.g. `{cpu: "4", memory: 8Gi, pods: "20"}`: at most 32
+    /// entries; keys are standard ResourceQuota names or contain a `/`; values are quantities
+    /// ≥ 0, whole numbers for object counts (see [`super::schema::quota_hard`]).
     #[serde(default)]
-    #[schemars(extend("maxProperties" = 12))]
-    #[x_kube(validation = Rule::new("self.all(k, isQuantity(string(self[k])))").message("every quota value must be a quantity such as 4, 500m or 8Gi"))]
+    #[schemars(schema_with = "super::schema::quota_hard")]
     pub hard: BTreeMap<String, Quantity>,
 }
 
@@ -159,11 +186,14 @@ pub struct Quota {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Limits {
-    /// Default requests of containers that set none, e.g. `{cpu: 100m, memory: 128Mi}`.
+    /// Default requests of containers that set none, e.g. `{cpu: 100m, memory: 128Mi}`: at
+    /// most 16 container resources, quantities ≥ 0 (see [`super::schema::limit_map`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::limit_map")]
     pub default_request: BTreeMap<String, Quantity>,
-    /// Default limits of containers that set none.
+    /// Default limits of containers that set none (as `defaultRequest`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::limit_map")]
     pub default: BTreeMap<String, Quantity>,
 }
 
@@ -176,13 +206,14 @@ pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     /// The full names of the namespaces the tenant has, sorted.
     #[serde(default)]
+    #[schemars(length(max = 64))]
     pub namespaces: Vec<String>,
     /// `namespaces.len()`, for the printer column.
     #[serde(default)]
     pub namespace_count: i32,
     /// `Ready`, `Reconciling` and `Stalled`, in `metav1.Condition` shape (kstatus).
     #[serde(default)]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

@@ -51,8 +51,10 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TenantAppSpec {
-    /// Container image, e.g. `nginx:1.27`.
-    #[schemars(length(min = 1, max = 512))]
+    /// Container image, e.g. `nginx:1.27`: a valid image reference
+    /// (`[registry[:port]/]path[:tag][@digest]`, no spaces; see
+    /// [`super::schema::IMAGE_REFERENCE`]).
+    #[schemars(length(min = 1, max = 512), regex(pattern = super::schema::IMAGE_REFERENCE))]
     pub image: String,
     /// Desired pod replicas, 0 or more (default 1).
     #[serde(default = "default_replicas")]
@@ -62,15 +64,18 @@ pub struct TenantAppSpec {
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
-    /// Environment variables of the container.
+    /// Environment variables of the container: at most 64; names are C identifiers with `-`
+    /// and `.` allowed (`[-._a-zA-Z][-._a-zA-Z0-9]*`, at most 256 characters), values at most
+    /// 4096 characters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::env")]
     pub env: BTreeMap<String, String>,
     /// Files of the ConfigMap `<app>-config`, mounted at `/etc/<app>`; a change rolls the pods
     /// (the pod template carries a hash of it). Keys are ConfigMap keys: letters, digits, `-`,
-    /// `_` and `.`, at most 253 characters.
+    /// `_` and `.`, at most 253 characters; at most 64 files of at most 16000 characters each
+    /// (so the ConfigMap stays under its 1 MiB limit).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 64))]
-    #[x_kube(validation = Rule::new("self.all(k, size(k) <= 253 && k.matches('^[-._a-zA-Z0-9]+$'))").message("config keys may hold only letters, digits, '-', '_' and '.' (ConfigMap key rules)"))]
+    #[schemars(schema_with = "super::schema::config")]
     pub config: BTreeMap<String, String>,
 }
 
@@ -94,6 +99,6 @@ pub struct TenantAppStatus {
     pub available_replicas: i32,
     /// `Ready` (available == desired), `Reconciling` and `Stalled`, in `metav1.Condition` shape.
     #[serde(default)]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use idem_runtime::apply::{ApplyError, DesiredChildren, TENANT_LABEL};
+use idem_runtime::apply::{ApplyError, DesiredChildren};
 use k8s_openapi::api::core::v1::{
     LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec,
 };
@@ -11,7 +11,9 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 
 use crate::resources::tenant::{OwnerKind, Tenant};
 
@@ -60,6 +62,57 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
     Ok(desired)
 }
 
+/// The ResourceQuota `idem-quota` in namespace `ns`, when the tenant has a quota.
+pub fn quota(tenant: &Tenant, ns: Option<&str>) -> Option<ResourceQuota> {
+    let quota = tenant.spec.quota.as_ref()?;
+    Some(ResourceQuota {
+        metadata: meta(QUOTA, ns),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(quota.hard.clone()),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    })
+}
+
+/// The LimitRange `idem-limits` in namespace `ns`, when the tenant has limits.
+pub fn limit_range(tenant: &Tenant, ns: Option<&str>) -> Option<LimitRange> {
+    let limits = tenant.spec.limits.as_ref()?;
+    let map = |m: &BTreeMap<_, _>| (!m.is_empty()).then(|| m.clone());
+    Some(LimitRange {
+        metadata: meta(LIMITS, ns),
+        spec: Some(LimitRangeSpec {
+            limits: vec![LimitRangeItem {
+                type_: "Container".into(),
+                default_request: map(&limits.default_request),
+                default: map(&limits.default),
+                ..LimitRangeItem::default()
+            }],
+        }),
+    })
+}
+
+/// Label the API server sets on every namespace to its name; no one can change it (KEP-2161),
+/// unlike a label such as `tenancy.idem.dev/tenant`, which anyone allowed to label a
+/// namespace could forge.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A selector of exactly `namespaces` by their [`NAMESPACE_NAME_LABEL`] (values sorted, so
+/// the policy is stable).
+pub fn namespace_selector(namespaces: &[String]) -> LabelSelector {
+    let mut values = namespaces.to_vec();
+    values.sort();
+    values.dedup();
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.to_string(),
+            operator: "In".to_string(),
+            values: Some(values),
+        }]),
+        match_labels: None,
+    }
+}
+
 /// Second pass: the objects inside each of `namespaces` (those the tenant really owns).
 /// Kinds that are not wanted any more (quota removed, isolation off) are pruned.
 ///
@@ -73,32 +126,14 @@ pub fn contents(tenant: &Tenant, namespaces: &[String]) -> Result<DesiredChildre
         .prune_kind::<RoleBinding>()
         .prune_kind::<NetworkPolicy>();
     let spec = &tenant.spec;
-    let tenant_name = tenant.metadata.name.clone().unwrap_or_default();
+    let own_namespaces = namespace_selector(namespaces);
     for ns in namespaces {
         let ns = Some(ns.as_str());
-        if let Some(quota) = &spec.quota {
-            desired.add(&ResourceQuota {
-                metadata: meta(QUOTA, ns),
-                spec: Some(ResourceQuotaSpec {
-                    hard: Some(quota.hard.clone()),
-                    ..ResourceQuotaSpec::default()
-                }),
-                ..ResourceQuota::default()
-            })?;
+        if let Some(quota) = quota(tenant, ns) {
+            desired.add(&quota)?;
         }
-        if let Some(limits) = &spec.limits {
-            let map = |m: &BTreeMap<_, _>| (!m.is_empty()).then(|| m.clone());
-            desired.add(&LimitRange {
-                metadata: meta(LIMITS, ns),
-                spec: Some(LimitRangeSpec {
-                    limits: vec![LimitRangeItem {
-                        type_: "Container".into(),
-                        default_request: map(&limits.default_request),
-                        default: map(&limits.default),
-                        ..LimitRangeItem::default()
-                    }],
-                }),
-            })?;
+        if let Some(limits) = limit_range(tenant, ns) {
+            desired.add(&limits)?;
         }
         if !spec.owners.is_empty() {
             desired.add(&RoleBinding {
@@ -137,13 +172,7 @@ pub fn contents(tenant: &Tenant, namespaces: &[String]) -> Result<DesiredChildre
                     policy_types: Some(vec!["Ingress".into()]),
                     ingress: Some(vec![NetworkPolicyIngressRule {
                         from: Some(vec![NetworkPolicyPeer {
-                            namespace_selector: Some(LabelSelector {
-                                match_labels: Some(BTreeMap::from([(
-                                    TENANT_LABEL.to_string(),
-                                    tenant_name.clone(),
-                                )])),
-                                ..LabelSelector::default()
-                            }),
+                            namespace_selector: Some(own_namespaces.clone()),
                             ..NetworkPolicyPeer::default()
                         }]),
                         ..NetworkPolicyIngressRule::default()
@@ -154,4 +183,22 @@ pub fn contents(tenant: &Tenant, namespaces: &[String]) -> Result<DesiredChildre
         }
     }
     Ok(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_isolation_selector_names_exactly_the_given_namespaces() {
+        let selector = namespace_selector(&["t-b".into(), "t-a".into(), "t-a".into()]);
+        assert_eq!(selector.match_labels, None);
+        let req = &selector.match_expressions.unwrap()[0];
+        assert_eq!(req.key, NAMESPACE_NAME_LABEL);
+        assert_eq!(req.operator, "In");
+        assert_eq!(
+            req.values.as_deref(),
+            Some(&["t-a".to_string(), "t-b".to_string()][..])
+        );
+    }
 }

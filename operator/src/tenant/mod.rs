@@ -2,6 +2,7 @@
 //! `spec.weight`) → `reconcile` → `desired` (applied by idem-runtime) → `status`.
 
 pub mod desired;
+pub mod finalize;
 pub mod reconcile;
 pub mod source;
 pub mod status;

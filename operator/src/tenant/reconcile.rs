@@ -1,16 +1,15 @@
-//! One reconcile of a Tenant: finalizer, namespaces, their contents, status; and cleanup on
-//! deletion (the finalizer is removed only once every namespace of the tenant is gone).
+//! One reconcile of a Tenant: finalizer, namespaces, their contents, status; on deletion the
+//! cleanup of [`super::finalize`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::TenantKey;
-use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL, Owner};
+use idem_runtime::apply::Owner;
 use idem_runtime::controller::{Action, Attempt};
 use idem_runtime::resource::IdempotentResource as _;
 use idem_runtime::status::{Readiness, StatusWriter};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use super::desired;
@@ -45,7 +44,9 @@ pub async fn reconcile(
         let failures = attempt.failures + 1;
         if failures >= STALLED_AFTER_FAILURES {
             let readiness = status::failed(failures, &e.to_string());
-            let _ = write_status(&ctx, &tenant, None, &readiness).await;
+            // The namespaces that exist, so that the count does not say 0 while they are there.
+            let namespaces = ctx.namespaces_of(&tenant.name_any());
+            let _ = write_status(&ctx, &tenant, Some(&namespaces), &readiness).await;
         }
     }
     result
@@ -55,7 +56,7 @@ async fn reconcile_inner(tenant: &Tenant, ctx: &Context) -> Result<Action, Error
     let name = tenant.name_any();
     let owner = Owner::new(tenant, Tenant::FIELD_MANAGER, Some(TenantKey::new(&name)))?;
     if tenant.meta().deletion_timestamp.is_some() {
-        return finalize(tenant, ctx, &owner).await;
+        return super::finalize::finalize(tenant, ctx, &owner).await;
     }
     let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
     let added;
@@ -98,37 +99,9 @@ async fn reconcile_inner(tenant: &Tenant, ctx: &Context) -> Result<Action, Error
     }
 }
 
-/// Deletes every namespace the tenant owns and waits until they are gone before removing the
-/// finalizer, so deleting a Tenant leaves nothing behind.
-async fn finalize(tenant: &Tenant, ctx: &Context, owner: &Owner) -> Result<Action, Error> {
-    let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
-    if !tenant.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let mut all = DesiredChildren::new();
-    all.prune_kind::<Namespace>();
-    let report = ctx.applier.reconcile(owner, &all).await?;
-    events::children(&ctx.recorder, &tenant.object_ref(&()), &report).await;
-    let uid = tenant.uid().unwrap_or_default();
-    let left = Api::<Namespace>::all(ctx.client.clone())
-        .list_metadata(&ListParams::default().labels(&format!("{OWNER_UID_LABEL}={uid}")))
-        .await?;
-    if !left.items.is_empty() {
-        let names: Vec<String> = left.items.iter().map(|n| n.name_any()).collect();
-        let readiness = Readiness::Reconciling {
-            reason: "Deleting".into(),
-            message: format!("waiting for namespaces to be deleted: {}", names.join(", ")),
-        };
-        write_status(ctx, tenant, None, &readiness).await?;
-        return Ok(Action::requeue(TERMINATING_POLL));
-    }
-    writer.remove_finalizer(tenant, FINALIZER).await?;
-    Ok(Action::await_change())
-}
-
 /// Writes conditions (and the namespace list when given), only if something changed, and
 /// publishes an event when `Ready` changes.
-async fn write_status(
+pub(crate) async fn write_status(
     ctx: &Context,
     tenant: &Tenant,
     namespaces: Option<&[String]>,

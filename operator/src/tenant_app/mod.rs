@@ -1,6 +1,7 @@
 //! The TenantApp controller: `source` → the runtime's fair queue (by tenant) → `reconcile` →
 //! `desired` ConfigMap, Deployment and Service (applied by idem-runtime) → `status`.
 
+pub mod blocked;
 pub mod desired;
 pub mod reconcile;
 pub mod source;

@@ -4,6 +4,7 @@
 //! namespace cache, and only from namespaces a Tenant controls (see [`crate::context::tenant_of`]).
 //! Its weight in the fair queue is that Tenant's `spec.weight`, read from the Tenant
 //! controller's cache at every dispatch, so a weight change applies at once.
+//! Foreign objects that block a child's name are watched one by one ([`super::blocked`]).
 
 use std::sync::Arc;
 
@@ -27,8 +28,9 @@ pub fn controller(
     config: ControllerConfig,
     tenants: Store<Tenant>,
 ) -> Controller<TenantApp> {
+    let blocked = ctx.blocked.triggers();
     let ctx = Arc::clone(ctx);
-    Controller::for_derived(
+    let controller = Controller::for_derived(
         Api::<TenantApp>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -44,5 +46,11 @@ pub fn controller(
         let t = tenants.get(&ObjectRef::new(tenant.as_str()))?;
         Some(crate::tenant::source::weight(&t))
     })
-    .with_config(config)
+    .with_config(config);
+    // A foreign object blocking a child's name is watched by itself (`blocked`): its deletion
+    // brings the app back.
+    match blocked {
+        Some(triggers) => controller.reconcile_on(triggers),
+        None => controller,
+    }
 }

@@ -1,10 +1,14 @@
 //! A TenantApp's readiness: `Ready` when the Deployment has as many available replicas as
 //! desired at the current generation, `Reconciling` while it rolls out, `Stalled` when a child
-//! name is taken or the app is not in a tenant namespace.
+//! name is taken, the app is not in a tenant namespace, or the Deployment reports a failure
+//! (`ReplicaFailure`, `ProgressDeadlineExceeded`).
 
 use idem_runtime::apply::ApplyReport;
 use idem_runtime::status::Readiness;
 use k8s_openapi::api::apps::v1::Deployment;
+
+use crate::context::NotTenantNamespace;
+use crate::resources::TENANT_LABEL;
 
 /// Available replicas of the Deployment (0 when it has no status yet).
 pub fn available(deployment: Option<&Deployment>) -> i32 {
@@ -24,6 +28,9 @@ pub fn readiness(
     let applied = report.readiness();
     if !matches!(applied, Readiness::Ready { .. }) {
         return applied;
+    }
+    if let Some(failure) = deployment.and_then(failure) {
+        return failure;
     }
     let available = available(deployment);
     let observed = deployment
@@ -51,13 +58,57 @@ pub fn readiness(
     }
 }
 
-/// The readiness of an app outside a tenant namespace.
-pub fn not_in_tenant_namespace(namespace: &str) -> Readiness {
+/// A failure the Deployment reports, as the app's `Stalled` readiness: condition
+/// `ReplicaFailure=True` (pods cannot be created: quota, admission, a bad pod template) with
+/// reason `ReplicaFailure`, or `Progressing=False` with reason `ProgressDeadlineExceeded`
+/// (kstatus: both mean the rollout will not finish by itself). The message carries the
+/// Deployment's own reason and message.
+pub fn failure(deployment: &Deployment) -> Option<Readiness> {
+    let conditions = deployment.status.as_ref()?.conditions.as_ref()?;
+    let name = deployment.metadata.name.as_deref().unwrap_or_default();
+    let describe = |c: &k8s_openapi::api::apps::v1::DeploymentCondition| {
+        format!(
+            "Deployment {name}: {}: {}",
+            c.reason.as_deref().unwrap_or("unknown reason"),
+            c.message.as_deref().unwrap_or_default()
+        )
+    };
+    if let Some(c) = conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+    {
+        return Some(Readiness::Stalled {
+            reason: "ReplicaFailure".into(),
+            message: crate::status::shorten(&describe(c), crate::status::MAX_MESSAGE_BYTES),
+        });
+    }
+    conditions
+        .iter()
+        .find(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        })
+        .map(|c| Readiness::Stalled {
+            reason: "ProgressDeadlineExceeded".into(),
+            message: crate::status::shorten(&describe(c), crate::status::MAX_MESSAGE_BYTES),
+        })
+}
+
+/// The readiness of an app outside a tenant namespace, saying why the namespace is not one.
+pub fn not_in_tenant_namespace(namespace: &str, why: &NotTenantNamespace) -> Readiness {
+    let why = match why {
+        NotTenantNamespace::Missing => "does not exist".to_string(),
+        NotTenantNamespace::Unlabelled => {
+            format!("is not managed by idem (it has no {TENANT_LABEL} label)")
+        }
+        NotTenantNamespace::NotControlled { tenant } => format!(
+            "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count)"
+        ),
+    };
     Readiness::Stalled {
         reason: "NotInTenantNamespace".into(),
-        message: format!(
-            "namespace {namespace} is not managed by idem (it has no tenancy.idem.dev/tenant label); create TenantApps in a tenant's namespace"
-        ),
+        message: format!("namespace {namespace} {why}; create TenantApps in a tenant's namespace"),
     }
 }
 
@@ -71,6 +122,48 @@ mod tests {
             "status": {"observedGeneration": observed, "availableReplicas": available, "updatedReplicas": updated},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn not_in_tenant_namespace_says_the_real_reason() {
+        let message = |why| match not_in_tenant_namespace("ns", &why) {
+            Readiness::Stalled { message, .. } => message,
+            other => panic!("{other:?}"),
+        };
+        let forged = message(NotTenantNamespace::NotControlled {
+            tenant: "acme".into(),
+        });
+        assert!(forged.contains("no Tenant controls it"), "{forged}");
+        assert!(
+            !forged.contains("has no tenancy.idem.dev/tenant label"),
+            "{forged}"
+        );
+        assert!(
+            message(NotTenantNamespace::Unlabelled)
+                .contains("has no tenancy.idem.dev/tenant label")
+        );
+        assert!(message(NotTenantNamespace::Missing).contains("does not exist"));
+    }
+
+    #[test]
+    fn a_deployment_failure_is_stalled_with_its_reason() {
+        let failing: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "generation": 1},
+            "status": {"observedGeneration": 1, "conditions": [
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": "pods \"web-1\" is forbidden: exceeded quota"}]},
+        }))
+        .unwrap();
+        match readiness(1, &ApplyReport::default(), Some(&failing)) {
+            Readiness::Stalled { reason, message } => {
+                assert_eq!(reason, "ReplicaFailure");
+                assert!(
+                    message.contains("FailedCreate") && message.contains("exceeded quota"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

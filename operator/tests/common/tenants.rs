@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idem_operator::resources::tenant::{Limits, Owner, OwnerKind, Quota, ShortName};
+use idem_operator::resources::tenant::{
+    DeletionPolicy, Limits, Owner, OwnerKind, Quota, ShortName,
+};
 use idem_operator::resources::{FIELD_MANAGER, FINALIZER, TENANT_LABEL, Tenant, TenantSpec};
 use idem_operator::tenant::desired::{ISOLATION, LIMITS, OWNER_ROLE, OWNERS, QUOTA};
 use k8s_openapi::NamespaceResourceScope;
@@ -32,8 +34,8 @@ pub fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
 }
 
 /// A spec using every feature: the given namespaces, a User and a Group owner, quota
-/// `{cpu: 4, memory: 8Gi, pods: 20}`, default requests `{cpu: 100m, memory: 128Mi}`, and
-/// network isolation.
+/// `{cpu: 4, memory: 8Gi, pods: 20}`, default requests `{cpu: 100m, memory: 128Mi}`,
+/// network isolation, and `deletionPolicy: Delete` (deleting it cleans up its namespaces).
 pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
     TenantSpec {
         owners: vec![
@@ -59,6 +61,7 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
         isolation: true,
         weight: 1,
         paused: false,
+        deletion_policy: DeletionPolicy::Delete,
     }
 }
 
@@ -337,4 +340,60 @@ pub async fn wait_gone(client: &kube::Client, name: &str) {
         }
     })
     .await;
+}
+
+/// Waits until the Tenant object `name` is gone (whatever happened to its namespaces).
+pub async fn wait_tenant_object_gone(client: &kube::Client, name: &str) {
+    let tenants = api(client);
+    eventually(&format!("tenant {name} deleted"), TIMEOUT, || async {
+        match tenants.get_opt(name).await.map_err(why)? {
+            None => Ok(()),
+            Some(t) => Err(format!("{:?} {:?}", t.metadata.finalizers, t.status)),
+        }
+    })
+    .await;
+}
+
+/// Checks that namespace `name` exists, is not being deleted, and carries no ownerReference
+/// to `uid`; returns it.
+///
+/// # Panics
+/// When it does not hold.
+pub async fn assert_retained(client: &kube::Client, name: &str, uid: &str) -> Namespace {
+    let ns = Api::<Namespace>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("namespace {name} was deleted"));
+    assert!(
+        ns.metadata.deletion_timestamp.is_none(),
+        "namespace {name} is being deleted"
+    );
+    let refs = ns.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        refs.iter().all(|r| r.uid != uid),
+        "namespace {name} still refers to the deleted tenant: {refs:?}"
+    );
+    ns
+}
+
+/// The Events of kind `reason` about Tenant `name` (events.k8s.io, any namespace).
+pub async fn events_about(
+    client: &kube::Client,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Tenant") && r.name.as_deref() == Some(name)
+                })
+        })
+        .collect()
 }

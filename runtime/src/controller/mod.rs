@@ -175,6 +175,19 @@ where
         self
     }
 
+    /// Also reconcile the primary objects whose keys `keys` yields (kube-runtime's
+    /// `reconcile_on`): for triggers no owned-child watch sees, e.g. the deletion of a foreign
+    /// object that blocked a child's name. A key of an object not in the cache is skipped.
+    #[must_use]
+    pub fn reconcile_on(
+        mut self,
+        keys: impl futures::Stream<Item = crate::key::ObjectKey> + Send + 'static,
+    ) -> Self {
+        self.children
+            .push(Box::new(move |shared| watch::external::<K>(keys, shared)));
+        self
+    }
+
     /// How to find an object's tenant (the unit of fairness).
     #[must_use]
     pub fn tenant_of(mut self, f: impl Fn(&K) -> TenantKey + Send + Sync + 'static) -> Self {

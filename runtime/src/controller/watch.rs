@@ -222,3 +222,35 @@ fn spec_mark(meta: &kube::api::ObjectMeta) -> u64 {
     meta.deletion_timestamp.is_some().hash(&mut h);
     h.finish()
 }
+
+/// Drive an external trigger stream: enqueue each key (at event priority) whose object is in
+/// the primary cache, with its tenant. Synced from the start (it has nothing to list).
+pub(crate) fn external<K>(
+    keys: impl futures::Stream<Item = ObjectKey> + Send + 'static,
+    shared: Arc<Shared<K>>,
+) -> WatchTask
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K::Scope: 'static,
+{
+    let (_, synced) = watch::channel(true);
+    let run = async move {
+        futures::pin_mut!(keys);
+        while let Some(key) = keys.next().await {
+            let mut r = ObjectRef::<K>::new(&key.name);
+            if let Some(ns) = &key.namespace {
+                r = r.within(ns);
+            }
+            if let Some(obj) = shared.store.get(&r) {
+                let tenant = shared.tenant(&obj);
+                shared.queue.add(&key, &tenant, Priority::Event);
+            }
+        }
+        // The stream ended: nothing more to trigger; stay pending like the other watches.
+        futures::future::pending::<()>().await;
+    };
+    WatchTask {
+        run: Box::pin(run),
+        synced,
+    }
+}

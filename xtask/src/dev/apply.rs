@@ -47,21 +47,32 @@ impl Manifest {
 }
 
 /// Reads every object of every `*.yaml` / `*.yml` file in `dir`, files in name order and
-/// documents in file order; empty documents (a comment-only header) are skipped.
+/// documents in file order, then those of its subdirectories (in name order); empty documents
+/// (a comment-only header) are skipped.
 ///
 /// # Errors
 /// When the directory or a file cannot be read, a document is not valid YAML, or an object
 /// lacks `apiVersion`, `kind` or `metadata.name`; the message names the file.
 pub fn read_dir(dir: &Path) -> anyhow::Result<Vec<Manifest>> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+    let entries: Vec<PathBuf> = fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let mut files: Vec<PathBuf> = entries
+        .iter()
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .cloned()
         .collect();
     files.sort();
     let mut out = Vec::new();
     for file in files {
         out.extend(read_file(&file)?);
+    }
+    // Then the subdirectories (`examples/apps/`: the second step of `kubectl apply`).
+    let mut dirs: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    for sub in dirs {
+        out.extend(read_dir(sub)?);
     }
     Ok(out)
 }

@@ -1,0 +1,254 @@
+//! Cleanup when a Tenant is deleted: its `deletionPolicy` decides whether its namespaces are
+//! deleted or retained, but nothing is ever deleted while the Tenant CRD itself is being
+//! deleted or when the deletion asked to orphan; the finalizer always completes.
+//!
+//! Only objects the Tenant controls (its controller ownerReference, matched by uid) count: a
+//! namespace that merely carries the Tenant's labels is neither deleted nor waited for, and one
+//! whose ownerReference was removed (by hand, or by the garbage collector for
+//! `--cascade=orphan`) is kept.
+
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::ApiResource;
+use kube::runtime::events::{Event, EventType};
+use kube::{CustomResourceExt, Resource, ResourceExt};
+use serde_json::json;
+
+use idem_runtime::apply::{DesiredChildren, MANAGED_BY_LABEL, OWNER_UID_LABEL, Owner};
+use idem_runtime::controller::Action;
+use idem_runtime::status::{Readiness, StatusWriter};
+
+use super::reconcile::{TERMINATING_POLL, write_status};
+use crate::context::Context;
+use crate::error::Error;
+use crate::events;
+use crate::resources::tenant::DeletionPolicy;
+use crate::resources::{FINALIZER, Tenant};
+
+/// The finalizer the API server adds for `propagationPolicy: Orphan` (`kubectl delete
+/// --cascade=orphan`); the garbage collector removes the dependents' ownerReferences.
+pub const ORPHAN_FINALIZER: &str = "orphan";
+
+/// What the deletion of one Tenant does to its namespaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Delete the namespaces it controls, then release the Tenant.
+    Delete,
+    /// Keep everything; remove the ownerReferences to the Tenant; `why` in words.
+    Retain {
+        /// Why nothing is deleted, for the Event.
+        why: String,
+    },
+}
+
+/// Decides the cleanup: the CRD being deleted (or unreadable) and an orphaning deletion win
+/// over `spec.deletionPolicy`.
+///
+/// `crd_terminating` is `Some(true)` when the Tenant CRD is being deleted or gone, `None` when
+/// that could not be found out (then nothing is deleted: the safe side).
+pub fn decide(tenant: &Tenant, crd_terminating: Option<bool>) -> Cleanup {
+    let crd = Tenant::crd_name();
+    match crd_terminating {
+        Some(true) => {
+            return Cleanup::Retain {
+                why: format!(
+                    "the CustomResourceDefinition {crd} is being deleted, so whatever the deletionPolicy says nothing of the tenant is deleted"
+                ),
+            };
+        }
+        None => {
+            return Cleanup::Retain {
+                why: format!(
+                    "could not read the CustomResourceDefinition {crd} to rule out its deletion, so nothing of the tenant is deleted"
+                ),
+            };
+        }
+        Some(false) => {}
+    }
+    if tenant.finalizers().iter().any(|f| f == ORPHAN_FINALIZER) {
+        return Cleanup::Retain {
+            why: "the Tenant was deleted with propagationPolicy Orphan".into(),
+        };
+    }
+    match tenant.spec.deletion_policy {
+        DeletionPolicy::Delete => Cleanup::Delete,
+        DeletionPolicy::Retain => Cleanup::Retain {
+            why: "its deletionPolicy is Retain".into(),
+        },
+    }
+}
+
+/// Whether the Tenant CRD is being deleted (or already gone); `None` when it cannot be read.
+async fn crd_terminating(ctx: &Context) -> Option<bool> {
+    let crds = Api::<CustomResourceDefinition>::all(ctx.client.clone());
+    match crds.get_opt(Tenant::crd_name()).await {
+        Ok(Some(crd)) => Some(crd.metadata.deletion_timestamp.is_some()),
+        Ok(None) => Some(true),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the Tenant CRD; retaining the tenant's namespaces");
+            None
+        }
+    }
+}
+
+/// Runs the cleanup of a deleted Tenant, then removes its finalizer.
+///
+/// # Errors
+/// [`Error`] from the API; the controller retries with backoff.
+pub async fn finalize(tenant: &Tenant, ctx: &Context, owner: &Owner) -> Result<Action, Error> {
+    if !tenant.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let cleanup = decide(tenant, crd_terminating(ctx).await);
+    let reference = tenant.object_ref(&());
+    match cleanup {
+        Cleanup::Delete => {
+            let mut all = DesiredChildren::new();
+            all.prune_kind::<Namespace>();
+            let report = ctx.applier.reconcile(owner, &all).await?;
+            events::children(&ctx.recorder, &reference, &report).await;
+            let left: Vec<String> = controlled::<Namespace>(ctx, owner)
+                .await?
+                .iter()
+                .map(|n| n.name_any())
+                .collect();
+            if !left.is_empty() {
+                let readiness = Readiness::Reconciling {
+                    reason: "Deleting".into(),
+                    message: format!("waiting for namespaces to be deleted: {}", left.join(", ")),
+                };
+                write_status(ctx, tenant, None, &readiness).await?;
+                return Ok(Action::requeue(TERMINATING_POLL));
+            }
+        }
+        Cleanup::Retain { why } => {
+            let kept = release(ctx, owner).await?;
+            let note = if kept.is_empty() {
+                format!("Tenant deleted; {why}; it controlled no namespace")
+            } else {
+                format!(
+                    "Tenant deleted; {why}: kept namespaces {} and everything in them, ownerReferences to the Tenant removed",
+                    kept.join(", ")
+                )
+            };
+            events::publish(
+                &ctx.recorder,
+                &reference,
+                Event {
+                    type_: EventType::Normal,
+                    reason: "Retained".into(),
+                    note: Some(note),
+                    action: "Finalize".into(),
+                    secondary: None,
+                },
+            )
+            .await;
+        }
+    }
+    let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
+    writer.remove_finalizer(tenant, FINALIZER).await?;
+    Ok(Action::await_change())
+}
+
+/// The objects of kind `K` labelled with the owner's uid that it really controls.
+async fn controlled<K>(ctx: &Context, owner: &Owner) -> Result<Vec<DynamicObject>, Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &ApiResource::erase::<K>(&()));
+    let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
+    let list = api.list(&lp).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|o| owner.owns(&o.metadata))
+        .collect())
+}
+
+/// Removes the Tenant's ownerReference and its `owner-uid` and `managed-by` labels from every
+/// object it controls (namespaces and what it made in them), so the garbage collector keeps
+/// them when the Tenant is gone. Returns the retained namespaces, sorted.
+async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
+    // Strategic merge patch: ownerReferences merge by uid, so only our reference goes.
+    let patch = json!({"metadata": {
+        "ownerReferences": [{"$patch": "delete", "uid": owner.uid()}],
+        "labels": {OWNER_UID_LABEL: null, MANAGED_BY_LABEL: null},
+    }});
+    let pp = PatchParams::default();
+    let mut kept = Vec::new();
+    for resource in [
+        ApiResource::erase::<ResourceQuota>(&()),
+        ApiResource::erase::<LimitRange>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+        ApiResource::erase::<NetworkPolicy>(&()),
+        ApiResource::erase::<Namespace>(&()),
+    ] {
+        let all = Api::<DynamicObject>::all_with(ctx.client.clone(), &resource);
+        let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
+        for obj in all.list(&lp).await?.items {
+            if !owner.owns(&obj.metadata) {
+                continue;
+            }
+            let name = obj.name_any();
+            let api = match obj.namespace() {
+                Some(ns) => {
+                    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &resource)
+                }
+                None => all.clone(),
+            };
+            match api.patch(&name, &pp, &Patch::Strategic(&patch)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if resource.kind == "Namespace" {
+                kept.push(name);
+            }
+        }
+    }
+    kept.sort();
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::TenantSpec;
+
+    fn tenant(policy: DeletionPolicy, finalizers: &[&str]) -> Tenant {
+        let mut t = Tenant::new(
+            "acme",
+            TenantSpec {
+                deletion_policy: policy,
+                ..TenantSpec::default()
+            },
+        );
+        t.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+        t
+    }
+
+    #[test]
+    fn only_an_explicit_delete_policy_on_a_live_crd_without_orphaning_deletes() {
+        let delete = tenant(DeletionPolicy::Delete, &[FINALIZER]);
+        assert_eq!(decide(&delete, Some(false)), Cleanup::Delete);
+        assert!(
+            matches!(decide(&delete, Some(true)), Cleanup::Retain { why } if why.contains("being deleted"))
+        );
+        assert!(matches!(decide(&delete, None), Cleanup::Retain { .. }));
+        let orphan = tenant(DeletionPolicy::Delete, &[ORPHAN_FINALIZER, FINALIZER]);
+        assert!(
+            matches!(decide(&orphan, Some(false)), Cleanup::Retain { why } if why.contains("Orphan"))
+        );
+        let retain = tenant(DeletionPolicy::Retain, &[FINALIZER]);
+        assert!(
+            matches!(decide(&retain, Some(false)), Cleanup::Retain { why } if why.contains("Retain"))
+        );
+        assert_eq!(
+            TenantSpec::default().deletion_policy,
+            DeletionPolicy::Retain
+        );
+    }
+}
