@@ -69,6 +69,14 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         }
         let events = eventually("a Retained event", TIMEOUT, || async {
             let events = tenants::events_about(&client, tenant, "Retained").await;
+            let events: Vec<_> = events
+                .into_iter()
+                .filter(|e| {
+                    e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains(&format!("{tenant}-a")))
+                })
+                .collect();
             if events.is_empty() {
                 Err("none yet".to_string())
             } else {

@@ -87,6 +87,14 @@ async fn deleting_a_tenant_with_the_default_policy_retains_its_namespaces_and_da
     assert_user_data(&client, &format!("{name}-a")).await;
     let events = eventually("a Retained event", TIMEOUT, || async {
         let events = tenants::events_about(&client, &name, "Retained").await;
+        let events: Vec<_> = events
+            .into_iter()
+            .filter(|e| {
+                e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains(&format!("{name}-a")))
+            })
+            .collect();
         if events.is_empty() {
             Err("none yet".to_string())
         } else {

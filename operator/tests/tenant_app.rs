@@ -198,3 +198,87 @@ async fn a_tenant_app_outside_a_tenant_namespace_is_stalled_and_creates_nothing(
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn an_app_blocked_by_a_foreign_deployment_recovers_when_it_is_deleted_and_never_reports_its_replicas()
+ {
+    shared_operator().await;
+    let client = shared().client();
+    let tenant = unique_name("clash");
+    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-apps");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    // Someone's own Deployment `clash`, with a replica really available.
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "clash"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"who": "someone"}},
+                 "template": {"metadata": {"labels": {"who": "someone"}},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    eventually("the foreign Deployment available", TIMEOUT, || async {
+        let d = deployments.get("clash").await.map_err(why)?;
+        match d.status.and_then(|s| s.available_replicas) {
+            Some(1) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    apps::create(&client, &ns, "clash", apps::spec(2, "x")).await;
+    let blocked = apps::wait_condition(&client, &ns, "clash", "Stalled", "ChildNotOwned").await;
+    assert_eq!(
+        blocked.status.unwrap().available_replicas,
+        0,
+        "the foreign Deployment's replicas are not the app's"
+    );
+
+    deployments
+        .delete("clash", &DeleteParams::default())
+        .await
+        .unwrap();
+    // No resync for 10 minutes and no poll: only the watch of the blocking object brings the
+    // app back.
+    let app = apps::wait_ready(&client, &ns, "clash").await;
+    assert_eq!(app.status.as_ref().unwrap().available_replicas, 2);
+    let ours = deployments.get("clash").await.unwrap();
+    assert_controlled_by(&ours.metadata, &app);
+}
+
+#[tokio::test]
+async fn a_deployment_that_cannot_create_pods_makes_the_app_stalled_with_the_reason() {
+    shared_operator().await;
+    let client = shared().client();
+    let tenant = unique_name("rf");
+    let mut spec = tenants::full_spec(&["apps"]);
+    spec.quota = Some(idem_operator::resources::tenant::Quota {
+        hard: tenants::quantities(&[("pods", "0")]),
+    });
+    tenants::create(&client, &tenant, spec).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-apps");
+    apps::create(&client, &ns, "web", apps::spec(1, "x")).await;
+    let app = apps::wait_condition(&client, &ns, "web", "Stalled", "ReplicaFailure").await;
+    let status = app.status.unwrap();
+    let stalled = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .unwrap();
+    assert!(
+        stalled.message.contains("FailedCreate") && stalled.message.contains("exceeded quota"),
+        "{}",
+        stalled.message
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "False");
+}

@@ -7,7 +7,9 @@ use idem_operator::resources::tenant::{
     DeletionPolicy, Limits, Owner, OwnerKind, Quota, ShortName,
 };
 use idem_operator::resources::{FIELD_MANAGER, FINALIZER, TENANT_LABEL, Tenant, TenantSpec};
-use idem_operator::tenant::desired::{ISOLATION, LIMITS, OWNER_ROLE, OWNERS, QUOTA};
+use idem_operator::tenant::desired::{
+    ISOLATION, LIMITS, NAMESPACE_NAME_LABEL, OWNER_ROLE, OWNERS, QUOTA,
+};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -285,21 +287,20 @@ pub async fn assert_full_children(client: &kube::Client, tenant: &Tenant, shorts
         assert_eq!(ingress.len(), 1, "one ingress rule");
         let peers = ingress[0].from.clone().unwrap_or_default();
         assert_eq!(peers.len(), 1, "one peer");
-        let selector = peers[0]
-            .namespace_selector
-            .clone()
-            .and_then(|s| s.match_labels)
-            .unwrap_or_default();
+        let selector = peers[0].namespace_selector.clone().unwrap_or_default();
         assert_eq!(
-            selector,
-            BTreeMap::from([(TENANT_LABEL.to_string(), name.clone())]),
-            "peer selects the tenant's namespaces"
+            selector.match_labels, None,
+            "no forgeable label in the selector"
         );
-        // The selector must really match every namespace of the tenant.
-        for ns in &namespaces {
-            let labels = ns.metadata.labels.clone().unwrap_or_default();
-            assert_eq!(labels.get(TENANT_LABEL), Some(&name), "{}", ns.name_any());
-        }
+        let requirements = selector.match_expressions.unwrap_or_default();
+        assert_eq!(requirements.len(), 1, "{requirements:?}");
+        assert_eq!(requirements[0].key, NAMESPACE_NAME_LABEL);
+        assert_eq!(requirements[0].operator, "In");
+        assert_eq!(
+            requirements[0].values.clone().unwrap_or_default(),
+            expected,
+            "peer selects exactly the tenant's namespaces"
+        );
     }
 
     let status = tenant.status.clone().expect("a status");
