@@ -72,7 +72,7 @@ fn quantity_value() -> serde_json::Value {
         "x-kubernetes-validations": [
             {"rule": "isQuantity(string(self))",
              "message": "must be a quantity such as 4, 500m or 8Gi"},
-            {"rule": "!isQuantity(string(self)) || quantity(string(self)).sign() >= 0",
+            {"rule": "!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",
              "message": "must not be negative"},
         ],
     })
