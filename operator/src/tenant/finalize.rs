@@ -17,7 +17,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{CustomResourceExt, Resource, ResourceExt};
 use serde_json::json;
 
-use idem_runtime::apply::{DesiredChildren, MANAGED_BY_LABEL, OWNER_UID_LABEL, Owner};
+use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL, Owner};
 use idem_runtime::controller::Action;
 use idem_runtime::status::{Readiness, StatusWriter};
 
@@ -168,14 +168,17 @@ where
         .collect())
 }
 
-/// Removes the Tenant's ownerReference and its `owner-uid` and `managed-by` labels from every
-/// object it controls (namespaces and what it made in them), so the garbage collector keeps
-/// them when the Tenant is gone. Returns the retained namespaces, sorted.
+/// Removes the Tenant's ownerReference and its `owner-uid` label from every object it
+/// controls (namespaces and what it made in them, the namespaces last), so the garbage
+/// collector keeps them when the Tenant is gone. Returns the retained namespaces, sorted.
+///
+/// The `app.kubernetes.io/managed-by` label stays: the shipped admission policy lets the
+/// operator write only into namespaces that carry it and never remove it from a namespace.
 async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
     // Strategic merge patch: ownerReferences merge by uid, so only our reference goes.
     let patch = json!({"metadata": {
         "ownerReferences": [{"$patch": "delete", "uid": owner.uid()}],
-        "labels": {OWNER_UID_LABEL: null, MANAGED_BY_LABEL: null},
+        "labels": {OWNER_UID_LABEL: null},
     }});
     let pp = PatchParams::default();
     let mut kept = Vec::new();
