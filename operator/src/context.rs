@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use idem_runtime::TenantKey;
-use idem_runtime::apply::{Applier, TENANT_LABEL};
+use idem_runtime::apply::{Applier, ChildCaches, DriftMetrics, TENANT_LABEL};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::runtime::events::Recorder;
@@ -20,8 +20,10 @@ pub const STALLED_AFTER_FAILURES: u32 = 5;
 pub struct Context {
     /// The API client.
     pub client: Client,
-    /// idem-runtime's apply engine.
+    /// idem-runtime's apply engine, reading children from [`Context::caches`].
     pub applier: Applier,
+    /// The controllers' child caches (filled by their watches, read by the applier).
+    pub caches: ChildCaches,
     /// Publishes Kubernetes Events (child created/deleted, condition changed).
     pub recorder: Recorder,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
@@ -31,10 +33,21 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context sharing `client`.
-    pub fn new(client: Client, recorder: Recorder, namespaces: Store<Namespace>) -> Arc<Self> {
+    /// A context sharing `client`; the applier reads children from a new [`ChildCaches`]
+    /// (give it to the controllers with `Controller::with_child_caches`) and counts repaired
+    /// drift in `drift`.
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        namespaces: Store<Namespace>,
+        drift: DriftMetrics,
+    ) -> Arc<Self> {
+        let caches = ChildCaches::new();
         Arc::new(Self {
-            applier: Applier::new(client.clone()),
+            applier: Applier::new(client.clone())
+                .with_caches(caches.clone())
+                .with_metrics(drift),
+            caches,
             client,
             recorder,
             namespaces,

@@ -22,19 +22,55 @@ pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event
     }
 }
 
-/// One `Normal` event per child created (`Created`) and per child pruned (`Deleted`).
+/// A reference to a child, for an event's `related` object.
+fn child_reference(key: &idem_runtime::ObjectKey) -> ObjectReference {
+    ObjectReference {
+        kind: Some(key.kind.to_string()),
+        namespace: key.namespace.as_ref().map(ToString::to_string),
+        name: Some(key.name.to_string()),
+        ..ObjectReference::default()
+    }
+}
+
+/// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
+/// per child pruned; `Warning` `Recreated` per child deleted and created again (its apply was
+/// rejected, e.g. an immutable field changed) and `DriftRepaired` per child whose fields another
+/// writer had changed, naming the fields and the field managers that changed them (e.g.
+/// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`).
 pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: &ApplyReport) {
     for (key, outcome) in &report.children {
-        if *outcome == ChildOutcome::Created {
-            let event = Event {
+        let event = match outcome {
+            ChildOutcome::Created => Event {
                 type_: EventType::Normal,
                 reason: "Created".into(),
                 note: Some(format!("created {key}")),
                 action: "Apply".into(),
                 secondary: None,
-            };
-            publish(recorder, reference, event).await;
-        }
+            },
+            ChildOutcome::Recreated { reason } => Event {
+                type_: EventType::Warning,
+                reason: "Recreated".into(),
+                note: Some(format!(
+                    "deleted and created {key} again: the apply was rejected: {reason}"
+                )),
+                action: "Recreate".into(),
+                secondary: Some(child_reference(key)),
+            },
+            _ => continue,
+        };
+        publish(recorder, reference, event).await;
+    }
+    for repair in &report.repaired {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "DriftRepaired".into(),
+            note: Some(repair.to_string()),
+            action: "Repair".into(),
+            // The recorder folds events with the same owner, reason, action and related object
+            // into one series: one series per child.
+            secondary: Some(child_reference(&repair.child)),
+        };
+        publish(recorder, reference, event).await;
     }
     for key in &report.pruned {
         let event = Event {

@@ -129,6 +129,7 @@ pub async fn run(
     let lease_client = Client::try_from(kube_config.clone())?;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let drift = idem_runtime::apply::DriftMetrics::new(&mut registry);
     let leader_status = Gauge::default();
     let identity = identity(&options);
     let mut leadership = options.leader_elect.then(|| {
@@ -205,7 +206,7 @@ pub async fn run(
             instance: Some(identity.clone()),
         },
     );
-    let ctx = Context::new(client.clone(), recorder, store);
+    let ctx = Context::new(client.clone(), recorder, store, drift);
     let config = |name: &str| ControllerConfig {
         name: Some(name.into()),
         workers: options.workers,
@@ -217,9 +218,11 @@ pub async fn run(
     let (tenant_synced, mut tenant_ready) = watch::channel(false);
     let (app_synced, mut app_ready) = watch::channel(false);
     let tenants = tenant::source::controller(&client, config("tenant"))
+        .with_child_caches(ctx.caches.clone())
         .with_metrics(metrics.clone())
         .with_synced_signal(tenant_synced);
     let apps = tenant_app::source::controller(&client, &ctx, config("tenantapp"), tenants.store())
+        .with_child_caches(ctx.caches.clone())
         .with_metrics(metrics)
         .with_synced_signal(app_synced);
     tokio::spawn(async move {

@@ -106,7 +106,7 @@ mod tests {
                 (key("a-dev"), ChildOutcome::Created),
                 (key("a-old"), ChildOutcome::Terminating),
             ],
-            pruned: vec![],
+            ..ApplyReport::default()
         };
         let pass = NamespacePass::from_report(&report);
         assert_eq!(pass.owned, ["a-dev"]);

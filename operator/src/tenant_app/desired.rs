@@ -8,7 +8,7 @@ use idem_runtime::compare::fingerprint;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -77,6 +77,11 @@ pub fn objects(app: &TenantApp) -> (ConfigMap, Deployment, Service) {
                     value_from: None,
                 })
                 .collect()
+        }),
+        // A tenant's app never gains more privileges than its process started with.
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            ..SecurityContext::default()
         }),
         volume_mounts: Some(vec![VolumeMount {
             name: "config".into(),

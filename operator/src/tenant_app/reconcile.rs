@@ -102,6 +102,12 @@ async fn reconcile_inner(app: &TenantApp, ctx: &Context) -> Result<Action, Error
     // A Deployment of the app's name that is not the app's says nothing about the app.
     let deployment = if report.not_owned().any(|(k, _)| &*k.kind == "Deployment") {
         None
+    } else if let Some(cached) = ctx
+        .caches
+        .lookup::<Deployment>(Some(&namespace), &app.name_any())
+    {
+        // From the controller's cache of Deployments (with our own write of this reconcile).
+        cached
     } else {
         Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
             .get_opt(&app.name_any())

@@ -1,131 +1,47 @@
-//! Applying desired children and pruning undesired ones, with conflict retries.
+//! Applying desired children and pruning undesired ones, reading from the controller's caches.
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::cache::ChildCaches;
 use super::owner::DesiredChild;
+use super::report::{ApplyReport, ChildOutcome, Repair};
+use super::takeover::fold_patch;
 use super::{
-    ApplyError, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found,
+    ApplyError, FINGERPRINT_ANNOTATION, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists,
+    is_conflict, is_not_found,
 };
-use crate::compare::is_applied;
+use crate::compare::{Drift, DriftKind, check};
 use crate::key::ObjectKey;
-use crate::status::Readiness;
-
-/// What happened to one desired child.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChildOutcome {
-    /// Already converged: no write was made.
-    Unchanged,
-    /// Created (one `POST`).
-    Created,
-    /// Changed with server-side apply (one `PATCH`, plus one to move ownership recorded by a
-    /// create or a replace to the apply operation the first time).
-    Applied,
-    /// Replaced with `PUT` because server-side apply could not repair it: the apply was
-    /// rejected as 422 Invalid, typically because another field manager's list item merged
-    /// beside ours (e.g. a second Service port with our port's name). Fields of other
-    /// managers are dropped; server-allocated Service fields are kept by the API server.
-    Replaced,
-    /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
-    /// left alone; a later reconcile creates it anew once it is gone.
-    Terminating,
-    /// An object with this name exists and is not controlled by the owner: left untouched.
-    NotOwned {
-        /// Who controls it instead, in words.
-        reason: String,
-    },
-}
-
-/// The result of reconciling an owner's children.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ApplyReport {
-    /// Each desired child and what happened to it, in the order they were desired.
-    pub children: Vec<(ObjectKey, ChildOutcome)>,
-    /// Children deleted because they were no longer desired.
-    pub pruned: Vec<ObjectKey>,
-}
-
-impl ApplyReport {
-    /// Desired children that exist but belong to someone else.
-    pub fn not_owned(&self) -> impl Iterator<Item = (&ObjectKey, &str)> {
-        self.children.iter().filter_map(|(k, o)| match o {
-            ChildOutcome::NotOwned { reason } => Some((k, reason.as_str())),
-            _ => None,
-        })
-    }
-
-    /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
-    /// desired child's name is taken by an object we do not own (it needs a human: delete or
-    /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
-    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
-    /// `Reconciled`. Messages are stable for an unchanged outcome, so an unchanged reconcile
-    /// leaves the status unchanged.
-    pub fn readiness(&self) -> Readiness {
-        let clashes: Vec<String> = self
-            .not_owned()
-            .map(|(k, why)| format!("{k} exists and is {why}"))
-            .collect();
-        let terminating: Vec<String> = self
-            .children
-            .iter()
-            .filter(|(_, o)| *o == ChildOutcome::Terminating)
-            .map(|(k, _)| k.to_string())
-            .collect();
-        if clashes.is_empty() && !terminating.is_empty() {
-            return Readiness::Reconciling {
-                reason: "ChildTerminating".to_owned(),
-                message: format!(
-                    "waiting for the deletion of {} to finish before creating it again",
-                    terminating.join(", ")
-                ),
-            };
-        }
-        if clashes.is_empty() {
-            Readiness::Ready {
-                reason: "Reconciled".to_owned(),
-                message: format!("{} children up to date", self.children.len()),
-            }
-        } else {
-            Readiness::Stalled {
-                reason: "ChildNotOwned".to_owned(),
-                message: format!(
-                    "not modifying objects this resource does not own: {}",
-                    clashes.join("; ")
-                ),
-            }
-        }
-    }
-
-    /// Whether any write was made.
-    pub fn wrote(&self) -> bool {
-        !self.pruned.is_empty()
-            || self.children.iter().any(|(_, o)| {
-                matches!(
-                    o,
-                    ChildOutcome::Created | ChildOutcome::Applied | ChildOutcome::Replaced
-                )
-            })
-    }
-}
 
 /// Applies desired children for an owner; cheap to clone.
 #[derive(Clone)]
 pub struct Applier {
     client: Client,
     retry: RetryPolicy,
+    caches: Option<ChildCaches>,
+    metrics: Option<super::DriftMetrics>,
+}
+
+/// What one child's apply did, plus the drift it repaired.
+struct Applied {
+    outcome: ChildOutcome,
+    repaired: Option<Vec<Drift>>,
 }
 
 impl Applier {
-    /// An applier using `client` and client-go's default conflict retry.
+    /// An applier using `client` and client-go's default conflict retry, reading every child
+    /// from the API server (see [`Applier::with_caches`]).
     pub fn new(client: Client) -> Self {
         Self {
             client,
             retry: RetryPolicy::default(),
+            caches: None,
+            metrics: None,
         }
     }
 
@@ -133,6 +49,27 @@ impl Applier {
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
+    }
+
+    /// Reads children, and lists them for pruning, from `caches` for every kind they serve
+    /// (the controller's watches fill them: [`Controller::with_child_caches`]); other kinds
+    /// are read from the API server. A converged reconcile then makes no request at all.
+    ///
+    /// [`Controller::with_child_caches`]: crate::controller::Controller::with_child_caches
+    pub fn with_caches(mut self, caches: ChildCaches) -> Self {
+        self.caches = Some(caches);
+        self
+    }
+
+    /// Counts repaired drift in `metrics` (`idem_drift_repaired_total{kind}`).
+    pub fn with_metrics(mut self, metrics: super::DriftMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The caches this applier reads from, if any.
+    pub fn caches(&self) -> Option<&ChildCaches> {
+        self.caches.as_ref()
     }
 
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -169,8 +106,19 @@ impl Applier {
             }
         }
         for child in &desired.children {
-            let (key, outcome) = self.apply_child(owner, child).await?;
-            report.children.push((key, outcome));
+            let (key, _) = child.stamped(owner)?;
+            let live = self.read(&child.resource, &key).await?;
+            let applied = self.apply_live(owner, child, live).await?;
+            if let Some(drift) = applied.repaired {
+                if let Some(m) = &self.metrics {
+                    m.repaired(&key.kind);
+                }
+                report.repaired.push(Repair {
+                    child: key.clone(),
+                    drift,
+                });
+            }
+            report.children.push((key, applied.outcome));
         }
         for (resource, namespaced) in &desired.kinds {
             report
@@ -180,14 +128,30 @@ impl Applier {
         Ok(report)
     }
 
-    async fn apply_child(
+    /// The child from the cache when its kind is cached, else from the API server.
+    async fn read(
         &self,
-        owner: &Owner,
-        child: &DesiredChild,
-    ) -> Result<(ObjectKey, ChildOutcome), ApplyError> {
-        let (key, _) = child.stamped(owner)?;
-        let api = self.api(&child.resource, key.namespace.as_deref());
-        let live = api
+        resource: &ApiResource,
+        key: &ObjectKey,
+    ) -> Result<Option<Value>, ApplyError> {
+        if let Some(c) = &self.caches
+            && let Some(cached) = c.get(resource, key)
+            && (cached.is_some() || !c.is_foreign(key))
+        {
+            return Ok(cached);
+        }
+
+        self.get(resource, key).await
+    }
+
+    /// The child from the API server.
+    async fn get(
+        &self,
+        resource: &ApiResource,
+        key: &ObjectKey,
+    ) -> Result<Option<Value>, ApplyError> {
+        let api = self.api(resource, key.namespace.as_deref());
+        let obj = api
             .get_opt(&key.name)
             .await
             .map_err(|source| ApplyError::Api {
@@ -195,22 +159,29 @@ impl Applier {
                 action: "get",
                 source: Box::new(source),
             })?;
-        let outcome = self.apply_observed(owner, child, live).await?;
-        Ok((key, outcome))
+        Ok(obj.map(|o| to_json(&o)))
+    }
+
+    fn remember(&self, key: &ObjectKey, obj: &DynamicObject) {
+        if let Some(c) = &self.caches {
+            c.wrote(key, to_json(obj));
+        }
     }
 
     /// Applies one child given what was observed of it (`None`: it did not exist).
     ///
-    /// This is the step after the read in [`Applier::reconcile`], public so that the
-    /// read-then-create race can be exercised: when `observed` is stale (the child was created
-    /// since), the create meets AlreadyExists and the child is handled as an apply.
+    /// This is the step after the read in [`Applier::reconcile`], public so that races can be
+    /// exercised: when `observed` is stale (the child was created since), the create meets
+    /// AlreadyExists and the child is read and handled as an apply; when the child was
+    /// replaced by another object of the same name since, the apply (which carries the
+    /// observed `metadata.uid`) is rejected and the child is read again.
     ///
-    /// When the server-side apply of an existing child we own is rejected with 422 `Invalid`,
-    /// the child is replaced (`PUT` of the desired body, guarded by the live
-    /// `resourceVersion`): server-side apply merges list items by key, so a rival's item (e.g.
-    /// a Service port with another port number but our port's name) stays beside ours and
-    /// every apply fails, while a replace drops it ([`ChildOutcome::Replaced`]). A child we do
-    /// not own is never replaced, and nothing is ever deleted for this.
+    /// An apply rejected as 422 Invalid is an error ([`ApplyError::Api`], action `apply`),
+    /// except for kinds that opted in to recreation
+    /// ([`DesiredChildren::allow_recreate`](super::DesiredChildren::allow_recreate)): those
+    /// are deleted (with a `uid` precondition) and created again
+    /// ([`ChildOutcome::Recreated`]). Nothing is ever replaced with `PUT`, which would drop
+    /// other managers' labels, annotations and finalizers.
     ///
     /// # Errors
     /// See [`ApplyError`].
@@ -218,8 +189,18 @@ impl Applier {
         &self,
         owner: &Owner,
         child: &DesiredChild,
-        mut observed: Option<DynamicObject>,
+        observed: Option<DynamicObject>,
     ) -> Result<ChildOutcome, ApplyError> {
+        let live = observed.map(|o| to_json(&o));
+        Ok(self.apply_live(owner, child, live).await?.outcome)
+    }
+
+    async fn apply_live(
+        &self,
+        owner: &Owner,
+        child: &DesiredChild,
+        mut observed: Option<Value>,
+    ) -> Result<Applied, ApplyError> {
         let (key, body) = child.stamped(owner)?;
         let api = self.api(&child.resource, key.namespace.as_deref());
         let err = |action, source| ApplyError::Api {
@@ -227,65 +208,75 @@ impl Applier {
             action,
             source: Box::new(source),
         };
+        let done = |outcome| {
+            Ok(Applied {
+                outcome,
+                repaired: None,
+            })
+        };
         let attempts = self.retry.attempts();
         for attempt in 0..attempts {
             self.retry.sleep_before(attempt).await;
             let Some(live) = observed.take() else {
-                let obj: DynamicObject =
-                    serde_json::from_value(body.clone()).map_err(|e| ApplyError::Serialize {
-                        kind: key.kind.to_string(),
-                        reason: e.to_string(),
-                    })?;
-                let pp = PostParams {
-                    field_manager: Some(owner.field_manager().to_owned()),
-                    ..PostParams::default()
-                };
-                match api.create(&pp, &obj).await {
-                    Ok(_) => return Ok(ChildOutcome::Created),
+                match self.create(&api, owner, &key, &body).await {
+                    Ok(()) => return done(ChildOutcome::Created),
                     Err(e) if is_already_exists(&e) => {
-                        observed = api.get_opt(&key.name).await.map_err(|e| err("get", e))?;
+                        observed = self.get(&child.resource, &key).await?;
                         continue;
                     }
                     Err(e) => return Err(err("create", e)),
                 }
             };
-            if !owner.owns(&live.metadata) {
-                return Ok(ChildOutcome::NotOwned {
-                    reason: owner.describe_foreign(&live.metadata),
+            let meta: kube::api::ObjectMeta =
+                serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
+                    .unwrap_or_default();
+            let foreign = !owner.owns(&meta) && !owner.lost_reference(&meta);
+            if let Some(c) = &self.caches {
+                c.set_foreign(&key, foreign);
+            }
+            if foreign {
+                return done(ChildOutcome::NotOwned {
+                    reason: owner.describe_foreign(&meta),
                 });
             }
-            if live.metadata.deletion_timestamp.is_some() {
-                return Ok(ChildOutcome::Terminating);
+            if meta.deletion_timestamp.is_some() {
+                return done(ChildOutcome::Terminating);
             }
-            let live_json = serde_json::to_value(&live).unwrap_or(Value::Null);
-            if is_applied(&body, Some(&live_json)) {
-                return Ok(ChildOutcome::Unchanged);
+            let drift = check(&body, &live, owner.field_manager());
+            if drift.is_empty() {
+                return done(ChildOutcome::Unchanged);
             }
-            let rv = live.metadata.resource_version.clone();
-            let result = match self.take_over_create_ownership(&api, owner, &live).await {
+            tracing::debug!(child = %key, drift = ?drift, "child drifted");
+            let result = self.apply(&api, owner, &key, &body, &live).await;
+            let e = match result {
                 Ok(()) => {
-                    let mut guarded = body.clone();
-                    guarded["metadata"]["resourceVersion"] = json!(rv);
-                    let pp = PatchParams::apply(owner.field_manager()).force();
-                    api.patch(&key.name, &pp, &Patch::Apply(&guarded))
-                        .await
-                        .map(|_| ())
+                    // The desired body is the one applied last (same fingerprint): every
+                    // difference was made by someone else.
+                    let same_desired = live
+                        .pointer("/metadata/annotations")
+                        .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
+                        == body
+                            .pointer("/metadata/annotations")
+                            .and_then(|a| a.get(FINGERPRINT_ANNOTATION));
+                    let by_others = !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
+                    return Ok(Applied {
+                        outcome: ChildOutcome::Applied,
+                        repaired: (same_desired && by_others).then_some(drift),
+                    });
                 }
-                Err(e) => Err(e),
+                Err(e) => e,
             };
-            let (action, e) = match result {
-                Ok(()) => return Ok(ChildOutcome::Applied),
-                Err(e) if is_invalid(&e) => match replace(&api, owner, &key, &body, &live).await {
-                    Ok(()) => return Ok(ChildOutcome::Replaced),
-                    Err(ReplaceError::Serialize(e)) => return Err(e),
-                    Err(ReplaceError::Api(e)) => ("replace", e),
-                },
-                Err(e) => ("apply", e),
-            };
-            if !(is_conflict(&e) || is_not_found(&e)) {
-                return Err(err(action, e));
+            if is_invalid(&e) && child.recreate && !uid_mismatch(&e) {
+                let reason = super::describe(&e);
+                self.recreate(&api, owner, &key, &body, &meta).await?;
+                return done(ChildOutcome::Recreated { reason });
             }
-            observed = api.get_opt(&key.name).await.map_err(|e| err("get", e))?;
+            // 409: the fold's resourceVersion guard; 404: deleted since our read; 422 on
+            // metadata.uid: replaced by another object since our read. Read again.
+            if !(is_conflict(&e) || is_not_found(&e) || uid_mismatch(&e)) {
+                return Err(err("apply", e));
+            }
+            observed = self.get(&child.resource, &key).await?;
         }
         Err(ApplyError::ConflictsExhausted {
             child: key,
@@ -293,40 +284,118 @@ impl Applier {
         })
     }
 
-    /// A child created with `POST` or replaced with `PUT` records our fields under an `Update`
-    /// operation, and server-side apply only removes fields its `Apply` entry owns. Before the
-    /// next apply, the `Update` entry is folded into our `Apply` entry (moved when there is
-    /// none, its field set united with it otherwise; as kubectl's client-side → server-side
-    /// upgrade does), so a field later dropped from the desired object is removed. One extra
-    /// write, once per create or replace.
-    async fn take_over_create_ownership(
+    /// `POST`s the child, then moves the ownership the create recorded to our `Apply` entry
+    /// (see [`super::takeover`]); a failure of that second step is left to the next apply.
+    async fn create(
         &self,
         api: &Api<DynamicObject>,
         owner: &Owner,
-        live: &DynamicObject,
+        key: &ObjectKey,
+        body: &Value,
     ) -> Result<(), kube::Error> {
-        let Some(entries) = &live.metadata.managed_fields else {
-            return Ok(());
+        let obj: DynamicObject =
+            serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
+        let pp = PostParams {
+            field_manager: Some(owner.field_manager().to_owned()),
+            ..PostParams::default()
         };
-        let ours = |op: &str| {
-            entries.iter().any(|e| {
-                e.manager.as_deref() == Some(owner.field_manager())
-                    && e.operation.as_deref() == Some(op)
-                    && e.subresource.as_deref().unwrap_or("").is_empty()
-            })
-        };
-        if !ours("Update") {
-            return Ok(());
+        let created = api.create(&pp, &obj).await?;
+        self.remember(key, &created);
+        let mut live = to_json(&created);
+        // Guarded by the created resourceVersion; a controller reacting to the create (the
+        // deployment and quota controllers do at once) makes it 409: read and try again, up to
+        // the retry policy's attempts.
+        for attempt in 0..self.retry.attempts() {
+            self.retry.sleep_before(attempt).await;
+            let Some(patch) = fold_patch(&live, owner.field_manager(), body) else {
+                break;
+            };
+            match api
+                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(folded) => {
+                    self.remember(key, &folded);
+                    break;
+                }
+                Err(e) if is_conflict(&e) => match api.get_opt(&key.name).await {
+                    Ok(Some(now)) => live = to_json(&now),
+                    _ => break,
+                },
+                Err(e) => {
+                    tracing::debug!(child = %key, error = %e, "ownership move left to the next apply");
+                    break;
+                }
+            }
         }
-        let moved = fold_update_into_apply(entries, owner.field_manager());
-        let patch = json!({"metadata": {
-            "managedFields": moved,
-            "resourceVersion": live.metadata.resource_version,
-        }});
-        let name = live.metadata.name.as_deref().unwrap_or_default();
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
+        Ok(())
+    }
+
+    /// One server-side apply of `body` with force, without a `resourceVersion` (status churn
+    /// must not cost conflicts) but with the live `metadata.uid`, so an object that replaced
+    /// ours under the same name is never written. An `Update` entry of ours (left by a create
+    /// whose ownership move failed, or by someone writing under our manager name) is folded
+    /// into our `Apply` entry first, so the apply can remove fields we no longer desire.
+    async fn apply(
+        &self,
+        api: &Api<DynamicObject>,
+        owner: &Owner,
+        key: &ObjectKey,
+        body: &Value,
+        live: &Value,
+    ) -> Result<(), kube::Error> {
+        if let Some(patch) = fold_patch(live, owner.field_manager(), body) {
+            let folded = api
+                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            self.remember(key, &folded);
+        }
+        let mut guarded = body.clone();
+        guarded["metadata"]["uid"] = live
+            .pointer("/metadata/uid")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let pp = PatchParams::apply(owner.field_manager()).force();
+        let applied = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
+        self.remember(key, &applied);
+        Ok(())
+    }
+
+    /// Deletes the child (uid precondition) and creates it again.
+    async fn recreate(
+        &self,
+        api: &Api<DynamicObject>,
+        owner: &Owner,
+        key: &ObjectKey,
+        body: &Value,
+        meta: &kube::api::ObjectMeta,
+    ) -> Result<(), ApplyError> {
+        let err = |action, source| ApplyError::Api {
+            child: key.clone(),
+            action,
+            source: Box::new(source),
+        };
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: meta.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::foreground()
+        };
+        match api.delete(&key.name, &dp).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(err("delete", e)),
+        }
+        if let Some(c) = &self.caches {
+            c.forget(key);
+        }
+        match self.create(api, owner, key, body).await {
+            Ok(()) => Ok(()),
+            // Still terminating (foreground deletion): the next reconcile creates it.
+            Err(e) if is_already_exists(&e) => Ok(()),
+            Err(e) => Err(err("create", e)),
+        }
     }
 
     async fn prune_kind(
@@ -339,36 +408,55 @@ impl Applier {
         // A namespaced owner's children live in its namespace; a cluster-scoped owner's
         // namespaced children may be anywhere.
         let scope = if namespaced { owner.namespace() } else { None };
-        let api = self.api(resource, scope);
-        let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
         let kind_key = |ns: Option<&str>, name: &str| ObjectKey {
             kind: resource.kind.as_str().into(),
             namespace: ns.map(Into::into),
             name: name.into(),
         };
-        let list = api.list(&lp).await.map_err(|source| ApplyError::Api {
-            child: kind_key(scope, "*"),
-            action: "list",
-            source: Box::new(source),
-        })?;
+        let cached = self
+            .caches
+            .as_ref()
+            .and_then(|c| c.owned_by(resource, scope, owner.uid()));
+        let items = match cached {
+            Some(items) => items,
+            None => {
+                let api = self.api(resource, scope);
+                let lp =
+                    ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
+                api.list_metadata(&lp)
+                    .await
+                    .map_err(|source| ApplyError::Api {
+                        child: kind_key(scope, "*"),
+                        action: "list",
+                        source: Box::new(source),
+                    })?
+                    .items
+                    .into_iter()
+                    .map(|o| o.metadata)
+                    .collect()
+            }
+        };
         let mut pruned = Vec::new();
-        for obj in list.items {
-            let name = obj.metadata.name.clone().unwrap_or_default();
-            let key = kind_key(obj.metadata.namespace.as_deref(), &name);
-            if keep.contains(&key) || !owner.owns(&obj.metadata) {
+        for meta in items {
+            let name = meta.name.clone().unwrap_or_default();
+            let key = kind_key(meta.namespace.as_deref(), &name);
+            if keep.contains(&key) || !owner.owns(&meta) {
                 continue;
             }
-            if obj.metadata.deletion_timestamp.is_some() {
+            if meta.deletion_timestamp.is_some() {
                 continue;
             }
-            let api = self.api(resource, obj.metadata.namespace.as_deref());
+            let api = self.api(resource, meta.namespace.as_deref());
             let dp = DeleteParams {
                 preconditions: Some(kube::api::Preconditions {
-                    uid: obj.metadata.uid.clone(),
+                    uid: meta.uid.clone(),
                     resource_version: None,
                 }),
                 ..DeleteParams::background()
             };
+            if let Some(c) = &self.caches {
+                c.forget(&key);
+            }
             match api.delete(&name, &dp).await {
                 Ok(_) => pruned.push(key),
                 // Gone already, or replaced by a new object with another uid: not ours to
@@ -387,196 +475,26 @@ impl Applier {
     }
 }
 
+/// A dynamic object as JSON (`apiVersion`, `kind`, `metadata`, and its other fields).
+fn to_json(obj: &DynamicObject) -> Value {
+    serde_json::to_value(obj).unwrap_or(Value::Null)
+}
+
 /// Whether `err` is 422 Invalid (the object failed validation).
 fn is_invalid(err: &kube::Error) -> bool {
     matches!(super::api_reason(err), Some((422, "Invalid")))
 }
 
-/// Why a replace failed.
-enum ReplaceError {
-    /// The desired body is not an object (an [`ApplyError::Serialize`]).
-    Serialize(ApplyError),
-    /// The `PUT` failed.
-    Api(kube::Error),
-}
-
-/// `PUT`s the desired, stamped `body` over `live`, guarded by the live `resourceVersion`.
-///
-/// `metadata.managedFields` is left out, so the API server keeps the live entries and records
-/// this write as an `Update` of our field manager (folded into `Apply` before the next apply).
-/// Fields the body omits are dropped, except those the API server itself carries over from the
-/// old object on update: for a Service, `spec.clusterIP(s)` and node ports.
-async fn replace(
-    api: &Api<DynamicObject>,
-    owner: &Owner,
-    key: &ObjectKey,
-    body: &Value,
-    live: &DynamicObject,
-) -> Result<(), ReplaceError> {
-    let mut obj: DynamicObject = serde_json::from_value(body.clone()).map_err(|e| {
-        ReplaceError::Serialize(ApplyError::Serialize {
-            kind: key.kind.to_string(),
-            reason: e.to_string(),
-        })
-    })?;
-    obj.metadata.resource_version = live.metadata.resource_version.clone();
-    obj.metadata.managed_fields = None;
-    let pp = PostParams {
-        field_manager: Some(owner.field_manager().to_owned()),
-        ..PostParams::default()
-    };
-    api.replace(&key.name, &pp, &obj)
-        .await
-        .map(|_| ())
-        .map_err(ReplaceError::Api)
-}
-
-/// `entries` with `manager`'s main-resource `Update` entry folded into its `Apply` entry: the
-/// `Update` entry becomes the `Apply` entry when there is none, otherwise its field set is
-/// united with the `Apply` entry's and it is dropped.
-fn fold_update_into_apply(
-    entries: &[ManagedFieldsEntry],
-    manager: &str,
-) -> Vec<ManagedFieldsEntry> {
-    let is = |e: &ManagedFieldsEntry, op: &str| {
-        e.manager.as_deref() == Some(manager)
-            && e.operation.as_deref() == Some(op)
-            && e.subresource.as_deref().unwrap_or("").is_empty()
-    };
-    let updates: Vec<&ManagedFieldsEntry> = entries.iter().filter(|e| is(e, "Update")).collect();
-    let mut out: Vec<ManagedFieldsEntry> = entries
-        .iter()
-        .filter(|e| !is(e, "Update"))
-        .cloned()
-        .collect();
-    for update in updates {
-        match out.iter_mut().find(|e| is(e, "Apply")) {
-            Some(apply) => {
-                let mut fields = apply.fields_v1.take().map_or(Value::Null, |f| f.0);
-                if let Some(more) = &update.fields_v1 {
-                    unite(&mut fields, &more.0);
-                }
-                apply.fields_v1 = Some(FieldsV1(fields));
-                apply.time = None;
-            }
-            None => {
-                let mut moved = update.clone();
-                moved.operation = Some("Apply".to_owned());
-                moved.time = None;
-                out.push(moved);
-            }
+/// Whether `err` is the 422 the API server gives when the apply's `metadata.uid` is not the
+/// stored object's (the object was replaced since we read it).
+fn uid_mismatch(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(s) => {
+            s.code == 422
+                && s.details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
         }
-    }
-    out
-}
-
-/// Unites the `fieldsV1` set `more` into `into` (both nested JSON objects of field paths).
-fn unite(into: &mut Value, more: &Value) {
-    match (into, more) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                unite(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (slot @ Value::Null, v) => *slot = v.clone(),
-        _ => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(manager: &str, op: &str, fields: Value) -> ManagedFieldsEntry {
-        ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some(op.into()),
-            api_version: Some("v1".into()),
-            fields_type: Some("FieldsV1".into()),
-            fields_v1: Some(FieldsV1(fields)),
-            ..ManagedFieldsEntry::default()
-        }
-    }
-
-    #[test]
-    fn update_entry_is_moved_or_united_into_apply() {
-        let create = [
-            entry("idem", "Update", json!({"f:data": {"f:a": {}}})),
-            entry("rival", "Update", json!({"f:data": {"f:r": {}}})),
-        ];
-        let moved = fold_update_into_apply(&create, "idem");
-        assert_eq!(moved.len(), 2);
-        assert_eq!(moved[0], create[1]);
-        assert_eq!(moved[1].operation.as_deref(), Some("Apply"));
-        assert_eq!(moved[1].fields_v1, create[0].fields_v1);
-
-        let replaced = [
-            entry(
-                "idem",
-                "Apply",
-                json!({"f:spec": {"f:selector": {}, "f:ports": {"k:{\"port\":80}": {".": {}}}}}),
-            ),
-            entry(
-                "idem",
-                "Update",
-                json!({"f:spec": {"f:ports": {"k:{\"port\":80}": {"f:name": {}}}}}),
-            ),
-        ];
-        let united = fold_update_into_apply(&replaced, "idem");
-        assert_eq!(united.len(), 1);
-        assert_eq!(united[0].operation.as_deref(), Some("Apply"));
-        assert_eq!(
-            united[0].fields_v1,
-            Some(FieldsV1(json!({"f:spec": {
-                "f:selector": {},
-                "f:ports": {"k:{\"port\":80}": {".": {}, "f:name": {}}},
-            }})))
-        );
-    }
-
-    #[test]
-    fn readiness_from_report() {
-        let ok = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("ConfigMap", "ns", "a"),
-                ChildOutcome::Created,
-            )],
-            pruned: vec![],
-        };
-        assert!(
-            matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
-        );
-        assert!(ok.wrote());
-        let clash = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("ConfigMap", "ns", "a"),
-                ChildOutcome::NotOwned {
-                    reason: "not controlled by any owner".into(),
-                },
-            )],
-            pruned: vec![],
-        };
-        match clash.readiness() {
-            Readiness::Stalled { reason, message } => {
-                assert_eq!(reason, "ChildNotOwned");
-                assert!(
-                    message.contains("ConfigMap/ns/a exists and is not controlled"),
-                    "{message}"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(!clash.wrote());
-        let terminating = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("Service", "ns", "s"),
-                ChildOutcome::Terminating,
-            )],
-            pruned: vec![],
-        };
-        assert!(matches!(
-            terminating.readiness(),
-            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
-        ));
+        _ => false,
     }
 }

@@ -1,42 +1,52 @@
-//! The apply engine: server-side apply of desired children, skipping converged ones, pruning
+//! The apply engine: server-side apply of desired children, only where they drifted, pruning
 //! children no longer desired, never touching objects another owner controls.
 //!
 //! Rules, and their sources:
 //! - Children are written with server-side apply (`PATCH` `application/apply-patch+yaml`) under
 //!   the owner's field manager with `force=true`, so idem takes over the fields it applies and
-//!   leaves fields owned by other managers alone (Kubernetes "Server-Side Apply", conflicts).
-//! - A child whose applied fields are already equal by meaning in the live object
-//!   ([`crate::compare::is_applied`]) is not written at all: a converged reconcile makes zero
-//!   write requests. Each applied child carries the fingerprint of its desired body in the
-//!   annotation [`FINGERPRINT_ANNOTATION`], so a field dropped from the desired object also
-//!   counts as a change and the next apply removes it.
+//!   leaves fields owned by other managers alone (KEP-555 "Server-Side Apply", conflicts).
+//! - A child is written only when it is not converged by the server's own record
+//!   ([`crate::compare`]: our `Apply` entry in `managedFields` covers exactly the desired
+//!   fields and every desired value equals the live one). A converged reconcile makes no write,
+//!   and with [`ChildCaches`] no request at all: children are read, and listed for pruning,
+//!   from the controller's watch caches. Each applied child also carries the fingerprint of
+//!   its desired body in [`FINGERPRINT_ANNOTATION`]: when it still matches, every drift was made
+//!   by someone else and is reported as a [`Repair`] (the `DriftRepaired` event).
 //! - Every child gets a controller ownerReference to the owner (`controller: true`,
 //!   `blockOwnerDeletion: true`) and the labels [`MANAGED_BY_LABEL`], [`TENANT_LABEL`] and
 //!   [`OWNER_UID_LABEL`]. A live object without our controller ownerReference is never
 //!   modified, adopted or deleted: it is reported as [`ChildOutcome::NotOwned`].
-//! - Optimistic concurrency: writes to an existing child carry the `resourceVersion` that was
-//!   read, so the ownership check and the write are atomic; on 409 Conflict the child is read
-//!   again and the decision is taken anew, up to [`RetryPolicy`] attempts (client-go
-//!   `retry.DefaultRetry`).
-//! - A child that was absent is created with `POST`; a create that meets `AlreadyExists`
-//!   (someone created it between our read and our create) is read and handled like any live
-//!   object: applied when it is ours, reported as not owned when it is not.
-//! - An existing child we own whose server-side apply is rejected with 422 `Invalid` is replaced
-//!   with `PUT` (guarded by its `resourceVersion`; 409 → read again and retry): apply merges
-//!   list items by key, so another manager's item can sit beside ours and make the merged
-//!   object invalid (e.g. two Service ports named `http`), which no apply can repair. The API
-//!   server keeps a Service's allocated `clusterIP(s)` and node ports across the `PUT`; the
-//!   `Update` ownership it records is folded into our `Apply` entry before the next apply.
-//!   Children we do not own are never replaced; nothing is deleted for this.
+//! - Applies carry no `resourceVersion` (a Deployment's status churn must not cost 409s) but
+//!   carry the observed `metadata.uid`: an object that replaced ours under the same name makes
+//!   the apply fail (422, uid is immutable) instead of being adopted, and is read again. A
+//!   409 (the ownership move below is guarded by `resourceVersion`) or 404 re-reads the child
+//!   from the API server, up to [`RetryPolicy`] attempts (client-go `retry.DefaultRetry`).
+//! - A child that was absent is created with `POST` (so an object someone created since our
+//!   read gives AlreadyExists and is read: ours → apply, not ours → `NotOwned`, never adopted),
+//!   then the `Update` ownership the create recorded is moved to our `Apply` entry (one
+//!   `resourceVersion`-guarded `PATCH` of `managedFields`, as kubectl's client-side →
+//!   server-side upgrade does), so later applies can remove fields and the child counts as
+//!   converged at once.
+//! - An apply rejected as 422 Invalid is an error, never a silent `PUT` (which would drop other
+//!   managers' labels, annotations and finalizers). Kinds that opt in with
+//!   [`DesiredChildren::allow_recreate`] are deleted (uid precondition) and created again
+//!   instead ([`ChildOutcome::Recreated`]; the operator records an Event `Recreated`).
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
+mod cache;
 mod engine;
+mod metrics;
 mod owner;
+mod report;
 pub mod retry;
+mod takeover;
 
-pub use engine::{Applier, ApplyReport, ChildOutcome};
+pub use cache::ChildCaches;
+pub use engine::Applier;
+pub use metrics::DriftMetrics;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
+pub use report::{ApplyReport, ChildOutcome, Repair};
 pub use retry::RetryPolicy;
 
 use crate::key::ObjectKey;
@@ -95,7 +105,7 @@ pub enum ApplyError {
     Api {
         /// The child.
         child: ObjectKey,
-        /// The request: `get`, `create`, `apply`, `replace`, `list`, `delete`.
+        /// The request: `get`, `create`, `apply`, `list`, `delete`.
         action: &'static str,
         /// The client error.
         #[source]

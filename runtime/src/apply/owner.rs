@@ -119,6 +119,30 @@ impl Owner {
             .any(|r| r.uid == self.uid && r.controller == Some(true))
     }
 
+    /// Whether `meta` is a child of ours that lost its ownerReference: it has no controller
+    /// ownerReference at all, carries [`OWNER_UID_LABEL`] with this owner's uid, and our field
+    /// manager has an `Apply` entry on it (the server's record that we applied it). Such a
+    /// child is applied again (which restores the reference); it is never pruned on this
+    /// evidence alone.
+    pub fn lost_reference(&self, meta: &ObjectMeta) -> bool {
+        let controlled = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true));
+        let labelled = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(OWNER_UID_LABEL))
+            .is_some_and(|v| *v == self.uid);
+        let applied = meta.managed_fields.iter().flatten().any(|e| {
+            e.manager.as_deref() == Some(self.field_manager.as_str())
+                && e.operation.as_deref() == Some("Apply")
+                && e.subresource.as_deref().unwrap_or("").is_empty()
+        });
+        !controlled && labelled && applied
+    }
+
     /// Who controls `meta` instead of us, for messages.
     pub(crate) fn describe_foreign(&self, meta: &ObjectMeta) -> String {
         match meta
@@ -140,6 +164,8 @@ pub struct DesiredChild {
     pub(crate) namespaced: bool,
     pub(crate) key: ObjectKey,
     pub(crate) body: Value,
+    /// Whether an apply rejected as 422 Invalid deletes and creates the child again.
+    pub(crate) recreate: bool,
 }
 
 /// The children an owner desires, plus the kinds whose undesired children get pruned.
@@ -147,6 +173,8 @@ pub struct DesiredChild {
 pub struct DesiredChildren {
     pub(crate) children: Vec<DesiredChild>,
     pub(crate) kinds: Vec<(ApiResource, bool)>,
+    /// Kinds whose children are recreated when an apply is rejected as 422 Invalid.
+    pub(crate) recreate: Vec<ApiResource>,
 }
 
 impl DesiredChildren {
@@ -207,13 +235,40 @@ impl DesiredChildren {
             name: name.as_str().into(),
         };
         self.register_kind::<K>();
+        let resource = ApiResource::erase::<K>(&());
+        let recreate = self.recreate.contains(&resource);
         self.children.push(DesiredChild {
-            resource: ApiResource::erase::<K>(&()),
+            resource,
             namespaced,
             key,
             body,
+            recreate,
         });
         Ok(self)
+    }
+
+    /// Opts kind `K` in to recreation: when the server-side apply of one of its children is
+    /// rejected as 422 Invalid (typically an immutable field, such as a Job's template or a
+    /// Service's `clusterIP`, changed), the child is deleted (with a `uid` precondition,
+    /// foreground) and created again, reported as [`ChildOutcome::Recreated`]. Without this, such
+    /// an apply is an error and the child is left as it is. Applies to children of `K` added
+    /// before and after this call.
+    ///
+    /// [`ChildOutcome::Recreated`]: super::ChildOutcome::Recreated
+    pub fn allow_recreate<K>(&mut self) -> &mut Self
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ar = ApiResource::erase::<K>(&());
+        for c in &mut self.children {
+            if c.resource == ar {
+                c.recreate = true;
+            }
+        }
+        if !self.recreate.contains(&ar) {
+            self.recreate.push(ar);
+        }
+        self
     }
 
     /// Prunes undesired children of kind `K` even when no child of that kind is desired.
@@ -257,6 +312,15 @@ impl DesiredChild {
     /// The child's key as desired (namespace `None` until placed in the owner's namespace).
     pub fn key(&self) -> &ObjectKey {
         &self.key
+    }
+
+    /// The body the engine applies for `owner`: the desired object placed in the owner's
+    /// namespace, with the ownerReference, labels and fingerprint annotation stamped.
+    ///
+    /// # Errors
+    /// [`ApplyError::InvalidScope`] when Kubernetes would not let `owner` own this child.
+    pub fn stamped_body(&self, owner: &Owner) -> Result<Value, ApplyError> {
+        Ok(self.stamped(owner)?.1)
     }
 
     /// Places the child for `owner` and stamps ownership: namespace, labels, ownerReference

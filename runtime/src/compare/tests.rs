@@ -1,115 +1,197 @@
-//! Unit tests of comparison by meaning.
+//! Unit tests of the convergence rule on hand-written objects (the real API server's answers
+//! are checked by the oracle test in `runtime/tests/engine/oracle.rs`).
 
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
-#[test]
-fn server_defaults_are_not_drift() {
-    let desired = json!({"spec": {"replicas": 2, "template": {"spec": {"containers": [
-        {"name": "app", "image": "nginx:1", "ports": [{"containerPort": 80}]}]}}}});
-    let live = json!({"spec": {"replicas": 2, "strategy": {"type": "RollingUpdate"},
-        "template": {"spec": {"restartPolicy": "Always", "containers": [
-        {"name": "app", "image": "nginx:1", "imagePullPolicy": "IfNotPresent",
-         "terminationMessagePath": "/dev/termination-log",
-         "ports": [{"containerPort": 80, "protocol": "TCP"}]}]}}}});
-    assert!(is_applied(&desired, Some(&live)));
-    assert!(drift(&desired, &live).is_empty());
+const M: &str = "idem-operator";
+
+fn entry(manager: &str, op: &str, fields: Value) -> Value {
+    json!({"manager": manager, "operation": op, "apiVersion": "v1", "fieldsType": "FieldsV1",
+           "fieldsV1": fields})
+}
+
+fn with_fields(mut live: Value, entries: Vec<Value>) -> Value {
+    live["metadata"]["managedFields"] = Value::Array(entries);
+    live
+}
+
+fn rolebinding(subjects: Value) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+           "metadata": {"name": "idem-owners", "namespace": "ns", "labels": {"a": "b"}},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+           "subjects": subjects})
+}
+
+fn rb_fields() -> Value {
+    json!({"f:metadata": {"f:labels": {"f:a": {}}}, "f:roleRef": {}, "f:subjects": {}})
 }
 
 #[test]
-fn changed_owned_field_is_drift_with_path() {
-    let desired = json!({"spec": {"template": {"spec": {"containers": [
-        {"name": "app", "image": "nginx:2"}]}}}});
-    let live = json!({"spec": {"template": {"spec": {"containers": [
-        {"name": "app", "image": "nginx:1"}, {"name": "sidecar", "image": "x"}]}}}});
-    assert!(!is_applied(&desired, Some(&live)));
+fn converged_when_our_entry_covers_and_values_equal() {
+    let d = rolebinding(
+        json!([{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]),
+    );
+    let live = with_fields(d.clone(), vec![entry(M, "Apply", rb_fields())]);
+    assert_eq!(check(&d, &live, M), vec![]);
+}
+
+#[test]
+fn never_applied_and_update_entries_do_not_count() {
+    let d = rolebinding(json!([]));
+    let live = with_fields(d.clone(), vec![entry(M, "Update", rb_fields())]);
+    assert_eq!(check(&d, &live, M)[0].kind, DriftKind::NeverApplied);
+}
+
+#[test]
+fn atomic_list_taken_by_another_manager_names_it() {
+    let d = rolebinding(json!([{"kind": "User", "name": "alice"}]));
+    let mut live = rolebinding(
+        json!([{"kind": "User", "name": "alice"}, {"kind": "User", "name": "mallory"}]),
+    );
+    live = with_fields(
+        live,
+        vec![
+            entry(
+                M,
+                "Apply",
+                json!({"f:metadata": {"f:labels": {"f:a": {}}}, "f:roleRef": {}}),
+            ),
+            entry("kubectl-edit", "Update", json!({"f:subjects": {}})),
+        ],
+    );
+    let drift = check(&d, &live, M);
+    assert_eq!(drift.len(), 1, "{drift:?}");
     assert_eq!(
-        drift(&desired, &live),
-        vec![".spec.template.spec.containers[name=app].image"]
+        drift[0].to_string(),
+        ".subjects changed by kubectl-edit (Update)"
     );
 }
 
 #[test]
-fn quantities_compare_by_value() {
-    let desired = json!({"spec": {"hard": {"cpu": "1000m", "memory": "1Gi", "pods": "20"}}});
-    let live = json!({"spec": {"hard": {"cpu": "1", "memory": "1024Mi", "pods": "20"}}});
-    assert!(is_applied(&desired, Some(&live)));
-    let changed = json!({"spec": {"hard": {"cpu": "2", "memory": "1Gi", "pods": "20"}}});
-    assert_eq!(drift(&desired, &changed), vec![".spec.hard.cpu"]);
-    // A container's resources.
-    let d = json!({"resources": {"limits": {"cpu": "0.5"}, "requests": {"memory": 1048576}}});
-    let l = json!({"resources": {"limits": {"cpu": "500m"}, "requests": {"memory": "1Mi"}}});
-    assert!(is_applied(&d, Some(&l)));
+fn atomic_value_compares_whole_even_when_still_ours() {
+    // Someone applying under our own manager name with extra items.
+    let d = rolebinding(json!([{"kind": "User", "name": "alice"}]));
+    let live = with_fields(
+        rolebinding(
+            json!([{"kind": "User", "name": "alice"}, {"kind": "User", "name": "mallory"}]),
+        ),
+        vec![entry(M, "Apply", rb_fields())],
+    );
+    assert_eq!(check(&d, &live, M)[0].kind, DriftKind::Changed);
+    // An empty atomic struct (podSelector: {}) against a non-empty one.
+    let d = json!({"kind": "NetworkPolicy", "metadata": {}, "spec": {"podSelector": {}}});
+    let live = with_fields(
+        json!({"kind": "NetworkPolicy", "metadata": {}, "spec": {"podSelector": {"matchLabels": {"x": "y"}}}}),
+        vec![entry(M, "Apply", json!({"f:spec": {"f:podSelector": {}}}))],
+    );
+    assert_eq!(check(&d, &live, M)[0].path, ".spec.podSelector");
 }
 
 #[test]
-fn quantity_rules_do_not_leak_to_other_strings() {
-    let desired = json!({"metadata": {"labels": {"v": "1000m"}}});
-    let live = json!({"metadata": {"labels": {"v": "1"}}});
-    assert!(!is_applied(&desired, Some(&live)));
+fn quantities_by_path_only() {
+    let d = json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"cpu": "1000m", "memory": "1Gi"}}});
+    let f = json!({"f:spec": {"f:hard": {"f:cpu": {}, "f:memory": {}}}});
+    let live = with_fields(
+        json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"cpu": "1", "memory": "1024Mi"}}}),
+        vec![entry(M, "Apply", f.clone())],
+    );
+    assert!(is_converged(&d, &live, M));
+    // A ConfigMap key called `storage` is a string.
+    let d = json!({"kind": "ConfigMap", "metadata": {}, "data": {"storage": "1Gi"}});
+    let live = with_fields(
+        json!({"kind": "ConfigMap", "metadata": {}, "data": {"storage": "1024Mi"}}),
+        vec![entry(M, "Apply", json!({"f:data": {"f:storage": {}}}))],
+    );
+    assert_eq!(check(&d, &live, M)[0].path, ".data.storage");
 }
 
 #[test]
-fn int_or_string() {
-    let desired = json!({"ports": [{"port": 80, "targetPort": 8080}]});
-    let live = json!({"ports": [{"port": 80, "targetPort": "8080", "protocol": "TCP"}]});
-    assert!(is_applied(&desired, Some(&live)));
-    let named = json!({"ports": [{"port": 80, "targetPort": "http", "protocol": "TCP"}]});
-    assert!(!is_applied(&desired, Some(&named)));
+fn removed_field_is_drift_and_omitted_zero_is_not() {
+    let d = json!({"kind": "X", "metadata": {}, "spec": {"a": false, "b": false}});
+    // `a` was removed (its ownership went with it); `b` is owned but Go omitted the zero value.
+    let live = with_fields(
+        json!({"kind": "X", "metadata": {}, "spec": {}}),
+        vec![entry(M, "Apply", json!({"f:spec": {"f:b": {}}}))],
+    );
+    let drift = check(&d, &live, M);
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    assert_eq!(drift[0].to_string(), ".spec.a removed");
+    // A non-zero owned value that is absent is drift.
+    let d = json!({"kind": "X", "metadata": {}, "spec": {"b": true}});
+    assert_eq!(check(&d, &live, M)[0].kind, DriftKind::Changed);
 }
 
 #[test]
-fn empty_equals_absent() {
-    let desired = json!({"metadata": {"annotations": {}}, "spec": {"args": [], "paused": false,
-        "note": "", "x": null}});
-    let live = json!({"metadata": {}, "spec": {}});
-    assert!(is_applied(&desired, Some(&live)));
-    assert!(is_applied(&json!({}), None));
-    assert!(!is_applied(&json!({"a": 1}), None));
+fn fields_we_own_but_no_longer_desire_are_stale() {
+    let d = json!({"kind": "ConfigMap", "metadata": {}, "data": {"a": "1"}});
+    let live = with_fields(
+        json!({"kind": "ConfigMap", "metadata": {}, "data": {"a": "1", "b": "2"}}),
+        vec![entry(M, "Apply", json!({"f:data": {"f:a": {}, "f:b": {}}}))],
+    );
+    let drift = check(&d, &live, M);
+    assert_eq!(
+        drift,
+        vec![Drift {
+            path: ".data.b".into(),
+            kind: DriftKind::Stale
+        }]
+    );
 }
 
 #[test]
-fn atomic_lists_need_same_length_and_order() {
-    let desired = json!({"args": ["a", "b"]});
-    assert!(is_applied(&desired, Some(&json!({"args": ["a", "b"]}))));
-    assert!(!is_applied(&desired, Some(&json!({"args": ["b", "a"]}))));
-    assert!(!is_applied(
-        &desired,
-        Some(&json!({"args": ["a", "b", "c"]}))
-    ));
+fn keys_other_managers_own_in_granular_maps_stay_theirs() {
+    let d = json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"cpu": "1"}}});
+    let live = with_fields(
+        json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"cpu": "1", "pods": "3"}}}),
+        vec![
+            entry(M, "Apply", json!({"f:spec": {"f:hard": {"f:cpu": {}}}})),
+            entry(
+                "kubectl",
+                "Update",
+                json!({"f:spec": {"f:hard": {"f:pods": {}}}}),
+            ),
+        ],
+    );
+    assert!(is_converged(&d, &live, M));
 }
 
 #[test]
-fn port_protocol_is_part_of_the_key() {
-    let desired = json!({"ports": [{"port": 53, "protocol": "UDP", "name": "dns"}]});
-    let live = json!({"ports": [{"port": 53, "protocol": "TCP", "name": "dns-tcp"}]});
-    // Matched by name first: "dns" is missing in live.
-    assert!(!is_applied(&desired, Some(&live)));
+fn keyed_lists_match_by_recorded_key_with_defaulted_key_fields() {
+    let d = json!({"kind": "Service", "metadata": {}, "spec": {"ports": [{"name": "http", "port": 80}]}});
+    let ours = json!({"f:spec": {"f:ports": {"k:{\"port\":80,\"protocol\":\"TCP\"}":
+        {".": {}, "f:name": {}, "f:port": {}}}}});
+    let live = with_fields(
+        json!({"kind": "Service", "metadata": {}, "spec": {"ports": [
+            {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]}}),
+        vec![entry(M, "Apply", ours.clone())],
+    );
+    assert!(is_converged(&d, &live, M), "{:?}", check(&d, &live, M));
+    // A duplicate of our item is drift.
+    let dup = with_fields(
+        json!({"kind": "Service", "metadata": {}, "spec": {"ports": [
+            {"name": "http", "port": 80, "protocol": "TCP"},
+            {"name": "http2", "port": 80, "protocol": "TCP"}]}}),
+        vec![entry(M, "Apply", ours)],
+    );
+    assert_eq!(
+        check(&d, &dup, M)[0].path,
+        ".spec.ports[port=80,protocol=TCP]"
+    );
 }
 
 #[test]
-fn same_meaning_is_symmetric_for_spec_values() {
-    assert!(same_meaning(
-        &json!({"a": [1, 2]}),
-        &json!({"a": [1, 2]}),
-        false
-    ));
-    assert!(!same_meaning(
-        &json!({"a": [1, 2]}),
-        &json!({"a": [1]}),
-        false
-    ));
-    assert!(same_meaning(
-        &json!({"limits": {"cpu": "1000m"}}),
-        &json!({"limits": {"cpu": "1"}}),
-        false
-    ));
-    assert!(!same_meaning(&json!("1000m"), &json!("1"), false));
-    assert!(same_meaning(&json!(80), &json!("80"), false));
+fn integers_compare_exactly_above_two_to_the_53() {
+    let d = json!({"kind": "X", "metadata": {}, "spec": {"n": 9_007_199_254_740_993_i64}});
+    let live = with_fields(
+        json!({"kind": "X", "metadata": {}, "spec": {"n": 9_007_199_254_740_992_i64}}),
+        vec![entry(M, "Apply", json!({"f:spec": {"f:n": {}}}))],
+    );
+    assert_eq!(check(&d, &live, M)[0].kind, DriftKind::Changed);
 }
 
 #[test]
-fn field_diff_paths() {
+fn spec_diff_paths() {
     let mut out = Vec::new();
     __field_diff("replicas", &1, &2, &mut out);
     __field_diff("same", &"x", &"x", &mut out);
@@ -118,8 +200,9 @@ fn field_diff_paths() {
     __field_diff("config", &a, &b, &mut out);
     __field_diff("list", &vec![1, 2], &vec![1, 3], &mut out);
     __field_diff("opt", &None::<u8>, &Some(1u8), &mut out);
+    __field_diff("q", &"1000m", &"1", &mut out);
     assert_eq!(
         out,
-        vec!["replicas", "config.b", "config.c", "list[1]", "opt"]
+        vec!["replicas", "config.b", "config.c", "list[1]", "opt", "q"]
     );
 }

@@ -128,6 +128,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     synced: Option<tokio::sync::watch::Sender<bool>>,
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
+    caches: Option<crate::apply::ChildCaches>,
 }
 
 impl<K> Controller<K>
@@ -152,6 +153,7 @@ where
             synced: None,
             store,
             writer,
+            caches: None,
         }
     }
 
@@ -167,7 +169,14 @@ where
     #[must_use]
     pub fn owns<C>(mut self, api: Api<C>, watcher_config: watcher::Config) -> Self
     where
-        C: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        C: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
     {
         self.children.push(Box::new(move |shared| {
             watch::child::<K, C>(api, watcher_config, shared)
@@ -231,6 +240,17 @@ where
         self
     }
 
+    /// Keeps a reflector store of every owned child kind and publishes it in `caches` once its
+    /// first list is complete, so an [`Applier`](crate::apply::Applier) built
+    /// [`with_caches`](crate::apply::Applier::with_caches) on the same `caches` reads and
+    /// prunes children without requests. Memory: one copy of every watched child (as selected
+    /// by its watcher config).
+    #[must_use]
+    pub fn with_child_caches(mut self, caches: crate::apply::ChildCaches) -> Self {
+        self.caches = Some(caches);
+        self
+    }
+
     /// Sends `true` on `synced` once every watch (primary and children) has listed and the
     /// workers start; a `/readyz` endpoint can serve it (controller-runtime's readiness once
     /// caches are synced).
@@ -290,6 +310,7 @@ where
             tenant_of: self.tenant_of,
             weight_of: self.weight_of,
             change_of: self.change_of,
+            caches: self.caches.clone(),
         });
         let mut tasks = vec![watch::primary(
             self.api,

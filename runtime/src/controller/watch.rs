@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
+use crate::apply::ChildCaches;
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::{Priority, WorkQueue};
 
@@ -33,6 +34,8 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub tenant_of: TenantFn<K>,
     pub weight_of: Option<WeightFn<K>>,
     pub change_of: Option<ChangeFn<K>>,
+    /// Where child watches publish their stores for the apply engine.
+    pub caches: Option<ChildCaches>,
 }
 
 impl<K> Shared<K>
@@ -84,6 +87,8 @@ where
     let run = async move {
         let stream = reflector::reflector(writer, watch_fn(api, config).default_backoff());
         futures::pin_mut!(stream);
+        // Keyed by name, valued with the uid: a delete + create under the same name is a
+        // change even when the Delete event was lost in a relist.
         let mut seen: HashMap<ObjectKey, (u64, u64)> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
         while let Some(event) = stream.next().await {
@@ -106,7 +111,8 @@ where
                         Some(change_of) => change_of(&obj),
                         None => fingerprint(obj.meta()),
                     };
-                    let print = (change, spec_mark(obj.meta()));
+                    let uid = obj.meta().uid.as_deref().map(uid_mark).unwrap_or_default();
+                    let print = (change ^ uid, spec_mark(obj.meta()) ^ uid);
                     let before = seen.insert(key.clone(), print);
                     if before.map(|b| b.0) != Some(print.0) {
                         let tenant = shared.tenant(&obj);
@@ -145,19 +151,40 @@ where
     }
 }
 
+/// What a child watch remembers of a child: its resourceVersion and the owners (with their
+/// tenants) it mapped to.
+type Seen = (Option<String>, Vec<(ObjectKey, TenantKey)>);
+
 /// Drive a child watch: enqueue the owner of every child that changed (by resourceVersion,
-/// so a relist of unchanged children enqueues nothing).
+/// so a relist of unchanged children enqueues nothing), and the owners of children that
+/// vanished between two lists (a delete missed while the watch was down: client-go's
+/// `DeletedFinalStateUnknown`). With [`ChildCaches`], the watch also keeps a reflector store of
+/// the children and publishes it once the first list is complete.
 pub(crate) fn child<K, C>(api: Api<C>, config: watcher::Config, shared: Arc<Shared<K>>) -> WatchTask
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     K::Scope: 'static,
-    C: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    C: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = watch_fn(api, config).default_backoff();
+        let raw = watch_fn(api, config).default_backoff();
+        let (store, writer) = reflector::store::<C>();
+        let stream: futures::stream::BoxStream<'static, _> = if shared.caches.is_some() {
+            Box::pin(reflector::reflector(writer, raw))
+        } else {
+            Box::pin(raw)
+        };
+        let mut store = Some(store);
         futures::pin_mut!(stream);
-        let mut versions: HashMap<ObjectKey, Option<String>> = HashMap::new();
+        let mut versions: HashMap<ObjectKey, Seen> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -175,29 +202,54 @@ where
                     continue;
                 }
                 Event::InitDone => {
-                    versions.retain(|k, _| listed.contains(k));
+                    let mut vanished = Vec::new();
+                    versions.retain(|k, (_, owners)| {
+                        let keep = listed.contains(k);
+                        if !keep {
+                            vanished.push((k.clone(), std::mem::take(owners)));
+                        }
+                        keep
+                    });
+                    for (child, owners) in vanished {
+                        tracing::debug!(%child, "child vanished while the watch was down");
+                        for (owner, tenant) in owners {
+                            shared.queue.add(&owner, &tenant, Priority::Event);
+                        }
+                    }
+                    if let (Some(caches), Some(store)) = (&shared.caches, store.take()) {
+                        caches.register(store);
+                    }
                     tx.send_replace(true);
                     continue;
                 }
             };
             let replay = !deleted && !*tx.borrow();
             let key = key_of(&obj);
+            let owners: Vec<(ObjectKey, TenantKey)> = owners_of::<K>(obj.meta())
+                .into_iter()
+                .map(|owner| {
+                    let tenant = shared.owner_tenant(&owner, obj.meta());
+                    (owner, tenant)
+                })
+                .collect();
             let changed = if deleted {
                 versions.remove(&key);
                 true
             } else {
                 listed.insert(key.clone());
                 let rv = obj.resource_version();
-                versions.insert(key, rv.clone()) != Some(rv)
+                versions
+                    .insert(key, (rv.clone(), owners.clone()))
+                    .map(|(old, _)| old)
+                    != Some(rv)
             };
             if changed {
-                for owner in owners_of::<K>(obj.meta()) {
-                    let tenant = shared.owner_tenant(&owner, obj.meta());
-                    let priority = if replay {
-                        Priority::Resync // the first list after start: a replay
-                    } else {
-                        Priority::Event
-                    };
+                let priority = if replay {
+                    Priority::Resync // the first list after start: a replay
+                } else {
+                    Priority::Event
+                };
+                for (owner, tenant) in owners {
                     shared.queue.add(&owner, &tenant, priority);
                 }
             }
@@ -207,6 +259,14 @@ where
         run: Box::pin(run),
         synced,
     }
+}
+
+/// A hash of an object's uid, mixed into the change marks.
+fn uid_mark(uid: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    uid.hash(&mut h);
+    h.finish()
 }
 
 /// What makes a change of a primary object a change of its spec, which ends a backoff wait

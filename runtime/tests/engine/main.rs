@@ -3,6 +3,8 @@
 
 mod apply;
 mod common;
+mod drift;
+mod oracle;
 mod race;
 mod replace;
 mod status;

@@ -201,7 +201,7 @@ async fn child_created_between_read_and_create_is_handled_as_apply() {
 }
 
 #[tokio::test]
-async fn stale_observation_of_an_owned_child_is_reread_on_409() {
+async fn stale_observation_is_applied_without_conflict_and_a_replaced_child_is_never_adopted() {
     let client = client();
     ensure_crd(&client).await;
     let _guard = METRICS_LOCK.write().await;
@@ -214,33 +214,65 @@ async fn stale_observation_of_an_owned_child_is_reread_on_409() {
         &ns,
         &kube::api::ApiResource::erase::<ConfigMap>(&()),
     );
-    // Our observation: the child with a drifted value, as read before a rival write.
-    let mut stale = cms.get("w-config").await.expect("get");
-    stale.data["data"]["greeting"] = serde_json::json!("drifted");
-    // The rival write moves the resourceVersion on.
     let typed: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let rival = serde_json::json!({"metadata": {"labels": {"touched": "yes"}}});
+    // Our observation, then a rival write that moves the resourceVersion on and changes a
+    // field of ours: the apply carries no resourceVersion, so it is one write, no 409.
+    let stale = cms.get("w-config").await.expect("get");
+    let rival = serde_json::json!({"data": {"greeting": "drifted"}});
+    let pp = kube::api::PatchParams {
+        field_manager: Some("rival".into()),
+        ..kube::api::PatchParams::default()
+    };
     typed
-        .patch(
-            "w-config",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&rival),
-        )
+        .patch("w-config", &pp, &kube::api::Patch::Merge(&rival))
         .await
         .expect("rival");
+    let observed = cms.get("w-config").await.expect("get");
     let before = counts("", "configmaps").await;
     let desired = desired_children(&w);
     let outcome = Applier::new(client.clone())
-        .apply_observed(&owner, &desired.children()[0], Some(stale))
+        .apply_observed(&owner, &desired.children()[0], Some(observed.clone()))
         .await
-        .expect("applied after re-read");
+        .expect("applied");
     let after = counts("", "configmaps").await;
-    // The guarded apply met 409; the re-read showed the child converged, so no second write.
-    assert_eq!(
-        after.conflicts - before.conflicts,
-        1,
-        "the resourceVersion guard fired"
+    assert_eq!(outcome, ChildOutcome::Applied);
+    assert_eq!(after.conflicts - before.conflicts, 0, "no 409");
+    assert_eq!(after.writes - before.writes, 1, "one change, one write");
+    let cm = typed.get("w-config").await.expect("get");
+    assert_eq!(cm.data.unwrap_or_default()["greeting"], "hello");
+
+    // The child is deleted and someone else creates an object of the same name: our stale
+    // observation (old uid, our ownerReference) must not make us write into theirs.
+    typed
+        .delete("w-config", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    let theirs = typed
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("w-config".into()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            },
+        )
+        .await
+        .expect("foreign create");
+    let mut drifted = stale;
+    drifted.data["data"]["greeting"] = serde_json::json!("other");
+    let outcome = Applier::new(client.clone())
+        .apply_observed(&owner, &desired.children()[0], Some(drifted))
+        .await
+        .expect("not an error");
+    assert!(
+        matches!(outcome, ChildOutcome::NotOwned { .. }),
+        "{outcome:?}"
     );
-    assert_eq!(outcome, ChildOutcome::Unchanged);
-    assert_eq!(after.writes - before.writes, 1, "only the rejected apply");
+    let after = typed.get("w-config").await.expect("get");
+    assert_eq!(
+        after.metadata.resource_version, theirs.metadata.resource_version,
+        "untouched"
+    );
 }

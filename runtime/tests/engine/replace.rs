@@ -1,5 +1,6 @@
 //! Drift server-side apply cannot repair: a rival's list item merged beside ours makes every
-//! apply 422 Invalid, and the engine replaces the child instead.
+//! apply 422 Invalid. The engine never replaces (PUT) the child; kinds that opt in are deleted
+//! and created again.
 
 use idem_runtime::apply::{Applier, ChildOutcome, DesiredChildren, Owner};
 use idem_runtime::resource::IdempotentResource as _;
@@ -36,7 +37,7 @@ fn has_entry(svc: &Service, manager: &str, op: &str) -> bool {
 }
 
 #[tokio::test]
-async fn rival_port_with_our_name_is_repaired_by_replace() {
+async fn invalid_apply_is_an_error_not_a_replace_unless_the_kind_opts_in_to_recreate() {
     let client = client();
     ensure_crd(&client).await;
     let _guard = METRICS_LOCK.write().await;
@@ -86,87 +87,105 @@ async fn rival_port_with_our_name_is_repaired_by_replace() {
         other => panic!("expected 422 Invalid from a plain apply, got {other:?}"),
     }
 
-    let w = get_widget(&client, &ns, "w").await;
-    let (report, _) = reconcile(&client, &w).await.expect("repairing reconcile");
-    let outcome = report
-        .children
-        .iter()
-        .find(|(k, _)| &*k.kind == "Service")
-        .map(|(_, o)| o.clone());
-    assert_eq!(outcome, Some(ChildOutcome::Replaced), "{report:?}");
-    assert!(report.wrote());
-    let repaired = services.get("w").await.expect("service");
-    assert_eq!(ports(&repaired), vec![ours.clone()]);
-    let after = repaired.spec.clone().expect("spec");
-    assert_eq!(
-        after.cluster_ip,
-        Some(cluster_ip),
-        "clusterIP kept by the PUT"
-    );
-    assert_eq!(
-        after.cluster_ips, spec.cluster_ips,
-        "clusterIPs kept by the PUT"
-    );
-    assert!(repaired.metadata.owner_references.is_some());
-    // The PUT is recorded as an Update of ours, not yet folded.
-    assert!(has_entry(&repaired, Widget::FIELD_MANAGER, "Update"));
+    // The rival also labels the Service: a PUT replace would drop that.
+    let label =
+        json!({"metadata": {"labels": {"rival": "yes"}, "finalizers": ["example.com/rival"]}});
+    services
+        .patch("w", &rival, &Patch::Merge(&label))
+        .await
+        .expect("rival label");
 
-    // Converged: the next reconcile writes nothing.
+    // No silent destructive fallback: the reconcile fails with the server's 422 and the
+    // Service keeps everything (the rival's label and finalizer, its uid).
     let w = get_widget(&client, &ns, "w").await;
-    let before = counts("", "services").await;
-    let (report, _) = reconcile(&client, &w).await.expect("third reconcile");
-    let after_counts = counts("", "services").await;
+    let err = reconcile(&client, &w).await.expect_err("422 is an error");
     assert!(
-        report
-            .children
-            .iter()
-            .all(|(_, o)| *o == ChildOutcome::Unchanged),
-        "{report:?}"
+        err.contains("apply Service/") && err.contains("422 Invalid"),
+        "{err}"
     );
-    assert!(!report.wrote());
-    assert_eq!(after_counts.writes - before.writes, 0, "service writes");
+    let kept = services.get("w").await.expect("service");
+    assert_eq!(kept.metadata.uid, created.metadata.uid);
+    assert_eq!(
+        kept.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("rival"))
+            .map(String::as_str),
+        Some("yes")
+    );
+    assert!(
+        !has_entry(&kept, Widget::FIELD_MANAGER, "Update"),
+        "no PUT was made"
+    );
 
-    // Ownership recorded by the PUT is folded into our Apply entry before the next apply, so a
-    // field dropped from the desired object afterwards is removed: here the port's name, which
-    // the PUT (re)created and so recorded under the Update entry.
+    // A kind that opts in is recreated: deleted (uid precondition) and created again.
     let tenant = w.tenant().expect("tenant");
     let tenant = tenant.resolve(&client).await.expect("resolve tenant");
     let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(tenant)).expect("owner");
-    let mut desired = DesiredChildren::new();
-    desired
-        .add(&Service {
-            metadata: ObjectMeta {
-                name: Some("w".into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(ServiceSpec {
-                selector: after.selector.clone(),
-                ports: Some(vec![ServicePort {
-                    port: 80,
-                    target_port: Some(IntOrString::Int(8080)),
-                    ..ServicePort::default()
-                }]),
-                ..ServiceSpec::default()
-            }),
-            ..Service::default()
-        })
-        .expect("service");
-    let report = Applier::new(client.clone())
-        .reconcile(&owner, &desired)
-        .await
-        .expect("apply without the port name");
-    assert_eq!(report.children[0].1, ChildOutcome::Applied, "{report:?}");
-    let trimmed = services.get("w").await.expect("service");
-    assert_eq!(
-        ports(&trimmed),
-        vec![(None, 80, Some(IntOrString::Int(8080)), Some("TCP".into()))]
-    );
-    assert!(!has_entry(&trimmed, Widget::FIELD_MANAGER, "Update"));
-    assert!(has_entry(&trimmed, Widget::FIELD_MANAGER, "Apply"));
-    assert_eq!(
-        trimmed.spec.and_then(|s| s.cluster_ip),
-        after.cluster_ip,
-        "clusterIP unchanged"
+    let mut desired = desired_children(&w);
+    desired.allow_recreate::<Service>();
+    // The rival's finalizer holds the deletion: released by the rival once asked to go.
+    let services2 = services.clone();
+    let releaser = tokio::spawn(async move {
+        loop {
+            let s = services2.get("w").await.expect("get");
+            if s.metadata.deletion_timestamp.is_some() {
+                let p = json!({"metadata": {"finalizers": null}});
+                services2
+                    .patch("w", &PatchParams::default(), &Patch::Merge(&p))
+                    .await
+                    .expect("release");
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    });
+    let mut recreated = None;
+    for _ in 0..50 {
+        let report = Applier::new(client.clone())
+            .reconcile(&owner, &desired)
+            .await
+            .expect("recreating reconcile");
+        let outcome = report
+            .children
+            .iter()
+            .find(|(k, _)| &*k.kind == "Service")
+            .map(|(_, o)| o.clone())
+            .expect("service outcome");
+        match outcome {
+            ChildOutcome::Recreated { reason } => {
+                assert!(reason.contains("422"), "{reason}");
+                assert!(
+                    format!("{:?}", report.readiness()).contains("recreated"),
+                    "{:?}",
+                    report.readiness()
+                );
+                recreated = Some(reason);
+            }
+            ChildOutcome::Created => break,
+            ChildOutcome::Terminating => {}
+            other => panic!("{other:?}"),
+        }
+        let now = services.get_opt("w").await.expect("get");
+        if now.as_ref().is_some_and(|s| {
+            s.metadata.uid != created.metadata.uid && s.metadata.deletion_timestamp.is_none()
+        }) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    releaser.await.expect("releaser");
+    assert!(recreated.is_some(), "recreated once");
+    let fresh = services.get("w").await.expect("service");
+    assert_ne!(fresh.metadata.uid, created.metadata.uid, "a new object");
+    assert_eq!(ports(&fresh), vec![ours.clone()]);
+    let _ = (
+        cluster_ip,
+        spec,
+        ServicePort::default(),
+        ServiceSpec::default(),
+        ObjectMeta::default(),
+        DesiredChildren::new(),
     );
 }
 

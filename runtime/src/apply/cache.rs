@@ -1,0 +1,228 @@
+//! The apply engine's view of live children: the controller's reflector stores (one per child
+//! kind), plus the results of the engine's own writes until the stores catch up.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::ApiResource;
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::OWNER_UID_LABEL;
+use crate::key::ObjectKey;
+
+/// More own-write results than this are dropped at once (they only save a redundant apply).
+const OVERLAY_CAP: usize = 10_000;
+
+/// One kind's store, seen as JSON.
+trait KindView: Send + Sync {
+    /// The object `namespace/name`, as JSON (with `metadata.managedFields`).
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Value>;
+    /// Metadata of the objects labelled [`OWNER_UID_LABEL`]`=uid`, in `namespace` when given.
+    fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta>;
+    /// Objects stored.
+    fn len(&self) -> usize;
+}
+
+impl<C> KindView for Store<C>
+where
+    C: Resource<DynamicType = ()> + Serialize + Clone + Send + Sync + 'static,
+{
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let mut r = ObjectRef::<C>::new(name);
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        let obj = Store::get(self, &r)?;
+        let mut v = serde_json::to_value(obj.as_ref()).ok()?;
+        // Typed objects serialise without apiVersion/kind.
+        v["apiVersion"] = Value::String(C::api_version(&()).into_owned());
+        v["kind"] = Value::String(C::kind(&()).into_owned());
+        Some(v)
+    }
+
+    fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta> {
+        self.state()
+            .iter()
+            .map(|o| o.meta())
+            .filter(|m| namespace.is_none() || m.namespace.as_deref() == namespace)
+            .filter(|m| {
+                m.labels
+                    .as_ref()
+                    .and_then(|l| l.get(OWNER_UID_LABEL))
+                    .is_some_and(|v| v == uid)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.state().len()
+    }
+}
+
+/// The caches of child kinds shared by the controllers (which fill them from their watches)
+/// and the [`Applier`](super::Applier) (which reads children and lists them for pruning from
+/// them instead of the API server). Cheap to clone.
+///
+/// Consistency (client-go's informer-cache rules): a store is registered only once its first
+/// list is complete; an object written by the engine is remembered with the server's answer
+/// until the store has that `resourceVersion` or a later one, so the engine's own writes are
+/// never judged on a stale copy; a write that meets 409 Conflict or 404 Not Found re-reads the
+/// object from the API server. A store watched with a label selector does not see objects
+/// without that label: the engine's create then meets `AlreadyExists` and reads the object.
+#[derive(Clone, Default)]
+pub struct ChildCaches {
+    kinds: Arc<RwLock<HashMap<KindKey, Arc<dyn KindView>>>>,
+    overlay: Arc<Mutex<HashMap<ObjectKey, Value>>>,
+    /// Names taken by objects we do not own (seen on a create's AlreadyExists): the caches,
+    /// filtered by label, do not hold them, so they are read from the API server rather than
+    /// created again.
+    foreign: Arc<Mutex<std::collections::HashSet<ObjectKey>>>,
+}
+
+impl std::fmt::Debug for ChildCaches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<(String, String)> = self
+            .kinds
+            .read()
+            .map(|k| k.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_struct("ChildCaches")
+            .field("kinds", &kinds)
+            .finish()
+    }
+}
+
+/// `(apiVersion, kind)`.
+type KindKey = (String, String);
+
+fn kind_key(resource: &ApiResource) -> KindKey {
+    (resource.api_version.clone(), resource.kind.clone())
+}
+
+/// `resourceVersion` as a number; Kubernetes' are etcd revisions (decimal integers), which is
+/// what client-go's cache mutation detector and "newer than" checks rely on too.
+fn rv_of(v: &Value) -> Option<u64> {
+    v.pointer("/metadata/resourceVersion")?
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+impl ChildCaches {
+    /// No stores yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serves kind `C` from `store` (call once its first list is complete).
+    pub fn register<C>(&self, store: Store<C>)
+    where
+        C: Resource<DynamicType = ()> + Serialize + Clone + Send + Sync + 'static,
+    {
+        let resource = ApiResource::erase::<C>(&());
+        if let Ok(mut kinds) = self.kinds.write() {
+            kinds.insert(kind_key(&resource), Arc::new(store));
+        }
+    }
+
+    /// Whether kind `resource` is served from a store.
+    pub fn serves(&self, resource: &ApiResource) -> bool {
+        self.view(resource).is_some()
+    }
+
+    /// Objects held in all stores.
+    pub fn objects(&self) -> usize {
+        self.kinds
+            .read()
+            .map(|k| k.values().map(|v| v.len()).sum())
+            .unwrap_or(0)
+    }
+
+    fn view(&self, resource: &ApiResource) -> Option<Arc<dyn KindView>> {
+        self.kinds.read().ok()?.get(&kind_key(resource)).cloned()
+    }
+
+    /// The child `key` of kind `resource`: `None` when the kind is not cached; `Some(None)`
+    /// when the cache says it does not exist.
+    pub(crate) fn get(&self, resource: &ApiResource, key: &ObjectKey) -> Option<Option<Value>> {
+        let view = self.view(resource)?;
+        let cached = view.get(key.namespace.as_deref(), &key.name);
+        let mut overlay = self.overlay.lock().ok()?;
+        let Some(ours) = overlay.get(key) else {
+            return Some(cached);
+        };
+        match (&cached, rv_of(ours)) {
+            (Some(c), Some(mine)) if rv_of(c).is_some_and(|rv| rv >= mine) => {
+                overlay.remove(key);
+                Some(cached)
+            }
+            _ => Some(Some(ours.clone())),
+        }
+    }
+
+    /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
+    /// `None` when kind `K` is not cached, `Some(None)` when the cache says it does not exist.
+    pub fn lookup<K>(&self, namespace: Option<&str>, name: &str) -> Option<Option<K>>
+    where
+        K: Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        let key = ObjectKey {
+            kind: K::kind(&()).as_ref().into(),
+            namespace: namespace.map(Into::into),
+            name: name.into(),
+        };
+        let found = self.get(&ApiResource::erase::<K>(&()), &key)?;
+        Some(found.and_then(|v| serde_json::from_value(v).ok()))
+    }
+
+    /// Metadata of the children labelled as `uid`'s; `None` when the kind is not cached.
+    pub(crate) fn owned_by(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        uid: &str,
+    ) -> Option<Vec<ObjectMeta>> {
+        Some(self.view(resource)?.owned_by(namespace, uid))
+    }
+
+    /// Remembers the server's answer to our write of `key`.
+    pub(crate) fn wrote(&self, key: &ObjectKey, obj: Value) {
+        if let Ok(mut overlay) = self.overlay.lock() {
+            if overlay.len() >= OVERLAY_CAP {
+                overlay.clear();
+            }
+            overlay.insert(key.clone(), obj);
+        }
+    }
+
+    /// Marks `key` as taken by an object we do not own (`true`) or not (`false`).
+    pub(crate) fn set_foreign(&self, key: &ObjectKey, foreign: bool) {
+        if let Ok(mut set) = self.foreign.lock() {
+            if foreign {
+                if set.len() >= OVERLAY_CAP {
+                    set.clear();
+                }
+                set.insert(key.clone());
+            } else {
+                set.remove(key);
+            }
+        }
+    }
+
+    /// Whether `key` was last seen taken by an object we do not own.
+    pub(crate) fn is_foreign(&self, key: &ObjectKey) -> bool {
+        self.foreign.lock().is_ok_and(|s| s.contains(key))
+    }
+
+    /// Forgets our write of `key` (deleted).
+    pub(crate) fn forget(&self, key: &ObjectKey) {
+        if let Ok(mut overlay) = self.overlay.lock() {
+            overlay.remove(key);
+        }
+    }
+}

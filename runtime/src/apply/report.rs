@@ -1,0 +1,207 @@
+//! What a reconcile of an owner's children did: per child outcome, drift repaired, pruned.
+
+use crate::compare::Drift;
+use crate::key::ObjectKey;
+use crate::status::Readiness;
+
+/// What happened to one desired child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChildOutcome {
+    /// Already converged: no request was made.
+    Unchanged,
+    /// Created (one `POST`, plus one `PATCH` moving the create's field ownership to our
+    /// `Apply` entry so that later applies can remove fields).
+    Created,
+    /// Changed with one server-side apply.
+    Applied,
+    /// Deleted and created again because its kind opted in
+    /// ([`DesiredChildren::allow_recreate`](super::DesiredChildren::allow_recreate)) and the
+    /// apply was rejected as 422 Invalid (an immutable field changed).
+    Recreated {
+        /// The API server's reason for rejecting the apply.
+        reason: String,
+    },
+    /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
+    /// left alone; a later reconcile creates it anew once it is gone.
+    Terminating,
+    /// An object with this name exists and is not controlled by the owner: left untouched.
+    NotOwned {
+        /// Who controls it instead, in words.
+        reason: String,
+    },
+}
+
+/// Drift of one child that another writer caused and the engine repaired: the desired body
+/// was the one last applied (same fingerprint), so every difference was made by someone else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repair {
+    /// The child.
+    pub child: ObjectKey,
+    /// The fields that had drifted, with the managers that changed them where recorded.
+    pub drift: Vec<Drift>,
+}
+
+impl Repair {
+    /// The managers named in the drift, deduplicated, in order of appearance.
+    pub fn managers(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for d in &self.drift {
+            if let crate::compare::DriftKind::NotOwned { managers } = &d.kind {
+                for m in managers {
+                    if !out.contains(m) {
+                        out.push(m.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.drift.iter().map(ToString::to_string).collect();
+        write!(f, "{}: {}, restored", self.child, parts.join("; "))
+    }
+}
+
+/// The result of reconciling an owner's children.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Each desired child and what happened to it, in the order they were desired.
+    pub children: Vec<(ObjectKey, ChildOutcome)>,
+    /// Children deleted because they were no longer desired.
+    pub pruned: Vec<ObjectKey>,
+    /// Children whose drift (made by another writer) was repaired.
+    pub repaired: Vec<Repair>,
+}
+
+impl ApplyReport {
+    /// Desired children that exist but belong to someone else.
+    pub fn not_owned(&self) -> impl Iterator<Item = (&ObjectKey, &str)> {
+        self.children.iter().filter_map(|(k, o)| match o {
+            ChildOutcome::NotOwned { reason } => Some((k, reason.as_str())),
+            _ => None,
+        })
+    }
+
+    /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
+    /// desired child's name is taken by an object we do not own (it needs a human: delete or
+    /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
+    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
+    /// `Reconciled` (the message names children recreated by this reconcile). Messages are
+    /// stable for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
+    pub fn readiness(&self) -> Readiness {
+        let clashes: Vec<String> = self
+            .not_owned()
+            .map(|(k, why)| format!("{k} exists and is {why}"))
+            .collect();
+        let terminating: Vec<String> = self
+            .children
+            .iter()
+            .filter(|(_, o)| *o == ChildOutcome::Terminating)
+            .map(|(k, _)| k.to_string())
+            .collect();
+        if clashes.is_empty() && !terminating.is_empty() {
+            return Readiness::Reconciling {
+                reason: "ChildTerminating".to_owned(),
+                message: format!(
+                    "waiting for the deletion of {} to finish before creating it again",
+                    terminating.join(", ")
+                ),
+            };
+        }
+        if clashes.is_empty() {
+            let recreated: Vec<String> = self
+                .children
+                .iter()
+                .filter(|(_, o)| matches!(o, ChildOutcome::Recreated { .. }))
+                .map(|(k, _)| k.to_string())
+                .collect();
+            let mut message = format!("{} children up to date", self.children.len());
+            if !recreated.is_empty() {
+                message.push_str(&format!(
+                    "; recreated {} (an immutable field changed)",
+                    recreated.join(", ")
+                ));
+            }
+            Readiness::Ready {
+                reason: "Reconciled".to_owned(),
+                message,
+            }
+        } else {
+            Readiness::Stalled {
+                reason: "ChildNotOwned".to_owned(),
+                message: format!(
+                    "not modifying objects this resource does not own: {}",
+                    clashes.join("; ")
+                ),
+            }
+        }
+    }
+
+    /// Whether any write was made.
+    pub fn wrote(&self) -> bool {
+        !self.pruned.is_empty()
+            || self.children.iter().any(|(_, o)| {
+                matches!(
+                    o,
+                    ChildOutcome::Created | ChildOutcome::Applied | ChildOutcome::Recreated { .. }
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_from_report() {
+        let ok = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::Created,
+            )],
+            pruned: vec![],
+            repaired: vec![],
+        };
+        assert!(
+            matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
+        );
+        assert!(ok.wrote());
+        let clash = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::NotOwned {
+                    reason: "not controlled by any owner".into(),
+                },
+            )],
+            pruned: vec![],
+            repaired: vec![],
+        };
+        match clash.readiness() {
+            Readiness::Stalled { reason, message } => {
+                assert_eq!(reason, "ChildNotOwned");
+                assert!(
+                    message.contains("ConfigMap/ns/a exists and is not controlled"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!clash.wrote());
+        let terminating = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("Service", "ns", "s"),
+                ChildOutcome::Terminating,
+            )],
+            pruned: vec![],
+            repaired: vec![],
+        };
+        assert!(matches!(
+            terminating.readiness(),
+            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
+        ));
+    }
+}
