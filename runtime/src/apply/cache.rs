@@ -219,7 +219,7 @@ impl ChildCaches {
         self.foreign.lock().is_ok_and(|s| s.contains(key))
     }
 
-    /// Forgets our write of `key` (deleted).
+    /// Forgets our write of `key` (deleted: by us, or seen deleted by the watch).
     pub(crate) fn forget(&self, key: &ObjectKey) {
         if let Ok(mut overlay) = self.overlay.lock() {
             overlay.remove(key);

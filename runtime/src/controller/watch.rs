@@ -212,6 +212,9 @@ where
                     });
                     for (child, owners) in vanished {
                         tracing::debug!(%child, "child vanished while the watch was down");
+                        if let Some(caches) = &shared.caches {
+                            caches.forget(&child);
+                        }
                         for (owner, tenant) in owners {
                             shared.queue.add(&owner, &tenant, Priority::Event);
                         }
@@ -234,6 +237,10 @@ where
                 .collect();
             let changed = if deleted {
                 versions.remove(&key);
+                // The engine's memory of its own write of this child is stale now.
+                if let Some(caches) = &shared.caches {
+                    caches.forget(&key);
+                }
                 true
             } else {
                 listed.insert(key.clone());
