@@ -75,6 +75,14 @@ const RULES: &[Rule] = &[
         verbs: &["bind"],
         names: &["admin"],
     },
+    // The Tenant finalizer reads the Tenant CRD to tell "the CRD is being deleted" (retain
+    // everything) from an ordinary Tenant deletion (`tenant/finalize.rs`); only that one CRD.
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["get"],
+        names: &["tenants.tenancy.idem.dev"],
+    },
     // Kubernetes Events on child create/delete and condition changes.
     Rule {
         group: "events.k8s.io",

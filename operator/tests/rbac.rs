@@ -104,6 +104,11 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("get", &lease, Some("idem-system")),
         ("update", &lease, Some("idem-system")),
         ("create", "leases.coordination.k8s.io", Some("idem-system")),
+        (
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
+            None,
+        ),
     ];
     let no: &[(&str, &str, Option<&str>)] = &[
         // Unused verbs on the primaries and their status.
@@ -116,6 +121,17 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("update", "deployments.apps", Some(&ns)),
         ("update", "configmaps", Some(&ns)),
         ("get", "secrets", Some(&ns)),
+        // Only the Tenant CRD, only read.
+        (
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/tenantapps.tenancy.idem.dev",
+            None,
+        ),
+        (
+            "delete",
+            "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
+            None,
+        ),
         // Only its own Lease, only in its own namespace.
         ("get", "leases/kube-controller-manager", Some("kube-system")),
         (
