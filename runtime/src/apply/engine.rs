@@ -82,8 +82,10 @@ impl Applier {
     /// Applies every desired child, then prunes the owner's children (of the desired kinds)
     /// that are no longer desired.
     ///
-    /// Children are applied one after another in the given order; the first error stops the
-    /// reconcile (nothing is pruned then, so a failed reconcile never deletes).
+    /// Children are applied one after another in the given order. A child that fails does not
+    /// stop the others (every child is tried, so one invalid child cannot keep a sibling such
+    /// as an isolation NetworkPolicy from being applied); then the first error is returned and
+    /// nothing is pruned (a failed reconcile never deletes).
     ///
     /// # Errors
     /// See [`ApplyError`]; a child that is not owned is not an error but a
@@ -105,10 +107,24 @@ impl Applier {
                 return Err(ApplyError::Duplicate(key));
             }
         }
+        // A child that fails does not stop the others: one invalid child (a RoleBinding the
+        // server rejects) must not leave a sibling that protects the tenant (its
+        // NetworkPolicy) unapplied. The first error is returned after every child was tried.
+        let mut first_error = None;
         for child in &desired.children {
             let (key, _) = child.stamped(owner)?;
-            let live = self.read(&child.resource, &key).await?;
-            let applied = self.apply_live(owner, child, live).await?;
+            let applied = match self.read(&child.resource, &key).await {
+                Ok(live) => self.apply_live(owner, child, live).await,
+                Err(e) => Err(e),
+            };
+            let applied = match applied {
+                Ok(applied) => applied,
+                Err(e) => {
+                    tracing::warn!(child = %key, error = %e, "child not applied; applying the others");
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
             if let Some(drift) = applied.repaired {
                 if let Some(m) = &self.metrics {
                     m.repaired(&key.kind);
@@ -119,6 +135,9 @@ impl Applier {
                 });
             }
             report.children.push((key, applied.outcome));
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         for (resource, namespaced) in &desired.kinds {
             report

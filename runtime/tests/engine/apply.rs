@@ -370,3 +370,38 @@ async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
         "True"
     );
 }
+
+#[tokio::test]
+async fn a_child_the_server_rejects_does_not_keep_its_siblings_from_being_applied() {
+    let client = client();
+    ensure_crd(&client).await;
+    let ns = namespace(&client, "one-invalid").await;
+    let mut spec = widget_spec();
+    // A ConfigMap key with a space: the API server answers 422 Invalid. The ConfigMap is the
+    // first child; the Deployment and the ResourceQuota after it must still be applied (in
+    // the operator the same shape is an invalid RoleBinding before the isolation policy).
+    spec.config = [("not a valid key".to_string(), "x".to_string())].into();
+    let w = create_widget(&client, &ns, "w", spec).await;
+    let err = reconcile(&client, &w)
+        .await
+        .expect_err("the invalid ConfigMap fails the reconcile");
+    assert!(
+        err.contains("ConfigMap") && err.contains("422"),
+        "the error names the rejected child: {err}"
+    );
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get_opt("w")
+        .await
+        .expect("get deployment");
+    assert!(deployment.is_some(), "the Deployment after it was applied");
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+        .get_opt("w-quota")
+        .await
+        .expect("get quota");
+    assert!(quota.is_some(), "the ResourceQuota after it was applied");
+    let config = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get_opt("w-config")
+        .await
+        .expect("get configmap");
+    assert!(config.is_none(), "the rejected ConfigMap was not created");
+}
