@@ -1,6 +1,7 @@
 //! The bench's BaseTenant controller on idem's runtime, written as the README tells a user:
 //! derive, one function returning the desired children, `Applier::reconcile`,
-//! `StatusWriter::write`, and `Controller` with 16 workers.
+//! `StatusWriter::write`, and `Controller` with 16 workers; the applier reads and prunes
+//! children from the controller's watch caches (`ChildCaches`).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use clap::Parser;
 use futures::FutureExt;
 use idem_bench::{BaseTenant, ControllerArgs, IDEM_MANAGER, MANAGED_BY_LABEL, desired};
 use idem_runtime::TenantKey;
-use idem_runtime::apply::{Applier, DesiredChildren, Owner};
+use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
 use idem_runtime::resource::IdempotentResource as _;
 use idem_runtime::status::StatusWriter;
@@ -74,9 +75,10 @@ async fn main() -> anyhow::Result<()> {
             idem_bench::report_synced();
         }
     });
+    let caches = ChildCaches::new();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        applier: Applier::new(client.clone()),
+        applier: Applier::new(client.clone()).with_caches(caches.clone()),
     });
     Controller::new(
         Api::<BaseTenant>::all(client.clone()),
@@ -88,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
     .owns(Api::<RoleBinding>::all(client.clone()), children())
     .tenant_of(|bt: &BaseTenant| TenantKey::new(&bt.spec.tenant))
     .with_config(config)
+    .with_child_caches(caches)
     .with_synced_signal(synced_tx)
     .run(reconcile, ctx, tokio::signal::ctrl_c().map(|_| ()))
     .await?;
