@@ -52,7 +52,12 @@ pub fn namespace_names(tenant: &Tenant) -> Vec<String> {
 /// [`ApplyError`] when a child cannot be serialised.
 pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
-    desired.prune_kind::<Namespace>();
+    // A namespace holds the tenant's data and only administrators can edit it: one whose
+    // ownerReference an administrator removed is released (kept, never adopted back), not
+    // repaired — issue-10 semantics of orphaning.
+    desired
+        .prune_kind::<Namespace>()
+        .release_orphans::<Namespace>();
     for name in namespace_names(tenant) {
         desired.add(&Namespace {
             metadata: meta(&name, None),

@@ -249,7 +249,8 @@ impl Applier {
             let meta: kube::api::ObjectMeta =
                 serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
                     .unwrap_or_default();
-            let foreign = !owner.owns(&meta) && !owner.lost_reference(&meta);
+            let foreign =
+                !owner.owns(&meta) && (child.release_orphan || !owner.lost_reference(&meta));
             if let Some(c) = &self.caches {
                 c.set_foreign(&key, foreign);
             }

@@ -166,6 +166,9 @@ pub struct DesiredChild {
     pub(crate) body: Value,
     /// Whether an apply rejected as 422 Invalid deletes and creates the child again.
     pub(crate) recreate: bool,
+    /// Whether a lost ownerReference means "released" (see [`DesiredChildren::release_orphans`])
+    /// rather than tampering to repair.
+    pub(crate) release_orphan: bool,
 }
 
 /// The children an owner desires, plus the kinds whose undesired children get pruned.
@@ -175,6 +178,8 @@ pub struct DesiredChildren {
     pub(crate) kinds: Vec<(ApiResource, bool)>,
     /// Kinds whose children are recreated when an apply is rejected as 422 Invalid.
     pub(crate) recreate: Vec<ApiResource>,
+    /// Kinds whose children are released, not repaired, when their ownerReference is removed.
+    pub(crate) release_orphans: Vec<ApiResource>,
 }
 
 impl DesiredChildren {
@@ -237,12 +242,14 @@ impl DesiredChildren {
         self.register_kind::<K>();
         let resource = ApiResource::erase::<K>(&());
         let recreate = self.recreate.contains(&resource);
+        let release_orphan = self.release_orphans.contains(&resource);
         self.children.push(DesiredChild {
             resource,
             namespaced,
             key,
             body,
             recreate,
+            release_orphan,
         });
         Ok(self)
     }
@@ -267,6 +274,32 @@ impl DesiredChildren {
         }
         if !self.recreate.contains(&ar) {
             self.recreate.push(ar);
+        }
+        self
+    }
+
+    /// Opts kind `K` out of restoring a removed ownerReference: by default a child of ours
+    /// whose controller ownerReference someone removed (it still carries our owner-uid label
+    /// and our `Apply` entry, see [`Owner::lost_reference`]) is applied again, which restores
+    /// the reference — a tenant owner cannot switch off repair that way. For `K`, removing the
+    /// reference instead releases the child, as `kubectl delete --cascade=orphan` does: it is
+    /// reported [`ChildOutcome::NotOwned`] and never adopted again or pruned. Meant for kinds
+    /// only administrators can edit and that hold user data (a tenant's Namespaces). Applies to
+    /// children of `K` added before and after this call.
+    ///
+    /// [`ChildOutcome::NotOwned`]: super::ChildOutcome::NotOwned
+    pub fn release_orphans<K>(&mut self) -> &mut Self
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ar = ApiResource::erase::<K>(&());
+        for c in &mut self.children {
+            if c.resource == ar {
+                c.release_orphan = true;
+            }
+        }
+        if !self.release_orphans.contains(&ar) {
+            self.release_orphans.push(ar);
         }
         self
     }
