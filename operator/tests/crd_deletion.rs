@@ -67,24 +67,7 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         for short in shorts {
             tenants::assert_retained(&client, &format!("{tenant}-{short}"), uid).await;
         }
-        let events = eventually("a Retained event", TIMEOUT, || async {
-            let events = tenants::events_about(&client, tenant, "Retained").await;
-            let events: Vec<_> = events
-                .into_iter()
-                .filter(|e| {
-                    e.note
-                        .as_deref()
-                        .is_some_and(|n| n.contains(&format!("{tenant}-a")))
-                })
-                .collect();
-            if events.is_empty() {
-                Err("none yet".to_string())
-            } else {
-                Ok(events)
-            }
-        })
-        .await;
-        let note = events[0].note.clone().unwrap_or_default();
+        let note = tenants::wait_retained_note(&client, tenant, &format!("{tenant}-a")).await;
         assert!(note.contains("is being deleted"), "{note}");
     }
     let cm = Api::<ConfigMap>::namespaced(client.clone(), &data_ns)

@@ -85,24 +85,7 @@ async fn deleting_a_tenant_with_the_default_policy_retains_its_namespaces_and_da
         );
     }
     assert_user_data(&client, &format!("{name}-a")).await;
-    let events = eventually("a Retained event", TIMEOUT, || async {
-        let events = tenants::events_about(&client, &name, "Retained").await;
-        let events: Vec<_> = events
-            .into_iter()
-            .filter(|e| {
-                e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains(&format!("{name}-a")))
-            })
-            .collect();
-        if events.is_empty() {
-            Err("none yet".to_string())
-        } else {
-            Ok(events)
-        }
-    })
-    .await;
-    let note = events[0].note.clone().unwrap_or_default();
+    let note = tenants::wait_retained_note(&client, &name, &format!("{name}-a")).await;
     assert!(
         note.contains("deletionPolicy is Retain") && note.contains(&format!("{name}-a")),
         "{note}"

@@ -398,3 +398,25 @@ pub async fn events_about(
         })
         .collect()
 }
+
+/// Waits for a `Retained` Event about Tenant `tenant` whose note names `namespace`; returns
+/// the note.
+///
+/// # Panics
+/// When none comes within [`TIMEOUT`].
+pub async fn wait_retained_note(client: &kube::Client, tenant: &str, namespace: &str) -> String {
+    let events = eventually("a Retained event", TIMEOUT, || async {
+        let events: Vec<_> = events_about(client, tenant, "Retained")
+            .await
+            .into_iter()
+            .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(namespace)))
+            .collect();
+        if events.is_empty() {
+            Err("none yet".to_string())
+        } else {
+            Ok(events)
+        }
+    })
+    .await;
+    events[0].note.clone().unwrap_or_default()
+}
