@@ -231,6 +231,12 @@ impl ControlPlane {
             .expect("a client from the control plane's own kubeconfig")
     }
 
+    /// The admin user's client configuration, for clients built by hand (e.g. with a
+    /// [`crate::faults::Faults`] layer).
+    pub fn config(&self) -> kube::Config {
+        self.info.config.clone()
+    }
+
     /// The kubeconfig for the admin user; `kubectl --kubeconfig <path>` works with it.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.info.kubeconfig

@@ -22,6 +22,7 @@ pub mod binaries;
 pub mod cluster;
 mod controlplane;
 mod error;
+pub mod faults;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod pki;
