@@ -1,0 +1,178 @@
+//! Against the real control plane: a child deleted while its watch was down is recreated by
+//! the relist that follows (client-go's `DeletedFinalStateUnknown`), within one reconcile of
+//! its owner and not at the next resync.
+//!
+//! The child watch runs through an `idem_tests::faults` client: its events are held (a
+//! stalled link), the child is deleted with a separate client, and a 410 Gone watch event
+//! makes kube's watcher relist. The Delete event is never delivered; only the difference
+//! between the two lists tells the controller the child is gone.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{MANAGER, Widget, WidgetSpec, install_widget, namespace, wait_until};
+use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
+use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use idem_tests::faults::{Faults, Verb};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One reconcile: the widget's name and whether it wrote its child (false: converged, read
+/// from the cache with no request).
+type Entry = (String, bool);
+
+struct Ctx {
+    applier: Applier,
+    log: Mutex<Vec<Entry>>,
+}
+
+fn child_name(widget: &str) -> String {
+    format!("{widget}-child")
+}
+
+/// Desired state: one ConfigMap per widget, applied through the engine, which reads it from
+/// the controller's child cache.
+async fn reconcile(
+    obj: Arc<Widget>,
+    ctx: Arc<Ctx>,
+    _: Attempt,
+) -> Result<Action, idem_runtime::apply::ApplyError> {
+    let owner = Owner::new(obj.as_ref(), MANAGER, None)?;
+    let child = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(child_name(&obj.name_any())),
+            ..ObjectMeta::default()
+        },
+        data: Some([("k".to_owned(), "v".to_owned())].into()),
+        ..ConfigMap::default()
+    };
+    let mut desired = DesiredChildren::new();
+    desired.add(&child)?;
+    let report = ctx.applier.reconcile(&owner, &desired).await?;
+    ctx.log
+        .lock()
+        .unwrap()
+        .push((obj.name_any(), report.wrote()));
+    Ok(Action::await_change())
+}
+
+fn converged(log: &[Entry], name: &str) -> bool {
+    log.iter().any(|(n, wrote)| n == name && !wrote)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
+    let cp = idem_tests::shared();
+    let client = cp.client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-relist").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let truth: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Only the child watch goes through the faults.
+    let faults = Faults::new();
+    let child_api: Api<ConfigMap> = Api::namespaced(faults.client(cp.config()).unwrap(), &ns);
+    let caches = ChildCaches::new();
+    let ctx = Arc::new(Ctx {
+        applier: Applier::new(client.clone()).with_caches(caches.clone()),
+        log: Mutex::new(Vec::new()),
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .owns(child_api, watcher::Config::default())
+            .with_child_caches(caches.clone())
+            .with_config(ControllerConfig {
+                // One worker, one tenant (the namespace): keys run in the order they were
+                // queued, so once w1's reconcile is seen, one of w2 queued before it has run.
+                workers: 1,
+                // Only a relist can trigger the repair: no resync within the test.
+                resync_period: Duration::from_secs(3600),
+                ..ControllerConfig::default()
+            })
+            .run(reconcile, Arc::clone(&ctx), async {
+                let _ = stopped.await;
+            }),
+    );
+
+    // Two widgets; each reconcile creates its child, whose watch event reconciles the widget
+    // again, now converged from the cache: the child watch has seen both children.
+    for name in ["w1", "w2"] {
+        widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new(name, WidgetSpec { value: 1 }),
+            )
+            .await
+            .unwrap();
+    }
+    wait_until("both widgets converged from the cache", WAIT, || {
+        let log = ctx.log.lock().unwrap();
+        converged(&log, "w1") && converged(&log, "w2")
+    })
+    .await;
+    wait_until("the child watch is open", WAIT, || {
+        faults.open_watches() == 1
+    })
+    .await;
+    let before = ctx.log.lock().unwrap().len();
+    let lists = faults.requests()[&Verb::List];
+
+    // The child watch stalls; w1's child is deleted meanwhile; the watch then expires.
+    faults.hold_watches(true);
+    truth
+        .delete(&child_name("w1"), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(truth.get_opt(&child_name("w1")).await.unwrap().is_none());
+    assert_eq!(faults.expire_watches(), 1);
+
+    // The relist misses the child: its owner is reconciled and recreates it.
+    let recreated = tokio::time::timeout(WAIT, async {
+        while truth.get_opt(&child_name("w1")).await.unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        recreated.is_ok(),
+        "w1's child was not recreated within {WAIT:?} of the relist; reconciles since the \
+         delete: {:?}",
+        &ctx.log.lock().unwrap()[before..]
+    );
+    // The reconcile logs itself once its apply returned.
+    wait_until("the recreating reconcile's entry", WAIT, || {
+        ctx.log.lock().unwrap().len() > before
+    })
+    .await;
+    let after: Vec<Entry> = ctx.log.lock().unwrap()[before..].to_vec();
+    assert_eq!(
+        after,
+        [("w1".to_owned(), true)],
+        "exactly one reconcile, of the owner, which wrote the missing child (w2's child was \
+         relisted unchanged)"
+    );
+    assert_eq!(
+        faults.requests()[&Verb::List],
+        lists + 1,
+        "the child watch relisted once"
+    );
+    assert_eq!(
+        caches
+            .lookup::<ConfigMap>(Some(&ns), &child_name("w1"))
+            .map(|c| c.is_some()),
+        Some(true),
+        "the engine's own write of the new child is visible to the next reconcile"
+    );
+
+    faults.hold_watches(false);
+    stop.send(()).unwrap();
+    let report = controller.await.unwrap().unwrap();
+    assert!(report.drained());
+}
