@@ -23,6 +23,7 @@ pub mod cluster;
 mod controlplane;
 mod error;
 pub mod faults;
+pub mod kit;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod pki;

@@ -1,0 +1,405 @@
+//! What every check needs: fresh instances of the primary object, sessions on the kit's
+//! counted clients, single passes, convergence, end-state snapshots and clean-up.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use kube::{Client, Resource, ResourceExt};
+
+use super::identity::Identity;
+use super::probe::{ABORTED, Probe, Sent};
+use super::state::{EndState, key};
+use super::{Error, Options, Subject};
+use crate::ControlPlane;
+
+/// One instance of the primary object, made by the kit.
+#[derive(Clone, Debug)]
+pub(crate) struct Instance {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) uid: String,
+}
+
+/// One reconcile pass as the kit's client saw it.
+#[derive(Clone, Debug)]
+pub(crate) struct Pass {
+    /// The requests it made, in order.
+    pub(crate) sent: Vec<Sent>,
+    /// `Err` with the error (or why the kit stopped it).
+    pub(crate) result: Result<(), String>,
+}
+
+impl Pass {
+    pub(crate) fn writes(&self) -> usize {
+        self.sent.iter().filter(|s| s.is_write()).count()
+    }
+}
+
+/// How an instance converged.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Convergence {
+    /// Every pass, the last one included.
+    pub(crate) passes: Vec<Pass>,
+    /// Converged only in the sense that passes stopped changing the end state while still
+    /// writing (no pass without writes).
+    pub(crate) kept_writing: bool,
+}
+
+impl Convergence {
+    /// Requests of all passes.
+    pub(crate) fn requests(&self) -> usize {
+        self.passes.iter().map(|p| p.sent.len()).sum()
+    }
+}
+
+/// The instance converged from scratch with a clean client, whose session stays open.
+pub(crate) struct Reference<S: Subject> {
+    pub(crate) instance: Instance,
+    pub(crate) probe: Arc<Probe>,
+    pub(crate) session: S::Session,
+    pub(crate) convergence: Convergence,
+    /// Its end state, anonymised ([`EndState::anonymized`]).
+    pub(crate) state: EndState,
+}
+
+/// Equal end states after this many passes in a row that wrote count as converged.
+const STABLE_PASSES: usize = 3;
+
+pub(crate) struct Harness<'a, S: Subject> {
+    pub(crate) cp: &'a ControlPlane,
+    pub(crate) subject: &'a S,
+    pub(crate) options: &'a Options,
+    pub(crate) admin: Client,
+    pub(crate) identity: Identity,
+    primary: ApiResource,
+    instances: Mutex<Vec<Instance>>,
+}
+
+fn setup(what: &str) -> impl Fn(kube::Error) -> Error + '_ {
+    move |e| Error::Setup(format!("{what}: {e}"))
+}
+
+impl<'a, S: Subject> Harness<'a, S> {
+    pub(crate) async fn new(
+        cp: &'a ControlPlane,
+        subject: &'a S,
+        options: &'a Options,
+    ) -> Result<Self, Error> {
+        let admin = cp.client();
+        let identity = Identity::create(cp, &admin).await?;
+        Ok(Self {
+            cp,
+            subject,
+            options,
+            admin,
+            identity,
+            primary: ApiResource::erase::<S::Primary>(&()),
+            instances: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn api(&self, namespace: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.admin.clone(), ns, ar),
+            None => Api::all_with(self.admin.clone(), ar),
+        }
+    }
+
+    /// Creates a fresh instance of the primary object (admin client, not counted).
+    pub(crate) async fn instance(&self) -> Result<Instance, Error> {
+        let name = crate::unique_name("kit");
+        let mut primary = self.subject.primary(&name);
+        primary.meta_mut().name = Some(name.clone());
+        let namespace = primary.meta().namespace.clone();
+        let mut value = serde_json::to_value(&primary).map_err(|e| Error::Setup(e.to_string()))?;
+        value["apiVersion"] = S::Primary::api_version(&()).into_owned().into();
+        value["kind"] = S::Primary::kind(&()).into_owned().into();
+        let obj: DynamicObject =
+            serde_json::from_value(value).map_err(|e| Error::Setup(e.to_string()))?;
+        let created = self
+            .api(namespace.as_deref(), &self.primary)
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(setup("creating the primary object"))?;
+        let instance = Instance {
+            name,
+            namespace,
+            uid: created.uid().unwrap_or_default(),
+        };
+        self.lock().push(instance.clone());
+        Ok(instance)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
+        self.instances.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The primary object as the API server has it now.
+    pub(crate) async fn read_primary(&self, instance: &Instance) -> Result<S::Primary, Error> {
+        let obj = self
+            .api(instance.namespace.as_deref(), &self.primary)
+            .get(&instance.name)
+            .await
+            .map_err(setup("reading the primary object"))?;
+        let value = serde_json::to_value(obj).map_err(|e| Error::Setup(e.to_string()))?;
+        serde_json::from_value(value)
+            .map_err(|e| Error::Setup(format!("decoding the primary object: {e}")))
+    }
+
+    /// A session of the subject on a new client of the kit's user with `probe`; `Ok(Err)`
+    /// when the subject's `session` fails.
+    pub(crate) async fn session(
+        &self,
+        probe: Arc<Probe>,
+    ) -> Result<Result<S::Session, String>, Error> {
+        self.session_with(self.identity.client(probe)?).await
+    }
+
+    /// A session on `client` (made by [`Identity::client`] or a variant of it).
+    pub(crate) async fn session_with(
+        &self,
+        client: Client,
+    ) -> Result<Result<S::Session, String>, Error> {
+        Ok(self
+            .subject
+            .session(client)
+            .await
+            .map_err(|e| format!("the subject's session failed: {e}")))
+    }
+
+    /// One pass with `primary` as given; the probe counts its requests.
+    pub(crate) async fn pass_with(
+        &self,
+        session: &S::Session,
+        probe: &Probe,
+        primary: Arc<S::Primary>,
+    ) -> Pass {
+        let first = probe.arm();
+        let timeout = self.options.pass_timeout;
+        let run = tokio::time::timeout(timeout, self.subject.reconcile(session, primary));
+        let result = tokio::select! {
+            r = run => match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("the pass took longer than {} s", timeout.as_secs())),
+            },
+            () = probe.tripped() => Err(ABORTED.to_owned()),
+        };
+        probe.disarm();
+        let sent = probe.sent().split_off(first);
+        Pass { sent, result }
+    }
+
+    /// One pass with the primary object as the API server has it now.
+    pub(crate) async fn pass(
+        &self,
+        session: &S::Session,
+        probe: &Probe,
+        instance: &Instance,
+    ) -> Result<Pass, Error> {
+        let primary = Arc::new(self.read_primary(instance).await?);
+        Ok(self.pass_with(session, probe, primary).await)
+    }
+
+    /// Passes until one makes no write (or [`STABLE_PASSES`] in a row leave the end state as
+    /// it was), at most [`Options::max_passes`]; a failed pass is retried after a short
+    /// backoff, as a controller would. `Ok(Err)` with the evidence when it does not converge
+    /// or the probe trips.
+    pub(crate) async fn converge(
+        &self,
+        session: &S::Session,
+        probe: &Probe,
+        instance: &Instance,
+    ) -> Result<Result<Convergence, String>, Error> {
+        let mut conv = Convergence::default();
+        let mut states: Vec<EndState> = Vec::new();
+        for i in 0..self.options.max_passes {
+            let pass = self.pass(session, probe, instance).await?;
+            let (ok, writes) = (pass.result.is_ok(), pass.writes());
+            conv.passes.push(pass);
+            if probe.has_tripped() {
+                return Ok(Err(ABORTED.to_owned()));
+            }
+            if ok && writes == 0 {
+                return Ok(Ok(conv));
+            }
+            if ok {
+                let state = self.state(instance).await?;
+                if states.last().is_some_and(|s| *s != state) {
+                    states.clear();
+                }
+                states.push(state);
+                if states.len() >= STABLE_PASSES {
+                    conv.kept_writing = true;
+                    return Ok(Ok(conv));
+                }
+            } else {
+                states.clear();
+                tokio::time::sleep(Duration::from_millis(20 << i.min(5))).await;
+            }
+        }
+        let last = conv.passes.last().map(describe).unwrap_or_default();
+        Ok(Err(format!(
+            "not converged after {} passes; the last one: {last}",
+            conv.passes.len()
+        )))
+    }
+
+    /// A new session with a clean client, then [`Harness::converge`].
+    pub(crate) async fn converge_fresh(
+        &self,
+        instance: &Instance,
+    ) -> Result<Result<Convergence, String>, Error> {
+        let probe = Probe::new();
+        let session = match self.session(probe.clone()).await? {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.converge(&session, &probe, instance).await
+    }
+
+    /// Converges a fresh instance with a clean client: the reference of every check.
+    pub(crate) async fn reference(&self) -> Result<Result<Reference<S>, String>, Error> {
+        let instance = self.instance().await?;
+        let probe = Probe::new();
+        let session = match self.session(probe.clone()).await? {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let convergence = match self.converge(&session, &probe, &instance).await? {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        if convergence.requests() == 0 {
+            return Ok(Err("the reconcile made no request through the client the kit gave \
+                 its session: the kit can neither count nor abort it"
+                .into()));
+        }
+        let state = self.anonymized(&instance).await?;
+        Ok(Ok(Reference {
+            instance,
+            probe,
+            session,
+            convergence,
+            state,
+        }))
+    }
+
+    /// The live children of `instance`, with everything the API server has on them.
+    pub(crate) async fn children(
+        &self,
+        instance: &Instance,
+    ) -> Result<Vec<(ApiResource, DynamicObject)>, Error> {
+        let primary = self.read_primary(instance).await?;
+        let children = self.subject.children(&primary);
+        let mut found: BTreeMap<String, (ApiResource, DynamicObject)> = BTreeMap::new();
+        for ar in &children.kinds {
+            let api: Api<DynamicObject> = Api::all_with(self.admin.clone(), ar);
+            let mut objects = Vec::new();
+            if let Some(selector) = &children.selector {
+                let lp = ListParams::default().labels(selector);
+                objects.extend(api.list(&lp).await.map_err(setup("listing children"))?);
+            }
+            let all = api
+                .list(&ListParams::default())
+                .await
+                .map_err(setup("listing children"))?;
+            objects.extend(all.items.into_iter().filter(|o| {
+                o.owner_references()
+                    .iter()
+                    .any(|r| !instance.uid.is_empty() && r.uid == instance.uid)
+            }));
+            for mut obj in objects {
+                obj.types = Some(kube::core::TypeMeta {
+                    api_version: ar.api_version.clone(),
+                    kind: ar.kind.clone(),
+                });
+                let value = serde_json::to_value(&obj).map_err(|e| Error::Setup(e.to_string()))?;
+                found.insert(key(&value), (ar.clone(), obj));
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    /// The end state of `instance` now (volatile metadata and child status dropped, the
+    /// subject's [`Subject::normalize`] applied).
+    pub(crate) async fn state(&self, instance: &Instance) -> Result<EndState, Error> {
+        let mut primary = serde_json::to_value(self.read_primary(instance).await?)
+            .map_err(|e| Error::Setup(e.to_string()))?;
+        primary["apiVersion"] = self.primary.api_version.clone().into();
+        primary["kind"] = self.primary.kind.clone().into();
+        let children = self
+            .children(instance)
+            .await?
+            .into_iter()
+            .map(|(_, o)| serde_json::to_value(o).map_err(|e| Error::Setup(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut state = EndState::new(primary, children);
+        for child in state.children.values_mut() {
+            self.subject.normalize(child);
+        }
+        Ok(state)
+    }
+
+    /// [`Harness::state`], anonymised by the instance's name and uid.
+    pub(crate) async fn anonymized(&self, instance: &Instance) -> Result<EndState, Error> {
+        Ok(self
+            .state(instance)
+            .await?
+            .anonymized(&instance.name, &instance.uid))
+    }
+
+    /// Deletes `instance` and its children now (best effort, not waited for): finalizers
+    /// of the primary object are removed first, so that no reconcile is needed.
+    pub(crate) async fn discard(&self, instance: &Instance) {
+        let children = self.children(instance).await.unwrap_or_default();
+        let api = self.api(instance.namespace.as_deref(), &self.primary);
+        let unfinalize = serde_json::json!({"metadata": {"finalizers": null}});
+        let _ = api
+            .patch(
+                &instance.name,
+                &PatchParams::default(),
+                &Patch::Merge(&unfinalize),
+            )
+            .await;
+        let dp = DeleteParams::background();
+        let _ = api.delete(&instance.name, &dp).await;
+        for (ar, child) in children {
+            let _ = self
+                .api(child.namespace().as_deref(), &ar)
+                .delete(&child.name_any(), &dp)
+                .await;
+        }
+        self.lock().retain(|i| i.uid != instance.uid);
+    }
+
+    /// Discards every instance still there and removes the kit's user.
+    pub(crate) async fn cleanup(&self) {
+        let instances = self.lock().clone();
+        for instance in &instances {
+            self.discard(instance).await;
+        }
+        self.identity.remove().await;
+    }
+}
+
+/// `Ok, 3 requests: GET …, PATCH …` / `Err(…), …`, the requests listed up to 10.
+pub(crate) fn describe(pass: &Pass) -> String {
+    let result = match &pass.result {
+        Ok(()) => "Ok".to_owned(),
+        Err(e) => format!("Err({e})"),
+    };
+    let mut listed: Vec<String> = pass.sent.iter().take(10).map(ToString::to_string).collect();
+    if pass.sent.len() > 10 {
+        listed.push(format!("… {} more", pass.sent.len() - 10));
+    }
+    format!(
+        "{result}, {} requests{}{}",
+        pass.sent.len(),
+        if listed.is_empty() { "" } else { ": " },
+        listed.join(", ")
+    )
+}
