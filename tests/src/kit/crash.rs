@@ -42,7 +42,10 @@ pub(crate) async fn run<S: Subject>(
             Some(req) if probe.has_tripped() => format!("after request {k} ({req})"),
             _ => {
                 not_reached += 1;
-                format!("at request {k}, never reached ({} requests made)", sent.len())
+                format!(
+                    "at request {k}, never reached ({} requests made)",
+                    sent.len()
+                )
             }
         };
         let outcome = match h.converge_fresh(&instance).await? {

@@ -216,6 +216,8 @@ impl<'a, S: Subject> Harness<'a, S> {
     ) -> Result<Result<Convergence, String>, Error> {
         let mut conv = Convergence::default();
         let mut states: Vec<EndState> = Vec::new();
+        // The end states before and after the last pass that succeeded, for the evidence.
+        let mut last_change: Option<(EndState, EndState)> = None;
         for i in 0..self.options.max_passes {
             let pass = self.pass(session, probe, instance).await?;
             let (ok, writes) = (pass.result.is_ok(), pass.writes());
@@ -227,7 +229,10 @@ impl<'a, S: Subject> Harness<'a, S> {
                 return Ok(Ok(conv));
             }
             if ok {
-                let state = self.state(instance).await?;
+                let state = self.anonymized(instance).await?;
+                if let Some(prev) = states.last() {
+                    last_change = Some((prev.clone(), state.clone()));
+                }
                 if states.last().is_some_and(|s| *s != state) {
                     states.clear();
                 }
@@ -242,8 +247,15 @@ impl<'a, S: Subject> Harness<'a, S> {
             }
         }
         let last = conv.passes.last().map(describe).unwrap_or_default();
+        let changed = match last_change {
+            Some((before, after)) => format!(
+                "\nwhat the last pass changed:\n{}",
+                after.diff(&before).join("\n")
+            ),
+            None => String::new(),
+        };
         Ok(Err(format!(
-            "not converged after {} passes; the last one: {last}",
+            "not converged after {} passes; the last one: {last}{changed}",
             conv.passes.len()
         )))
     }
@@ -274,9 +286,11 @@ impl<'a, S: Subject> Harness<'a, S> {
             Err(e) => return Ok(Err(e)),
         };
         if convergence.requests() == 0 {
-            return Ok(Err("the reconcile made no request through the client the kit gave \
+            return Ok(Err(
+                "the reconcile made no request through the client the kit gave \
                  its session: the kit can neither count nor abort it"
-                .into()));
+                    .into(),
+            ));
         }
         let state = self.anonymized(&instance).await?;
         Ok(Ok(Reference {

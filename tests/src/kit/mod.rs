@@ -28,8 +28,8 @@ mod harness;
 mod identity;
 mod probe;
 mod race;
-mod report;
 mod repeat;
+mod report;
 mod state;
 mod tamper;
 
@@ -84,7 +84,10 @@ pub trait Subject: Send + Sync {
     ///
     /// # Errors
     /// Any; the kit reports it as a set-up failure.
-    fn session(&self, client: Client) -> impl Future<Output = Result<Self::Session, BoxError>> + Send;
+    fn session(
+        &self,
+        client: Client,
+    ) -> impl Future<Output = Result<Self::Session, BoxError>> + Send;
 
     /// Reconciles `primary` once.
     ///

@@ -115,7 +115,12 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for c in &self.checks {
             let verdict = if c.passed { "passed" } else { "FAILED" };
-            write!(f, "{:<7} {verdict} in {:.1} s", c.check, c.elapsed.as_secs_f64())?;
+            write!(
+                f,
+                "{:<7} {verdict} in {:.1} s",
+                c.check,
+                c.elapsed.as_secs_f64()
+            )?;
             for (name, value) in &c.figures {
                 write!(f, "; {name} {value}")?;
             }

@@ -126,7 +126,9 @@ fn replace(s: &str, name: &str, uid: &str) -> String {
 fn anonymize(v: &Value, name: &str, uid: &str) -> Value {
     match v {
         Value::String(s) => Value::String(replace(s, name, uid)),
-        Value::Array(items) => Value::Array(items.iter().map(|i| anonymize(i, name, uid)).collect()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|i| anonymize(i, name, uid)).collect())
+        }
         Value::Object(map) => Value::Object(
             map.iter()
                 .map(|(k, v)| {
@@ -209,11 +211,13 @@ mod tests {
         .anonymized("w-1", "u-1");
         let b = EndState::new(
             primary("w-2", "u-2", "2026-01-01T00:00:05Z"),
-            vec![child("w-2-a", json!({"v": "1"}))
-                .to_string()
-                .replace("u-1", "u-2")
-                .parse()
-                .unwrap()],
+            vec![
+                child("w-2-a", json!({"v": "1"}))
+                    .to_string()
+                    .replace("u-1", "u-2")
+                    .parse()
+                    .unwrap(),
+            ],
         )
         .anonymized("w-2", "u-2");
         assert_eq!(a.diff(&a), Vec::<String>::new());
@@ -233,18 +237,25 @@ mod tests {
             "{diffs:?}"
         );
         assert!(
-            diffs.iter().any(|d| d.contains("/metadata/ownerReferences/0/uid")),
+            diffs
+                .iter()
+                .any(|d| d.contains("/metadata/ownerReferences/0/uid")),
             "an ownerReference to another object is a difference: {diffs:?}"
         );
         assert!(
-            diffs.iter().any(|d| d.starts_with("extra child v1 ConfigMap ns/{name}-zz")),
+            diffs
+                .iter()
+                .any(|d| d.starts_with("extra child v1 ConfigMap ns/{name}-zz")),
             "{diffs:?}"
         );
     }
 
     #[test]
     fn volatile_metadata_and_child_status_are_not_compared() {
-        let s = EndState::new(json!({"metadata": {"uid": "1"}}), vec![child("a", json!({}))]);
+        let s = EndState::new(
+            json!({"metadata": {"uid": "1"}}),
+            vec![child("a", json!({}))],
+        );
         let c = &s.children["v1 ConfigMap ns/a"];
         assert!(c.get("status").is_none());
         assert!(c.pointer("/metadata/resourceVersion").is_none());

@@ -63,7 +63,11 @@ pub(crate) async fn run<S: Subject>(
             merge(
                 &mut patch,
                 nest(
-                    &["metadata".into(), "annotations".into(), TAMPERER_ANNOTATION.into()],
+                    &[
+                        "metadata".into(),
+                        "annotations".into(),
+                        TAMPERER_ANNOTATION.into(),
+                    ],
                     Value::String(mark.clone()),
                 ),
             );
@@ -82,6 +86,11 @@ pub(crate) async fn run<S: Subject>(
                     .await?;
                 let mut state = children_only(h.state(instance).await?);
                 let own = take_own(&mut state, &child_key);
+                // Children tampered with before keep the tamperer's annotation, rightly.
+                let keys: Vec<String> = state.children.keys().cloned().collect();
+                for k in keys {
+                    take_own(&mut state, &k);
+                }
                 let mut diffs = state.diff(&expected);
                 if own.as_deref() != Some(mark.as_str()) {
                     diffs.push(format!(
@@ -104,6 +113,13 @@ pub(crate) async fn run<S: Subject>(
                     if failures >= h.options.max_failures {
                         r.fail(format!("stopped after {failures} fields not repaired"));
                         break 'children;
+                    }
+                    // Put the field back, so that the next one starts from the reference.
+                    if let Some(original) = value.pointer(&pointer) {
+                        let undo = nest(&path, original.clone());
+                        tamper(&h.admin, &ar, &child, &undo)
+                            .await
+                            .map_err(|e| Error::Setup(format!("undoing a tamper: {e}")))?;
                     }
                     break;
                 }
@@ -169,7 +185,10 @@ pub(crate) fn owned_paths(obj: &Value) -> Vec<Vec<String>> {
         .unwrap_or_default();
     for entry in entries {
         let manager = entry.get("manager").and_then(Value::as_str).unwrap_or("");
-        let sub = entry.get("subresource").and_then(Value::as_str).unwrap_or("");
+        let sub = entry
+            .get("subresource")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if !sub.is_empty() || NOT_THE_RECONCILE.contains(&manager) {
             continue;
         }
@@ -211,9 +230,9 @@ fn to_pointer(path: &[String]) -> String {
 
 /// `{"a": {"b": value}}` for path `[a, b]`.
 fn nest(path: &[String], value: Value) -> Value {
-    path.iter()
-        .rev()
-        .fold(value, |v, k| Value::Object(Map::from_iter([(k.clone(), v)])))
+    path.iter().rev().fold(value, |v, k| {
+        Value::Object(Map::from_iter([(k.clone(), v)]))
+    })
 }
 
 /// Deep-merges object `b` into `a`.
@@ -311,7 +330,10 @@ mod tests {
         let mut p = nest(&["data".into(), "x".into()], json!("2"));
         merge(
             &mut p,
-            nest(&["metadata".into(), "annotations".into(), "k".into()], json!("1")),
+            nest(
+                &["metadata".into(), "annotations".into(), "k".into()],
+                json!("1"),
+            ),
         );
         assert_eq!(
             p,

@@ -1,0 +1,124 @@
+//! The idempotence test kit on the real control plane: a correct reconcile passes every
+//! check, and each check catches a reconcile broken the way it is meant to catch.
+
+mod kit_support;
+
+use std::time::Duration;
+
+use idem_tests::kit::{Check, Kit, Options, Report};
+use kit_support::{Flaw, setup};
+
+async fn run(flaw: Flaw, checks: &[Check]) -> Report {
+    let subject = setup(flaw).await;
+    // A broken reconcile fails fast: fewer and shorter waits for repairs that never come.
+    let options = Options {
+        repair_timeout: Duration::from_secs(4),
+        max_failures: 2,
+        ..Options::default()
+    };
+    let report = Kit::new(idem_tests::shared(), subject)
+        .options(options)
+        .checks(checks)
+        .run_all()
+        .await
+        .expect("the kit runs");
+    eprintln!("{flaw:?}:\n{report}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_correct_reconcile_passes_every_check() {
+    let report = run(Flaw::None, &Check::ALL).await;
+    report.assert_idempotent();
+    assert_eq!(report.checks.len(), Check::ALL.len());
+    let repeat = report.get(Check::Repeat).unwrap();
+    assert_eq!(repeat.figure_value("requests"), Some("0"));
+    let crash = report.get(Check::Crash).unwrap();
+    assert!(
+        crash
+            .figure_value("crash points")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            >= 3,
+        "two children and a status: at least three requests to crash after\n{report}"
+    );
+    let tamper = report.get(Check::Tamper).unwrap();
+    assert!(
+        tamper
+            .figure_value("fields tampered")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            >= 6,
+        "two children with two labels and one data key each\n{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeat_catches_status_written_on_every_pass() {
+    let report = run(Flaw::StatusEveryPass, &[Check::Repeat, Check::Race]).await;
+    assert!(report.caught(Check::Repeat), "{report}");
+    let evidence = report.get(Check::Repeat).unwrap().evidence.join("\n");
+    assert!(
+        evidence.contains("PATCH") && evidence.contains("/status"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("lastTransitionTime"), "{evidence}");
+    assert!(
+        !report.caught(Check::Race),
+        "only repeat is broken\n{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeat_and_tamper_catch_a_list_appended_to_on_every_pass() {
+    let report = run(Flaw::AppendsToList, &[Check::Repeat, Check::Tamper]).await;
+    assert!(report.caught(Check::Repeat), "{report}");
+    assert!(report.caught(Check::Tamper), "{report}");
+    let evidence = report.get(Check::Repeat).unwrap().evidence.join("\n");
+    assert!(evidence.contains("/data/log"), "{evidence}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crash_catches_a_post_that_does_not_handle_already_exists() {
+    let report = run(Flaw::PostOnce, &[Check::Repeat, Check::Crash]).await;
+    assert!(
+        !report.caught(Check::Repeat),
+        "serially it converges\n{report}"
+    );
+    assert!(report.caught(Check::Crash), "{report}");
+    let evidence = report.get(Check::Crash).unwrap().evidence.join("\n");
+    assert!(evidence.contains("after request 1 (POST"), "{evidence}");
+    assert!(
+        evidence.to_lowercase().contains("alreadyexists") || evidence.contains("already exists"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn race_catches_children_created_under_random_names() {
+    let report = run(Flaw::RandomName, &[Check::Repeat, Check::Race]).await;
+    assert!(
+        !report.caught(Check::Repeat),
+        "serially it converges\n{report}"
+    );
+    assert!(report.caught(Check::Race), "{report}");
+    let evidence = report.get(Check::Race).unwrap().evidence.join("\n");
+    assert!(evidence.contains("extra child"), "{evidence}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tamper_catches_a_reconcile_that_never_repairs() {
+    let report = run(Flaw::NoRepair, &[Check::Repeat, Check::Tamper]).await;
+    assert!(!report.caught(Check::Repeat), "{report}");
+    assert!(report.caught(Check::Tamper), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tamper_catches_a_repair_that_drops_another_managers_fields() {
+    let report = run(Flaw::ReplacesWhole, &[Check::Tamper]).await;
+    assert!(report.caught(Check::Tamper), "{report}");
+    let evidence = report.get(Check::Tamper).unwrap().evidence.join("\n");
+    assert!(evidence.contains("tamperer's own annotation"), "{evidence}");
+}

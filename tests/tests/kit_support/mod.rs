@@ -1,0 +1,307 @@
+//! A small resource for the kit's own tests: a namespaced `Widget` whose `spec.items` become
+//! one ConfigMap child each, reconciled by a correct reconcile (read from a watch cache,
+//! server-side apply when different, status only when changed) or by one with a deliberate
+//! [`Flaw`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use idem_tests::kit::{BoxError, Children, Subject};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, CustomResource, CustomResourceExt, Resource, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Label on every child: the Widget's name.
+pub const WIDGET_LABEL: &str = "kit.idem.dev/widget";
+/// Label on every child: its item key.
+pub const ITEM_LABEL: &str = "kit.idem.dev/item";
+/// The reconcile's field manager.
+pub const MANAGER: &str = "widget-controller";
+
+/// Desired state: one ConfigMap `<widget>-<key>` with `data.value = <value>` per item.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[kube(
+    group = "kit.idem.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus"
+)]
+pub struct WidgetSpec {
+    /// Item key → value.
+    pub items: BTreeMap<String, String>,
+}
+
+/// Observed state.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WidgetStatus {
+    /// `Created`, `Ready` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The error of a failed reconcile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The generation last reconciled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When `phase` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// What is wrong with a reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flaw {
+    /// Nothing: the correct reconcile.
+    None,
+    /// Creates the children with POST once, remembering in `status.phase` that it did; a
+    /// create that meets AlreadyExists fails the reconcile (and is recorded as `Failed`).
+    PostOnce,
+    /// Writes status on every pass, with a new `lastTransitionTime`.
+    StatusEveryPass,
+    /// Appends an entry to a list in each child on every pass.
+    AppendsToList,
+    /// Creates a missing child (looked up by label) under a random name.
+    RandomName,
+    /// Creates missing children but never repairs existing ones.
+    NoRepair,
+    /// Repairs a child by replacing it whole (PUT), dropping fields others set.
+    ReplacesWhole,
+}
+
+/// The Widget resource with one [`Flaw`], in namespace `ns`.
+pub struct Widgets {
+    /// Namespace of the widgets and their children.
+    pub ns: String,
+    /// The reconcile's flaw.
+    pub flaw: Flaw,
+}
+
+/// A session: a client and a watch cache of the namespace's children.
+pub struct Cache {
+    client: Client,
+    store: Store<ConfigMap>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Installs the Widget CRD and makes a namespace for one test.
+pub async fn setup(flaw: Flaw) -> Widgets {
+    let client = idem_tests::shared().client();
+    idem_tests::install_crd(&client, &Widget::crd())
+        .await
+        .unwrap();
+    let ns = idem_tests::create_namespace(&client, "kit").await.unwrap();
+    Widgets { ns, flaw }
+}
+
+/// Seconds since the epoch with nanoseconds: every pass gets a different time.
+fn now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    format!("{}.{:09}", d.as_secs(), d.subsec_nanos())
+}
+
+fn child(w: &Widget, key: &str, value: &str, name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: w.namespace(),
+            labels: Some(BTreeMap::from([
+                (WIDGET_LABEL.to_owned(), w.name_any()),
+                (ITEM_LABEL.to_owned(), key.to_owned()),
+            ])),
+            owner_references: Some(vec![owner(w)]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("value".to_owned(), value.to_owned())])),
+        ..ConfigMap::default()
+    }
+}
+
+fn owner(w: &Widget) -> OwnerReference {
+    w.controller_owner_ref(&())
+        .expect("a widget read from the API has a uid")
+}
+
+/// Whether `actual` has every label, the data and the owner reference of `desired`.
+fn matches(actual: &ConfigMap, desired: &ConfigMap) -> bool {
+    let labels = actual.labels();
+    desired
+        .labels()
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && actual.data == desired.data
+        && desired
+            .owner_references()
+            .iter()
+            .all(|o| actual.owner_references().contains(o))
+}
+
+impl Widgets {
+    async fn write_status(
+        &self,
+        c: &Cache,
+        w: &Widget,
+        phase: &str,
+        message: Option<String>,
+        always: bool,
+    ) -> Result<(), BoxError> {
+        let old = w.status.clone().unwrap_or_default();
+        let same_phase = old.phase.as_deref() == Some(phase);
+        let status = WidgetStatus {
+            phase: Some(phase.to_owned()),
+            message,
+            observed_generation: w.metadata.generation,
+            last_transition_time: if same_phase && !always {
+                old.last_transition_time.clone()
+            } else {
+                Some(now())
+            },
+        };
+        if status == old && !always {
+            return Ok(());
+        }
+        let api: Api<Widget> = Api::namespaced(c.client.clone(), &self.ns);
+        let patch = serde_json::json!({"status": status});
+        api.patch_status(
+            &w.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn reconcile_children(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
+        let apply = PatchParams::apply(MANAGER).force();
+        for (key, value) in &w.spec.items {
+            let name = format!("{}-{key}", w.name_any());
+            let mut desired = child(w, key, value, &name);
+            let cached = c.store.get(&ObjectRef::new(&name).within(&self.ns));
+            match self.flaw {
+                Flaw::AppendsToList => {
+                    let log = cached
+                        .as_ref()
+                        .and_then(|c| c.data.as_ref()?.get("log").cloned())
+                        .unwrap_or_default();
+                    let data = desired.data.get_or_insert_default();
+                    data.insert("log".into(), format!("{log}reconciled;"));
+                }
+                Flaw::RandomName => {
+                    let exists = c.store.state().iter().any(|cm| {
+                        cm.labels().get(WIDGET_LABEL) == Some(&w.name_any())
+                            && cm.labels().get(ITEM_LABEL) == Some(key)
+                    });
+                    if !exists {
+                        let suffix: u32 = rand::random::<u32>() % 100_000;
+                        desired.metadata.name = Some(format!("{name}-{suffix:05}"));
+                        api.create(&PostParams::default(), &desired).await?;
+                    }
+                    continue;
+                }
+                Flaw::NoRepair if cached.is_some() => continue,
+                Flaw::ReplacesWhole => {
+                    match cached {
+                        None => {
+                            api.create(&PostParams::default(), &desired).await?;
+                        }
+                        Some(cur) if !matches(&cur, &desired) => {
+                            desired.metadata.resource_version = cur.resource_version();
+                            api.replace(&name, &PostParams::default(), &desired).await?;
+                        }
+                        Some(_) => {}
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if cached.is_some_and(|cur| matches(&cur, &desired)) {
+                continue;
+            }
+            api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
+        }
+        Ok(())
+    }
+
+    async fn post_once(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        if w.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Created") {
+            return Ok(());
+        }
+        let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
+        for (key, value) in &w.spec.items {
+            let name = format!("{}-{key}", w.name_any());
+            if let Err(e) = api
+                .create(&PostParams::default(), &child(w, key, value, &name))
+                .await
+            {
+                self.write_status(c, w, "Failed", Some(e.to_string()), false)
+                    .await?;
+                return Err(e.into());
+            }
+        }
+        self.write_status(c, w, "Created", None, false).await
+    }
+}
+
+impl Subject for Widgets {
+    type Primary = Widget;
+    type Session = Cache;
+
+    fn primary(&self, name: &str) -> Widget {
+        let mut w = Widget::new(
+            name,
+            WidgetSpec {
+                items: BTreeMap::from([("a".into(), "1".into()), ("b".into(), "2".into())]),
+            },
+        );
+        w.metadata.namespace = Some(self.ns.clone());
+        w
+    }
+
+    fn children(&self, primary: &Widget) -> Children {
+        Children::labelled(format!("{WIDGET_LABEL}={}", primary.name_any())).kind::<ConfigMap>()
+    }
+
+    async fn session(&self, client: Client) -> Result<Cache, BoxError> {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &self.ns);
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default().labels(WIDGET_LABEL)),
+        )
+        .applied_objects()
+        .for_each(|_| futures::future::ready(()));
+        let task = tokio::spawn(stream);
+        tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready()).await??;
+        Ok(Cache {
+            client,
+            store,
+            task,
+        })
+    }
+
+    async fn reconcile(&self, c: &Cache, w: Arc<Widget>) -> Result<(), BoxError> {
+        if self.flaw == Flaw::PostOnce {
+            return self.post_once(c, &w).await;
+        }
+        self.reconcile_children(c, &w).await?;
+        let always = self.flaw == Flaw::StatusEveryPass;
+        self.write_status(c, &w, "Ready", None, always).await
+    }
+}
