@@ -36,14 +36,10 @@ impl Identity {
     /// is both allowed and counted under its FlowSchema.
     ///
     /// # Errors
-    /// [`Error::Setup`] when the kubeconfig cannot be read, a write fails or the API server
+    /// [`Error::Setup`] when a write fails or the API server
     /// does not count the user's requests within 30 s.
     pub(crate) async fn create(cp: &ControlPlane, admin: &Client) -> Result<Self, Error> {
-        let kubeconfig = crate::load_kubeconfig(cp.kubeconfig_path())
-            .map_err(|e| Error::Setup(format!("reading the kubeconfig: {e}")))?;
-        let base = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(|e| Error::Setup(format!("kubeconfig: {e}")))?;
+        let base = cp.config();
         let user = crate::unique_name("idem-kit");
         let schema: FlowSchema = serde_json::from_value(serde_json::json!({
             "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
