@@ -191,6 +191,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A child of the primary object `w-1` (uid `u-1`).
     fn child(name: &str, data: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": name, "namespace": "ns", "uid": "x", "resourceVersion": "7",
@@ -215,6 +216,7 @@ mod tests {
                 child("w-2-a", json!({"v": "1"}))
                     .to_string()
                     .replace("u-1", "u-2")
+                    .replace("w-1", "w-2")
                     .parse()
                     .unwrap(),
             ],
