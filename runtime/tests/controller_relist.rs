@@ -5,7 +5,9 @@
 //! The child watch runs through an `idem_tests::faults` client: its events are held (a
 //! stalled link), the child is deleted with a separate client, and a 410 Gone watch event
 //! makes kube's watcher relist. The Delete event is never delivered; only the difference
-//! between the two lists tells the controller the child is gone.
+//! between the two lists tells the controller the child is gone. Likewise a primary object
+//! deleted and created again under the same name while its watch was down is told apart by
+//! its uid and reconciled.
 
 mod common;
 
@@ -26,11 +28,13 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// One reconcile: the widget's name and whether it wrote its child (false: converged, read
 /// from the cache with no request).
-type Entry = (String, bool);
+type Written = (String, bool);
+/// One reconcile: the widget's name and uid.
+type Entry = (String, String);
 
 struct Ctx {
     applier: Applier,
-    log: Mutex<Vec<Entry>>,
+    log: Mutex<Vec<Written>>,
 }
 
 fn child_name(widget: &str) -> String {
@@ -63,7 +67,7 @@ async fn reconcile(
     Ok(Action::await_change())
 }
 
-fn converged(log: &[Entry], name: &str) -> bool {
+fn converged(log: &[Written], name: &str) -> bool {
     log.iter().any(|(n, wrote)| n == name && !wrote)
 }
 
@@ -151,7 +155,7 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
         ctx.log.lock().unwrap().len() > before
     })
     .await;
-    let after: Vec<Entry> = ctx.log.lock().unwrap()[before..].to_vec();
+    let after: Vec<Written> = ctx.log.lock().unwrap()[before..].to_vec();
     assert_eq!(
         after,
         [("w1".to_owned(), true)],
@@ -169,6 +173,92 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
             .map(|c| c.is_some()),
         Some(true),
         "the engine's own write of the new child is visible to the next reconcile"
+    );
+
+    faults.hold_watches(false);
+    stop.send(()).unwrap();
+    let report = controller.await.unwrap().unwrap();
+    assert!(report.drained());
+}
+
+/// Records each reconcile's (name, uid).
+async fn record_uid(
+    obj: Arc<Widget>,
+    log: Arc<Mutex<Vec<Entry>>>,
+    _: Attempt,
+) -> Result<Action, kube::Error> {
+    log.lock()
+        .unwrap()
+        .push((obj.name_any(), obj.uid().unwrap_or_default()));
+    Ok(Action::await_change())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_deleted_and_recreated_while_its_watch_was_down_is_reconciled_again() {
+    let cp = idem_tests::shared();
+    let client = cp.client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-relist-uid").await;
+    let truth: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    // The primary watch goes through the faults.
+    let faults = Faults::new();
+    let widgets: Api<Widget> = Api::namespaced(faults.client(cp.config()).unwrap(), &ns);
+    let log: Arc<Mutex<Vec<Entry>>> = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets, watcher::Config::default())
+            .with_config(ControllerConfig {
+                workers: 1, // keys in queue order, see the child test
+                resync_period: Duration::from_secs(3600),
+                ..ControllerConfig::default()
+            })
+            .run(record_uid, Arc::clone(&log), async {
+                let _ = stopped.await;
+            }),
+    );
+    let pp = PostParams::default();
+    let mut uids = Vec::new();
+    for name in ["w1", "w2"] {
+        let w = truth
+            .create(&pp, &Widget::new(name, WidgetSpec { value: 1 }))
+            .await
+            .unwrap();
+        uids.push(w.uid().unwrap());
+    }
+    wait_until("both widgets reconciled", WAIT, || {
+        let log = log.lock().unwrap();
+        uids.iter().all(|u| log.iter().any(|(_, uid)| uid == u))
+    })
+    .await;
+    wait_until("the primary watch is open", WAIT, || {
+        faults.open_watches() == 1
+    })
+    .await;
+    let before = log.lock().unwrap().len();
+
+    // While the watch stalls, w1 is deleted and created again with the same spec: the same
+    // name, generation 1, labels and annotations — only its uid tells them apart.
+    faults.hold_watches(true);
+    truth.delete("w1", &DeleteParams::default()).await.unwrap();
+    let again = truth
+        .create(&pp, &Widget::new("w1", WidgetSpec { value: 1 }))
+        .await
+        .unwrap();
+    assert_eq!(again.metadata.generation, Some(1));
+    let new_uid = again.uid().unwrap();
+    assert_ne!(new_uid, uids[0]);
+    assert_eq!(faults.expire_watches(), 1);
+
+    wait_until("a reconcile of the recreated w1", WAIT, || {
+        log.lock().unwrap()[before..]
+            .iter()
+            .any(|(_, uid)| *uid == new_uid)
+    })
+    .await;
+    assert_eq!(
+        log.lock().unwrap()[before..].to_vec(),
+        [("w1".to_owned(), new_uid)],
+        "exactly one reconcile, of the new w1 (w2 was relisted unchanged)"
     );
 
     faults.hold_watches(false);
