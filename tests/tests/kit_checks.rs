@@ -9,7 +9,11 @@ use idem_tests::kit::{Check, Kit, Options, Report};
 use kit_support::{Flaw, setup};
 
 async fn run(flaw: Flaw, checks: &[Check]) -> Report {
-    let subject = setup(flaw).await;
+    run_with(flaw, 2, checks).await
+}
+
+async fn run_with(flaw: Flaw, items: usize, checks: &[Check]) -> Report {
+    let subject = setup(flaw, items).await;
     // A broken reconcile fails fast: fewer and shorter waits for repairs that never come.
     let options = Options {
         repair_timeout: Duration::from_secs(4),
@@ -28,7 +32,7 @@ async fn run(flaw: Flaw, checks: &[Check]) -> Report {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_correct_reconcile_passes_every_check() {
-    let report = run(Flaw::None, &Check::ALL).await;
+    let report = run_with(Flaw::None, 8, &Check::ALL).await;
     report.assert_idempotent();
     assert_eq!(report.checks.len(), Check::ALL.len());
     let repeat = report.get(Check::Repeat).unwrap();
@@ -40,8 +44,8 @@ async fn a_correct_reconcile_passes_every_check() {
             .unwrap()
             .parse::<u32>()
             .unwrap()
-            >= 3,
-        "two children and a status: at least three requests to crash after\n{report}"
+            >= 9,
+        "eight children and a status: nine requests to crash after\n{report}"
     );
     let tamper = report.get(Check::Tamper).unwrap();
     assert!(
@@ -50,8 +54,8 @@ async fn a_correct_reconcile_passes_every_check() {
             .unwrap()
             .parse::<u32>()
             .unwrap()
-            >= 6,
-        "two children with two labels and one data key each\n{report}"
+            >= 24,
+        "eight children with two labels and one data key each\n{report}"
     );
 }
 
@@ -121,4 +125,37 @@ async fn tamper_catches_a_repair_that_drops_another_managers_fields() {
     assert!(report.caught(Check::Tamper), "{report}");
     let evidence = report.get(Check::Tamper).unwrap().evidence.join("\n");
     assert!(evidence.contains("tamperer's own annotation"), "{evidence}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_pass_a_correct_reconcile_of_twenty_children() {
+    let report = run_with(Flaw::None, 20, &[Check::Faults]).await;
+    report.assert_idempotent();
+    let faults = report.get(Check::Faults).unwrap();
+    let ratio: f64 = faults.figure_value("ratio").unwrap().parse().unwrap();
+    assert!(ratio <= 1.2, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_catch_a_conflict_taken_for_a_permanent_failure() {
+    let report = run_with(Flaw::ConflictIsFatal, 20, &[Check::Repeat, Check::Faults]).await;
+    assert!(
+        !report.caught(Check::Repeat),
+        "without faults it converges\n{report}"
+    );
+    assert!(report.caught(Check::Faults), "{report}");
+    let evidence = report.get(Check::Faults).unwrap().evidence.join("\n");
+    assert!(evidence.contains("permanent failure"), "{evidence}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_catch_a_reconcile_that_redoes_everything_after_an_error() {
+    let report = run_with(Flaw::RedoAllAfterError, 20, &[Check::Repeat, Check::Faults]).await;
+    assert!(
+        !report.caught(Check::Repeat),
+        "without faults it converges\n{report}"
+    );
+    assert!(report.caught(Check::Faults), "{report}");
+    let evidence = report.get(Check::Faults).unwrap().evidence.join("\n");
+    assert!(evidence.contains("exceeds the budget"), "{evidence}");
 }

@@ -63,6 +63,8 @@ pub(crate) struct Reference<S: Subject> {
     pub(crate) convergence: Convergence,
     /// Its end state, anonymised ([`EndState::anonymized`]).
     pub(crate) state: EndState,
+    /// Requests the API server carried out for the kit's user while it converged.
+    pub(crate) server_requests: u64,
 }
 
 /// Equal end states after this many passes in a row that wrote count as converged.
@@ -281,10 +283,12 @@ impl<'a, S: Subject> Harness<'a, S> {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
+        let server_before = self.identity.server_count(self.cp).await?;
         let convergence = match self.converge(&session, &probe, &instance).await? {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
         };
+        let server_requests = self.identity.server_count(self.cp).await? - server_before;
         if convergence.requests() == 0 {
             return Ok(Err(
                 "the reconcile made no request through the client the kit gave \
@@ -299,6 +303,7 @@ impl<'a, S: Subject> Harness<'a, S> {
             session,
             convergence,
             state,
+            server_requests,
         }))
     }
 

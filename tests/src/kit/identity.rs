@@ -16,6 +16,16 @@ use kube::client::ClientBuilder;
 use super::Error;
 use super::probe::{Probe, ProbeLayer};
 use crate::ControlPlane;
+use crate::faults::Faults;
+
+/// kube's default client stack (`kube::client::GenericService`, not exported by kube).
+type KubeStack = ClientBuilder<
+    tower::util::BoxService<
+        http::Request<kube::client::Body>,
+        http::Response<Box<kube::client::DynBody>>,
+        tower::BoxError,
+    >,
+>;
 
 /// Field manager of the kit's own set-up writes.
 const MANAGER: &str = "idem-test-kit";
@@ -109,12 +119,31 @@ impl Identity {
     /// # Errors
     /// [`Error::Setup`] when kube cannot build the client.
     pub(crate) fn client(&self, probe: Arc<Probe>) -> Result<Client, Error> {
-        let mut config = self.base.clone();
-        config.auth_info.impersonate = Some(self.user.clone());
-        Ok(ClientBuilder::try_from(config)
-            .map_err(|e| Error::Setup(format!("client: {e}")))?
+        Ok(self.builder()?.with_layer(&ProbeLayer(probe)).build())
+    }
+
+    /// [`Identity::client`] with `faults` injected between the probe and kube's stack (the
+    /// probe sees every request the reconcile makes, the faulted ones included).
+    ///
+    /// # Errors
+    /// [`Error::Setup`] when kube cannot build the client.
+    pub(crate) fn faulty_client(
+        &self,
+        probe: Arc<Probe>,
+        faults: &Faults,
+    ) -> Result<Client, Error> {
+        Ok(self
+            .builder()?
+            .with_layer(&faults.layer())
             .with_layer(&ProbeLayer(probe))
             .build())
+    }
+
+    /// kube's default stack for the kit's user (kube's retry of 429/503/504 included).
+    fn builder(&self) -> Result<KubeStack, Error> {
+        let mut config = self.base.clone();
+        config.auth_info.impersonate = Some(self.user.clone());
+        ClientBuilder::try_from(config).map_err(|e| Error::Setup(format!("client: {e}")))
     }
 
     /// Requests the API server has carried out for this user so far

@@ -24,6 +24,7 @@
 //! inherits another's state) and compares [`EndState`]s anonymised by name, uid and time.
 
 mod crash;
+mod faults;
 mod harness;
 mod identity;
 mod probe;
@@ -246,6 +247,7 @@ impl<'a, S: Subject> Kit<'a, S> {
                     Check::Repeat => repeat::run(h, reference, &mut r).await?,
                     Check::Race => race::run(h, reference, &mut r).await?,
                     Check::Crash => crash::run(h, reference, &mut r).await?,
+                    Check::Faults => faults::run(h, reference, &mut r).await?,
                     Check::Tamper => tamper::run(h, reference, &mut r).await?,
                 },
             }

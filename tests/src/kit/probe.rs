@@ -26,6 +26,16 @@ impl Sent {
     pub fn is_write(&self) -> bool {
         self.method != "GET" && self.method != "HEAD"
     }
+
+    /// Whether it is a watch cache's request rather than a reconcile's: a watch
+    /// (`watch=true`) or a list served from the watch cache (`resourceVersion=0`, how kube's
+    /// and client-go's reflectors list).
+    pub fn is_cache_fill(&self) -> bool {
+        let query = self.target.split_once('?').map_or("", |(_, q)| q);
+        query
+            .split('&')
+            .any(|kv| kv == "watch=true" || kv == "watch=1" || kv == "resourceVersion=0")
+    }
 }
 
 impl std::fmt::Display for Sent {
@@ -46,6 +56,8 @@ pub(crate) struct Probe {
 struct State {
     armed: bool,
     sent: Vec<Sent>,
+    /// Every request, armed or not.
+    all: Vec<Sent>,
     trip_after: Option<usize>,
     tripped: bool,
 }
@@ -92,6 +104,11 @@ impl Probe {
         self.lock().sent.clone()
     }
 
+    /// Every request recorded, during passes or not (e.g. a session's watches), in order.
+    pub(crate) fn all_sent(&self) -> Vec<Sent> {
+        self.lock().all.clone()
+    }
+
     /// Whether the probe has tripped.
     pub(crate) fn has_tripped(&self) -> bool {
         self.lock().tripped
@@ -113,17 +130,19 @@ impl Probe {
         if s.tripped {
             return Admit::Refuse;
         }
-        if !s.armed {
-            return Admit::Send { trip: false };
-        }
-        s.sent.push(Sent {
+        let sent = Sent {
             method: req.method().to_string(),
             target: req
                 .uri()
                 .path_and_query()
                 .map(|p| p.to_string())
                 .unwrap_or_default(),
-        });
+        };
+        s.all.push(sent.clone());
+        if !s.armed {
+            return Admit::Send { trip: false };
+        }
+        s.sent.push(sent);
         let trip = s.trip_after == Some(s.sent.len());
         Admit::Send { trip }
     }
@@ -228,5 +247,13 @@ mod tests {
             sent[1].to_string(),
             "POST /api/v1/namespaces/a/configmaps?watch=true"
         );
+        assert_eq!(probe.all_sent().len(), 3);
+        assert!(sent[0].is_cache_fill());
+        let list = |q: &str| Sent {
+            method: "GET".into(),
+            target: format!("/api/v1/configmaps?{q}"),
+        };
+        assert!(list("&resourceVersion=0").is_cache_fill());
+        assert!(!list("&resourceVersion=10&labelSelector=a").is_cache_fill());
     }
 }

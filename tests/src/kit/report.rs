@@ -12,6 +12,8 @@ pub enum Check {
     Race,
     /// A reconcile aborted after any of its requests, then resumed, ends where a clean one does.
     Crash,
+    /// Under injected API faults it converges, within 1.2× the fault-free request count.
+    Faults,
     /// Every field of every child changed by another field manager is restored, and that
     /// manager's own fields are left alone.
     Tamper,
@@ -19,7 +21,13 @@ pub enum Check {
 
 impl Check {
     /// Every check, in the order [`Kit::run_all`](super::Kit::run_all) runs them.
-    pub const ALL: [Check; 4] = [Check::Repeat, Check::Race, Check::Crash, Check::Tamper];
+    pub const ALL: [Check; 5] = [
+        Check::Repeat,
+        Check::Race,
+        Check::Crash,
+        Check::Faults,
+        Check::Tamper,
+    ];
 }
 
 impl fmt::Display for Check {
@@ -28,6 +36,7 @@ impl fmt::Display for Check {
             Check::Repeat => "repeat",
             Check::Race => "race",
             Check::Crash => "crash",
+            Check::Faults => "faults",
             Check::Tamper => "tamper",
         })
     }

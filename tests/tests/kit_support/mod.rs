@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,6 +18,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResource, CustomResourceExt, Resource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// A failure [`Flaw::ConflictIsFatal`] does not retry.
+#[derive(Debug, thiserror::Error)]
+#[error("permanent failure: {0}")]
+struct Fatal(String);
 
 /// Label on every child: the Widget's name.
 pub const WIDGET_LABEL: &str = "kit.idem.dev/widget";
@@ -75,6 +81,10 @@ pub enum Flaw {
     NoRepair,
     /// Repairs a child by replacing it whole (PUT), dropping fields others set.
     ReplacesWhole,
+    /// Takes a 409 Conflict for a permanent failure: records `Failed` and stops for good.
+    ConflictIsFatal,
+    /// After a failed pass, applies every child again instead of only what differs.
+    RedoAllAfterError,
 }
 
 /// The Widget resource with one [`Flaw`], in namespace `ns`.
@@ -83,6 +93,8 @@ pub struct Widgets {
     pub ns: String,
     /// The reconcile's flaw.
     pub flaw: Flaw,
+    /// How many items (children) a widget has.
+    pub items: usize,
 }
 
 /// A session: a client and a watch cache of the namespace's children.
@@ -90,6 +102,8 @@ pub struct Cache {
     client: Client,
     store: Store<ConfigMap>,
     task: tokio::task::JoinHandle<()>,
+    /// The last pass failed ([`Flaw::RedoAllAfterError`]).
+    failed: AtomicBool,
 }
 
 impl Drop for Cache {
@@ -98,14 +112,14 @@ impl Drop for Cache {
     }
 }
 
-/// Installs the Widget CRD and makes a namespace for one test.
-pub async fn setup(flaw: Flaw) -> Widgets {
+/// Installs the Widget CRD and makes a namespace for one test; widgets have `items` items.
+pub async fn setup(flaw: Flaw, items: usize) -> Widgets {
     let client = idem_tests::shared().client();
     idem_tests::install_crd(&client, &Widget::crd())
         .await
         .unwrap();
     let ns = idem_tests::create_namespace(&client, "kit").await.unwrap();
-    Widgets { ns, flaw }
+    Widgets { ns, flaw, items }
 }
 
 /// Seconds since the epoch with nanoseconds: every pass gets a different time.
@@ -190,6 +204,7 @@ impl Widgets {
     async fn reconcile_children(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
         let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
         let apply = PatchParams::apply(MANAGER).force();
+        let redo = self.flaw == Flaw::RedoAllAfterError && c.failed.swap(false, Ordering::SeqCst);
         for (key, value) in &w.spec.items {
             let name = format!("{}-{key}", w.name_any());
             let mut desired = child(w, key, value, &name);
@@ -231,10 +246,19 @@ impl Widgets {
                 }
                 _ => {}
             }
-            if cached.is_some_and(|cur| matches(&cur, &desired)) {
+            if !redo && cached.is_some_and(|cur| matches(&cur, &desired)) {
                 continue;
             }
-            api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
+            match api.patch(&name, &apply, &Patch::Apply(&desired)).await {
+                Err(kube::Error::Api(e)) if e.code == 409 && self.flaw == Flaw::ConflictIsFatal => {
+                    return Err(Fatal(e.message).into());
+                }
+                Err(e) => {
+                    c.failed.store(true, Ordering::SeqCst);
+                    return Err(e.into());
+                }
+                Ok(_) => {}
+            }
         }
         Ok(())
     }
@@ -267,10 +291,13 @@ impl Subject for Widgets {
         let mut w = Widget::new(
             name,
             WidgetSpec {
-                items: BTreeMap::from([("a".into(), "1".into()), ("b".into(), "2".into())]),
+                items: BTreeMap::new(),
             },
         );
         w.metadata.namespace = Some(self.ns.clone());
+        w.spec.items = (0..self.items)
+            .map(|i| (format!("i{i}"), i.to_string()))
+            .collect();
         w
     }
 
@@ -293,6 +320,7 @@ impl Subject for Widgets {
             client,
             store,
             task,
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -300,7 +328,18 @@ impl Subject for Widgets {
         if self.flaw == Flaw::PostOnce {
             return self.post_once(c, &w).await;
         }
-        self.reconcile_children(c, &w).await?;
+        let phase = w.status.as_ref().and_then(|s| s.phase.as_deref());
+        if self.flaw == Flaw::ConflictIsFatal && phase == Some("Failed") {
+            return Ok(()); // "needs a human"
+        }
+        match self.reconcile_children(c, &w).await {
+            Err(e) if e.is::<Fatal>() => {
+                return self
+                    .write_status(c, &w, "Failed", Some(e.to_string()), false)
+                    .await;
+            }
+            other => other?,
+        }
         let always = self.flaw == Flaw::StatusEveryPass;
         self.write_status(c, &w, "Ready", None, always).await
     }
