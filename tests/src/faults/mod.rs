@@ -90,6 +90,7 @@ struct State {
     server_errors: Rule,
     latency: Duration,
     requests: BTreeMap<Verb, u64>,
+    sent: BTreeMap<Verb, u64>,
     injected: Injected,
 }
 
@@ -244,11 +245,13 @@ impl Faults {
     /// How many requests the layer saw, by verb, including those it answered itself.
     /// Every verb is present (zero when none was seen).
     pub fn requests(&self) -> BTreeMap<Verb, u64> {
-        let state = self.state();
-        Verb::ALL
-            .iter()
-            .map(|v| (*v, state.requests.get(v).copied().unwrap_or(0)))
-            .collect()
+        every_verb(&self.state().requests)
+    }
+
+    /// How many requests the layer sent on to the server, by verb: [`Faults::requests`]
+    /// minus those answered with an injected error. Every verb is present.
+    pub fn sent(&self) -> BTreeMap<Verb, u64> {
+        every_verb(&self.state().sent)
     }
 
     /// How many faults the layer injected so far.
@@ -288,6 +291,7 @@ impl Faults {
             state.injected.conflicts += 1;
             Decision::Conflict
         } else {
+            *state.sent.entry(verb).or_insert(0) += 1;
             Decision::Forward
         };
         (decision, latency)
@@ -301,6 +305,14 @@ impl Faults {
         watches.push(Arc::downgrade(&ctl));
         (ctl, Arc::clone(&self.inner.hold))
     }
+}
+
+/// `counts` with every verb present.
+fn every_verb(counts: &BTreeMap<Verb, u64>) -> BTreeMap<Verb, u64> {
+    Verb::ALL
+        .iter()
+        .map(|v| (*v, counts.get(v).copied().unwrap_or(0)))
+        .collect()
 }
 
 impl std::fmt::Debug for Faults {

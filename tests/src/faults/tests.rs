@@ -122,6 +122,12 @@ async fn every_third_write_conflicts_and_reads_are_never_conflicts() {
         8,
         "injected answers are not sent"
     );
+    assert_eq!(faults.sent().values().sum::<u64>(), 8);
+    assert_eq!(
+        (faults.sent()[&Verb::Delete], faults.sent()[&Verb::Patch]),
+        (0, 2),
+        "each DELETE was a third write"
+    );
     assert_eq!(faults.injected().conflicts, 2);
     let seen = faults.requests();
     assert_eq!(
