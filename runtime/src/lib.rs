@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod queue;
 pub mod resource;
 pub mod schema;
+pub mod shard;
 pub mod status;
 
 /// Derives [`resource::IdempotentResource`] for a kube `CustomResource`; see [`derive`](mod@derive) for
