@@ -15,6 +15,7 @@ pub mod leader;
 pub mod manager;
 pub mod rbac;
 pub mod resources;
+pub mod shard;
 pub mod status;
 pub mod tenant;
 pub mod tenant_app;

@@ -47,9 +47,15 @@ struct RunArgs {
     #[arg(long, default_value = "127.0.0.1:8081")]
     health_addr: SocketAddr,
     /// Take a Lease before running controllers, so one replica of several is active.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shards")]
     leader_elect: bool,
-    /// Namespace of the leader-election Lease (default: the pod's namespace or `default`).
+    /// `auto`: every replica holds a member Lease and reconciles its share of the tenants
+    /// (a Tenant by the hash of its uid, a TenantApp by its namespace), using the API server's
+    /// `shardSelector` (KEP-5866) when it supports it; `off`: one replica does everything.
+    #[arg(long, default_value = "off", value_parser = ["off", "auto"])]
+    shards: String,
+    /// Namespace of the leader-election or shard member Leases (default: the pod's namespace
+    /// or `default`).
     #[arg(long, env = "POD_NAMESPACE")]
     leader_elect_namespace: Option<String>,
     /// This replica's identity in the Lease (default: the pod name or the host name + pid).
@@ -94,6 +100,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_elect_namespace: args.leader_elect_namespace,
         identity: args.identity,
         shutdown_grace: args.shutdown_grace,
+        shards: args.shards == "auto",
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -24,6 +24,8 @@ use tokio::sync::watch;
 
 use crate::context::Context;
 use crate::fence::FenceLayer;
+use crate::shard::membership::{Membership, MembershipMetrics};
+use crate::shard::selector::{SelectorLayer, Selectors};
 use crate::leader::{Fence, Leadership};
 use crate::resources::FIELD_MANAGER;
 use crate::{http, tenant, tenant_app};
@@ -53,6 +55,9 @@ pub struct ManagerOptions {
     /// How long a graceful shutdown (a signal) waits for in-flight reconciles; lost
     /// leadership cancels them at once.
     pub shutdown_grace: Duration,
+    /// Shard tenants across the replicas that hold a member Lease (`--shards auto`, see
+    /// [`crate::shard`]); excludes `leader_elect`.
+    pub shards: bool,
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -93,9 +98,14 @@ async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> 
 /// A client whose writes pass only while `fence` is valid ([`crate::fence`]), with the
 /// operator's retry of transient failures ([`crate::client`]: a `POST` only on 429) outside
 /// the fence, so every attempt is fenced.
-fn fenced_client(mut config: Config, fence: Arc<Fence>) -> anyhow::Result<Client> {
+fn fenced_client(
+    mut config: Config,
+    fence: Arc<Fence>,
+    selectors: Arc<Selectors>,
+) -> anyhow::Result<Client> {
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
+        .with_layer(&SelectorLayer(selectors))
         .with_layer(&FenceLayer::new(fence))
         .with_layer(&tower::buffer::BufferLayer::new(1024))
         .with_layer(&tower::retry::RetryLayer::new(
@@ -138,14 +148,61 @@ pub async fn run(
             .clone()
             .unwrap_or_else(|| "default".into());
         tracing::info!(%identity, namespace = %ns, "waiting to become leader");
-        Leadership::start(lease_client, &ns, &identity, leader_status.clone())
+        Leadership::start(lease_client.clone(), &ns, &identity, leader_status.clone())
     });
-    let fence = leadership
-        .as_ref()
-        .map_or_else(Fence::open, Leadership::fence);
+    let membership_metrics = MembershipMetrics::default();
+    let membership = options.shards.then(|| {
+        let ns = options
+            .leader_elect_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        tracing::info!(%identity, namespace = %ns, "joining the shard ring");
+        Membership::start(lease_client.clone(), &ns, &identity, membership_metrics.clone())
+    });
+    let fence = match (&leadership, &membership) {
+        (Some(lease), _) => lease.fence(),
+        (None, Some(member)) => member.fence(),
+        (None, None) => Fence::open(),
+    };
     if leadership.is_none() {
         leader_status.set(1);
     }
+    let selectors = Arc::new(Selectors::default());
+    let owned = Gauge::default();
+    if membership.is_some() {
+        match crate::shard::probe_server_side(&lease_client).await {
+            Ok(on) => {
+                tracing::info!(server_side = on, "shardSelector support of the API server");
+                selectors.server_side.store(on, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "probing shardSelector support failed; filtering on this side"),
+        }
+        registry.register(
+            "idem_shard_members",
+            "Live members of the shard ring as this replica last saw it",
+            membership_metrics.members.clone(),
+        );
+        registry.register(
+            "idem_shard_handovers",
+            "Times this replica stopped working on a ring because its membership changed",
+            membership_metrics.handovers.clone(),
+        );
+        registry.register(
+            "idem_shard_owned_tenants",
+            "Tenants in this replica's shard",
+            owned.clone(),
+        );
+    }
+    registry.register(
+        "idem_watch_events_received",
+        "Watch events this replica received (all watches of its controllers)",
+        selectors.events_received.clone(),
+    );
+    registry.register(
+        "idem_received_bytes",
+        "Bytes of GET responses (lists, watches, reads) this replica received",
+        selectors.bytes_received.clone(),
+    );
     registry.register(
         "leader_election_master_status",
         "1 while this replica is the leader (always 1 without leader election)",
@@ -157,7 +214,7 @@ pub async fn run(
         fence.refused.clone(),
     );
     let registry = Arc::new(registry);
-    let client = fenced_client(kube_config, Arc::clone(&fence))?;
+    let client = fenced_client(kube_config, Arc::clone(&fence), Arc::clone(&selectors))?;
     let (ready_tx, ready_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     let servers = http::start(
@@ -174,6 +231,27 @@ pub async fn run(
     }
     tokio::pin!(shutdown);
 
+    if let Some(membership) = membership {
+        // A member waiting for a ring is ready, as a standby is.
+        let _ = ready_tx.send(true);
+        let sharded = Sharded {
+            client: &client,
+            identity: &identity,
+            options: &options,
+            metrics: &metrics,
+            drift: &drift,
+            selectors: &selectors,
+            owned: &owned,
+        };
+        sharded.run(&membership, &mut shutdown).await;
+        membership.leave().await;
+        let _ = stop_tx.send(true);
+        for (_, task) in servers {
+            let _ = task.await;
+        }
+        return Ok(());
+    }
+
     if let Some(lease) = leadership.as_mut() {
         // A standby is ready: readiness does not depend on leadership.
         let _ = ready_tx.send(true);
@@ -189,64 +267,18 @@ pub async fn run(
         }
     }
 
-    // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
-    let (store, writer) = reflector::store::<Namespace>();
-    let ns_config =
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
-    let ns_watch = tokio::spawn(
-        watcher(Api::<Namespace>::all(client.clone()), ns_config)
-            .default_backoff()
-            .reflect(writer)
-            .for_each(|_| futures::future::ready(())),
-    );
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(identity.clone()),
-        },
-    );
-    let ctx = Context::new(client.clone(), recorder, store, drift);
-    let config = |name: &str| ControllerConfig {
-        name: Some(name.into()),
-        workers: options.workers,
-        per_tenant_cap: (options.tenant_concurrency > 0).then_some(options.tenant_concurrency),
-        resync_period: options.resync_period,
-        shutdown_grace: options.shutdown_grace,
-        ..ControllerConfig::default()
-    };
-    let (tenant_synced, mut tenant_ready) = watch::channel(false);
-    let (app_synced, mut app_ready) = watch::channel(false);
-    let tenants = tenant::source::controller(&client, config("tenant"))
-        .with_child_caches(ctx.caches.clone())
-        .with_metrics(metrics.clone())
-        .with_synced_signal(tenant_synced);
-    let apps = tenant_app::source::controller(&client, &ctx, config("tenantapp"), tenants.store())
-        .with_child_caches(ctx.caches.clone())
-        .with_metrics(metrics)
-        .with_synced_signal(app_synced);
+    let epoch = controllers(&client, &identity, &options, &metrics, &drift, None, stop_rx.clone());
+    let Epoch {
+        mut controllers,
+        ns_watch,
+        mut synced,
+        ..
+    } = epoch;
     tokio::spawn(async move {
-        let _ = tenant_ready.wait_for(|s| *s).await;
-        let _ = app_ready.wait_for(|s| *s).await;
+        let _ = synced.wait_for(|s| *s).await;
         let _ = ready_tx.send(true);
         tracing::info!("all caches synced");
     });
-
-    let stopping = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let mut controllers = Box::pin(futures::future::join(
-        tenants.run(
-            tenant::reconcile::reconcile,
-            Arc::clone(&ctx),
-            stopping(stop_rx.clone()),
-        ),
-        apps.run(
-            tenant_app::reconcile::reconcile,
-            Arc::clone(&ctx),
-            stopping(stop_rx.clone()),
-        ),
-    ));
     let lost = async {
         match &leadership {
             Some(lease) => lease.lost().await,
@@ -290,4 +322,198 @@ pub async fn run(
         let _ = task.await;
     }
     Ok(())
+}
+
+/// One run of both controllers: until `stop` (graceful) or until dropped (cancelled).
+struct Epoch {
+    /// Both controllers' reports once they stopped.
+    controllers: futures::future::BoxFuture<'static, Reports>,
+    /// The Namespace watch behind [`Context::namespaces`]; aborted with the epoch.
+    ns_watch: tokio::task::JoinHandle<()>,
+    /// True once both controllers' caches synced.
+    synced: watch::Receiver<bool>,
+    /// The Tenant controller's cache.
+    tenants: reflector::Store<crate::resources::Tenant>,
+}
+
+type Report = Result<idem_runtime::queue::ShutdownReport, idem_runtime::controller::ControllerError>;
+type Reports = (Report, Report);
+
+/// Builds and starts both controllers (and the Namespace cache they share); with `shard`, each
+/// reconciles only the objects whose hash falls in those ranges (a Tenant by uid, a TenantApp
+/// by namespace; see [`crate::shard`]).
+fn controllers(
+    client: &Client,
+    identity: &str,
+    options: &ManagerOptions,
+    metrics: &Metrics,
+    drift: &idem_runtime::apply::DriftMetrics,
+    shard: Option<idem_runtime::shard::Ranges>,
+    stop: watch::Receiver<bool>,
+) -> Epoch {
+    use idem_runtime::shard::{ShardField, shard_hash};
+    use kube::Resource as _;
+    // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
+    let (store, writer) = reflector::store::<Namespace>();
+    let ns_config =
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    let ns_watch = tokio::spawn(
+        watcher(Api::<Namespace>::all(client.clone()), ns_config)
+            .default_backoff()
+            .reflect(writer)
+            .for_each(|_| futures::future::ready(())),
+    );
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(identity.to_string()),
+        },
+    );
+    let ctx = Context::new(client.clone(), recorder, store, drift.clone());
+    let config = |name: &str| ControllerConfig {
+        name: Some(name.into()),
+        workers: options.workers,
+        per_tenant_cap: (options.tenant_concurrency > 0).then_some(options.tenant_concurrency),
+        resync_period: options.resync_period,
+        shutdown_grace: options.shutdown_grace,
+        ..ControllerConfig::default()
+    };
+    let (tenant_synced, mut tenant_ready) = watch::channel(false);
+    let (app_synced, mut app_ready) = watch::channel(false);
+    let mut tenants = tenant::source::controller(client, config("tenant"))
+        .with_child_caches(ctx.caches.clone())
+        .with_metrics(metrics.clone())
+        .with_synced_signal(tenant_synced);
+    let tenant_store = tenants.store();
+    let mut apps = tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
+        .with_child_caches(ctx.caches.clone())
+        .with_metrics(metrics.clone())
+        .with_synced_signal(app_synced);
+    if let Some(ranges) = shard {
+        let by_uid = ranges.clone();
+        tenants = tenants.shard(move |t| by_uid.contains(shard_hash(t.meta(), ShardField::Uid)));
+        apps = apps.shard(move |a| ranges.contains(shard_hash(a.meta(), ShardField::Namespace)));
+    }
+    let (synced_tx, synced) = watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tenant_ready.wait_for(|s| *s).await;
+        let _ = app_ready.wait_for(|s| *s).await;
+        let _ = synced_tx.send(true);
+    });
+    let stopping = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let controllers = Box::pin(futures::future::join(
+        tenants.run(
+            tenant::reconcile::reconcile,
+            Arc::clone(&ctx),
+            stopping(stop.clone()),
+        ),
+        apps.run(
+            tenant_app::reconcile::reconcile,
+            Arc::clone(&ctx),
+            stopping(stop),
+        ),
+    ));
+    Epoch {
+        controllers,
+        ns_watch,
+        synced,
+        tenants: tenant_store,
+    }
+}
+
+/// What the sharded manager loop needs.
+struct Sharded<'a> {
+    client: &'a Client,
+    identity: &'a str,
+    options: &'a ManagerOptions,
+    metrics: &'a Metrics,
+    drift: &'a idem_runtime::apply::DriftMetrics,
+    selectors: &'a Selectors,
+    owned: &'a Gauge,
+}
+
+impl Sharded<'_> {
+    /// Runs the controllers on this replica's share of each ring the membership hands out:
+    /// a new ring cancels the running controllers at once (the fence is already closed) and
+    /// starts new ones, with new watches (and server-side selectors), once every member
+    /// acknowledged it. Returns on `shutdown`, after in-flight reconciles finished.
+    async fn run(
+        &self,
+        membership: &Membership,
+        shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) {
+        use idem_runtime::shard::{ShardField, shard_hash};
+        use kube::Resource as _;
+        let mut assignments = membership.assignments();
+        loop {
+            let ring = tokio::select! {
+                ring = assignments.wait_for(Option::is_some) => match ring {
+                    Ok(ring) => ring.clone().unwrap_or_default(),
+                    Err(_) => return,
+                },
+                () = shutdown.as_mut() => return,
+            };
+            let ranges = ring.ranges_of(self.identity);
+            tracing::info!(
+                members = ring.members().len(),
+                share = ranges.share(),
+                "starting the controllers on this replica's shard"
+            );
+            self.selectors.set(Some(ranges.clone()));
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let epoch = controllers(
+                self.client,
+                self.identity,
+                self.options,
+                self.metrics,
+                self.drift,
+                Some(ranges.clone()),
+                stop_rx,
+            );
+            let Epoch {
+                mut controllers,
+                ns_watch,
+                tenants,
+                ..
+            } = epoch;
+            let owned = self.owned.clone();
+            let counter = tokio::spawn(async move {
+                loop {
+                    let n = tenants
+                        .state()
+                        .iter()
+                        .filter(|t| ranges.contains(shard_hash(t.meta(), ShardField::Uid)))
+                        .count();
+                    owned.set(n as i64);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            });
+            let changed = async {
+                let _ = assignments.wait_for(|r| r.as_ref() != Some(&ring)).await;
+            };
+            let done = tokio::select! {
+                _ = &mut controllers => true,
+                () = changed => {
+                    tracing::info!("shard ring changed: cancelling the controllers");
+                    drop(controllers);
+                    false
+                }
+                () = shutdown.as_mut() => {
+                    tracing::info!("shutdown requested: finishing in-flight reconciles");
+                    let _ = stop_tx.send(true);
+                    let _ = controllers.await;
+                    true
+                }
+            };
+            counter.abort();
+            ns_watch.abort();
+            self.selectors.set(None);
+            if done {
+                return;
+            }
+        }
+    }
 }

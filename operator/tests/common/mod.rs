@@ -185,6 +185,7 @@ impl Operator {
                 |(_, id)| id.to_string(),
             )),
             shutdown_grace: Duration::from_secs(10),
+            shards: false,
         };
         configure(&mut options);
         let runtime = tokio::runtime::Builder::new_multi_thread()

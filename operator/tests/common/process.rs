@@ -40,14 +40,34 @@ impl OperatorProcess {
     /// port), `POD_NAME`/`POD_NAMESPACE` as the downward API sets them, and the shared control
     /// plane's kubeconfig. It dies with the test binary.
     pub fn spawn(namespace: &str, name: &str) -> Self {
+        Self::spawn_with(
+            idem_tests::shared().kubeconfig_path(),
+            namespace,
+            name,
+            |args| args,
+        )
+    }
+
+    /// [`OperatorProcess::spawn`] against the control plane of `kubeconfig`, with the
+    /// manifest's args passed through `edit` first (e.g. to switch `--leader-elect` for
+    /// `--shards=auto`).
+    pub fn spawn_with(
+        kubeconfig: &Path,
+        namespace: &str,
+        name: &str,
+        edit: impl FnOnce(Vec<String>) -> Vec<String>,
+    ) -> Self {
         let container = deployment_container();
         let addr = free_addr();
-        let args: Vec<String> = container["args"]
+        let manifest_args: Vec<String> = container["args"]
             .as_array()
             .expect("the container has args")
             .iter()
+            .map(|a| a.as_str().expect("string args").to_string())
+            .collect();
+        let args: Vec<String> = edit(manifest_args)
+            .iter()
             .map(|a| {
-                let a = a.as_str().expect("string args");
                 match a.split_once('=') {
                     Some((flag, v)) if v.starts_with("0.0.0.0:") => format!("{flag}={addr}"),
                     _ => a.to_string(),
@@ -75,7 +95,7 @@ impl OperatorProcess {
             .args(&args)
             .env("POD_NAME", name)
             .env("POD_NAMESPACE", namespace)
-            .env("KUBECONFIG", idem_tests::shared().kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out)

@@ -109,6 +109,9 @@ impl Default for ControllerConfig {
     }
 }
 
+/// Whether this replica reconciles an object ([`Controller::shard`]).
+pub type OwnsFn<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
 /// Looks a tenant's weight up by its key.
 type TenantWeightFn = Arc<dyn Fn(&TenantKey) -> Option<u32> + Send + Sync>;
 
@@ -129,6 +132,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
     caches: Option<crate::apply::ChildCaches>,
+    shard: Option<OwnsFn<K>>,
 }
 
 impl<K> Controller<K>
@@ -154,6 +158,7 @@ where
             store,
             writer,
             caches: None,
+            shard: None,
         }
     }
 
@@ -223,6 +228,16 @@ where
         f: impl Fn(&TenantKey) -> Option<u32> + Send + Sync + 'static,
     ) -> Self {
         self.tenant_weight = Some(Arc::new(f));
+        self
+    }
+
+    /// Reconcile only the primary objects for which `owns` is true (this replica's shard, see
+    /// [`crate::shard`]); the others stay in the cache, and their keys (queued by their own or
+    /// their children's events) are dropped by the worker without a reconcile or a resync.
+    /// Children map to their owner as usual, so a child follows its owner's shard.
+    #[must_use]
+    pub fn shard(mut self, owns: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        self.shard = Some(Arc::new(owns));
         self
     }
 
@@ -348,6 +363,7 @@ where
                     metrics: self.metrics.as_ref().map(|m| m.controller(&name)),
                     resync_period: c.resync_period,
                     resync_jitter: c.resync_jitter,
+                    owns: self.shard.clone(),
                 });
                 let reconcile = Arc::new(reconcile);
                 for _ in 0..c.workers {

@@ -30,6 +30,8 @@ pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
     pub resync_period: Duration,
     /// Extra random fraction in `[0, resync_jitter]` added to each resync delay.
     pub resync_jitter: f64,
+    /// Objects this replica reconciles ([`super::Controller::shard`]); others are skipped.
+    pub owns: Option<super::OwnsFn<K>>,
 }
 
 impl<K, Ctx> Worker<K, Ctx>
@@ -64,10 +66,16 @@ where
             if let Some(ns) = &key.namespace {
                 oref = oref.within(ns);
             }
-            let Some(obj) = self.store.get(&oref).filter(|o| !is_gone(o.meta())) else {
-                // Deleted (or about to vanish): nothing to reconcile, not an error.
+            let owned = |o: &Arc<K>| self.owns.as_ref().is_none_or(|owns| owns(o));
+            let Some(obj) = self
+                .store
+                .get(&oref)
+                .filter(|o| !is_gone(o.meta()) && owned(o))
+            else {
+                // Deleted (or about to vanish), or another replica's shard: nothing to
+                // reconcile, not an error.
                 self.backoff().forget(&key);
-                tracing::debug!(%key, "object gone; reconcile skipped");
+                tracing::debug!(%key, "object gone or not in this shard; reconcile skipped");
                 lease.done();
                 continue;
             };

@@ -1,0 +1,360 @@
+//! Ring membership on Leases: every replica renews a Lease of its own, labelled as a member of
+//! the ring; the live Leases define the ring, and a replica works on its share of a ring only
+//! once every member of that ring has acknowledged it, so no object is worked on by two
+//! replicas at once. No leader and no extra component.
+//!
+//! Each round (every [`RETRY_PERIOD`]) a replica renews its Lease, lists the members' Leases
+//! and computes the ring of the live ones. A Lease is live while its record changed within its
+//! `leaseDurationSeconds` *as measured on this replica's clock* (client-go's leader-election
+//! rule, no cross-node clock comparison). Then:
+//! - ring unchanged and running: the write fence is extended to
+//!   `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as [`crate::leader`] does for the leader);
+//! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
+//!   and the controllers are stopped; then the replica acknowledges the new ring by writing its
+//!   version in its Lease's [`APPLIED_ANNOTATION`] (the handshake);
+//! - stopped: it starts its share of the ring once every live member's Lease carries that
+//!   version. A member that crashed stops counting once its Lease expires, so its share is
+//!   taken over within `LEASE_DURATION` plus two rounds.
+//!
+//! A replica that renews its Lease but has not acknowledged a new ring keeps the others
+//! waiting; a replica paused past its lease duration finds its fence closed when it wakes and
+//! sees the new ring before its next write. On shutdown it deletes its Lease, so the others
+//! take over its share at their next round. Leases whose holder has been gone for three lease
+//! durations are deleted by whichever member notices (guarded by `resourceVersion`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::shard::Ring;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::leader::{CLOCK_SKEW, Fence, LEASE_DURATION, LEASE_SECONDS, RETRY_PERIOD};
+
+/// Label of every member Lease; its value names the ring.
+pub const MEMBER_LABEL: &str = "tenancy.idem.dev/shard-ring";
+/// The ring of idem-operator replicas (the value of [`MEMBER_LABEL`]).
+pub const RING_NAME: &str = "idem-operator";
+/// Annotation of a member Lease: the version ([`Ring::version`]) of the last ring its holder
+/// stopped for and acknowledged.
+pub const APPLIED_ANNOTATION: &str = "tenancy.idem.dev/applied-ring";
+/// Prefix of a member Lease's name; the rest is the identity, made a valid name.
+pub const LEASE_PREFIX: &str = "idem-operator-shard-";
+/// Longest wait for one Lease request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A non-live Lease unchanged for this many lease durations is deleted.
+const GC_AFTER: u32 = 3;
+
+/// Metrics of the membership loop.
+#[derive(Clone, Debug, Default)]
+pub struct MembershipMetrics {
+    /// Live members of the ring this replica last computed.
+    pub members: Gauge,
+    /// Times this replica stopped working on a ring because membership changed.
+    pub handovers: Counter,
+}
+
+/// The name of `identity`'s member Lease: [`LEASE_PREFIX`] + the identity in lower case with
+/// characters outside `[a-z0-9.-]` replaced by `-`, cut to the 253 characters of a name.
+pub fn lease_name(identity: &str) -> String {
+    let cleaned: String = identity
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut name = format!("{LEASE_PREFIX}{cleaned}");
+    name.truncate(253);
+    name.trim_end_matches(['-', '.']).to_string()
+}
+
+/// This replica's place in the ring; dropping it stops the loop without deleting the Lease.
+pub struct Membership {
+    assignment: watch::Receiver<Option<Ring>>,
+    fence: Arc<Fence>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    api: Api<Lease>,
+    name: String,
+}
+
+impl Membership {
+    /// Joins the ring with a Lease in `namespace` held by `identity`.
+    pub fn start(client: Client, namespace: &str, identity: &str, metrics: MembershipMetrics) -> Self {
+        let api = Api::<Lease>::namespaced(client, namespace);
+        let fence = Arc::new(Fence::default());
+        let (tx, assignment) = watch::channel(None);
+        let (stop, stop_rx) = watch::channel(false);
+        let name = lease_name(identity);
+        let member = Member {
+            api: api.clone(),
+            name: name.clone(),
+            identity: identity.to_string(),
+            fence: Arc::clone(&fence),
+            assignment: tx,
+            metrics,
+            observed: HashMap::new(),
+            applied: String::new(),
+            running: None,
+            last_renewal: None,
+        };
+        let task = tokio::spawn(member.run(stop_rx));
+        Self {
+            assignment,
+            fence,
+            stop,
+            task,
+            api,
+            name,
+        }
+    }
+
+    /// The write fence: valid only while this replica works on an acknowledged ring and its
+    /// Lease is fresh.
+    pub fn fence(&self) -> Arc<Fence> {
+        Arc::clone(&self.fence)
+    }
+
+    /// The ring to work on (`Some`) or none (`None`: stop every controller now).
+    pub fn assignments(&self) -> watch::Receiver<Option<Ring>> {
+        self.assignment.clone()
+    }
+
+    /// Leaves the ring: stops the loop, closes the fence and deletes this replica's Lease so
+    /// the other members take its share over at their next round.
+    pub async fn leave(mut self) {
+        let _ = self.stop.send(true);
+        let _ = (&mut self.task).await;
+        self.fence.revoke();
+        let deleted = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.api.delete(&self.name, &DeleteParams::default()),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(_)) => tracing::info!(lease = %self.name, "left the shard ring"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete the member Lease"),
+            Err(_) => tracing::warn!("deleting the member Lease timed out"),
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The state of the membership loop.
+struct Member {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    fence: Arc<Fence>,
+    assignment: watch::Sender<Option<Ring>>,
+    metrics: MembershipMetrics,
+    /// Per Lease name: its last resourceVersion and when (this replica's clock) it changed.
+    observed: HashMap<String, (Option<String>, Instant)>,
+    /// The ring version this replica acknowledged last.
+    applied: String,
+    /// The ring version it works on.
+    running: Option<String>,
+    last_renewal: Option<Instant>,
+}
+
+impl Member {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        loop {
+            self.round().await;
+            tokio::select! {
+                () = tokio::time::sleep(RETRY_PERIOD) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Stops working: the fence closes before the controllers are told to stop.
+    fn stop_working(&mut self, why: &str) {
+        if self.running.take().is_some() {
+            self.fence.revoke();
+            self.metrics.handovers.inc();
+            tracing::info!(identity = %self.identity, why, "stopping work on the shard ring");
+            let _ = self.assignment.send(None);
+        }
+    }
+
+    async fn round(&mut self) {
+        let sent = Instant::now();
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
+            Ok(Ok(())) => self.last_renewal = Some(sent),
+            Ok(Err(e)) => tracing::warn!(error = %e, "renewing the member Lease failed"),
+            Err(_) => tracing::warn!("renewing the member Lease timed out"),
+        }
+        let renewed = self.last_renewal == Some(sent);
+        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={RING_NAME}"));
+        let leases = match tokio::time::timeout(REQUEST_TIMEOUT, self.api.list(&params)).await {
+            Ok(Ok(list)) if renewed => list.items,
+            other => {
+                if let Ok(Err(e)) = other {
+                    tracing::warn!(error = %e, "listing the member Leases failed");
+                }
+                // The fence runs out by itself (it was extended from an older renewal); the
+                // controllers stop once it could no longer have been renewed in time.
+                if self
+                    .last_renewal
+                    .is_none_or(|t| t.elapsed() >= LEASE_DURATION - CLOCK_SKEW)
+                {
+                    self.stop_working("the member Lease could not be renewed");
+                }
+                return;
+            }
+        };
+        let (ring, acks) = self.live(&leases).await;
+        self.metrics.members.set(ring.members().len() as i64);
+        let version = ring.version();
+        if self.running.as_deref() == Some(version.as_str()) {
+            self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
+            return;
+        }
+        self.stop_working("ring membership changed");
+        if self.applied != version {
+            self.applied.clone_from(&version);
+            tracing::info!(ring = %version, members = ?ring.members(), "acknowledging a new ring");
+            if let Ok(Err(e)) = tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
+                tracing::warn!(error = %e, "writing the ring acknowledgement failed");
+            }
+            return;
+        }
+        let waiting: Vec<&String> = ring
+            .members()
+            .iter()
+            .filter(|m| **m != self.identity && acks.get(*m) != Some(&version))
+            .collect();
+        if waiting.is_empty() {
+            tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
+            self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
+            self.running = Some(version);
+            let _ = self.assignment.send(Some(ring));
+        } else {
+            tracing::info!(ring = %version, ?waiting, "waiting for members to acknowledge the ring");
+        }
+    }
+
+    /// The ring of live members (this replica included) and each member's acknowledged ring;
+    /// deletes Leases dead for [`GC_AFTER`] lease durations.
+    async fn live(&mut self, leases: &[Lease]) -> (Ring, BTreeMap<String, String>) {
+        let now = Instant::now();
+        let mut members = vec![self.identity.clone()];
+        let mut acks = BTreeMap::new();
+        let mut seen = Vec::new();
+        for lease in leases {
+            let Some(name) = lease.metadata.name.clone() else {
+                continue;
+            };
+            seen.push(name.clone());
+            let rv = lease.metadata.resource_version.clone();
+            let changed_at = match self.observed.get(&name) {
+                Some((before, at)) if *before == rv => *at,
+                _ => now,
+            };
+            self.observed.insert(name.clone(), (rv.clone(), changed_at));
+            if name == self.name || lease.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let spec = lease.spec.clone().unwrap_or_default();
+            let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
+                continue;
+            };
+            let duration =
+                Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+            let quiet = now.duration_since(changed_at);
+            if quiet < duration {
+                members.push(holder.clone());
+                if let Some(v) = lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(APPLIED_ANNOTATION))
+                {
+                    acks.insert(holder, v.clone());
+                }
+            } else if quiet >= duration * GC_AFTER {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: rv,
+                        uid: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                if self.api.delete(&name, &dp).await.is_ok() {
+                    tracing::info!(lease = %name, %holder, "deleted a dead member's Lease");
+                }
+            }
+        }
+        self.observed.retain(|n, _| seen.contains(n));
+        (Ring::new(members), acks)
+    }
+
+    /// Creates or renews this replica's Lease, carrying [`Member::applied`].
+    async fn renew(&self) -> Result<(), kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let existing = self.api.get_opt(&self.name).await?;
+        let mut lease = existing.clone().unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        });
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(MEMBER_LABEL.into(), RING_NAME.into());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(APPLIED_ANNOTATION.into(), self.applied.clone());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            spec.acquire_time = Some(now.clone());
+        }
+        spec.holder_identity = Some(self.identity.clone());
+        spec.lease_duration_seconds = Some(LEASE_SECONDS as i32);
+        spec.renew_time = Some(now);
+        match existing {
+            None => self.api.create(&PostParams::default(), &lease).await.map(|_| ()),
+            Some(_) => self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_are_valid_object_names() {
+        assert_eq!(lease_name("idem-operator-7f9c-x2"), "idem-operator-shard-idem-operator-7f9c-x2");
+        assert_eq!(lease_name("Host_Name:42"), "idem-operator-shard-host-name-42");
+        assert!(lease_name(&"a".repeat(400)).len() <= 253);
+        assert_eq!(lease_name("x_"), "idem-operator-shard-x");
+    }
+}

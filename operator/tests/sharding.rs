@@ -1,0 +1,273 @@
+//! Sharding on the real control plane, with the `ShardedListAndWatch` gate on and off: three
+//! operator processes run with `--shards=auto`, every Tenant is written by exactly the replica
+//! that owns its hash range (judged by the server's record: the `reportingInstance` of the
+//! Events its writes leave), a replica killed with SIGKILL has its tenants taken over by the
+//! others, and a replica that joins takes over about a quarter without any tenant written by
+//! two replicas. With the gate on, the API server's own `shardSelector` filtering of Tenants
+//! matches this side's FNV-1a hash exactly.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::process::OperatorProcess;
+use common::tenants::{self, full_spec};
+use common::{eventually, install_crds};
+use idem_operator::leader::{LEASE_DURATION, RETRY_PERIOD};
+use idem_operator::resources::Tenant;
+use idem_operator::shard::selector::with_selector;
+use idem_runtime::shard::{Ring, ShardField, fnv1a64};
+use idem_tests::Options;
+use idem_tests::{ControlPlane, unique_name};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use nix::sys::signal::Signal;
+
+/// Tenants in each run.
+const TENANTS: usize = 12;
+
+/// One control plane at a time: each test starts its own (the gate is a start option).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn start_replica(cp: &ControlPlane, ns: &str, name: &str) -> OperatorProcess {
+    OperatorProcess::spawn_with(cp.kubeconfig_path(), ns, name, |args| {
+        args.into_iter()
+            .filter(|a| a != "--leader-elect" && !a.starts_with("--shards"))
+            .chain(["--shards=auto".to_string(), "--workers=2".to_string()])
+            .collect()
+    })
+}
+
+/// Per tenant uid: the replicas (`reportingInstance`) of its Events created after `since`
+/// (an Event's `eventTime`, or its series' last observed time).
+async fn writers(client: &Client, since: Timestamp) -> BTreeMap<String, BTreeSet<String>> {
+    let events = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("listing events");
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in events.items {
+        let Some(uid) = e.regarding.as_ref().and_then(|r| r.uid.clone()) else {
+            continue;
+        };
+        if e.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("Tenant") {
+            continue;
+        }
+        let at = e
+            .series
+            .as_ref()
+            .map(|s| s.last_observed_time.0)
+            .or(e.event_time.as_ref().map(|t| t.0));
+        if at.is_none_or(|t| t < since) {
+            continue;
+        }
+        if let Some(instance) = e.reporting_instance {
+            out.entry(uid).or_default().insert(instance);
+        }
+    }
+    out
+}
+
+/// The owner of `tenant` in the ring of `members`, by the hash of its uid.
+fn owner(members: &[&str], tenant: &Tenant) -> String {
+    let ring = Ring::new(members.iter().copied());
+    let h = fnv1a64(tenant.uid().expect("a uid").as_bytes());
+    ring.owner_of(h).expect("a non-empty ring").to_string()
+}
+
+/// Changes every tenant's spec (one more namespace, `tag`) from `since`, waits until all are
+/// Ready again, and returns, per tenant, the replicas whose Events show they wrote it since.
+async fn change_all(
+    client: &Client,
+    names: &[String],
+    tag: &str,
+) -> (Vec<Tenant>, BTreeMap<String, BTreeSet<String>>) {
+    let since = Timestamp::now();
+    for name in names {
+        let patch = serde_json::json!({"spec": {"namespaces": ["a", tag]}});
+        tenants::api(client)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patching a tenant");
+    }
+    let mut ready = Vec::new();
+    for name in names {
+        ready.push(tenants::wait_ready(client, name).await);
+    }
+    // The "Created" Event of the new namespace is written just before the status.
+    let w = eventually("an Event of every tenant's change", common::TIMEOUT, || async {
+        let w = writers(client, since).await;
+        let missing: Vec<String> = ready
+            .iter()
+            .filter(|t| !w.contains_key(&t.uid().unwrap_or_default()))
+            .map(ResourceExt::name_any)
+            .collect();
+        if missing.is_empty() {
+            Ok(w)
+        } else {
+            Err(format!("no Event yet of {missing:?}"))
+        }
+    })
+    .await;
+    (ready, w)
+}
+
+/// Asserts each tenant was written by exactly its owner in the ring of `members`.
+fn assert_written_by_owners(
+    tenants: &[Tenant],
+    writers: &BTreeMap<String, BTreeSet<String>>,
+    members: &[&str],
+    when: &str,
+) -> BTreeMap<String, String> {
+    let mut owners = BTreeMap::new();
+    for t in tenants {
+        let uid = t.uid().unwrap();
+        let expected = owner(members, t);
+        let got = writers.get(&uid).cloned().unwrap_or_default();
+        assert_eq!(
+            got,
+            BTreeSet::from([expected.clone()]),
+            "{when}: tenant {} must be written by its owner only",
+            t.name_any()
+        );
+        owners.insert(t.name_any(), expected);
+    }
+    owners
+}
+
+/// With the gate on: the server's `shardSelector` on Tenants selects exactly the tenants whose
+/// FNV-1a hash of the uid this side puts in those ranges.
+async fn server_filters_like_this_side(client: &Client, tenants: &[Tenant], members: &[&str]) {
+    let ring = Ring::new(members.iter().copied());
+    for m in members {
+        let ranges = ring.ranges_of(m);
+        let selector = ranges.selector(ShardField::Uid).unwrap();
+        let uri = with_selector(
+            &"/apis/tenancy.idem.dev/v1alpha1/tenants".parse().unwrap(),
+            &selector,
+        );
+        let req = http::Request::get(uri.to_string()).body(Vec::new()).unwrap();
+        let list: serde_json::Value = client.request(req).await.expect("a sharded list");
+        let got: BTreeSet<String> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        let want: BTreeSet<String> = tenants
+            .iter()
+            .filter(|t| ranges.contains(fnv1a64(t.uid().unwrap().as_bytes())))
+            .map(|t| t.name_any())
+            .collect();
+        assert_eq!(got, want, "the server's shard of {m}");
+    }
+    // Built-in kinds echo the selector.
+    let uri = with_selector(
+        &"/api/v1/namespaces".parse().unwrap(),
+        &ring.ranges_of(members[0]).selector(ShardField::Uid).unwrap(),
+    );
+    let req = http::Request::get(uri.to_string()).body(Vec::new()).unwrap();
+    let list: serde_json::Value = client.request(req).await.unwrap();
+    assert!(list["metadata"]["shardInfo"]["selector"].is_string(), "{}", list["metadata"]);
+}
+
+async fn scenario(gate: bool) {
+    let _serial = SERIAL.lock().await;
+    let options = Options {
+        feature_gates: if gate {
+            vec!["ShardedListAndWatch=true".into()]
+        } else {
+            Vec::new()
+        },
+        ..Options::default()
+    };
+    let cp = tokio::task::block_in_place(|| ControlPlane::start_with(options))
+        .expect("starting a control plane");
+    let client = cp.client();
+    install_crds(&client).await;
+    let ns = idem_tests::create_namespace(&client, "shards").await.unwrap();
+    let names = ["shard-a", "shard-b", "shard-c", "shard-d"];
+    let mut replicas: Vec<OperatorProcess> =
+        names[..3].iter().map(|n| start_replica(&cp, &ns, n)).collect();
+
+    let tenant_names: Vec<String> = (0..TENANTS).map(|i| unique_name(&format!("sh{i}"))).collect();
+    for name in &tenant_names {
+        tenants::create(&client, name, full_spec(&["a"])).await;
+    }
+    let mut ready = Vec::new();
+    for name in &tenant_names {
+        ready.push(tenants::wait_ready(&client, name).await);
+    }
+    if gate {
+        server_filters_like_this_side(&client, &ready, &names[..3]).await;
+    }
+    let epoch = Timestamp::from_second(0).unwrap();
+    let w = writers(&client, epoch).await;
+    let owners3 = assert_written_by_owners(&ready, &w, &names[..3], "three replicas");
+    let owned_by_a = owners3.values().filter(|o| *o == "shard-a").count();
+    assert!(owned_by_a > 0, "shard-a owns some of {TENANTS} tenants: {owners3:?}");
+
+    // SIGKILL shard-a: the others take its tenants over once its Lease expires.
+    let killed = Instant::now();
+    replicas[0].signal(Signal::SIGKILL);
+    for r in &replicas[1..] {
+        eventually("the survivors working on a ring of two", common::TIMEOUT, || async {
+            let m = r.metrics().await.unwrap_or_default();
+            let members = m
+                .lines()
+                .find_map(|l| l.strip_prefix("idem_shard_members "))
+                .map(str::trim);
+            (members == Some("2")).then_some(()).ok_or(format!("{members:?}"))
+        })
+        .await;
+    }
+    let takeover = killed.elapsed();
+    let (ready, w) = change_all(&client, &tenant_names, "b").await;
+    let owners2 = assert_written_by_owners(&ready, &w, &names[1..3], "after the kill");
+    println!(
+        "gate={gate}: shard-a owned {owned_by_a}/{TENANTS}; ring of two after {takeover:?}; all reconciled after {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        takeover <= LEASE_DURATION + 4 * RETRY_PERIOD + Duration::from_secs(10),
+        "takeover took {takeover:?}"
+    );
+
+    // A fourth replica joins: about a quarter of the tenants move, each written by one replica.
+    replicas.push(start_replica(&cp, &ns, names[3]));
+    let live = [names[1], names[2], names[3]];
+    for r in &replicas[1..] {
+        eventually("three members working", common::TIMEOUT, || async {
+            let m = r.metrics().await.unwrap_or_default();
+            let members = m
+                .lines()
+                .find_map(|l| l.strip_prefix("idem_shard_members "))
+                .map(str::trim);
+            (members == Some("3")).then_some(()).ok_or(format!("{members:?}"))
+        })
+        .await;
+    }
+    let (ready, w) = change_all(&client, &tenant_names, "c").await;
+    let owners3b = assert_written_by_owners(&ready, &w, &live, "after a replica joined");
+    let moved = owners3b.iter().filter(|(t, o)| owners2[*t] != **o).count();
+    println!("gate={gate}: {moved}/{TENANTS} tenants moved to the new replica or between others");
+    assert!(moved < TENANTS, "not everything moves: {owners2:?} → {owners3b:?}");
+    for r in &mut replicas[1..] {
+        assert!(r.exited().is_none(), "{} exited:\n{}", r.name, r.log_tail());
+    }
+    drop(replicas);
+    tokio::task::block_in_place(|| cp.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_without_the_gate_filter_on_the_client() {
+    scenario(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_with_the_gate_are_filtered_by_the_server() {
+    scenario(true).await;
+}
