@@ -169,11 +169,13 @@ pub async fn run(
     }
     let selectors = Arc::new(Selectors::default());
     let owned = Gauge::default();
+    let server_side = Gauge::default();
     if membership.is_some() {
         match crate::shard::probe_server_side(&lease_client).await {
             Ok(on) => {
                 tracing::info!(server_side = on, "shardSelector support of the API server");
                 selectors.server_side.store(on, std::sync::atomic::Ordering::Relaxed);
+                server_side.set(i64::from(on));
             }
             Err(e) => tracing::warn!(error = %e, "probing shardSelector support failed; filtering on this side"),
         }
@@ -186,6 +188,11 @@ pub async fn run(
             "idem_shard_handovers",
             "Times this replica stopped working on a ring because its membership changed",
             membership_metrics.handovers.clone(),
+        );
+        registry.register(
+            "idem_shard_server_side",
+            "1 when the API server filters this replica's lists and watches by shardSelector",
+            server_side,
         );
         registry.register(
             "idem_shard_owned_tenants",

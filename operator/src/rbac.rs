@@ -94,7 +94,9 @@ const RULES: &[Rule] = &[
 
 /// Leader election (`--leader-elect`): read and renew its own Lease in its own namespace
 /// (a Role there). `create` cannot be limited by name (the name is not known to the
-/// authorizer before the object exists).
+/// authorizer before the object exists). Shard membership (`--shards auto`): each replica
+/// renews a Lease named after itself, lists the members' Leases and deletes dead members'
+/// ones, so these verbs cover every Lease of that namespace.
 const LEADER_ELECTION_RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
@@ -106,6 +108,12 @@ const LEADER_ELECTION_RULES: &[Rule] = &[
         group: "coordination.k8s.io",
         resources: &["leases"],
         verbs: &["create"],
+        names: &[],
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "list", "update", "delete"],
         names: &[],
     },
 ];

@@ -201,6 +201,11 @@ async fn scenario(gate: bool) {
     for name in &tenant_names {
         ready.push(tenants::wait_ready(&client, name).await);
     }
+    for r in &replicas {
+        let m = r.metrics().await.unwrap_or_default();
+        let on = m.lines().find_map(|l| l.strip_prefix("idem_shard_server_side "));
+        assert_eq!(on, Some(if gate { "1" } else { "0" }), "{}", r.name);
+    }
     if gate {
         server_filters_like_this_side(&client, &ready, &names[..3]).await;
     }

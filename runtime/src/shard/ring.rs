@@ -161,17 +161,20 @@ impl Ranges {
     }
 
     /// The KEP-5866 `shardSelector` of these ranges on `field`, e.g.
-    /// `shardRange(object.metadata.uid, '0x0', '0x5500000000000000') || …`; `None` when empty
-    /// (a selector cannot select nothing).
+    /// `shardRange(object.metadata.uid, '0x0000000000000000', '0x5500000000000000') || …`
+    /// (half-open ranges, bounds as 0x-prefixed 16-digit hex as the apiserver requires);
+    /// `None` when empty (a selector cannot select nothing).
     pub fn selector(&self, field: ShardField) -> Option<String> {
         let mut s = String::new();
         for (start, end) in self.intervals() {
             if !s.is_empty() {
                 s.push_str(" || ");
             }
+            // 16 hex digits each (the apiserver refuses shorter ones); the end of the hash
+            // space is 2^64, 0x10000000000000000.
             let _ = write!(
                 s,
-                "shardRange({}, '0x{start:x}', '0x{end:x}')",
+                "shardRange({}, '0x{start:016x}', '0x{end:016x}')",
                 field.path()
             );
         }
@@ -268,7 +271,7 @@ mod tests {
     fn selectors_cover_the_owned_ranges() {
         assert_eq!(
             Ranges::all().selector(ShardField::Uid).unwrap(),
-            "shardRange(object.metadata.uid, '0x0', '0x10000000000000000')"
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')"
         );
         let ring = Ring::new(names(3));
         let r = ring.ranges_of("idem-operator-1");
