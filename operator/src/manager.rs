@@ -24,10 +24,10 @@ use tokio::sync::watch;
 
 use crate::context::Context;
 use crate::fence::FenceLayer;
-use crate::shard::membership::{Membership, MembershipMetrics};
-use crate::shard::selector::{SelectorLayer, Selectors};
 use crate::leader::{Fence, Leadership};
 use crate::resources::FIELD_MANAGER;
+use crate::shard::membership::{Membership, MembershipMetrics};
+use crate::shard::selector::{SelectorLayer, Selectors};
 use crate::{http, tenant, tenant_app};
 
 /// How the manager runs; see `idem-operator run --help`.
@@ -157,7 +157,12 @@ pub async fn run(
             .clone()
             .unwrap_or_else(|| "default".into());
         tracing::info!(%identity, namespace = %ns, "joining the shard ring");
-        Membership::start(lease_client.clone(), &ns, &identity, membership_metrics.clone())
+        Membership::start(
+            lease_client.clone(),
+            &ns,
+            &identity,
+            membership_metrics.clone(),
+        )
     });
     let fence = match (&leadership, &membership) {
         (Some(lease), _) => lease.fence(),
@@ -169,15 +174,19 @@ pub async fn run(
     }
     let selectors = Arc::new(Selectors::default());
     let owned = Gauge::default();
-    let server_side = Gauge::default();
+    let server_side: Gauge = Gauge::default();
     if membership.is_some() {
         match crate::shard::probe_server_side(&lease_client).await {
             Ok(on) => {
                 tracing::info!(server_side = on, "shardSelector support of the API server");
-                selectors.server_side.store(on, std::sync::atomic::Ordering::Relaxed);
+                selectors
+                    .server_side
+                    .store(on, std::sync::atomic::Ordering::Relaxed);
                 server_side.set(i64::from(on));
             }
-            Err(e) => tracing::warn!(error = %e, "probing shardSelector support failed; filtering on this side"),
+            Err(e) => {
+                tracing::warn!(error = %e, "probing shardSelector support failed; filtering on this side")
+            }
         }
         registry.register(
             "idem_shard_members",
@@ -274,7 +283,15 @@ pub async fn run(
         }
     }
 
-    let epoch = controllers(&client, &identity, &options, &metrics, &drift, None, stop_rx.clone());
+    let epoch = controllers(
+        &client,
+        &identity,
+        &options,
+        &metrics,
+        &drift,
+        None,
+        stop_rx.clone(),
+    );
     let Epoch {
         mut controllers,
         ns_watch,
@@ -343,7 +360,8 @@ struct Epoch {
     tenants: reflector::Store<crate::resources::Tenant>,
 }
 
-type Report = Result<idem_runtime::queue::ShutdownReport, idem_runtime::controller::ControllerError>;
+type Report =
+    Result<idem_runtime::queue::ShutdownReport, idem_runtime::controller::ControllerError>;
 type Reports = (Report, Report);
 
 /// Builds and starts both controllers (and the Namespace cache they share); with `shard`, each
@@ -393,10 +411,11 @@ fn controllers(
         .with_metrics(metrics.clone())
         .with_synced_signal(tenant_synced);
     let tenant_store = tenants.store();
-    let mut apps = tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
-        .with_child_caches(ctx.caches.clone())
-        .with_metrics(metrics.clone())
-        .with_synced_signal(app_synced);
+    let mut apps =
+        tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
+            .with_child_caches(ctx.caches.clone())
+            .with_metrics(metrics.clone())
+            .with_synced_signal(app_synced);
     if let Some(ranges) = shard {
         let by_uid = ranges.clone();
         tenants = tenants.shard(move |t| by_uid.contains(shard_hash(t.meta(), ShardField::Uid)));

@@ -98,19 +98,23 @@ async fn change_all(
         ready.push(tenants::wait_ready(client, name).await);
     }
     // The "Created" Event of the new namespace is written just before the status.
-    let w = eventually("an Event of every tenant's change", common::TIMEOUT, || async {
-        let w = writers(client, since).await;
-        let missing: Vec<String> = ready
-            .iter()
-            .filter(|t| !w.contains_key(&t.uid().unwrap_or_default()))
-            .map(ResourceExt::name_any)
-            .collect();
-        if missing.is_empty() {
-            Ok(w)
-        } else {
-            Err(format!("no Event yet of {missing:?}"))
-        }
-    })
+    let w = eventually(
+        "an Event of every tenant's change",
+        common::TIMEOUT,
+        || async {
+            let w = writers(client, since).await;
+            let missing: Vec<String> = ready
+                .iter()
+                .filter(|t| !w.contains_key(&t.uid().unwrap_or_default()))
+                .map(ResourceExt::name_any)
+                .collect();
+            if missing.is_empty() {
+                Ok(w)
+            } else {
+                Err(format!("no Event yet of {missing:?}"))
+            }
+        },
+    )
     .await;
     (ready, w)
 }
@@ -149,7 +153,9 @@ async fn server_filters_like_this_side(client: &Client, tenants: &[Tenant], memb
             &"/apis/tenancy.idem.dev/v1alpha1/tenants".parse().unwrap(),
             &selector,
         );
-        let req = http::Request::get(uri.to_string()).body(Vec::new()).unwrap();
+        let req = http::Request::get(uri.to_string())
+            .body(Vec::new())
+            .unwrap();
         let list: serde_json::Value = client.request(req).await.expect("a sharded list");
         let got: BTreeSet<String> = list["items"]
             .as_array()
@@ -167,11 +173,20 @@ async fn server_filters_like_this_side(client: &Client, tenants: &[Tenant], memb
     // Built-in kinds echo the selector.
     let uri = with_selector(
         &"/api/v1/namespaces".parse().unwrap(),
-        &ring.ranges_of(members[0]).selector(ShardField::Uid).unwrap(),
+        &ring
+            .ranges_of(members[0])
+            .selector(ShardField::Uid)
+            .unwrap(),
     );
-    let req = http::Request::get(uri.to_string()).body(Vec::new()).unwrap();
+    let req = http::Request::get(uri.to_string())
+        .body(Vec::new())
+        .unwrap();
     let list: serde_json::Value = client.request(req).await.unwrap();
-    assert!(list["metadata"]["shardInfo"]["selector"].is_string(), "{}", list["metadata"]);
+    assert!(
+        list["metadata"]["shardInfo"]["selector"].is_string(),
+        "{}",
+        list["metadata"]
+    );
 }
 
 async fn scenario(gate: bool) {
@@ -188,12 +203,18 @@ async fn scenario(gate: bool) {
         .expect("starting a control plane");
     let client = cp.client();
     install_crds(&client).await;
-    let ns = idem_tests::create_namespace(&client, "shards").await.unwrap();
+    let ns = idem_tests::create_namespace(&client, "shards")
+        .await
+        .unwrap();
     let names = ["shard-a", "shard-b", "shard-c", "shard-d"];
-    let mut replicas: Vec<OperatorProcess> =
-        names[..3].iter().map(|n| start_replica(&cp, &ns, n)).collect();
+    let mut replicas: Vec<OperatorProcess> = names[..3]
+        .iter()
+        .map(|n| start_replica(&cp, &ns, n))
+        .collect();
 
-    let tenant_names: Vec<String> = (0..TENANTS).map(|i| unique_name(&format!("sh{i}"))).collect();
+    let tenant_names: Vec<String> = (0..TENANTS)
+        .map(|i| unique_name(&format!("sh{i}")))
+        .collect();
     for name in &tenant_names {
         tenants::create(&client, name, full_spec(&["a"])).await;
     }
@@ -203,7 +224,9 @@ async fn scenario(gate: bool) {
     }
     for r in &replicas {
         let m = r.metrics().await.unwrap_or_default();
-        let on = m.lines().find_map(|l| l.strip_prefix("idem_shard_server_side "));
+        let on = m
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_shard_server_side "));
         assert_eq!(on, Some(if gate { "1" } else { "0" }), "{}", r.name);
     }
     if gate {
@@ -213,20 +236,29 @@ async fn scenario(gate: bool) {
     let w = writers(&client, epoch).await;
     let owners3 = assert_written_by_owners(&ready, &w, &names[..3], "three replicas");
     let owned_by_a = owners3.values().filter(|o| *o == "shard-a").count();
-    assert!(owned_by_a > 0, "shard-a owns some of {TENANTS} tenants: {owners3:?}");
+    assert!(
+        owned_by_a > 0,
+        "shard-a owns some of {TENANTS} tenants: {owners3:?}"
+    );
 
     // SIGKILL shard-a: the others take its tenants over once its Lease expires.
     let killed = Instant::now();
     replicas[0].signal(Signal::SIGKILL);
     for r in &replicas[1..] {
-        eventually("the survivors working on a ring of two", common::TIMEOUT, || async {
-            let m = r.metrics().await.unwrap_or_default();
-            let members = m
-                .lines()
-                .find_map(|l| l.strip_prefix("idem_shard_members "))
-                .map(str::trim);
-            (members == Some("2")).then_some(()).ok_or(format!("{members:?}"))
-        })
+        eventually(
+            "the survivors working on a ring of two",
+            common::TIMEOUT,
+            || async {
+                let m = r.metrics().await.unwrap_or_default();
+                let members = m
+                    .lines()
+                    .find_map(|l| l.strip_prefix("idem_shard_members "))
+                    .map(str::trim);
+                (members == Some("2"))
+                    .then_some(())
+                    .ok_or(format!("{members:?}"))
+            },
+        )
         .await;
     }
     let takeover = killed.elapsed();
@@ -251,7 +283,9 @@ async fn scenario(gate: bool) {
                 .lines()
                 .find_map(|l| l.strip_prefix("idem_shard_members "))
                 .map(str::trim);
-            (members == Some("3")).then_some(()).ok_or(format!("{members:?}"))
+            (members == Some("3"))
+                .then_some(())
+                .ok_or(format!("{members:?}"))
         })
         .await;
     }
@@ -259,7 +293,10 @@ async fn scenario(gate: bool) {
     let owners3b = assert_written_by_owners(&ready, &w, &live, "after a replica joined");
     let moved = owners3b.iter().filter(|(t, o)| owners2[*t] != **o).count();
     println!("gate={gate}: {moved}/{TENANTS} tenants moved to the new replica or between others");
-    assert!(moved < TENANTS, "not everything moves: {owners2:?} → {owners3b:?}");
+    assert!(
+        moved < TENANTS,
+        "not everything moves: {owners2:?} → {owners3b:?}"
+    );
     for r in &mut replicas[1..] {
         assert!(r.exited().is_none(), "{} exited:\n{}", r.name, r.log_tail());
     }

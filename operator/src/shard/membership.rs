@@ -92,7 +92,12 @@ pub struct Membership {
 
 impl Membership {
     /// Joins the ring with a Lease in `namespace` held by `identity`.
-    pub fn start(client: Client, namespace: &str, identity: &str, metrics: MembershipMetrics) -> Self {
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        identity: &str,
+        metrics: MembershipMetrics,
+    ) -> Self {
         let api = Api::<Lease>::namespaced(client, namespace);
         let fence = Arc::new(Fence::default());
         let (tx, assignment) = watch::channel(None);
@@ -336,7 +341,11 @@ impl Member {
         spec.lease_duration_seconds = Some(LEASE_SECONDS as i32);
         spec.renew_time = Some(now);
         match existing {
-            None => self.api.create(&PostParams::default(), &lease).await.map(|_| ()),
+            None => self
+                .api
+                .create(&PostParams::default(), &lease)
+                .await
+                .map(|_| ()),
             Some(_) => self
                 .api
                 .replace(&self.name, &PostParams::default(), &lease)
@@ -352,8 +361,14 @@ mod tests {
 
     #[test]
     fn lease_names_are_valid_object_names() {
-        assert_eq!(lease_name("idem-operator-7f9c-x2"), "idem-operator-shard-idem-operator-7f9c-x2");
-        assert_eq!(lease_name("Host_Name:42"), "idem-operator-shard-host-name-42");
+        assert_eq!(
+            lease_name("idem-operator-7f9c-x2"),
+            "idem-operator-shard-idem-operator-7f9c-x2"
+        );
+        assert_eq!(
+            lease_name("Host_Name:42"),
+            "idem-operator-shard-host-name-42"
+        );
         assert!(lease_name(&"a".repeat(400)).len() <= 253);
         assert_eq!(lease_name("x_"), "idem-operator-shard-x");
     }

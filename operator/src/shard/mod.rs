@@ -28,10 +28,11 @@ use kube::Client;
 /// # Errors
 /// When the list request fails.
 pub async fn probe_server_side(client: &Client) -> Result<bool, kube::Error> {
-    let selector = Ranges::all()
-        .selector(ShardField::Uid)
-        .unwrap_or_default();
-    let uri = selector::with_selector(&"/api/v1/namespaces?limit=1".parse().expect("a valid URI"), &selector);
+    let selector = Ranges::all().selector(ShardField::Uid).unwrap_or_default();
+    let uri = selector::with_selector(
+        &"/api/v1/namespaces?limit=1".parse().expect("a valid URI"),
+        &selector,
+    );
     let request = http::Request::get(uri.to_string())
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;

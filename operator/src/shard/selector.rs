@@ -196,7 +196,11 @@ mod tests {
     fn selectors_are_appended_only_to_sharded_collections_when_server_side() {
         let s = Selectors::default();
         s.set(Some(Ranges::all()));
-        assert_eq!(s.selector_for("/api/v1/configmaps"), None, "server side off");
+        assert_eq!(
+            s.selector_for("/api/v1/configmaps"),
+            None,
+            "server side off"
+        );
         s.server_side.store(true, Ordering::Relaxed);
         let sel = s.selector_for("/api/v1/configmaps").unwrap();
         assert!(sel.contains("object.metadata.namespace"), "{sel}");
@@ -213,13 +217,19 @@ mod tests {
 
     #[test]
     fn the_selector_is_percent_encoded_into_the_query() {
-        let uri: Uri = "/api/v1/configmaps?watch=true&resourceVersion=5".parse().unwrap();
+        let uri: Uri = "/api/v1/configmaps?watch=true&resourceVersion=5"
+            .parse()
+            .unwrap();
         let out = with_selector(&uri, "shardRange(object.metadata.uid, '0x0', '0x1') || x");
         assert_eq!(
             out.to_string(),
             "/api/v1/configmaps?watch=true&resourceVersion=5&shardSelector=shardRange%28object.metadata.uid%2C%20%270x0%27%2C%20%270x1%27%29%20%7C%7C%20x"
         );
         let bare: Uri = "/api/v1/configmaps".parse().unwrap();
-        assert!(with_selector(&bare, "a").to_string().ends_with("?shardSelector=a"));
+        assert!(
+            with_selector(&bare, "a")
+                .to_string()
+                .ends_with("?shardSelector=a")
+        );
     }
 }

@@ -67,11 +67,9 @@ impl OperatorProcess {
             .collect();
         let args: Vec<String> = edit(manifest_args)
             .iter()
-            .map(|a| {
-                match a.split_once('=') {
-                    Some((flag, v)) if v.starts_with("0.0.0.0:") => format!("{flag}={addr}"),
-                    _ => a.to_string(),
-                }
+            .map(|a| match a.split_once('=') {
+                Some((flag, v)) if v.starts_with("0.0.0.0:") => format!("{flag}={addr}"),
+                _ => a.to_string(),
             })
             .collect();
         let env_names: Vec<&str> = container["env"]

@@ -13,9 +13,9 @@ const PRIME: u64 = 0x0000_0100_0000_01b3;
 /// the FNV prime (mod 2^64). This is Go's `hash/fnv.New64a`, which the apiserver applies to
 /// the UTF-8 bytes of the field named in a `shardRange(...)` selector.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(OFFSET_BASIS, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(PRIME)
-    })
+    bytes
+        .iter()
+        .fold(OFFSET_BASIS, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
 }
 
 /// The shard hash of an object: [`fnv1a64`] of its `metadata.uid` or `metadata.namespace` (an

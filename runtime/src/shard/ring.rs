@@ -279,7 +279,10 @@ mod tests {
         assert_eq!(sel.matches("shardRange(").count(), r.intervals().len());
         assert!(sel.starts_with("shardRange(object.metadata.namespace, '0x"));
         assert!(sel.len() < 8 * 1024, "{} bytes", sel.len());
-        assert_eq!(ring.ranges_of("not-a-member").selector(ShardField::Uid), None);
+        assert_eq!(
+            ring.ranges_of("not-a-member").selector(ShardField::Uid),
+            None
+        );
         assert_eq!(Ring::new(Vec::<String>::new()).owner_of(7), None);
         assert_eq!(
             Ring::new(["b", "a", "b"]).version(),
