@@ -1,6 +1,6 @@
 //! The generated RBAC and admission policy (`deploy/operator/`, from `operator/src/rbac.rs`)
 //! on the real control plane: the operator's account has the verbs it uses and no others, it
-//! holds only its own Lease, its `bind` of `admin` and its writes are confined to the
+//! touches Leases only in its own namespace, its `bind` of `admin` and its writes are confined to the
 //! namespaces it manages (by the shipped ValidatingAdmissionPolicy, checked with server-side
 //! dry runs as the operator's ServiceAccount), and tenant owners (`admin` in their namespaces)
 //! may manage TenantApps through the aggregated ClusterRoles.
@@ -104,6 +104,11 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("get", &lease, Some("idem-system")),
         ("update", &lease, Some("idem-system")),
         ("create", "leases.coordination.k8s.io", Some("idem-system")),
+        // Shard membership (`--shards auto`): member Leases are named after the pods, and
+        // members list them and delete dead members' ones, in its own namespace only.
+        ("update", "leases/other", Some("idem-system")),
+        ("list", "leases.coordination.k8s.io", Some("idem-system")),
+        ("delete", "leases/other", Some("idem-system")),
         (
             "get",
             "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
@@ -132,15 +137,15 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
             "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
             None,
         ),
-        // Only its own Lease, only in its own namespace.
+        // Leases only in its own namespace, and never watched.
         ("get", "leases/kube-controller-manager", Some("kube-system")),
         (
             "patch",
             "leases/kube-controller-manager",
             Some("kube-system"),
         ),
-        ("update", "leases/other", Some("idem-system")),
-        ("list", "leases.coordination.k8s.io", Some("idem-system")),
+        ("list", "leases.coordination.k8s.io", Some("kube-system")),
+        ("delete", "leases/other", Some("kube-system")),
         ("watch", "leases.coordination.k8s.io", Some("idem-system")),
         ("create", "leases.coordination.k8s.io", Some("kube-system")),
         (
