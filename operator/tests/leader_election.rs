@@ -1,5 +1,5 @@
 //! Leader election on the real control plane with two operator processes run as the
-//! generated Deployment runs them: both replicas are Ready (readiness does not depend on
+//! generated Deployment runs them, with `--leader-elect` in place of its `--shards=auto`: both replicas are Ready (readiness does not depend on
 //! leadership, so the Deployment is Available and a rolling update can proceed), exactly one
 //! leads and reconciles, and when the leader dies without releasing the Lease the standby
 //! takes over once it expires.
@@ -65,8 +65,8 @@ async fn two_replicas_are_ready_one_leads_and_the_standby_takes_over() {
     let ns = create_namespace(&client, "lease").await.unwrap();
 
     let mut replicas = [
-        OperatorProcess::spawn(&ns, "idem-operator-a"),
-        OperatorProcess::spawn(&ns, "idem-operator-b"),
+        OperatorProcess::spawn_leader_elect(&ns, "idem-operator-a"),
+        OperatorProcess::spawn_leader_elect(&ns, "idem-operator-b"),
     ];
     let (leader, standby) = both_ready_one_leader(&client, &ns, &mut replicas).await;
 

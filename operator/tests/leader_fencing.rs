@@ -85,7 +85,7 @@ async fn hijack(client: &kube::Client, ns: &str) {
 }
 
 async fn start_leader(client: &kube::Client, ns: &str, name: &str) -> OperatorProcess {
-    let mut op = OperatorProcess::spawn(ns, name);
+    let mut op = OperatorProcess::spawn_leader_elect(ns, name);
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     while op.is_leader().await != Some(true) {
         if let Some(status) = op.exited() {

@@ -26,6 +26,10 @@ pub enum Cmd {
         /// (`Name=true`; repeat the flag or separate with commas).
         #[arg(long, value_delimiter = ',')]
         feature_gates: Vec<String>,
+        /// Turn on server-side sharded lists and watches (KEP-5866): the same as
+        /// `--feature-gates ShardedListAndWatch=true`, for `idem-operator run --shards=auto`.
+        #[arg(long)]
+        sharded_list_watch: bool,
         /// Size it for `cargo xtask bench --tenants 2000` and 300+ TenantApps: a /16 service
         /// range and 20 kwok nodes (2,200 pods), unless given explicitly.
         #[arg(long)]
@@ -47,9 +51,13 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             detach,
             nodes,
             service_cidr,
-            feature_gates,
+            mut feature_gates,
+            sharded_list_watch,
             large,
         } => {
+            if sharded_list_watch {
+                feature_gates.push("ShardedListAndWatch=true".into());
+            }
             let mut options = Options {
                 lifetime: if detach {
                     Lifetime::Detached

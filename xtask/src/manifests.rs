@@ -131,7 +131,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
             "spec": {
-                "replicas": 2,
+                "replicas": 3,
                 "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
                 "template": {
                     "metadata": {"labels": labels},
@@ -142,7 +142,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                         "containers": [{
                             "name": "operator",
                             "image": image,
-                            "args": ["run", "--leader-elect", "--metrics-addr=0.0.0.0:8080", "--health-addr=0.0.0.0:8081"],
+                            "args": ["run", "--shards=auto", "--metrics-addr=0.0.0.0:8080", "--health-addr=0.0.0.0:8081"],
                             "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
                             "ports": [{"name": "metrics", "containerPort": 8080}, {"name": "health", "containerPort": 8081}],

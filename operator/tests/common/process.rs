@@ -48,6 +48,24 @@ impl OperatorProcess {
         )
     }
 
+    /// [`OperatorProcess::spawn`] with leader election (`--leader-elect`, for users who want
+    /// one active replica) instead of the manifest's `--shards=auto`.
+    pub fn spawn_leader_elect(namespace: &str, name: &str) -> Self {
+        Self::spawn_with(
+            idem_tests::shared().kubeconfig_path(),
+            namespace,
+            name,
+            |args| {
+                let mut args: Vec<String> = args
+                    .into_iter()
+                    .filter(|a| !a.starts_with("--shards"))
+                    .collect();
+                args.insert(1, "--leader-elect".into());
+                args
+            },
+        )
+    }
+
     /// [`OperatorProcess::spawn`] against the control plane of `kubeconfig`, with the
     /// manifest's args passed through `edit` first (e.g. to switch `--leader-elect` for
     /// `--shards=auto`).
