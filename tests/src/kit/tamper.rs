@@ -99,6 +99,17 @@ pub(crate) async fn run<S: Subject>(
                     ));
                 }
                 if diffs.is_empty() {
+                    // A controller reconciles again on the watch event of its own repair:
+                    // so does the kit, until a pass writes nothing, before the next tamper.
+                    if let Err(why) = h
+                        .converge(&reference.session, &reference.probe, instance)
+                        .await?
+                    {
+                        failures += 1;
+                        r.fail(format!(
+                            "after repairing {child_key} {pointer} it does not settle: {why}"
+                        ));
+                    }
                     break;
                 }
                 if start.elapsed() >= h.options.repair_timeout {
