@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use idem_runtime::TenantKey;
-use idem_runtime::controller::{Controller, ControllerConfig};
+use idem_runtime::controller::{Controller, ControllerConfig, OwnsOptions};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -35,7 +35,12 @@ pub fn controller(
         watcher::Config::default(),
     )
     .owns(Api::<ConfigMap>::all(client.clone()), children_config())
-    .owns(Api::<Deployment>::all(client.clone()), children_config())
+    // The reconcile reads the Deployment's status for the app's readiness.
+    .owns_with(
+        Api::<Deployment>::all(client.clone()),
+        children_config(),
+        OwnsOptions::reading_status(),
+    )
     .owns(Api::<Service>::all(client.clone()), children_config())
     .namespace_labels(move |ns| {
         let ns = ctx.namespaces.get(&ObjectRef::new(ns))?;

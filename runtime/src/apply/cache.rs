@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::OWNER_UID_LABEL;
+use super::own_writes::{InFlight, Origin, OwnWrites};
 use crate::key::ObjectKey;
 
 /// More own-write results than this are dropped at once (they only save a redundant apply).
@@ -74,6 +75,11 @@ where
 /// never judged on a stale copy; a write that meets 409 Conflict or 404 Not Found re-reads the
 /// object from the API server. A store watched with a label selector does not see objects
 /// without that label: the engine's create then meets `AlreadyExists` and reads the object.
+///
+/// Own writes (controller-runtime's "expectations"): the `resourceVersion` each write of the
+/// engine returned is remembered until the child's watch delivers it, and the watch does not
+/// enqueue the owner for that event (an event that arrives while a write of the same child is
+/// still in flight waits for the write's answer, at most 30 s).
 #[derive(Clone, Default)]
 pub struct ChildCaches {
     kinds: Arc<RwLock<HashMap<KindKey, Arc<dyn KindView>>>>,
@@ -82,6 +88,8 @@ pub struct ChildCaches {
     /// filtered by label, do not hold them, so they are read from the API server rather than
     /// created again.
     foreign: Arc<Mutex<std::collections::HashSet<ObjectKey>>>,
+    /// The `resourceVersion`s our writes returned, for the child watches.
+    own: Arc<OwnWrites>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -192,6 +200,9 @@ impl ChildCaches {
 
     /// Remembers the server's answer to our write of `key`.
     pub(crate) fn wrote(&self, key: &ObjectKey, obj: Value) {
+        if let Some(rv) = rv_of(&obj) {
+            self.own.wrote(key, rv);
+        }
         if let Ok(mut overlay) = self.overlay.lock() {
             if overlay.len() >= OVERLAY_CAP {
                 overlay.clear();
@@ -219,8 +230,42 @@ impl ChildCaches {
         self.foreign.lock().is_ok_and(|s| s.contains(key))
     }
 
+    /// Marks a write of `key` as in flight until the guard is dropped (after
+    /// [`ChildCaches::wrote`] on success).
+    pub(crate) fn begin_write(&self, key: &ObjectKey) -> InFlight {
+        self.own.begin(key)
+    }
+
+    /// Whether the watch event of `key` at `resource_version` is one of our writes.
+    pub(crate) fn observe(&self, key: &ObjectKey, resource_version: &str) -> Origin {
+        match resource_version.parse() {
+            Ok(rv) => self.own.observe(key, rv),
+            Err(_) => Origin::Other,
+        }
+    }
+
+    /// As [`ChildCaches::observe`], once no write of `key` is in flight any more.
+    pub(crate) async fn settle(&self, key: &ObjectKey, resource_version: &str) -> Origin {
+        match resource_version.parse() {
+            Ok(rv) => self.own.settle(key, rv).await,
+            Err(_) => Origin::Other,
+        }
+    }
+
+    /// Remembers that the engine writes children as field manager `manager`.
+    pub(crate) fn note_manager(&self, manager: &str) {
+        self.own.note_manager(manager);
+    }
+
+    /// The field managers the engine has written or checked children as (empty until its first
+    /// reconcile).
+    pub(crate) fn managers(&self) -> std::collections::BTreeSet<String> {
+        self.own.managers()
+    }
+
     /// Forgets our write of `key` (deleted: by us, or seen deleted by the watch).
     pub(crate) fn forget(&self, key: &ObjectKey) {
+        self.own.forget(key);
         if let Ok(mut overlay) = self.overlay.lock() {
             overlay.remove(key);
         }

@@ -181,6 +181,12 @@ impl Applier {
         Ok(obj.map(|o| to_json(&o)))
     }
 
+    /// Marks a write of `key` as in flight (for the child watches, see [`ChildCaches`]) until
+    /// the guard is dropped.
+    fn begin_write(&self, key: &ObjectKey) -> Option<super::own_writes::InFlight> {
+        self.caches.as_ref().map(|c| c.begin_write(key))
+    }
+
     fn remember(&self, key: &ObjectKey, obj: &DynamicObject) {
         if let Some(c) = &self.caches {
             c.wrote(key, to_json(obj));
@@ -221,6 +227,9 @@ impl Applier {
         mut observed: Option<Value>,
     ) -> Result<Applied, ApplyError> {
         let (key, body) = child.stamped(owner)?;
+        if let Some(c) = &self.caches {
+            c.note_manager(owner.field_manager());
+        }
         let api = self.api(&child.resource, key.namespace.as_deref());
         let err = |action, source| ApplyError::Api {
             child: key.clone(),
@@ -319,6 +328,7 @@ impl Applier {
             field_manager: Some(owner.field_manager().to_owned()),
             ..PostParams::default()
         };
+        let _in_flight = self.begin_write(key);
         let created = api.create(&pp, &obj).await?;
         self.remember(key, &created);
         let mut live = to_json(&created);
@@ -364,6 +374,7 @@ impl Applier {
         body: &Value,
         live: &Value,
     ) -> Result<(), kube::Error> {
+        let _in_flight = self.begin_write(key);
         if let Some(patch) = fold_patch(live, owner.field_manager(), body) {
             let folded = api
                 .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))

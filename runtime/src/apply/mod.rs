@@ -37,6 +37,7 @@
 mod cache;
 mod engine;
 mod metrics;
+mod own_writes;
 mod owner;
 mod report;
 pub mod retry;
@@ -45,6 +46,7 @@ mod takeover;
 pub use cache::ChildCaches;
 pub use engine::Applier;
 pub use metrics::DriftMetrics;
+pub(crate) use own_writes::Origin;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
 pub use report::{ApplyReport, ChildOutcome, Repair};
 pub use retry::RetryPolicy;

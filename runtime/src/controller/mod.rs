@@ -23,11 +23,14 @@
 //! Differences from kube-runtime's `Controller`: keys are scheduled fairly per tenant (see
 //! [`crate::queue`]), failures back off per key and reset on success ([`crate::backoff`]), the
 //! reconcile receives an [`Attempt`] with the consecutive-failure count, status-only changes of
-//! the primary do not enqueue it (rule 8, see [`mapping::fingerprint`]), every object is resynced
+//! the primary do not enqueue it (rule 8, see [`mapping::fingerprint`]), nor do a child's status
+//! churn, other controllers' metadata or the apply engine's own writes enqueue its owner
+//! ([`OwnsOptions`]; controller-runtime's "expectations"), every object is resynced
 //! periodically at [`Priority::Resync`](crate::queue::Priority::Resync), and shutdown is
 //! graceful with a report.
 
 mod action;
+mod child_change;
 mod derived;
 pub mod mapping;
 mod watch;
@@ -45,6 +48,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
 pub use self::action::{Action, Attempt};
+pub use self::child_change::OwnsOptions;
 pub use self::derived::{NamespaceLabelsFn, change_fingerprint};
 use self::watch::{ChangeFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
@@ -170,9 +174,35 @@ where
     }
 
     /// Also watch children of kind `C` and reconcile their owner when they change; see
-    /// [`mapping::owners_of`] for how a child maps to its owner.
+    /// [`mapping::owners_of`] for how a child maps to its owner. Same as
+    /// [`Controller::owns_with`] with the default [`OwnsOptions`]: status-only changes, other
+    /// controllers' metadata and (with [`Controller::with_child_caches`]) the apply engine's own
+    /// writes do not reconcile the owner.
     #[must_use]
-    pub fn owns<C>(mut self, api: Api<C>, watcher_config: watcher::Config) -> Self
+    pub fn owns<C>(self, api: Api<C>, watcher_config: watcher::Config) -> Self
+    where
+        C: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.owns_with(api, watcher_config, OwnsOptions::default())
+    }
+
+    /// Also watch children of kind `C`, reconciling their owner on the changes `options`
+    /// select (e.g. [`OwnsOptions::reading_status`] for a kind whose status the reconcile
+    /// reads).
+    #[must_use]
+    pub fn owns_with<C>(
+        mut self,
+        api: Api<C>,
+        watcher_config: watcher::Config,
+        options: OwnsOptions,
+    ) -> Self
     where
         C: Resource<DynamicType = ()>
             + Clone
@@ -184,7 +214,7 @@ where
             + 'static,
     {
         self.children.push(Box::new(move |shared| {
-            watch::child::<K, C>(api, watcher_config, shared)
+            watch::child::<K, C>(api, watcher_config, options, shared)
         }));
         self
     }

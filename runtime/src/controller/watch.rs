@@ -14,8 +14,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use super::child_change::{OwnsOptions, child_print};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
-use crate::apply::ChildCaches;
+use crate::apply::{ChildCaches, Origin};
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::{Priority, WorkQueue};
 
@@ -151,16 +152,23 @@ where
     }
 }
 
-/// What a child watch remembers of a child: its resourceVersion and the owners (with their
+/// What a child watch remembers of a child: its [`child_print`] and the owners (with their
 /// tenants) it mapped to.
-type Seen = (Option<String>, Vec<(ObjectKey, TenantKey)>);
+type Seen = (u64, Vec<(ObjectKey, TenantKey)>);
 
-/// Drive a child watch: enqueue the owner of every child that changed (by resourceVersion,
-/// so a relist of unchanged children enqueues nothing), and the owners of children that
-/// vanished between two lists (a delete missed while the watch was down: client-go's
-/// `DeletedFinalStateUnknown`). With [`ChildCaches`], the watch also keeps a reflector store of
-/// the children and publishes it once the first list is complete.
-pub(crate) fn child<K, C>(api: Api<C>, config: watcher::Config, shared: Arc<Shared<K>>) -> WatchTask
+/// Drive a child watch: enqueue the owner of every child that changed in a way its reconcile
+/// cares about ([`child_print`] under `options`, so a relist of unchanged children, status
+/// churn and other controllers' metadata enqueue nothing), except for the events of the apply
+/// engine's own writes (with [`ChildCaches`]: controller-runtime's "expectations"); and the
+/// owners of children that vanished between two lists (a delete missed while the watch was
+/// down: client-go's `DeletedFinalStateUnknown`). With [`ChildCaches`], the watch also keeps
+/// a reflector store of the children and publishes it once the first list is complete.
+pub(crate) fn child<K, C>(
+    api: Api<C>,
+    config: watcher::Config,
+    options: OwnsOptions,
+    shared: Arc<Shared<K>>,
+) -> WatchTask
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     K::Scope: 'static,
@@ -235,6 +243,7 @@ where
                     (owner, tenant)
                 })
                 .collect();
+            let mut origin = Origin::Other;
             let changed = if deleted {
                 versions.remove(&key);
                 // The engine's memory of its own write of this child is stale now.
@@ -244,20 +253,46 @@ where
                 true
             } else {
                 listed.insert(key.clone());
-                let rv = obj.resource_version();
+                let managers = shared
+                    .caches
+                    .as_ref()
+                    .map(ChildCaches::managers)
+                    .unwrap_or_default();
+                let json = serde_json::to_value(&obj).unwrap_or_default();
+                let print = child_print(&json, &managers, options);
+                if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
+                    origin = caches.observe(&key, &rv);
+                }
                 versions
-                    .insert(key, (rv.clone(), owners.clone()))
+                    .insert(key.clone(), (print, owners.clone()))
                     .map(|(old, _)| old)
-                    != Some(rv)
+                    != Some(print)
             };
-            if changed {
-                let priority = if replay {
-                    Priority::Resync // the first list after start: a replay
-                } else {
-                    Priority::Event
-                };
-                for (owner, tenant) in owners {
-                    shared.queue.add(&owner, &tenant, priority);
+            if !changed || origin == Origin::Ours || owners.is_empty() {
+                continue;
+            }
+            let priority = if replay {
+                Priority::Resync // the first list after start: a replay
+            } else {
+                Priority::Event
+            };
+            match (origin, &shared.caches, obj.resource_version()) {
+                (Origin::Pending, Some(caches), Some(rv)) => {
+                    // A write of ours to this child is in flight: this may be its event,
+                    // delivered before the writer got its answer. Decide once it has.
+                    let (caches, queue) = (caches.clone(), shared.queue.clone());
+                    tokio::spawn(async move {
+                        if caches.settle(&key, &rv).await != Origin::Ours {
+                            for (owner, tenant) in owners {
+                                queue.add(&owner, &tenant, priority);
+                            }
+                        }
+                    });
+                }
+                _ => {
+                    for (owner, tenant) in owners {
+                        shared.queue.add(&owner, &tenant, priority);
+                    }
                 }
             }
         }

@@ -1,0 +1,229 @@
+//! Which changes of an owned child are worth reconciling its owner for: what the reconcile
+//! owns or reads, not the status churn and metadata other controllers add.
+
+use std::collections::BTreeSet;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+use serde_json::{Map, Value, json};
+
+/// How changes of an owned child kind reach its owner ([`Controller::owns_with`]).
+///
+/// By default a child event enqueues the owner only when something the reconcile can act on
+/// changed: anything but `status`, `metadata.resourceVersion` and the `managedFields`
+/// bookkeeping; of the labels and annotations only those our field manager owns (by the
+/// child's `managedFields`), so another controller's annotation (a Deployment's
+/// `deployment.kubernetes.io/revision`) does not count while a tenant removing or editing one
+/// of ours does. Deletion, `deletionTimestamp`, finalizers and ownerReferences always count.
+///
+/// [`Controller::owns_with`]: super::Controller::owns_with
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnsOptions {
+    /// The reconcile reads this kind's `status` (as the TenantApp reconcile reads its
+    /// Deployment's ready replicas): a change of the child's `status` enqueues the owner too.
+    /// Default `false`: status-only changes (a ResourceQuota's usage, a Deployment's rollout
+    /// progress) do not.
+    pub reads_status: bool,
+}
+
+impl OwnsOptions {
+    /// Options for a kind whose `status` the reconcile reads ([`OwnsOptions::reads_status`]).
+    pub fn reading_status() -> Self {
+        Self { reads_status: true }
+    }
+}
+
+/// A hash of what of `child` (as JSON) matters to its owner's reconcile, see [`OwnsOptions`].
+///
+/// `managers` are the field managers the reconcile writes as; while none is known (before the
+/// engine's first reconcile) every label, annotation and main-resource `managedFields` entry
+/// counts.
+pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: OwnsOptions) -> u64 {
+    let empty = Map::new();
+    let obj = child.as_object().unwrap_or(&empty);
+    let meta = obj
+        .get("metadata")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let entries: Vec<&Map<String, Value>> = meta
+        .get("managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+        // Subresource entries (status) change with the subresource only.
+        .filter(|e| {
+            e.get("subresource")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        })
+        .collect();
+    let is_ours = |e: &Map<String, Value>| {
+        managers.is_empty()
+            || e.get("manager")
+                .and_then(Value::as_str)
+                .is_some_and(|m| managers.contains(m))
+    };
+    // Our entries without their timestamps: a tampered or reset entry of ours counts.
+    let ours: Vec<Value> = entries
+        .iter()
+        .filter(|e| is_ours(e))
+        .map(|e| json!([e.get("manager"), e.get("operation"), e.get("fieldsV1")]))
+        .collect();
+    // A label or annotation counts unless only other managers own it.
+    let relevant = |map: &str| -> Value {
+        let Some(Value::Object(values)) = meta.get(map) else {
+            return Value::Null;
+        };
+        let owned_by = |e: &Map<String, Value>, key: &str| {
+            e.get("fieldsV1")
+                .and_then(|f| f.get("f:metadata"))
+                .and_then(|f| f.get(format!("f:{map}")))
+                .and_then(|f| f.get(format!("f:{key}")))
+                .is_some()
+        };
+        let kept: Map<String, Value> = values
+            .iter()
+            .filter(|(k, _)| {
+                let mut owners = entries.iter().filter(|e| owned_by(e, k)).peekable();
+                owners.peek().is_none() || owners.any(|e| is_ours(e))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Value::Object(kept)
+    };
+    let rest: Map<String, Value> = obj
+        .iter()
+        .filter(|(k, _)| k.as_str() != "metadata" && (options.reads_status || k.as_str() != "status"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let print = json!([
+        rest,
+        meta.get("uid"),
+        meta.get("deletionTimestamp"),
+        meta.get("finalizers"),
+        meta.get("ownerReferences"),
+        relevant("labels"),
+        relevant("annotations"),
+        ours,
+    ]);
+    let mut h = DefaultHasher::new();
+    print.to_string().hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: &str = "idem-operator";
+
+    fn managers() -> BTreeSet<String> {
+        BTreeSet::from([US.to_owned()])
+    }
+
+    /// A Deployment as the API server returns it after our apply and the controller-manager's
+    /// first status and revision-annotation writes.
+    fn deployment() -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": "web", "namespace": "acme", "uid": "u1", "resourceVersion": "10",
+                "labels": {"app.kubernetes.io/managed-by": US},
+                "annotations": {"deployment.kubernetes.io/revision": "1"},
+                "managedFields": [
+                    {"manager": US, "operation": "Apply", "time": "t1",
+                     "fieldsV1": {"f:metadata": {"f:labels": {"f:app.kubernetes.io/managed-by": {}}},
+                                  "f:spec": {"f:replicas": {}}}},
+                    {"manager": "kube-controller-manager", "operation": "Update", "time": "t1",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {
+                         ".": {}, "f:deployment.kubernetes.io/revision": {}}}}},
+                    {"manager": "kube-controller-manager", "operation": "Update",
+                     "subresource": "status", "time": "t1",
+                     "fieldsV1": {"f:status": {"f:replicas": {}}}}
+                ]
+            },
+            "spec": {"replicas": 2},
+            "status": {"replicas": 1}
+        })
+    }
+
+    fn print(v: &Value) -> u64 {
+        child_print(v, &managers(), OwnsOptions::default())
+    }
+
+    #[test]
+    fn status_churn_and_other_managers_metadata_do_not_count() {
+        let before = deployment();
+        let mut after = before.clone();
+        after["metadata"]["resourceVersion"] = json!("11");
+        after["status"]["replicas"] = json!(2);
+        after["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = json!("2");
+        after["metadata"]["managedFields"][1]["time"] = json!("t2");
+        after["metadata"]["managedFields"][2]["time"] = json!("t2");
+        after["metadata"]["managedFields"][2]["fieldsV1"] =
+            json!({"f:status": {"f:replicas": {}, "f:readyReplicas": {}}});
+        assert_eq!(print(&before), print(&after));
+    }
+
+    #[test]
+    fn reads_status_makes_status_changes_count() {
+        let before = deployment();
+        let mut after = before.clone();
+        after["status"]["replicas"] = json!(2);
+        let reading = OwnsOptions::reading_status();
+        assert_ne!(
+            child_print(&before, &managers(), reading),
+            child_print(&after, &managers(), reading)
+        );
+    }
+
+    #[test]
+    fn spec_our_labels_our_entry_and_deletion_count() {
+        let before = deployment();
+        let mut spec = before.clone();
+        spec["spec"]["replicas"] = json!(3);
+        let mut removed_label = before.clone();
+        removed_label["metadata"]["labels"] = json!({});
+        removed_label["metadata"]["managedFields"][0]["fieldsV1"] =
+            json!({"f:spec": {"f:replicas": {}}});
+        // A tenant's edit of our label moves it to their entry: the value and owner change.
+        let mut edited_label = before.clone();
+        edited_label["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("mallory");
+        edited_label["metadata"]["managedFields"][0]["fieldsV1"] =
+            json!({"f:spec": {"f:replicas": {}}});
+        let mut reset_fields = before.clone();
+        reset_fields["metadata"]["managedFields"] = json!([]);
+        let mut deleting = before.clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let mut orphaned = before.clone();
+        orphaned["metadata"]["ownerReferences"] = json!([]);
+        for changed in [
+            spec,
+            removed_label,
+            edited_label,
+            reset_fields,
+            deleting,
+            orphaned,
+        ] {
+            assert_ne!(print(&before), print(&changed), "{changed}");
+        }
+    }
+
+    #[test]
+    fn a_label_nobody_owns_yet_and_unknown_managers_count() {
+        let before = deployment();
+        let mut other = before.clone();
+        other["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = json!("2");
+        // Before the engine's first reconcile our manager is unknown: everything counts.
+        let nobody = BTreeSet::new();
+        assert_ne!(
+            child_print(&before, &nobody, OwnsOptions::default()),
+            child_print(&other, &nobody, OwnsOptions::default())
+        );
+        // A label not recorded in any entry (cannot be attributed) counts.
+        let mut unowned = before.clone();
+        unowned["metadata"]["labels"]["x"] = json!("y");
+        assert_ne!(print(&before), print(&unowned));
+    }
+}
