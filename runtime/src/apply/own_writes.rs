@@ -14,6 +14,9 @@ use crate::key::ObjectKey;
 /// a redundant reconcile).
 const CAP: usize = 10_000;
 
+/// Unseen own versions kept per child (a watch that skipped versions leaves older ones behind).
+const PER_CHILD: usize = 8;
+
 /// How long a watch event waits for a write of the same child that is still in flight before
 /// it is treated as someone else's change.
 pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -95,24 +98,26 @@ impl OwnWrites {
             if inner.written.len() >= CAP && !inner.written.contains_key(key) {
                 inner.written.clear();
             }
-            inner
-                .written
-                .entry(key.clone())
-                .or_default()
-                .push(resource_version);
+            let versions = inner.written.entry(key.clone()).or_default();
+            if versions.len() >= PER_CHILD {
+                versions.remove(0);
+            }
+            versions.push(resource_version);
         }
     }
 
-    /// What the watch event of `key` at `resource_version` is. Our versions up to it are
-    /// forgotten: the watch delivers a child's versions in order, so they will not come again.
+    /// What the watch event of `key` at `resource_version` is; a version of ours is forgotten
+    /// once seen. Older versions are not: an event waiting in [`OwnWrites::settle`] may still
+    /// ask for one.
     pub(crate) fn observe(&self, key: &ObjectKey, resource_version: u64) -> Origin {
         let Ok(mut inner) = self.inner.lock() else {
             return Origin::Other;
         };
         let mut ours = false;
         if let Some(versions) = inner.written.get_mut(key) {
-            ours = versions.contains(&resource_version);
-            versions.retain(|v| *v > resource_version);
+            let before = versions.len();
+            versions.retain(|v| *v != resource_version);
+            ours = versions.len() < before;
             if versions.is_empty() {
                 inner.written.remove(key);
             }
@@ -182,15 +187,25 @@ mod tests {
     }
 
     #[test]
-    fn our_versions_are_recognised_once_and_older_ones_forgotten() {
+    fn our_versions_are_recognised_once_in_any_order() {
         let w = Arc::new(OwnWrites::default());
         w.wrote(&key(), 10);
         w.wrote(&key(), 12);
         assert_eq!(w.observe(&key(), 9), Origin::Other);
-        assert_eq!(w.observe(&key(), 10), Origin::Ours);
         assert_eq!(w.observe(&key(), 11), Origin::Other, "someone else's");
+        // Two deferred events may settle out of order.
         assert_eq!(w.observe(&key(), 12), Origin::Ours);
+        assert_eq!(w.observe(&key(), 10), Origin::Ours);
         assert_eq!(w.observe(&key(), 12), Origin::Other, "seen once");
+        for rv in 100..120 {
+            w.wrote(&key(), rv);
+        }
+        assert_eq!(
+            w.observe(&key(), 100),
+            Origin::Other,
+            "only the last few are kept"
+        );
+        assert_eq!(w.observe(&key(), 119), Origin::Ours);
         w.wrote(&key(), 20);
         w.forget(&key());
         assert_eq!(w.observe(&key(), 20), Origin::Other);

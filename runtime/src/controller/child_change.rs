@@ -94,7 +94,9 @@ pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: O
     };
     let rest: Map<String, Value> = obj
         .iter()
-        .filter(|(k, _)| k.as_str() != "metadata" && (options.reads_status || k.as_str() != "status"))
+        .filter(|(k, _)| {
+            k.as_str() != "metadata" && (options.reads_status || k.as_str() != "status")
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let print = json!([

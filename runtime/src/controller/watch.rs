@@ -271,6 +271,7 @@ where
             if !changed || origin == Origin::Ours || owners.is_empty() {
                 continue;
             }
+            tracing::trace!(child = %key, ?origin, deleted, "child change reconciles its owners");
             let priority = if replay {
                 Priority::Resync // the first list after start: a replay
             } else {
