@@ -271,7 +271,12 @@ impl Applier {
             if meta.deletion_timestamp.is_some() {
                 return done(ChildOutcome::Terminating);
             }
-            let drift = check(&body, &live, owner.field_manager());
+            let judged = super::as_applied(&live, owner.field_manager(), &body);
+            let drift = check(
+                &body,
+                judged.as_ref().unwrap_or(&live),
+                owner.field_manager(),
+            );
             if drift.is_empty() {
                 return done(ChildOutcome::Unchanged);
             }
@@ -313,8 +318,11 @@ impl Applier {
         })
     }
 
-    /// `POST`s the child, then moves the ownership the create recorded to our `Apply` entry
-    /// (see [`super::takeover`]); a failure of that second step is left to the next apply.
+    /// `POST`s the child: one write. An object someone created since our read gives
+    /// AlreadyExists (never adopted). The create records an `Update` entry of our field
+    /// manager, which the convergence check takes for the `Apply` entry the same body's apply
+    /// records as long as the desired body is the created one ([`super::as_applied`]); the
+    /// next apply moves it into our `Apply` entry first ([`Applier::apply`]).
     async fn create(
         &self,
         api: &Api<DynamicObject>,
@@ -331,41 +339,14 @@ impl Applier {
         let _in_flight = self.begin_write(key);
         let created = api.create(&pp, &obj).await?;
         self.remember(key, &created);
-        let mut live = to_json(&created);
-        // Guarded by the created resourceVersion; a controller reacting to the create (the
-        // deployment and quota controllers do at once) makes it 409: read and try again, up to
-        // the retry policy's attempts.
-        for attempt in 0..self.retry.attempts() {
-            self.retry.sleep_before(attempt).await;
-            let Some(patch) = fold_patch(&live, owner.field_manager(), body) else {
-                break;
-            };
-            match api
-                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(folded) => {
-                    self.remember(key, &folded);
-                    break;
-                }
-                Err(e) if is_conflict(&e) => match api.get_opt(&key.name).await {
-                    Ok(Some(now)) => live = to_json(&now),
-                    _ => break,
-                },
-                Err(e) => {
-                    tracing::debug!(child = %key, error = %e, "ownership move left to the next apply");
-                    break;
-                }
-            }
-        }
         Ok(())
     }
 
     /// One server-side apply of `body` with force, without a `resourceVersion` (status churn
     /// must not cost conflicts) but with the live `metadata.uid`, so an object that replaced
-    /// ours under the same name is never written. An `Update` entry of ours (left by a create
-    /// whose ownership move failed, or by someone writing under our manager name) is folded
-    /// into our `Apply` entry first, so the apply can remove fields we no longer desire.
+    /// ours under the same name is never written. An `Update` entry of ours (left by our
+    /// create, or by someone writing under our manager name) is folded into our `Apply` entry
+    /// first, so the apply can remove fields we no longer desire ([`super::takeover`]).
     async fn apply(
         &self,
         api: &Api<DynamicObject>,

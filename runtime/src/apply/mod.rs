@@ -22,11 +22,13 @@
 //!   409 (the ownership move below is guarded by `resourceVersion`) or 404 re-reads the child
 //!   from the API server, up to [`RetryPolicy`] attempts (client-go `retry.DefaultRetry`).
 //! - A child that was absent is created with `POST` (so an object someone created since our
-//!   read gives AlreadyExists and is read: ours → apply, not ours → `NotOwned`, never adopted),
-//!   then the `Update` ownership the create recorded is moved to our `Apply` entry (one
-//!   `resourceVersion`-guarded `PATCH` of `managedFields`, as kubectl's client-side →
-//!   server-side upgrade does), so later applies can remove fields and the child counts as
-//!   converged at once.
+//!   read gives AlreadyExists and is read: ours → apply, not ours → `NotOwned`, never
+//!   adopted): one write. The `Update` entry the create records stands for the `Apply` entry an
+//!   apply of the same body records, for as long as the desired body is the created one
+//!   ([`as_applied`]), so a fresh child is converged at once; the first apply that is needed
+//!   moves it into our `Apply` entry first (one `resourceVersion`-guarded `PATCH` of
+//!   `managedFields`, as kubectl's client-side → server-side upgrade does), so that apply can
+//!   remove fields we no longer desire.
 //! - An apply rejected as 422 Invalid is an error, never a silent `PUT` (which would drop other
 //!   managers' labels, annotations and finalizers). Kinds that opt in with
 //!   [`DesiredChildren::allow_recreate`] are deleted (uid precondition) and created again
@@ -50,6 +52,7 @@ pub(crate) use own_writes::Origin;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
 pub use report::{ApplyReport, ChildOutcome, Repair};
 pub use retry::RetryPolicy;
+pub use takeover::as_applied;
 
 use crate::key::ObjectKey;
 
