@@ -321,8 +321,9 @@ impl Applier {
     /// `POST`s the child: one write. An object someone created since our read gives
     /// AlreadyExists (never adopted). The create records an `Update` entry of our field
     /// manager, which the convergence check takes for the `Apply` entry the same body's apply
-    /// records as long as the desired body is the created one ([`super::as_applied`]); the
-    /// next apply moves it into our `Apply` entry first ([`Applier::apply`]).
+    /// records as long as the desired body is the created one ([`super::as_applied`]); an
+    /// apply after the desired body changed moves it into our `Apply` entry first
+    /// ([`Applier::apply`]).
     async fn create(
         &self,
         api: &Api<DynamicObject>,

@@ -24,11 +24,11 @@
 //! - A child that was absent is created with `POST` (so an object someone created since our
 //!   read gives AlreadyExists and is read: ours → apply, not ours → `NotOwned`, never
 //!   adopted): one write. The `Update` entry the create records stands for the `Apply` entry an
-//!   apply of the same body records, for as long as the desired body is the created one
-//!   ([`as_applied`]), so a fresh child is converged at once; the first apply that is needed
-//!   moves it into our `Apply` entry first (one `resourceVersion`-guarded `PATCH` of
-//!   `managedFields`, as kubectl's client-side → server-side upgrade does), so that apply can
-//!   remove fields we no longer desire.
+//!   apply of the same body records ([`as_applied`]), so a fresh child is converged at once.
+//!   Once the desired body changes, the next apply first moves that record into our `Apply`
+//!   entry (one `resourceVersion`-guarded `PATCH` of `managedFields`, as kubectl's
+//!   client-side → server-side upgrade does), so the apply can remove fields we no longer
+//!   desire.
 //! - An apply rejected as 422 Invalid is an error, never a silent `PUT` (which would drop other
 //!   managers' labels, annotations and finalizers). Kinds that opt in with
 //!   [`DesiredChildren::allow_recreate`] are deleted (uid precondition) and created again

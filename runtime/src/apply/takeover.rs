@@ -6,7 +6,7 @@
 //! the child as if it had been moved.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::FINGERPRINT_ANNOTATION;
 
@@ -84,10 +84,10 @@ fn entries_of<'a>(
     })
 }
 
-/// Whether `live` was created from `desired` and not applied since: `manager` has an `Update`
-/// entry and no `Apply` entry, and that `Update` entry owns the [`FINGERPRINT_ANNOTATION`],
-/// whose value is `desired`'s (the fingerprint covers the whole stamped body).
-fn created_from(
+/// Whether `manager`'s `Update` entry is the record of a create of `desired`: it owns the
+/// [`FINGERPRINT_ANNOTATION`], whose value is `desired`'s (the fingerprint covers the whole
+/// stamped body).
+fn create_record_of(
     live: &Value,
     entries: &[ManagedFieldsEntry],
     manager: &str,
@@ -98,54 +98,139 @@ fn created_from(
             .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
             .cloned()
     };
-    let owns_print = |e: &ManagedFieldsEntry| {
-        e.fields_v1
-            .as_ref()
-            .and_then(|f| f.0.pointer("/f:metadata/f:annotations"))
-            .and_then(|a| a.get(format!("f:{FINGERPRINT_ANNOTATION}")))
-            .is_some()
-    };
-    entries_of(entries, manager, "Apply").next().is_none()
-        && entries_of(entries, manager, "Update").any(owns_print)
+    entries_of(entries, manager, "Update").any(owns_print)
         && print(live).is_some()
         && print(live) == print(desired)
+}
+
+/// Whether `e` owns the [`FINGERPRINT_ANNOTATION`].
+fn owns_print(e: &ManagedFieldsEntry) -> bool {
+    e.fields_v1
+        .as_ref()
+        .and_then(|f| f.0.pointer("/f:metadata/f:annotations"))
+        .and_then(|a| a.get(format!("f:{FINGERPRINT_ANNOTATION}")))
+        .is_some()
 }
 
 fn managed_fields(live: &Value) -> Option<Vec<ManagedFieldsEntry>> {
     serde_json::from_value(live.pointer("/metadata/managedFields")?.clone()).ok()
 }
 
-/// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`: when
-/// the child was created from `desired` with a `POST` and not applied to since (our `Update`
-/// entry owns the fingerprint annotation and its value is `desired`'s), with that `Update`
-/// entry replaced by the `Apply` entry an apply of `desired` records — which is what the
-/// server would hold had the create been an apply (the oracle test checks this against the
-/// API server's dry-run apply). `None` when the child is to be judged as it is.
+/// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`, when
+/// we have an `Update` entry (the record of our `POST` create, or of someone's write under our
+/// name); `None` when the child is to be judged as it is.
+///
+/// - Created from `desired` and not applied to since: with that `Update` entry replaced by
+///   the `Apply` entry an apply of `desired` records — what the server would hold had the
+///   create been an apply (the oracle test checks this against the API server's dry-run
+///   apply).
+/// - Applied to since, and our `Apply` entry holds exactly what an apply of `desired` records
+///   (our own apply, which leaves the create's record beside it): as it is.
+/// - Applied to since with another field set (someone applied a part under our name, or the
+///   desired body changed): with neither entry, i.e. never applied — one apply of ours (after
+///   folding the `Update` entry in) records the whole body again.
 ///
 /// Anyone else's change of a field since moves it out of our `Update` entry (or removes it
 /// from every entry) exactly as it would have from an `Apply` entry, so drift is still seen.
 pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value> {
     let entries = managed_fields(live)?;
-    if !created_from(live, &entries, manager, desired) {
+    let record: Vec<&ManagedFieldsEntry> = entries_of(&entries, manager, "Update").collect();
+    if record.is_empty() {
         return None;
     }
-    let moved = fold_update_into_apply(&entries, manager, Some(desired));
+    // What an apply of `desired` records (list items are keyed by the field sets on record).
+    let mut all = Value::Null;
+    for e in entries.iter().filter(|e| e.subresource.as_deref().unwrap_or("").is_empty()) {
+        if let Some(f) = &e.fields_v1 {
+            unite(&mut all, &f.0);
+        }
+    }
+    let recorded = crate::compare::restrict_to_desired(desired, &all);
+    let ours: Vec<ManagedFieldsEntry> = match entries_of(&entries, manager, "Apply").next() {
+        None if create_record_of(live, &entries, manager, desired) => {
+            // Of what the apply records, what our create's record still holds: a field another
+            // manager took since is not ours, as it would not be in an Apply entry.
+            let mut mine = Value::Null;
+            for e in &record {
+                if let Some(f) = &e.fields_v1 {
+                    unite(&mut mine, &f.0);
+                }
+            }
+            let mut moved = record[0].clone();
+            moved.operation = Some("Apply".to_owned());
+            moved.time = None;
+            moved.fields_v1 = Some(FieldsV1(Value::Object(members_in_both(
+                recorded.as_object()?,
+                mine.as_object()?,
+                all.as_object()?,
+            ))));
+            vec![moved]
+        }
+        None => return None,
+        Some(apply) if apply.fields_v1.as_ref().map(|f| &f.0) == Some(&recorded) => return None,
+        Some(_) => Vec::new(),
+    };
     let mut out = live.clone();
-    out["metadata"]["managedFields"] = serde_json::to_value(moved).ok()?;
+    let others = entries
+        .iter()
+        .filter(|e| {
+            e.manager.as_deref() != Some(manager)
+                || !e.subresource.as_deref().unwrap_or("").is_empty()
+        })
+        .cloned();
+    out["metadata"]["managedFields"] =
+        serde_json::to_value(others.chain(ours).collect::<Vec<_>>()).ok()?;
     Some(out)
 }
 
-/// The merge patch that folds `manager`'s `Update` entry of `live` into its `Apply` entry,
-/// guarded by `live`'s `resourceVersion`; `None` when there is nothing to fold. The moved
-/// entry keeps what an apply of `desired` records when `live` was created from `desired`
-/// (see [`as_applied`]), else everything the `Update` recorded: the fields of an older
-/// desired body must be ours for the apply to remove them (server defaults among them are
-/// defaulted again by the API server).
+/// The `fieldsV1` set of the members of `recorded` that are also members of `mine`, or that no
+/// entry records at all (`all`: a zero value or empty map Go omits on the wire, which a create
+/// does not record and an apply does). A node is a member when it is `{}` or has the `.`
+/// marker; a node with children only is a path to members.
+fn members_in_both(
+    recorded: &Map<String, Value>,
+    mine: &Map<String, Value>,
+    all: &Map<String, Value>,
+) -> Map<String, Value> {
+    let member = |m: &Map<String, Value>| m.is_empty() || m.contains_key(".");
+    let mut out = Map::new();
+    for (k, rv) in recorded {
+        let Some(rv) = rv.as_object().filter(|_| k != ".") else {
+            continue;
+        };
+        let Some(av) = all.get(k).and_then(Value::as_object) else {
+            out.insert(k.clone(), Value::Object(rv.clone()));
+            continue;
+        };
+        let Some(mv) = mine.get(k).and_then(Value::as_object) else {
+            continue;
+        };
+        let mut node = members_in_both(rv, mv, av);
+        let both = member(rv) && member(mv);
+        if both && !node.is_empty() {
+            node.insert(".".into(), json!({}));
+        }
+        if both || !node.is_empty() {
+            out.insert(k.clone(), Value::Object(node));
+        }
+    }
+    out
+}
+
+/// The merge patch that folds `manager`'s `Update` entry of `live` into its `Apply` entry
+/// (everything the `Update` recorded: the fields of an older desired body must be ours for
+/// the apply to remove them; server defaults among them are defaulted again by the API
+/// server), guarded by `live`'s `resourceVersion`. `None` when there is nothing to fold, and
+/// when the `Update` entry is the record of a create of `desired` itself: the apply records
+/// the whole body in our `Apply` entry, and the create's record beside it removes nothing
+/// until the desired body changes (then this folds it).
 pub(crate) fn fold_patch(live: &Value, manager: &str, desired: &Value) -> Option<Value> {
     let entries = managed_fields(live)?;
     entries_of(&entries, manager, "Update").next()?;
-    let exact = created_from(live, &entries, manager, desired);
-    let moved = fold_update_into_apply(&entries, manager, exact.then_some(desired));
+    if create_record_of(live, &entries, manager, desired) {
+        return None;
+    }
+    let moved = fold_update_into_apply(&entries, manager, None);
     Some(json!({"metadata": {
         "managedFields": moved,
         "resourceVersion": live.pointer("/metadata/resourceVersion"),
@@ -256,13 +341,23 @@ mod tests {
             ),
         ]);
         assert!(as_applied(&forged, "idem", &same).is_none());
-        // Applied since: the Apply entry is the record.
+        // Someone applied a part under our name since: judged never applied.
         let mut applied = live.clone();
         applied["metadata"]["managedFields"]
             .as_array_mut()
             .unwrap()
-            .push(serde_json::to_value(entry("idem", "Apply", json!({}))).unwrap());
+            .push(serde_json::to_value(entry("idem", "Apply", json!({"f:data": {}}))).unwrap());
+        let split = as_applied(&applied, "idem", &same).expect("split record");
+        assert_eq!(split["metadata"]["managedFields"], json!([]));
+        assert!(!crate::compare::check(&same, &split, "idem").is_empty());
+        // Our own apply since (the whole body): judged as it is.
+        let whole = &judged["metadata"]["managedFields"][0]["fieldsV1"];
+        applied["metadata"]["managedFields"][1]["fieldsV1"] = whole.clone();
         assert!(as_applied(&applied, "idem", &same).is_none());
+        // Folded and applied: the Apply entry alone is the record.
+        let mut folded = live.clone();
+        folded["metadata"]["managedFields"] = json!([entry("idem", "Apply", json!({}))]);
+        assert!(as_applied(&folded, "idem", &same).is_none());
     }
 
     #[test]
@@ -274,11 +369,7 @@ mod tests {
         assert_eq!(moved["operation"], "Apply");
         assert_eq!(moved["fieldsV1"]["f:data"], json!({".": {}, "f:a": {}}));
         assert_eq!(patch["metadata"]["resourceVersion"], "5");
-        // The same body: exactly what its apply records.
-        let patch = fold_patch(&live, "idem", &desired("p1", json!({"a": "x"}))).unwrap();
-        assert_eq!(
-            patch["metadata"]["managedFields"][0]["fieldsV1"]["f:data"],
-            json!({"f:a": {}})
-        );
+        // The same body: nothing to fold, the apply records it whole.
+        assert!(fold_patch(&live, "idem", &desired("p1", json!({"a": "x"}))).is_none());
     }
 }
