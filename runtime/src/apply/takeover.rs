@@ -140,7 +140,10 @@ pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value>
     }
     // What an apply of `desired` records (list items are keyed by the field sets on record).
     let mut all = Value::Null;
-    for e in entries.iter().filter(|e| e.subresource.as_deref().unwrap_or("").is_empty()) {
+    for e in entries
+        .iter()
+        .filter(|e| e.subresource.as_deref().unwrap_or("").is_empty())
+    {
         if let Some(f) = &e.fields_v1 {
             unite(&mut all, &f.0);
         }
