@@ -228,7 +228,15 @@ impl<'a, S: Subject> Harness<'a, S> {
                 return Ok(Err(ABORTED.to_owned()));
             }
             if ok && writes == 0 {
-                return Ok(Ok(conv));
+                if self.settle(session, probe, instance, &mut conv).await? {
+                    return Ok(Ok(conv));
+                }
+                return Ok(Err(format!(
+                    "converged but not settled (the subject's `settled`) within {} s; the \
+                     last pass: {}",
+                    self.options.settle_timeout.as_secs(),
+                    conv.passes.last().map(describe).unwrap_or_default()
+                )));
             }
             if ok {
                 let state = self.anonymized(instance).await?;
@@ -260,6 +268,33 @@ impl<'a, S: Subject> Harness<'a, S> {
             "not converged after {} passes; the last one: {last}{changed}",
             conv.passes.len()
         )))
+    }
+
+    /// Passes every 100 ms until the primary object is [`Subject::settled`] after a pass
+    /// without writes (`true`), or [`Options::settle_timeout`] passes (`false`).
+    async fn settle(
+        &self,
+        session: &S::Session,
+        probe: &Probe,
+        instance: &Instance,
+        conv: &mut Convergence,
+    ) -> Result<bool, Error> {
+        let start = std::time::Instant::now();
+        // The pass before this call wrote nothing; settle on a pass without writes only
+        // (one that wrote, e.g. status on its children's progress, is not the end).
+        let mut quiet = true;
+        loop {
+            if quiet && self.subject.settled(&self.read_primary(instance).await?) {
+                return Ok(true);
+            }
+            if start.elapsed() >= self.options.settle_timeout || probe.has_tripped() {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let pass = self.pass(session, probe, instance).await?;
+            quiet = pass.result.is_ok() && pass.writes() == 0;
+            conv.passes.push(pass);
+        }
     }
 
     /// A new session with a clean client, then [`Harness::converge`].

@@ -104,6 +104,14 @@ pub trait Subject: Send + Sync {
     /// Removes from a child (as JSON, after the kit dropped its volatile metadata and status)
     /// what other controllers change on their own, if anything. Default: nothing.
     fn normalize(&self, _child: &mut Value) {}
+
+    /// Whether `primary` (as read after a pass that wrote nothing) is done, e.g. its `Ready`
+    /// condition is true: until then the kit keeps reconciling (a pass every 100 ms, as the
+    /// controller would on its children's events or requeue) for up to
+    /// [`Options::settle_timeout`]. Default: always done.
+    fn settled(&self, _primary: &Self::Primary) -> bool {
+        true
+    }
 }
 
 /// Which objects are the children of an instance: objects of the given kinds that carry the
@@ -157,6 +165,8 @@ pub struct Options {
     pub fault_budget: f64,
     /// A check stops listing failures after this many (default 5).
     pub max_failures: usize,
+    /// How long a convergence may wait for [`Subject::settled`] (default 60 s).
+    pub settle_timeout: Duration,
 }
 
 impl Default for Options {
@@ -169,6 +179,7 @@ impl Default for Options {
             crash_points: None,
             fault_budget: 1.2,
             max_failures: 5,
+            settle_timeout: Duration::from_secs(60),
         }
     }
 }
