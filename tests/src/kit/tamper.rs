@@ -54,12 +54,16 @@ pub(crate) async fn run<S: Subject>(
         let value = serde_json::to_value(&child).map_err(|e| Error::Setup(e.to_string()))?;
         let child_key = key(&value);
         for path in owned_paths(&value) {
-            let pointer = to_pointer(&path);
+            let Some(pointer) = resolve(&value, &path) else {
+                continue;
+            };
             let Some(new) = value.pointer(&pointer).and_then(tampered_value) else {
                 continue;
             };
             let mark = (tampered + 1).to_string();
-            let mut patch = nest(&path, new.clone());
+            let Some(mut patch) = patch_for(&value, &path, new.clone()) else {
+                continue;
+            };
             merge(
                 &mut patch,
                 nest(
@@ -126,8 +130,8 @@ pub(crate) async fn run<S: Subject>(
                         break 'children;
                     }
                     // Put the field back, so that the next one starts from the reference.
-                    if let Some(original) = value.pointer(&pointer) {
-                        let undo = nest(&path, original.clone());
+                    let original = value.pointer(&pointer).cloned();
+                    if let Some(undo) = original.and_then(|o| patch_for(&value, &path, o)) {
                         tamper(&h.admin, &ar, &child, &undo)
                             .await
                             .map_err(|e| Error::Setup(format!("undoing a tamper: {e}")))?;
@@ -184,10 +188,21 @@ fn take_own(state: &mut EndState, key: &str) -> Option<String> {
     own.as_str().map(str::to_owned)
 }
 
+/// One step of a field path: a map key, or the item of an associative list with these key
+/// fields (the JSON of a `k:` entry of `fieldsV1`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Seg {
+    /// A map key.
+    Field(String),
+    /// A list item, by its key fields (JSON object text).
+    Item(String),
+}
+
 /// Every field path the reconcile owns on the object itself (not a subresource), from the
-/// `fieldsV1` of its managers' `managedFields` entries: map keys down to leaves; a list
-/// (items keyed `k:`/`v:`/`i:`) counts as one field.
-pub(crate) fn owned_paths(obj: &Value) -> Vec<Vec<String>> {
+/// `fieldsV1` of its managers' `managedFields` entries: map keys down to leaves; a list counts
+/// as one field, and the non-key fields of its `k:`-keyed items are fields too (a key field
+/// changed would make another item, owned by the other manager).
+pub(crate) fn owned_paths(obj: &Value) -> Vec<Vec<Seg>> {
     let mut out = Vec::new();
     let entries = obj
         .pointer("/metadata/managedFields")
@@ -208,35 +223,104 @@ pub(crate) fn owned_paths(obj: &Value) -> Vec<Vec<String>> {
         }
     }
     out.retain(|p| {
-        !SKIPPED
-            .iter()
-            .any(|s| p.len() >= s.len() && p.iter().zip(s.iter()).all(|(a, b)| a == b))
+        !SKIPPED.iter().any(|s| {
+            p.len() >= s.len()
+                && p.iter()
+                    .zip(s.iter())
+                    .all(|(a, b)| *a == Seg::Field((*b).to_owned()))
+        })
     });
     out.sort();
     out.dedup();
     out
 }
 
-fn leaves(node: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+fn leaves(node: &Value, path: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
     let Some(map) = node.as_object() else { return };
     let inner: Vec<(&String, &Value)> = map.iter().filter(|(k, _)| *k != ".").collect();
-    if inner.is_empty() || inner.iter().any(|(k, _)| !k.starts_with("f:")) {
+    if inner.is_empty() {
         if !path.is_empty() {
             out.push(path.clone());
         }
         return;
     }
+    if inner.iter().any(|(k, _)| !k.starts_with("f:")) {
+        out.push(path.clone());
+        for (k, v) in inner {
+            let Some(keys) = k.strip_prefix("k:") else {
+                continue;
+            };
+            let Ok(key_fields) = serde_json::from_str::<Map<String, Value>>(keys) else {
+                continue;
+            };
+            path.push(Seg::Item(keys.to_owned()));
+            for (f, fv) in v.as_object().into_iter().flatten() {
+                if let Some(name) = f.strip_prefix("f:")
+                    && !key_fields.contains_key(name)
+                {
+                    path.push(Seg::Field(name.to_owned()));
+                    leaves(fv, path, out);
+                    path.pop();
+                }
+            }
+            path.pop();
+        }
+        return;
+    }
     for (k, v) in inner {
-        path.push(k[2..].to_owned());
+        path.push(Seg::Field(k[2..].to_owned()));
         leaves(v, path, out);
         path.pop();
     }
 }
 
-fn to_pointer(path: &[String]) -> String {
-    path.iter()
-        .map(|s| format!("/{}", s.replace('~', "~0").replace('/', "~1")))
-        .collect()
+/// The JSON pointer of `path` in `obj` (list items found by their key fields), if present.
+pub(crate) fn resolve(obj: &Value, path: &[Seg]) -> Option<String> {
+    let mut cur = obj;
+    let mut pointer = String::new();
+    for seg in path {
+        match seg {
+            Seg::Field(k) => {
+                cur = cur.get(k)?;
+                pointer.push('/');
+                pointer.push_str(&k.replace('~', "~0").replace('/', "~1"));
+            }
+            Seg::Item(keys) => {
+                let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
+                let items = cur.as_array()?;
+                let i = items
+                    .iter()
+                    .position(|item| keys.iter().all(|(k, v)| item.get(k) == Some(v)))?;
+                cur = &items[i];
+                pointer.push_str(&format!("/{i}"));
+            }
+        }
+    }
+    Some(pointer)
+}
+
+/// A JSON merge patch setting `path` of `obj` to `value`: nested maps down to the field, or,
+/// inside a list, the whole list (a merge patch replaces lists) with the one item changed.
+fn patch_for(obj: &Value, path: &[Seg], value: Value) -> Option<Value> {
+    let split = path
+        .iter()
+        .position(|s| matches!(s, Seg::Item(_)))
+        .unwrap_or(path.len());
+    let names: Vec<String> = path[..split]
+        .iter()
+        .filter_map(|s| match s {
+            Seg::Field(k) => Some(k.clone()),
+            Seg::Item(_) => None,
+        })
+        .collect();
+    if split == path.len() {
+        return Some(nest(&names, value));
+    }
+    let list_pointer = resolve(obj, &path[..split])?;
+    let full = resolve(obj, path)?;
+    let mut list = obj.pointer(&list_pointer)?.clone();
+    *list.pointer_mut(&full[list_pointer.len()..])? = value;
+    Some(nest(&names, list))
 }
 
 /// `{"a": {"b": value}}` for path `[a, b]`.
@@ -265,7 +349,8 @@ fn merge(a: &mut Value, b: Value) {
 
 /// A different value of the same shape, likely still valid: the last number in a string
 /// bumped (`4` → `5`, `8Gi` → `9Gi`), else `x` appended; numbers + 1; booleans flipped; a
-/// list without its last item (or with its only item changed). `None` for null and `{}`.
+/// list without its last item (a changed item of a set or keyed list would be a new item of
+/// the other manager's). `None` for null, `[]` and `{}`.
 pub(crate) fn tampered_value(v: &Value) -> Option<Value> {
     Some(match v {
         Value::String(s) => Value::String(bump(s)),
@@ -274,8 +359,7 @@ pub(crate) fn tampered_value(v: &Value) -> Option<Value> {
             Some(i) => Value::from(i.wrapping_add(1)),
             None => Value::from(n.as_f64()? + 1.0),
         },
-        Value::Array(items) if items.len() >= 2 => Value::Array(items[..items.len() - 1].to_vec()),
-        Value::Array(items) if items.len() == 1 => Value::Array(vec![tampered_value(&items[0])?]),
+        Value::Array(items) if !items.is_empty() => Value::Array(items[..items.len() - 1].to_vec()),
         Value::Object(map) => {
             let (k, first) = map.iter().next()?;
             let mut map = map.clone();
@@ -314,26 +398,50 @@ mod tests {
         assert_eq!(bump("alice"), "alicex");
         assert_eq!(tampered_value(&json!(true)), Some(json!(false)));
         assert_eq!(tampered_value(&json!(["a", "b"])), Some(json!(["a"])));
-        assert_eq!(tampered_value(&json!(["a"])), Some(json!(["ax"])));
+        assert_eq!(tampered_value(&json!(["a"])), Some(json!([])));
         assert_eq!(tampered_value(&json!({})), None);
         assert_eq!(tampered_value(&json!(null)), None);
     }
 
     #[test]
     fn owned_paths_come_from_the_reconciles_managers_only() {
-        let obj = json!({"metadata": {"managedFields": [
+        let mut obj = json!({"metadata": {"managedFields": [
             {"manager": "mine", "operation": "Apply", "fieldsV1": {
                 "f:metadata": {"f:labels": {".": {}, "f:a": {}},
                                "f:ownerReferences": {"k:{\"uid\":\"u\"}": {}}},
                 "f:data": {"f:x": {}},
+                "f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:name": {}, "f:image": {}}},
                 "f:subjects": {}}},
             {"manager": "mine", "operation": "Update", "subresource": "status",
              "fieldsV1": {"f:status": {"f:phase": {}}}},
             {"manager": "kube-controller-manager", "operation": "Update",
              "fieldsV1": {"f:metadata": {"f:annotations": {"f:rev": {}}}}}
-        ]}});
-        let paths: Vec<String> = owned_paths(&obj).iter().map(|p| to_pointer(p)).collect();
-        assert_eq!(paths, ["/data/x", "/metadata/labels/a", "/subjects"]);
+        ]}, "data": {"x": "1"}, "subjects": [],
+            "containers": [{"name": "side", "image": "b:1"}, {"name": "app", "image": "a:1"}]});
+        obj["metadata"]["labels"] = json!({"a": "v"});
+        let paths: Vec<String> = owned_paths(&obj)
+            .iter()
+            .filter_map(|p| resolve(&obj, p))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/containers",
+                "/containers/1/image",
+                "/data/x",
+                "/metadata/labels/a",
+                "/subjects"
+            ]
+        );
+        let image = owned_paths(&obj)
+            .into_iter()
+            .find(|p| resolve(&obj, p).as_deref() == Some("/containers/1/image"))
+            .unwrap();
+        assert_eq!(
+            patch_for(&obj, &image, json!("a:2")),
+            Some(json!({"containers": [{"name": "side", "image": "b:1"},
+                                       {"name": "app", "image": "a:2"}]}))
+        );
     }
 
     #[test]
