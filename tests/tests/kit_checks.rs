@@ -159,3 +159,76 @@ async fn faults_catch_a_reconcile_that_redoes_everything_after_an_error() {
     let evidence = report.get(Check::Faults).unwrap().evidence.join("\n");
     assert!(evidence.contains("exceeds the budget"), "{evidence}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn options_change_what_the_checks_do() {
+    let options = Options {
+        racers: 2,
+        crash_points: Some(2),
+        fault_budget: 0.5,
+        ..Options::default()
+    };
+    let report = Kit::new(idem_tests::shared(), setup(Flaw::None, 4).await)
+        .options(options)
+        .checks(&[Check::Race, Check::Crash, Check::Faults])
+        .run_all()
+        .await
+        .expect("the kit runs");
+    eprintln!("{report}");
+    let figure = |c: Check, name: &str| report.get(c).unwrap().figure_value(name).unwrap();
+    assert_eq!(figure(Check::Race, "racers"), "2");
+    assert_eq!(figure(Check::Crash, "crash points"), "2");
+    assert!(
+        report.caught(Check::Faults),
+        "no reconcile meets half its requests\n{report}"
+    );
+
+    let options = Options {
+        max_failures: 1,
+        repair_timeout: Duration::from_secs(1),
+        ..Options::default()
+    };
+    let report = Kit::new(idem_tests::shared(), setup(Flaw::NoRepair, 2).await)
+        .options(options)
+        .checks(&[Check::Tamper])
+        .run_all()
+        .await
+        .expect("the kit runs");
+    let tamper = report.get(Check::Tamper).unwrap();
+    assert_eq!(
+        tamper.figure_value("fields tampered"),
+        Some("1"),
+        "{report}"
+    );
+    assert!(
+        tamper.evidence.last().unwrap().contains("stopped after 1"),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn convergence_limits_are_the_options() {
+    let reference = |report: &Report| report.get(Check::Repeat).unwrap().evidence.join("\n");
+    let limits = Options {
+        max_passes: 3,
+        settle_timeout: Duration::from_secs(1),
+        pass_timeout: Duration::from_secs(1),
+        ..Options::default()
+    };
+    for (flaw, expected) in [
+        (Flaw::AppendsToList, "not converged after 3 passes"),
+        (
+            Flaw::NeverSettles,
+            "not settled (the subject's `settled`) within 1 s",
+        ),
+        (Flaw::Hangs, "the pass took longer than 1 s"),
+    ] {
+        let report = Kit::new(idem_tests::shared(), setup(flaw, 2).await)
+            .options(limits.clone())
+            .checks(&[Check::Repeat])
+            .run_all()
+            .await
+            .expect("the kit runs");
+        assert!(reference(&report).contains(expected), "{flaw:?}: {report}");
+    }
+}

@@ -85,6 +85,10 @@ pub enum Flaw {
     ConflictIsFatal,
     /// After a failed pass, applies every child again instead of only what differs.
     RedoAllAfterError,
+    /// Never says it is done ([`Subject::settled`] is always false).
+    NeverSettles,
+    /// Never returns from a reconcile.
+    Hangs,
 }
 
 /// The Widget resource with one [`Flaw`], in namespace `ns`.
@@ -324,7 +328,14 @@ impl Subject for Widgets {
         })
     }
 
+    fn settled(&self, _w: &Widget) -> bool {
+        self.flaw != Flaw::NeverSettles
+    }
+
     async fn reconcile(&self, c: &Cache, w: Arc<Widget>) -> Result<(), BoxError> {
+        if self.flaw == Flaw::Hangs {
+            std::future::pending::<()>().await;
+        }
         if self.flaw == Flaw::PostOnce {
             return self.post_once(c, &w).await;
         }
