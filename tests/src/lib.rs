@@ -1,5 +1,5 @@
-//! idem's local Kubernetes control plane, built from pinned Go modules, and the harness the
-//! integration tests run against.
+//! idem's local Kubernetes control plane, built from pinned Go modules, the harness the
+//! integration tests run against, and an idempotence test kit for any reconcile ([`kit`]).
 //!
 //! The control plane is real: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 //! and kwok (fake nodes on which pods really get scheduled and become Ready), plus the
