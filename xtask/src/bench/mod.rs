@@ -11,6 +11,7 @@ mod fleet;
 mod html;
 mod report;
 mod scenarios;
+mod shards;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -24,8 +25,8 @@ use self::scenarios::Plan;
 use crate::dev::operator::build_bin;
 use crate::dev::progress::Step;
 
-/// The scenarios `--scenario` accepts.
-pub const SCENARIOS: [&str; 5] = ["p2", "p3", "p4", "p5", "p6"];
+/// The scenarios `--scenario` accepts; all but `shards` run by default.
+pub const SCENARIOS: [&str; 6] = ["p2", "p3", "p4", "p5", "p6", "shards"];
 
 /// The bench's controller-manager runs without the garbage collector: it GETs owners and
 /// dependents it has not seen yet (basetenants, limitranges, …), requests the API server
@@ -45,8 +46,10 @@ pub struct Args {
     /// BaseTenants in P4's flood, all of one tenant (default 1000; 100 with --quick).
     #[arg(long)]
     pub flood: Option<usize>,
-    /// Run only these scenarios (repeatable: p2, p3, p4, p5, p6); P2's fleet is always made,
-    /// since every other scenario starts from it.
+    /// Run only these scenarios (repeatable: p2, p3, p4, p5, p6, shards); P2's fleet is always
+    /// made, since every other scenario starts from it. `shards` (the operator with 1 vs 3
+    /// replicas, `ShardedListAndWatch` off and on, `--tenants` Tenants) runs only when named,
+    /// and alone.
     #[arg(long, value_parser = SCENARIOS)]
     pub scenario: Vec<String>,
     /// Concurrent reconciles of both controllers (and concurrency of the raw-client limit).
@@ -63,7 +66,11 @@ pub struct Args {
 impl Args {
     fn plan(&self) -> Plan {
         let scenarios: BTreeSet<String> = if self.scenario.is_empty() {
-            SCENARIOS.iter().map(|s| (*s).to_owned()).collect()
+            SCENARIOS
+                .iter()
+                .filter(|s| **s != "shards")
+                .map(|s| (*s).to_owned())
+                .collect()
         } else {
             self.scenario.iter().cloned().collect()
         };
@@ -94,6 +101,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| crate::generated::repo_root().join("target").join("bench"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if plan.has("shards") {
+        return shards::run(plan.tenants, plan.workers, &out);
+    }
     for side in Side::BOTH {
         let _ = std::fs::remove_file(out.join(format!("{}.log", side.name())));
     }

@@ -1,0 +1,462 @@
+//! `cargo xtask bench --scenario shards`: the operator itself (`idem-operator run
+//! --shards=auto`) on N Tenants with 1 replica and with 3, with the `ShardedListAndWatch`
+//! gate off and on (a fresh control plane each time): time to all Ready, watch events, bytes
+//! and RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
+//! meanwhile, are Ready again, tenants written by two replicas, tenants lost) and a 4th replica
+//! joining (tenants moved, tenants written by two replicas). Writers are judged by the server's
+//! record: the `reportingInstance` of the Events each write leaves on its Tenant.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::{StreamExt as _, TryStreamExt as _};
+use idem_operator::resources::{Tenant, TenantSpec};
+use idem_runtime::shard::{Ring, fnv1a64};
+use idem_tests::{ControlPlane, Options};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::dev::progress::Step;
+
+/// Longest wait for any phase.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// One replica's figures at the end of the initial fill.
+struct Replica {
+    name: String,
+    events: u64,
+    bytes: u64,
+    rss_kib: u64,
+    owned: u64,
+}
+
+/// A running operator process.
+struct Operator {
+    name: String,
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn spawn(
+    bin: &Path,
+    kubeconfig: &Path,
+    ns: &str,
+    name: &str,
+    workers: usize,
+    out: &Path,
+) -> anyhow::Result<Operator> {
+    let addr = free_addr()?;
+    let log = std::fs::File::create(out.join(format!("shards-{name}.log")))?;
+    let child = idem_tests::process::dying_with_parent(bin, "KILL")
+        .args([
+            "run".to_string(),
+            "--shards=auto".into(),
+            format!("--workers={workers}"),
+            format!("--metrics-addr={addr}"),
+            format!("--health-addr={addr}"),
+        ])
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", ns)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting idem-operator")?;
+    Ok(Operator {
+        name: name.into(),
+        addr,
+        child,
+    })
+}
+
+/// The operator's `/metrics` text (empty if it does not answer).
+async fn metrics(addr: SocketAddr) -> String {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut reply = String::new();
+    if stream.write_all(request.as_bytes()).await.is_err()
+        || stream.read_to_string(&mut reply).await.is_err()
+    {
+        return String::new();
+    }
+    reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn spec(namespaces: &[&str]) -> anyhow::Result<TenantSpec> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "owners": [{"kind": "User", "name": "alice"}],
+        "namespaces": namespaces,
+        "quota": {"hard": {"cpu": "4", "pods": "20"}},
+        "isolation": true,
+    }))?)
+}
+
+fn ready(t: &Tenant) -> bool {
+    let Some(status) = &t.status else {
+        return false;
+    };
+    status.observed_generation == t.metadata.generation
+        && status.conditions.iter().any(|c| {
+            c.type_ == "Ready"
+                && c.status == "True"
+                && c.observed_generation == t.metadata.generation
+        })
+}
+
+/// Waits until every tenant in `names` is Ready at its current generation.
+async fn all_ready(client: &Client, names: &BTreeSet<String>) -> anyhow::Result<Vec<Tenant>> {
+    let started = Instant::now();
+    loop {
+        let list = Api::<Tenant>::all(client.clone())
+            .list(&ListParams::default())
+            .await?;
+        let mine: Vec<Tenant> = list
+            .items
+            .into_iter()
+            .filter(|t| names.contains(&t.name_any()))
+            .collect();
+        if mine.len() == names.len() && mine.iter().all(ready) {
+            return Ok(mine);
+        }
+        anyhow::ensure!(
+            started.elapsed() < PHASE_TIMEOUT,
+            "tenants not Ready in time"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Per tenant uid, the replicas that left an Event on it since `since`.
+async fn writers(
+    client: &Client,
+    since: Timestamp,
+) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+    let events = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in events.items {
+        let Some(r) = &e.regarding else { continue };
+        if r.kind.as_deref() != Some("Tenant") {
+            continue;
+        }
+        let at = e
+            .series
+            .as_ref()
+            .map(|s| s.last_observed_time.0)
+            .or(e.event_time.as_ref().map(|t| t.0));
+        if at.is_none_or(|t| t < since) {
+            continue;
+        }
+        if let (Some(uid), Some(i)) = (r.uid.clone(), e.reporting_instance) {
+            out.entry(uid).or_default().insert(i);
+        }
+    }
+    Ok(out)
+}
+
+async fn patch_all(
+    client: &Client,
+    names: impl IntoIterator<Item = &String>,
+    namespaces: &[&str],
+) -> anyhow::Result<()> {
+    let api = Api::<Tenant>::all(client.clone());
+    let patch = serde_json::json!({"spec": {"namespaces": namespaces}});
+    futures::stream::iter(names)
+        .map(|n| {
+            let api = api.clone();
+            let patch = patch.clone();
+            async move {
+                api.patch(n, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+fn owner(members: &[&str], t: &Tenant) -> String {
+    let h = fnv1a64(t.uid().unwrap_or_default().as_bytes());
+    Ring::new(members.iter().copied())
+        .owner_of(h)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Waits until every operator reports `n` live ring members.
+async fn members(ops: &[&Operator], n: u64) -> anyhow::Result<()> {
+    let started = Instant::now();
+    for op in ops {
+        while metric(&metrics(op.addr).await, "idem_shard_members") != n {
+            anyhow::ensure!(
+                started.elapsed() < PHASE_TIMEOUT,
+                "{} never saw {n} members",
+                op.name
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one configuration and prints its figures.
+async fn one(
+    cp: &ControlPlane,
+    bin: &Path,
+    gate: bool,
+    replicas: usize,
+    tenants: usize,
+    workers: usize,
+    out: &Path,
+) -> anyhow::Result<Vec<Replica>> {
+    let client = cp.client();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
+    for crd in idem_operator::resources::crds() {
+        crds.patch(
+            &crd.name_any(),
+            &PatchParams::apply("idem-bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await; // CRDs established (polled below by creates)
+    let ns = idem_tests::create_namespace(&client, "shards").await?;
+    let names: Vec<String> = (0..replicas.max(3) + 1)
+        .map(|i| format!("replica-{i}"))
+        .collect();
+    let mut ops: Vec<Operator> = Vec::new();
+    for name in names.iter().take(replicas) {
+        ops.push(spawn(bin, cp.kubeconfig_path(), &ns, name, workers, out)?);
+    }
+    let label = format!(
+        "gate {}, {replicas} replica(s)",
+        if gate { "on" } else { "off" }
+    );
+    let step = Step::start(format!("{label}: {tenants} tenants to Ready"));
+    let tenant_names: BTreeSet<String> = (0..tenants).map(|i| format!("shard-{i:05}")).collect();
+    let started = Instant::now();
+    let api = Api::<Tenant>::all(client.clone());
+    let spec = spec(&["a"])?;
+    futures::stream::iter(&tenant_names)
+        .map(|n| {
+            let api = api.clone();
+            let t = Tenant::new(n, spec.clone());
+            async move {
+                loop {
+                    match api.create(&PostParams::default(), &t).await {
+                        Ok(_) => return Ok(()),
+                        // The CRD may not be served yet.
+                        Err(kube::Error::Api(s)) if s.code == 404 => {
+                            tokio::time::sleep(Duration::from_millis(500)).await
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let filled = all_ready(&client, &tenant_names).await?;
+    let ready_after = started.elapsed();
+    step.done(&format!("{:.1}s", ready_after.as_secs_f64()));
+    // Let the last status writes' watch events arrive before reading the counters.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut figures = Vec::new();
+    for op in &ops {
+        let m = metrics(op.addr).await;
+        figures.push(Replica {
+            name: op.name.clone(),
+            events: metric(&m, "idem_watch_events_received_total"),
+            bytes: metric(&m, "idem_received_bytes_total"),
+            rss_kib: rss_kib(op.child.id()),
+            owned: metric(&m, "idem_shard_owned_tenants"),
+        });
+    }
+    println!(
+        "shards, {label}: all {tenants} Ready after {:.1}s",
+        ready_after.as_secs_f64()
+    );
+    for f in &figures {
+        println!(
+            "  {}: owns {} tenants, {} watch events, {:.1} MiB received, RSS {:.1} MiB",
+            f.name,
+            f.owned,
+            f.events,
+            f.bytes as f64 / 1048576.0,
+            f.rss_kib as f64 / 1024.0
+        );
+    }
+    if replicas == 3 {
+        // SIGKILL replica-0; change its tenants meanwhile; the others must take them over.
+        let all3: Vec<&str> = names[..3].iter().map(String::as_str).collect();
+        let victims: BTreeSet<String> = filled
+            .iter()
+            .filter(|t| owner(&all3, t) == names[0])
+            .map(ResourceExt::name_any)
+            .collect();
+        let step = Step::start(format!(
+            "{label}: SIGKILL replica-0 ({} tenants)",
+            victims.len()
+        ));
+        let since = Timestamp::now();
+        let killed = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(ops[0].child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        patch_all(&client, &victims, &["a", "b"]).await?;
+        let back = all_ready(&client, &victims).await?;
+        let after = killed.elapsed();
+        let w = writers(&client, since).await?;
+        let twice = back
+            .iter()
+            .filter(|t| {
+                w.get(&t.uid().unwrap_or_default())
+                    .is_some_and(|s| s.len() > 1)
+            })
+            .count();
+        step.done(&format!("{:.1}s", after.as_secs_f64()));
+        println!(
+            "  kill -9 replica-0: its {} tenants reconciled by the others after {:.1}s (lease 15 s); {} written by two replicas; {} lost",
+            victims.len(),
+            after.as_secs_f64(),
+            twice,
+            victims.len() - back.len()
+        );
+        // A 4th replica joins the two survivors.
+        let step = Step::start(format!("{label}: a replica joins"));
+        ops.push(spawn(
+            bin,
+            cp.kubeconfig_path(),
+            &ns,
+            &names[3],
+            workers,
+            out,
+        )?);
+        let live: Vec<&Operator> = ops[1..].iter().collect();
+        members(&live, 3).await?;
+        let before: Vec<&str> = names[1..3].iter().map(String::as_str).collect();
+        let now: Vec<&str> = names[1..4].iter().map(String::as_str).collect();
+        let since = Timestamp::now();
+        patch_all(&client, &tenant_names, &["a", "c"]).await?;
+        let done = all_ready(&client, &tenant_names).await?;
+        let w = writers(&client, since).await?;
+        let moved = done
+            .iter()
+            .filter(|t| owner(&before, t) != owner(&now, t))
+            .count();
+        let twice = done
+            .iter()
+            .filter(|t| {
+                w.get(&t.uid().unwrap_or_default())
+                    .is_some_and(|s| s.len() > 1)
+            })
+            .count();
+        let wrong = done
+            .iter()
+            .filter(|t| {
+                w.get(&t.uid().unwrap_or_default())
+                    .is_some_and(|s| !s.contains(&owner(&now, t)))
+            })
+            .count();
+        step.done("");
+        println!(
+            "  4th replica joins: {moved}/{tenants} tenants moved ({:.0}%); {twice} written by two replicas; {wrong} written by a non-owner",
+            100.0 * moved as f64 / tenants as f64
+        );
+    }
+    drop(ops);
+    Ok(figures)
+}
+
+/// Runs the scenario: gate off and on, 1 and 3 replicas.
+///
+/// # Errors
+/// Build, control-plane, operator or API failures.
+pub fn run(tenants: usize, workers: usize, out: &Path) -> anyhow::Result<()> {
+    let step = Step::start("building idem-operator");
+    let bin: PathBuf =
+        crate::dev::operator::build_bin(step.bar(), "idem-operator", "idem-operator")?;
+    step.done("");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    for gate in [false, true] {
+        let mut single = None;
+        for replicas in [1, 3] {
+            let cp = ControlPlane::start_with(Options {
+                service_cidr: idem_tests::LARGE_SERVICE_CIDR.to_owned(),
+                feature_gates: if gate {
+                    vec!["ShardedListAndWatch=true".into()]
+                } else {
+                    Vec::new()
+                },
+                ..Options::default()
+            })?;
+            let figures = rt.block_on(one(&cp, &bin, gate, replicas, tenants, workers, out))?;
+            cp.stop();
+            match (&single, figures.as_slice()) {
+                (None, [one]) => single = Some((one.events, one.bytes, one.rss_kib)),
+                (Some((e, b, r)), many) => {
+                    for f in many {
+                        println!(
+                            "  {} ÷ the single replica: events {:.2}, bytes {:.2}, RSS {:.2}",
+                            f.name,
+                            f.events as f64 / (*e).max(1) as f64,
+                            f.bytes as f64 / (*b).max(1) as f64,
+                            f.rss_kib as f64 / (*r).max(1) as f64
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
