@@ -348,6 +348,9 @@ pub async fn run(
     Ok(())
 }
 
+/// Whether the ring an epoch's controllers were started for is still the current one.
+type CurrentFn = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// One run of both controllers: until `stop` (graceful) or until dropped (cancelled).
 struct Epoch {
     /// Both controllers' reports once they stopped.
@@ -373,7 +376,7 @@ fn controllers(
     options: &ManagerOptions,
     metrics: &Metrics,
     drift: &idem_runtime::apply::DriftMetrics,
-    shard: Option<idem_runtime::shard::Ranges>,
+    shard: Option<(idem_runtime::shard::Ranges, CurrentFn)>,
     stop: watch::Receiver<bool>,
 ) -> Epoch {
     use idem_runtime::shard::{ShardField, shard_hash};
@@ -416,10 +419,14 @@ fn controllers(
             .with_child_caches(ctx.caches.clone())
             .with_metrics(metrics.clone())
             .with_synced_signal(app_synced);
-    if let Some(ranges) = shard {
-        let by_uid = ranges.clone();
-        tenants = tenants.shard(move |t| by_uid.contains(shard_hash(t.meta(), ShardField::Uid)));
-        apps = apps.shard(move |a| ranges.contains(shard_hash(a.meta(), ShardField::Namespace)));
+    if let Some((ranges, current)) = shard {
+        let (by_uid, current_too) = (ranges.clone(), Arc::clone(&current));
+        tenants = tenants.shard(move |t| {
+            current_too() && by_uid.contains(shard_hash(t.meta(), ShardField::Uid))
+        });
+        apps = apps.shard(move |a| {
+            current() && ranges.contains(shard_hash(a.meta(), ShardField::Namespace))
+        });
     }
     let (synced_tx, synced) = watch::channel(false);
     tokio::spawn(async move {
@@ -496,7 +503,13 @@ impl Sharded<'_> {
                 self.options,
                 self.metrics,
                 self.drift,
-                Some(ranges.clone()),
+                Some((ranges.clone(), {
+                    // No reconcile of this epoch starts once the ring changed, even before the
+                    // controllers are dropped (the fence already refuses their writes).
+                    let now = membership.assignments();
+                    let ring = ring.clone();
+                    Arc::new(move || now.borrow().as_ref() == Some(&ring)) as CurrentFn
+                })),
                 stop_rx,
             );
             let Epoch {
