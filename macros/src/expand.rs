@@ -66,7 +66,12 @@ fn expand(m: &Model) -> TokenStream {
     };
     let idents: Vec<_> = m.fields.iter().map(|f| &f.ident).collect();
     let wires: Vec<_> = m.fields.iter().map(|f| &f.wire).collect();
-    let fm = &m.field_manager;
+    // Without `field_manager = "..."`, the deriving crate's package name: a user's resource
+    // never applies under idem's own operator's name.
+    let fm = match &m.field_manager {
+        Some(fm) => quote!(#fm),
+        None => quote!(::core::env!("CARGO_PKG_NAME")),
+    };
     let conds = &m.conditions;
     let namespaced = m.namespaced;
     let (rule, tenant_body) = match &m.tenant {
@@ -135,6 +140,12 @@ fn expand(m: &Model) -> TokenStream {
                 fn tenant(&self) -> ::core::result::Result<#krate::resource::TenantRef, #krate::resource::TenantError> {
                     #tenant_body
                 }
+            }
+
+            impl #root {
+                /// The field manager of server-side apply and status writes (the same as
+                /// `IdempotentResource::FIELD_MANAGER`, reachable without importing the trait).
+                pub const FIELD_MANAGER: &'static str = #fm;
             }
         };
     }

@@ -9,8 +9,6 @@ use crate::parse::{Field, Input};
 
 /// Default condition types: the kstatus trio.
 const KSTATUS: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
-/// Default field manager (design: names on the wire).
-const DEFAULT_FIELD_MANAGER: &str = "idem-operator";
 /// Default tenant label for namespaced roots (design: names on the wire).
 const DEFAULT_TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
 
@@ -38,8 +36,8 @@ pub struct Model {
     pub status: Option<syn::Path>,
     /// `#[kube(namespaced)]`.
     pub namespaced: bool,
-    /// The field manager.
-    pub field_manager: String,
+    /// The field manager; `None`: the deriving crate's package name (`CARGO_PKG_NAME`).
+    pub field_manager: Option<String>,
     /// Declared condition types.
     pub conditions: Vec<String>,
     /// Tenant rule.
@@ -257,9 +255,9 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
                     fm.span(),
                 ));
             }
-            v.to_owned()
+            Some(v.to_owned())
         }
-        None => DEFAULT_FIELD_MANAGER.to_owned(),
+        None => None,
     };
     let conditions = match &opts.conditions {
         Some(list) => {

@@ -1,31 +1,22 @@
-//! What every reconcile shares: the client, the apply engine, the event recorder and a cache
-//! of the operator's namespaces (to find a TenantApp's tenant without an API call).
+//! What the operator's reconcilers share: the child caches and a cache of the operator's
+//! namespaces (to find a TenantApp's tenant without an API call).
 
 use std::sync::Arc;
 
 use idem_runtime::TenantKey;
-use idem_runtime::apply::{Applier, ChildCaches, DriftMetrics, TENANT_LABEL};
+use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::resources::GROUP;
 
-/// How many consecutive failed reconciles of one object make it `Stalled` (reason
-/// `ReconcileFailed`); retries go on at the backoff cap (kstatus: Stalled means it needs help).
-pub const STALLED_AFTER_FAILURES: u32 = 5;
-
 /// Shared state of the reconciles.
 pub struct Context {
-    /// The API client.
+    /// The API client (of the watches of blocking objects).
     pub client: Client,
-    /// idem-runtime's apply engine, reading children from [`Context::caches`].
-    pub applier: Applier,
-    /// The controllers' child caches (filled by their watches, read by the applier).
+    /// The controllers' child caches (filled by their watches, read by the apply engine).
     pub caches: ChildCaches,
-    /// Publishes Kubernetes Events (child created/deleted, condition changed).
-    pub recorder: Recorder,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
     pub namespaces: Store<Namespace>,
     /// Foreign objects blocking a TenantApp's child, watched until they are gone.
@@ -33,23 +24,12 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context sharing `client`; the applier reads children from a new [`ChildCaches`]
-    /// (give it to the controllers with `Controller::with_child_caches`) and counts repaired
-    /// drift in `drift`.
-    pub fn new(
-        client: Client,
-        recorder: Recorder,
-        namespaces: Store<Namespace>,
-        drift: DriftMetrics,
-    ) -> Arc<Self> {
-        let caches = ChildCaches::new();
+    /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
+    /// drivers with `Driver::with_caches`).
+    pub fn new(client: Client, namespaces: Store<Namespace>) -> Arc<Self> {
         Arc::new(Self {
-            applier: Applier::new(client.clone())
-                .with_caches(caches.clone())
-                .with_metrics(drift),
-            caches,
+            caches: ChildCaches::new(),
             client,
-            recorder,
             namespaces,
             blocked: crate::tenant_app::blocked::Blocked::default(),
         })
@@ -76,19 +56,21 @@ impl Context {
         names
     }
 
-    /// [`Context::tenant_of_namespace`], asking the API server when the namespace is not
-    /// cached (yet); when it is not a tenant namespace, says why ([`NotTenantNamespace`]).
+    /// [`Context::tenant_of_namespace`], asking the API server through `client` when the
+    /// namespace is not cached (yet); when it is not a tenant namespace, says why
+    /// ([`NotTenantNamespace`]).
     ///
     /// # Errors
     /// When reading the namespace fails.
     pub async fn resolve_tenant_of_namespace(
         &self,
+        client: &Client,
         ns: &str,
     ) -> Result<Result<TenantKey, NotTenantNamespace>, kube::Error> {
         if let Some(tenant) = self.tenant_of_namespace(ns) {
             return Ok(Ok(tenant));
         }
-        let live = kube::Api::<Namespace>::all(self.client.clone())
+        let live = kube::Api::<Namespace>::all(client.clone())
             .get_opt(ns)
             .await?;
         let Some(live) = live else {

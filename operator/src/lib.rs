@@ -2,13 +2,12 @@
 //! (leader election, probes, metrics, graceful shutdown).
 //!
 //! The flow of one controller is visible in its file names: `source` (what is watched) →
-//! the runtime's fair queue → `reconcile` → `desired` children (applied by idem-runtime's
-//! engine) → `status`.
+//! the runtime's fair queue → `reconcile` (an idem-runtime `Reconciler`) → `desired`
+//! children (applied by idem-runtime's engine) → `status`.
 
 pub mod client;
 pub mod context;
 pub mod error;
-pub mod events;
 pub mod fence;
 pub mod http;
 pub mod leader;
@@ -16,6 +15,5 @@ pub mod manager;
 pub mod rbac;
 pub mod resources;
 pub mod shard;
-pub mod status;
 pub mod tenant;
 pub mod tenant_app;

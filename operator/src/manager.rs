@@ -12,10 +12,11 @@ use futures::StreamExt;
 use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::ControllerConfig;
 use idem_runtime::metrics::Metrics;
+use idem_runtime::reconciler::Driver;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Config};
 use prometheus_client::metrics::gauge::Gauge;
@@ -391,14 +392,29 @@ fn controllers(
             .reflect(writer)
             .for_each(|_| futures::future::ready(())),
     );
-    let recorder = Recorder::new(
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(identity.to_string()),
+    };
+    let ctx = Context::new(client.clone(), store);
+    let tenant_driver = Driver::new(
         client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(identity.to_string()),
+        tenant::reconcile::Tenants {
+            ctx: Arc::clone(&ctx),
         },
-    );
-    let ctx = Context::new(client.clone(), recorder, store, drift.clone());
+    )
+    .with_caches(ctx.caches.clone())
+    .with_drift_metrics(drift.clone())
+    .with_reporter(reporter.clone());
+    let app_driver = Driver::new(
+        client.clone(),
+        tenant_app::reconcile::TenantApps {
+            ctx: Arc::clone(&ctx),
+        },
+    )
+    .with_caches(ctx.caches.clone())
+    .with_drift_metrics(drift.clone())
+    .with_reporter(reporter);
     let config = |name: &str| ControllerConfig {
         name: Some(name.into()),
         workers: options.workers,
@@ -410,13 +426,11 @@ fn controllers(
     let (tenant_synced, mut tenant_ready) = watch::channel(false);
     let (app_synced, mut app_ready) = watch::channel(false);
     let mut tenants = tenant::source::controller(client, config("tenant"))
-        .with_child_caches(ctx.caches.clone())
         .with_metrics(metrics.clone())
         .with_synced_signal(tenant_synced);
     let tenant_store = tenants.store();
     let mut apps =
         tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
-            .with_child_caches(ctx.caches.clone())
             .with_metrics(metrics.clone())
             .with_synced_signal(app_synced);
     if let Some((ranges, current)) = shard {
@@ -438,16 +452,8 @@ fn controllers(
         let _ = rx.wait_for(|s| *s).await;
     };
     let controllers = Box::pin(futures::future::join(
-        tenants.run(
-            tenant::reconcile::reconcile,
-            Arc::clone(&ctx),
-            stopping(stop.clone()),
-        ),
-        apps.run(
-            tenant_app::reconcile::reconcile,
-            Arc::clone(&ctx),
-            stopping(stop),
-        ),
+        tenant_driver.run(tenants, stopping(stop.clone())),
+        app_driver.run(apps, stopping(stop)),
     ));
     Epoch {
         controllers,

@@ -64,7 +64,7 @@
 //! | `tenant = namespace` | — | the tenant is the name of the object's namespace; only for namespaced kinds |
 //! | `tenant = namespace_label("key")` | namespaced roots, with `"tenancy.idem.dev/tenant"` | the tenant is the value of label `key` on the object's namespace, resolved with [`TenantRef::resolve`](crate::resource::TenantRef::resolve) (one GET) or [`TenantRef::resolve_with_labels`](crate::resource::TenantRef::resolve_with_labels) (from a cache) |
 //! | `tenant = field(a.b)` | — | the tenant is spec field `a.b`: `String`, `Option<String>`, `&str` or [`TenantKey`](crate::TenantKey) |
-//! | `field_manager = "..."` | `"idem-operator"` | the server-side apply field manager (1–128 printable characters, no spaces) |
+//! | `field_manager = "..."` | the deriving crate's package name (`CARGO_PKG_NAME`) | the server-side apply field manager (1–128 printable characters, no spaces); also an inherent `Kind::FIELD_MANAGER`, reachable without importing the trait |
 //! | `conditions(A, B, "prefix.example/C")` | `Ready, Reconciling, Stalled` | condition types the status engine may set: CamelCase identifiers or qualified-name strings |
 //! | `crate = "path"` | `"::idem_runtime"` | where idem-runtime is, when it is renamed or re-exported |
 //!

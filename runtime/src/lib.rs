@@ -9,6 +9,7 @@ pub mod derive;
 pub mod key;
 pub mod metrics;
 pub mod queue;
+pub mod reconciler;
 pub mod resource;
 pub mod schema;
 pub mod shard;

@@ -228,7 +228,7 @@ pub trait IdempotentResource:
     /// through the `*_of` functions below (so kinds may share one status type).
     type Status: Clone + Default + Debug + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// The field manager for server-side apply and status writes
-    /// (`#[idempotent(field_manager = "...")]`, default `"idem-operator"`).
+    /// (`#[idempotent(field_manager = "...")]`, default the deriving crate's package name).
     const FIELD_MANAGER: &'static str;
     /// The condition types this resource reports (`#[idempotent(conditions(...))]`, default
     /// `Ready, Reconciling, Stalled` — the kstatus set).

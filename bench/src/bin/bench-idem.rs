@@ -11,7 +11,6 @@ use idem_bench::{BaseTenant, ControllerArgs, IDEM_MANAGER, MANAGED_BY_LABEL, des
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
-use idem_runtime::resource::IdempotentResource as _;
 use idem_runtime::status::StatusWriter;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;

@@ -24,7 +24,8 @@ pub struct TenantStatus {
 fn main() {
     let t = Tenant::new("acme", TenantSpec { namespaces: vec!["dev".into()], weight: 1 });
     assert_eq!(t.tenant().unwrap(), TenantRef::Known(TenantKey::new("acme")));
-    assert_eq!(Tenant::FIELD_MANAGER, "idem-operator");
+    assert_eq!(Tenant::FIELD_MANAGER, env!("CARGO_PKG_NAME"));
+    assert_ne!(Tenant::FIELD_MANAGER, "idem-operator");
     assert_eq!(Tenant::CONDITION_TYPES, &["Ready", "Reconciling", "Stalled"]);
     assert_eq!(Tenant::TENANT_RULE, TenantRule::Name);
     assert!(!Tenant::NAMESPACED);

@@ -20,5 +20,7 @@ pub struct ThingStatus {
 }
 
 fn main() {
-    assert_eq!(<Thing as idem::resource::IdempotentResource>::FIELD_MANAGER, "idem-operator");
+    assert_eq!(<Thing as idem::resource::IdempotentResource>::FIELD_MANAGER, env!("CARGO_PKG_NAME"));
+    // Reachable without importing the trait.
+    assert_eq!(Thing::FIELD_MANAGER, env!("CARGO_PKG_NAME"));
 }

@@ -18,15 +18,14 @@ use kube::{CustomResourceExt, Resource, ResourceExt};
 use serde_json::json;
 
 use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL, Owner};
-use idem_runtime::controller::Action;
-use idem_runtime::status::{Readiness, StatusWriter};
+use idem_runtime::reconciler::{Cleanup as Done, Outcome, Pass};
+use idem_runtime::status::Readiness;
+use kube::Client;
 
-use super::reconcile::{TERMINATING_POLL, write_status};
-use crate::context::Context;
+use super::reconcile::TERMINATING_POLL;
 use crate::error::Error;
-use crate::events;
+use crate::resources::Tenant;
 use crate::resources::tenant::DeletionPolicy;
-use crate::resources::{FINALIZER, Tenant};
 
 /// The finalizer the API server adds for `propagationPolicy: Orphan` (`kubectl delete
 /// --cascade=orphan`); the garbage collector removes the dependents' ownerReferences.
@@ -82,8 +81,8 @@ pub fn decide(tenant: &Tenant, crd_terminating: Option<bool>) -> Cleanup {
 }
 
 /// Whether the Tenant CRD is being deleted (or already gone); `None` when it cannot be read.
-async fn crd_terminating(ctx: &Context) -> Option<bool> {
-    let crds = Api::<CustomResourceDefinition>::all(ctx.client.clone());
+async fn crd_terminating(client: &Client) -> Option<bool> {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
     match crds.get_opt(Tenant::crd_name()).await {
         Ok(Some(crd)) => Some(crd.metadata.deletion_timestamp.is_some()),
         Ok(None) => Some(true),
@@ -94,23 +93,21 @@ async fn crd_terminating(ctx: &Context) -> Option<bool> {
     }
 }
 
-/// Runs the cleanup of a deleted Tenant, then removes its finalizer.
+/// Runs the cleanup of a deleted Tenant; [`Done::Done`] lets the driver remove the
+/// finalizer, [`Done::Pending`] (namespaces still being deleted) says `Reconciling` with reason
+/// `Deleting` and polls.
 ///
 /// # Errors
-/// [`Error`] from the API; the controller retries with backoff.
-pub async fn finalize(tenant: &Tenant, ctx: &Context, owner: &Owner) -> Result<Action, Error> {
-    if !tenant.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let cleanup = decide(tenant, crd_terminating(ctx).await);
-    let reference = tenant.object_ref(&());
-    match cleanup {
+/// [`Error`] from the API; the driver retries with backoff.
+pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<Tenant>, Error> {
+    let client = pass.client().clone();
+    let owner = pass.owner().await?;
+    match decide(tenant, crd_terminating(&client).await) {
         Cleanup::Delete => {
             let mut all = DesiredChildren::new();
             all.prune_kind::<Namespace>();
-            let report = ctx.applier.reconcile(owner, &all).await?;
-            events::children(&ctx.recorder, &reference, &report).await;
-            let left: Vec<String> = controlled::<Namespace>(ctx, owner)
+            pass.apply(&all).await?;
+            let left: Vec<String> = controlled::<Namespace>(&client, &owner)
                 .await?
                 .iter()
                 .map(|n| n.name_any())
@@ -120,12 +117,13 @@ pub async fn finalize(tenant: &Tenant, ctx: &Context, owner: &Owner) -> Result<A
                     reason: "Deleting".into(),
                     message: format!("waiting for namespaces to be deleted: {}", left.join(", ")),
                 };
-                write_status(ctx, tenant, None, &readiness).await?;
-                return Ok(Action::requeue(TERMINATING_POLL));
+                return Ok(Done::Pending(
+                    Outcome::new(readiness).requeue(TERMINATING_POLL),
+                ));
             }
         }
         Cleanup::Retain { why } => {
-            let kept = release(ctx, owner).await?;
+            let kept = release(&client, &owner).await?;
             let note = if kept.is_empty() {
                 format!("Tenant deleted; {why}; it controlled no namespace")
             } else {
@@ -134,31 +132,25 @@ pub async fn finalize(tenant: &Tenant, ctx: &Context, owner: &Owner) -> Result<A
                     kept.join(", ")
                 )
             };
-            events::publish(
-                &ctx.recorder,
-                &reference,
-                Event {
-                    type_: EventType::Normal,
-                    reason: "Retained".into(),
-                    note: Some(note),
-                    action: "Finalize".into(),
-                    secondary: None,
-                },
-            )
+            pass.publish(Event {
+                type_: EventType::Normal,
+                reason: "Retained".into(),
+                note: Some(note),
+                action: "Finalize".into(),
+                secondary: None,
+            })
             .await;
         }
     }
-    let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
-    writer.remove_finalizer(tenant, FINALIZER).await?;
-    Ok(Action::await_change())
+    Ok(Done::Done)
 }
 
 /// The objects of kind `K` labelled with the owner's uid that it really controls.
-async fn controlled<K>(ctx: &Context, owner: &Owner) -> Result<Vec<DynamicObject>, Error>
+async fn controlled<K>(client: &Client, owner: &Owner) -> Result<Vec<DynamicObject>, Error>
 where
     K: Resource<DynamicType = ()>,
 {
-    let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &ApiResource::erase::<K>(&()));
+    let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
     let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
     let list = api.list(&lp).await?;
     Ok(list
@@ -174,7 +166,7 @@ where
 ///
 /// The `app.kubernetes.io/managed-by` label stays: the shipped admission policy lets the
 /// operator write only into namespaces that carry it and never remove it from a namespace.
-async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
+async fn release(client: &Client, owner: &Owner) -> Result<Vec<String>, Error> {
     // Strategic merge patch: ownerReferences merge by uid, so only our reference goes.
     let patch = json!({"metadata": {
         "ownerReferences": [{"$patch": "delete", "uid": owner.uid()}],
@@ -189,7 +181,7 @@ async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
         ApiResource::erase::<NetworkPolicy>(&()),
         ApiResource::erase::<Namespace>(&()),
     ] {
-        let all = Api::<DynamicObject>::all_with(ctx.client.clone(), &resource);
+        let all = Api::<DynamicObject>::all_with(client.clone(), &resource);
         let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
         for obj in all.list(&lp).await?.items {
             if !owner.owns(&obj.metadata) {
@@ -197,9 +189,7 @@ async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
             }
             let name = obj.name_any();
             let api = match obj.namespace() {
-                Some(ns) => {
-                    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &resource)
-                }
+                Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
                 None => all.clone(),
             };
             match api.patch(&name, &pp, &Patch::Strategic(&patch)).await {
@@ -219,7 +209,7 @@ async fn release(ctx: &Context, owner: &Owner) -> Result<Vec<String>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::TenantSpec;
+    use crate::resources::{FINALIZER, TenantSpec};
 
     fn tenant(policy: DeletionPolicy, finalizers: &[&str]) -> Tenant {
         let mut t = Tenant::new(

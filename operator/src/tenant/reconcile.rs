@@ -1,23 +1,20 @@
-//! One reconcile of a Tenant: finalizer, namespaces, their contents, status; on deletion the
-//! cleanup of [`super::finalize`].
+//! One reconcile of a Tenant on idem-runtime's [`Reconciler`]: namespaces, then their
+//! contents, then status; on deletion the cleanup of [`super::finalize`]. The runtime's
+//! [`Driver`](idem_runtime::reconciler::Driver) does the rest (finalizer, owner, Events,
+//! status writes, `Stalled` after repeated failures, timeout, tracing span).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::TenantKey;
-use idem_runtime::apply::Owner;
-use idem_runtime::controller::{Action, Attempt};
-use idem_runtime::resource::IdempotentResource as _;
-use idem_runtime::status::{Readiness, StatusWriter};
-use kube::api::Api;
-use kube::{Resource, ResourceExt};
+use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
+use idem_runtime::status::Readiness;
+use kube::ResourceExt;
 
 use super::desired;
 use super::status::{self, NamespacePass};
-use crate::context::{Context, STALLED_AFTER_FAILURES};
+use crate::context::Context;
 use crate::error::Error;
-use crate::events;
-use crate::resources::{FINALIZER, Tenant};
+use crate::resources::{FINALIZER, Tenant, TenantStatus};
 
 /// How often a tenant whose namespaces are still being deleted is looked at again.
 pub const TERMINATING_POLL: Duration = Duration::from_secs(2);
@@ -28,91 +25,58 @@ pub const TERMINATING_POLL: Duration = Duration::from_secs(2);
 /// (its status is unchanged), so this slow poll costs a few reads.
 pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
 
-/// Reconciles one Tenant; on failure, after [`STALLED_AFTER_FAILURES`] attempts in a row the
-/// status says `Stalled` with reason `ReconcileFailed` (the error is still returned, so the
-/// key keeps retrying with backoff).
-///
-/// # Errors
-/// [`Error`] from the API; the controller retries with per-key backoff.
-pub async fn reconcile(
-    tenant: Arc<Tenant>,
-    ctx: Arc<Context>,
-    attempt: Attempt,
-) -> Result<Action, Error> {
-    let result = reconcile_inner(&tenant, &ctx).await;
-    if let Err(e) = &result {
-        let failures = attempt.failures + 1;
-        if failures >= STALLED_AFTER_FAILURES {
-            let readiness = status::failed(failures, &e.to_string());
-            // The namespaces that exist, so that the count does not say 0 while they are there.
-            let namespaces = ctx.namespaces_of(&tenant.name_any());
-            let _ = write_status(&ctx, &tenant, Some(&namespaces), &readiness).await;
-        }
-    }
-    result
+/// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
+/// owns), `spec.paused` stops everything, the finalizer runs [`super::finalize`].
+pub struct Tenants {
+    /// The operator's shared state (its namespace cache).
+    pub ctx: Arc<Context>,
 }
 
-async fn reconcile_inner(tenant: &Tenant, ctx: &Context) -> Result<Action, Error> {
-    let name = tenant.name_any();
-    let owner = Owner::new(tenant, Tenant::FIELD_MANAGER, Some(TenantKey::new(&name)))?;
-    if tenant.meta().deletion_timestamp.is_some() {
-        return super::finalize::finalize(tenant, ctx, &owner).await;
-    }
-    let writer = StatusWriter::new(Api::<Tenant>::all(ctx.client.clone()));
-    let added;
-    let tenant = match writer.add_finalizer(tenant, FINALIZER).await? {
-        Some(updated) => {
-            added = updated;
-            &added
+/// Sets the namespace list and count of a Tenant's status.
+fn set_namespaces(status: &mut TenantStatus, namespaces: &[String]) {
+    status.namespaces = namespaces.to_vec();
+    status.namespace_count = namespaces.len() as i32;
+}
+
+impl Reconciler for Tenants {
+    type Resource = Tenant;
+    const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    async fn reconcile(
+        &self,
+        tenant: &Tenant,
+        pass: &mut Pass<Tenant>,
+    ) -> Result<Outcome<Tenant>, Error> {
+        if tenant.spec.paused {
+            let message = "spec.paused is true: children are neither applied nor pruned";
+            return Ok(Outcome::new(Readiness::Stalled {
+                reason: "Paused".into(),
+                message: message.into(),
+            }));
         }
-        None => tenant,
-    };
-    if tenant.spec.paused {
-        let readiness = Readiness::Stalled {
-            reason: "Paused".into(),
-            message: "spec.paused is true: children are neither applied nor pruned".into(),
+        let ns = NamespacePass::from_report(&pass.apply(&desired::namespaces(tenant)?).await?);
+        let contents = pass.apply(&desired::contents(tenant, &ns.owned)?).await?;
+        let requeue = if !ns.terminating.is_empty() {
+            Some(TERMINATING_POLL)
+        } else {
+            (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
         };
-        write_status(ctx, tenant, None, &readiness).await?;
-        return Ok(Action::await_change());
+        let owned = ns.owned.clone();
+        Ok(Outcome::new(status::readiness(&ns, &contents))
+            .requeue(requeue)
+            .status(move |s| set_namespaces(s, &owned)))
     }
 
-    let ns_report = ctx
-        .applier
-        .reconcile(&owner, &desired::namespaces(tenant)?)
-        .await?;
-    let pass = NamespacePass::from_report(&ns_report);
-    let contents = ctx
-        .applier
-        .reconcile(&owner, &desired::contents(tenant, &pass.owned)?)
-        .await?;
-    let reference = tenant.object_ref(&());
-    events::children(&ctx.recorder, &reference, &ns_report).await;
-    events::children(&ctx.recorder, &reference, &contents).await;
-    let readiness = status::readiness(&pass, &contents);
-    write_status(ctx, tenant, Some(&pass.owned), &readiness).await?;
-    if !pass.terminating.is_empty() {
-        Ok(Action::requeue(TERMINATING_POLL))
-    } else if !pass.conflicts.is_empty() {
-        Ok(Action::requeue(CONFLICT_POLL))
-    } else {
-        Ok(Action::await_change())
+    async fn cleanup(
+        &self,
+        tenant: &Tenant,
+        pass: &mut Pass<Tenant>,
+    ) -> Result<Cleanup<Tenant>, Error> {
+        super::finalize::finalize(tenant, pass).await
     }
-}
 
-/// Writes conditions (and the namespace list when given), only if something changed, and
-/// publishes an event when `Ready` changes.
-pub(crate) async fn write_status(
-    ctx: &Context,
-    tenant: &Tenant,
-    namespaces: Option<&[String]>,
-    readiness: &Readiness,
-) -> Result<(), Error> {
-    let api = Api::<Tenant>::all(ctx.client.clone());
-    crate::status::write(ctx, api, tenant, readiness, |status| {
-        if let Some(namespaces) = namespaces {
-            status.namespaces = namespaces.to_vec();
-            status.namespace_count = namespaces.len() as i32;
-        }
-    })
-    .await
+    fn failed_status(&self, tenant: &Tenant, status: &mut TenantStatus) {
+        // The namespaces that exist, so that the count does not say 0 while they are there.
+        set_namespaces(status, &self.ctx.namespaces_of(&tenant.name_any()));
+    }
 }

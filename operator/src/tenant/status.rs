@@ -1,5 +1,6 @@
 //! A Tenant's status from what the reconcile saw: namespaces it owns, and kstatus readiness
-//! (`NamespaceConflict`, `NamespaceTerminating`, `ChildNotOwned`, `Paused`, `ReconcileFailed`).
+//! (`NamespaceConflict`, `NamespaceTerminating`, `ChildNotOwned`; the reconcile adds `Paused`, the
+//! driver `ReconcileFailed`).
 
 use idem_runtime::ObjectKey;
 use idem_runtime::apply::{ApplyReport, ChildOutcome};
@@ -71,15 +72,6 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
     }
 }
 
-/// Readiness after `failures` consecutive failed reconciles, the last with `error`.
-pub fn failed(failures: u32, error: &str) -> Readiness {
-    let message = format!("{failures} reconciles failed in a row; retrying: {error}");
-    Readiness::Stalled {
-        reason: "ReconcileFailed".into(),
-        message: crate::status::shorten(&message, crate::status::MAX_MESSAGE_BYTES),
-    }
-}
-
 /// The names in a list of keys.
 pub fn names(keys: &[ObjectKey]) -> Vec<String> {
     keys.iter().map(|k| k.name.to_string()).collect()
@@ -117,21 +109,6 @@ mod tests {
                 assert!(message.contains("a-b-c"), "{message}");
             }
             other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_failure_message_is_cut_at_a_character_boundary() {
-        // "5 reconciles failed in a row; retrying: " is 40 bytes; 'é' is two: one straddles 1024.
-        for pad in 0..2 {
-            let error = format!("{}{}", "x".repeat(pad), "é".repeat(1000));
-            match failed(5, &error) {
-                Readiness::Stalled { reason, message } => {
-                    assert_eq!(reason, "ReconcileFailed");
-                    assert!(message.len() <= 1024, "{}", message.len());
-                }
-                other => panic!("{other:?}"),
-            }
         }
     }
 

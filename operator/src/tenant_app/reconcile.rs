@@ -1,24 +1,22 @@
-//! One reconcile of a TenantApp: check it lives in a tenant namespace, apply its ConfigMap,
-//! Deployment and Service, then mirror the Deployment's availability into the status.
+//! One reconcile of a TenantApp on idem-runtime's [`Reconciler`]: check it lives in a tenant
+//! namespace, apply its ConfigMap, Deployment and Service, then mirror the Deployment's
+//! availability into the status. The runtime's driver does the rest.
 
 use std::sync::Arc;
 
 use idem_runtime::ObjectKey;
-use idem_runtime::apply::{ApplyReport, Owner};
-use idem_runtime::controller::{Action, Attempt};
-use idem_runtime::resource::IdempotentResource as _;
-use idem_runtime::status::Readiness;
+use idem_runtime::apply::ApplyReport;
+use idem_runtime::reconciler::{Outcome, Pass, Reconciler};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::core::ApiResource;
-use kube::{Resource, ResourceExt};
 
 use super::{desired, status};
-use crate::context::{Context, STALLED_AFTER_FAILURES};
+use crate::context::Context;
 use crate::error::Error;
-use crate::events;
-use crate::resources::TenantApp;
+use crate::resources::{TenantApp, TenantAppStatus};
 
 /// How often an app outside a tenant namespace is looked at again (its namespace may become
 /// a tenant's).
@@ -54,94 +52,63 @@ fn watch_blocking(ctx: &Context, app: &TenantApp, report: &ApplyReport) -> bool 
     all
 }
 
-/// Reconciles one TenantApp; after [`STALLED_AFTER_FAILURES`] failures in a row the status
-/// says `Stalled` with reason `ReconcileFailed` while retries go on.
-///
-/// # Errors
-/// [`Error`] from the API; the controller retries with per-key backoff.
-pub async fn reconcile(
-    app: Arc<TenantApp>,
-    ctx: Arc<Context>,
-    attempt: Attempt,
-) -> Result<Action, Error> {
-    let result = reconcile_inner(&app, &ctx).await;
-    if let Err(e) = &result {
-        let failures = attempt.failures + 1;
-        if failures >= STALLED_AFTER_FAILURES {
-            let readiness = crate::tenant::status::failed(failures, &e.to_string());
-            let _ = write_status(&ctx, &app, None, &readiness).await;
-        }
-    }
-    result
+/// The TenantApp reconciler. No finalizer: children carry a controller ownerReference, so the
+/// garbage collector deletes them with the app.
+pub struct TenantApps {
+    /// The operator's shared state (namespace cache, blocked-object watches).
+    pub ctx: Arc<Context>,
 }
 
-async fn reconcile_inner(app: &TenantApp, ctx: &Context) -> Result<Action, Error> {
-    if app.meta().deletion_timestamp.is_some() {
-        // Children carry a controller ownerReference: the garbage collector deletes them.
-        return Ok(Action::await_change());
-    }
-    let namespace = app.namespace().unwrap_or_default();
-    // From the cache; a namespace not cached yet (just created) is read from the server
-    // before the app is judged to be outside a tenant namespace.
-    let tenant = match ctx.resolve_tenant_of_namespace(&namespace).await? {
-        Ok(tenant) => tenant,
-        Err(why) => {
-            let readiness = status::not_in_tenant_namespace(&namespace, &why);
-            write_status(ctx, app, Some(0), &readiness).await?;
-            // Namespace labels are not watched by this controller: look again now and then (a
-            // status that does not change is not written again).
-            return Ok(Action::requeue(NOT_IN_TENANT_NAMESPACE_POLL));
-        }
-    };
-    let owner = Owner::new(app, TenantApp::FIELD_MANAGER, Some(tenant))?;
-    let report = ctx
-        .applier
-        .reconcile(&owner, &desired::children(app)?)
-        .await?;
-    events::children(&ctx.recorder, &app.object_ref(&()), &report).await;
-    // A Deployment of the app's name that is not the app's says nothing about the app.
-    let deployment = if report.not_owned().any(|(k, _)| &*k.kind == "Deployment") {
-        None
-    } else if let Some(cached) = ctx
-        .caches
-        .lookup::<Deployment>(Some(&namespace), &app.name_any())
-    {
-        // From the controller's cache of Deployments (with our own write of this reconcile).
-        cached
-    } else {
-        Api::<Deployment>::namespaced(ctx.client.clone(), &namespace)
-            .get_opt(&app.name_any())
+impl Reconciler for TenantApps {
+    type Resource = TenantApp;
+
+    async fn reconcile(
+        &self,
+        app: &TenantApp,
+        pass: &mut Pass<TenantApp>,
+    ) -> Result<Outcome<TenantApp>, Error> {
+        let namespace = app.namespace().unwrap_or_default();
+        // From the cache; a namespace not cached yet (just created) is read from the server
+        // before the app is judged to be outside a tenant namespace. Namespace labels are not
+        // watched by this controller: look again now and then.
+        match self
+            .ctx
+            .resolve_tenant_of_namespace(pass.client(), &namespace)
             .await?
-    };
-    let readiness = status::readiness(app.spec.replicas, &report, deployment.as_ref());
-    write_status(
-        ctx,
-        app,
-        Some(status::available(deployment.as_ref())),
-        &readiness,
-    )
-    .await?;
-    // The Deployment is watched: its status changes bring the app back; a foreign object in
-    // a child's way is watched until it is gone (polled only past the watch limit).
-    if watch_blocking(ctx, app, &report) {
-        Ok(Action::await_change())
-    } else {
-        Ok(Action::requeue(BLOCKED_POLL))
-    }
-}
-
-async fn write_status(
-    ctx: &Context,
-    app: &TenantApp,
-    available: Option<i32>,
-    readiness: &Readiness,
-) -> Result<(), Error> {
-    let api =
-        Api::<TenantApp>::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    crate::status::write(ctx, api, app, readiness, |status| {
-        if let Some(available) = available {
-            status.available_replicas = available;
+        {
+            Ok(tenant) => pass.set_tenant(tenant),
+            Err(why) => {
+                return Ok(
+                    Outcome::new(status::not_in_tenant_namespace(&namespace, &why))
+                        .requeue(NOT_IN_TENANT_NAMESPACE_POLL)
+                        .status(|s: &mut TenantAppStatus| s.available_replicas = 0),
+                );
+            }
         }
-    })
-    .await
+        let report = pass.apply(&desired::children(app)?).await?;
+        // A Deployment of the app's name that is not the app's says nothing about the app.
+        let deployment = if report.not_owned().any(|(k, _)| &*k.kind == "Deployment") {
+            None
+        } else if let Some(cached) = pass
+            .caches()
+            .and_then(|c| c.lookup::<Deployment>(Some(&namespace), &app.name_any()))
+        {
+            cached // From the controller's cache of Deployments (with our own write of this reconcile).
+        } else {
+            Api::<Deployment>::namespaced(pass.client().clone(), &namespace)
+                .get_opt(&app.name_any())
+                .await?
+        };
+        let available = status::available(deployment.as_ref());
+        // The Deployment is watched: its status changes bring the app back; a foreign object in
+        // a child's way is watched until it is gone (polled only past the watch limit).
+        let requeue = (!watch_blocking(&self.ctx, app, &report)).then_some(BLOCKED_POLL);
+        Ok(Outcome::new(status::readiness(
+            app.spec.replicas,
+            &report,
+            deployment.as_ref(),
+        ))
+        .requeue(requeue)
+        .status(move |s: &mut TenantAppStatus| s.available_replicas = available))
+    }
 }

@@ -79,7 +79,10 @@ pub fn failure(deployment: &Deployment) -> Option<Readiness> {
     {
         return Some(Readiness::Stalled {
             reason: "ReplicaFailure".into(),
-            message: crate::status::shorten(&describe(c), crate::status::MAX_MESSAGE_BYTES),
+            message: idem_runtime::status::shorten(
+                &describe(c),
+                idem_runtime::status::MAX_MESSAGE_BYTES,
+            ),
         });
     }
     conditions
@@ -91,7 +94,10 @@ pub fn failure(deployment: &Deployment) -> Option<Readiness> {
         })
         .map(|c| Readiness::Stalled {
             reason: "ProgressDeadlineExceeded".into(),
-            message: crate::status::shorten(&describe(c), crate::status::MAX_MESSAGE_BYTES),
+            message: idem_runtime::status::shorten(
+                &describe(c),
+                idem_runtime::status::MAX_MESSAGE_BYTES,
+            ),
         })
 }
 

@@ -16,14 +16,34 @@ use crate::key::{ObjectKey, TenantKey};
 pub trait ChildScope {
     /// `true` for namespaced kinds.
     const NAMESPACED: bool;
+
+    /// The `Api` of objects of `K` in `namespace` (ignored for cluster-scoped kinds; the
+    /// empty namespace when `None` for namespaced ones).
+    fn api<K>(client: kube::Client, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>;
 }
 
 impl ChildScope for NamespaceResourceScope {
     const NAMESPACED: bool = true;
+
+    fn api<K>(client: kube::Client, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        kube::Api::namespaced(client, namespace.unwrap_or_default())
+    }
 }
 
 impl ChildScope for ClusterResourceScope {
     const NAMESPACED: bool = false;
+
+    fn api<K>(client: kube::Client, _: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        kube::Api::all(client)
+    }
 }
 
 /// The object that owns children: the target of their controller ownerReference.

@@ -54,4 +54,6 @@ pub struct Attempt {
     /// Why it runs: [`Priority::Event`] for changes, requeues and retries;
     /// [`Priority::Resync`] for the periodic anti-entropy pass.
     pub priority: Priority,
+    /// What triggered it: object changed, child changed, requeue, resync or error.
+    pub reason: super::Reason,
 }

@@ -33,6 +33,7 @@ mod action;
 mod child_change;
 mod derived;
 pub mod mapping;
+mod reason;
 mod watch;
 mod worker;
 
@@ -50,6 +51,8 @@ use tokio::task::JoinSet;
 pub use self::action::{Action, Attempt};
 pub use self::child_change::OwnsOptions;
 pub use self::derived::{NamespaceLabelsFn, change_fingerprint};
+pub use self::reason::Reason;
+use self::reason::Reasons;
 use self::watch::{ChangeFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
 use crate::backoff::{Backoff, BackoffConfig, BackoffError};
@@ -349,7 +352,9 @@ where
             queue.set_weight_lookup(move |t: &TenantKey| lookup(t));
         }
         let (store, writer) = (self.store, self.writer);
+        let reasons = Reasons::default();
         let shared = Arc::new(Shared {
+            reasons: reasons.clone(),
             queue: queue.clone(),
             store: store.clone(),
             tenant_of: self.tenant_of,
@@ -394,6 +399,7 @@ where
                     resync_period: c.resync_period,
                     resync_jitter: c.resync_jitter,
                     owns: self.shard.clone(),
+                    reasons,
                 });
                 let reconcile = Arc::new(reconcile);
                 for _ in 0..c.workers {

@@ -37,6 +37,8 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub change_of: Option<ChangeFn<K>>,
     /// Where child watches publish their stores for the apply engine.
     pub caches: Option<ChildCaches>,
+    /// Why each key was queued, for the reconcile's [`super::Reason`].
+    pub reasons: super::reason::Reasons,
 }
 
 impl<K> Shared<K>
@@ -117,6 +119,7 @@ where
                     let before = seen.insert(key.clone(), print);
                     if before.map(|b| b.0) != Some(print.0) {
                         let tenant = shared.tenant(&obj);
+                        shared.reasons.note(&key, super::Reason::ObjectChanged);
                         if replay {
                             shared.queue.add(&key, &tenant, Priority::Resync);
                         } else if before.is_none_or(|b| b.1 != print.1) {
@@ -136,6 +139,7 @@ where
                     // Its pending resync or retry would only find it gone; dropping them lets
                     // the queue forget the key, and an idle tenant, now (queue rule 9).
                     shared.queue.remove(&key);
+                    shared.reasons.forget(&key);
                 }
                 Event::Init => listed.clear(),
                 Event::InitDone => {
@@ -224,6 +228,7 @@ where
                             caches.forget(&child);
                         }
                         for (owner, tenant) in owners {
+                            shared.reasons.note(&owner, super::Reason::ChildChanged);
                             shared.queue.add(&owner, &tenant, Priority::Event);
                         }
                     }
@@ -282,9 +287,11 @@ where
                     // A write of ours to this child is in flight: this may be its event,
                     // delivered before the writer got its answer. Decide once it has.
                     let (caches, queue) = (caches.clone(), shared.queue.clone());
+                    let reasons = shared.reasons.clone();
                     tokio::spawn(async move {
                         if caches.settle(&key, &rv).await != Origin::Ours {
                             for (owner, tenant) in owners {
+                                reasons.note(&owner, super::Reason::ChildChanged);
                                 queue.add(&owner, &tenant, priority);
                             }
                         }
@@ -292,6 +299,7 @@ where
                 }
                 _ => {
                     for (owner, tenant) in owners {
+                        shared.reasons.note(&owner, super::Reason::ChildChanged);
                         shared.queue.add(&owner, &tenant, priority);
                     }
                 }
@@ -346,6 +354,7 @@ where
             }
             if let Some(obj) = shared.store.get(&r) {
                 let tenant = shared.tenant(&obj);
+                shared.reasons.note(&key, super::Reason::ChildChanged);
                 shared.queue.add(&key, &tenant, Priority::Event);
             }
         }

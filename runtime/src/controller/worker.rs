@@ -32,6 +32,8 @@ pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
     pub resync_jitter: f64,
     /// Objects this replica reconciles ([`super::Controller::shard`]); others are skipped.
     pub owns: Option<super::OwnsFn<K>>,
+    /// Why each key was queued.
+    pub reasons: super::reason::Reasons,
 }
 
 impl<K, Ctx> Worker<K, Ctx>
@@ -79,11 +81,14 @@ where
                 lease.done();
                 continue;
             };
+            let failures = self.backoff().failures(&key);
+            let resync = lease.priority() == Priority::Resync;
             let attempt = Attempt {
                 key: key.clone(),
                 tenant: tenant.clone(),
-                failures: self.backoff().failures(&key),
+                failures,
                 priority: lease.priority(),
+                reason: self.reasons.take(&key, resync, failures),
             };
             let started = Instant::now();
             let result = AssertUnwindSafe(reconcile(obj, Arc::clone(&self.ctx), attempt))
@@ -99,6 +104,7 @@ where
                     // it: an add that fired during the reconcile (say a resync) is then merged
                     // with them and cannot demote the requeue (queue rules 1 and 3).
                     if let Some(after) = action.requeue_after() {
+                        self.reasons.note(&key, super::Reason::Requeue);
                         self.queue.add_after(&key, &tenant, after, Priority::Event);
                     }
                     if !self.resync_period.is_zero() {

@@ -228,20 +228,38 @@ impl<'a, S> StatusDraft<'a, S> {
 
     /// Sets the kstatus conditions (those of `Ready`, `Reconciling`, `Stalled` the resource
     /// declares) as the table on [`Readiness`] says.
+    ///
+    /// The condition that is `True` carries the readiness' reason and message, and so does
+    /// `Ready` when it is `False` (it says why the object is not ready: what `kubectl wait`
+    /// shows). An abnormal-true condition that is `False` gets its own reason and message
+    /// saying which state holds instead (e.g. `Stalled=False` reason `Progressing` while
+    /// reconciling), so the three never repeat one another.
     pub fn set_readiness(&mut self, readiness: &Readiness) -> &mut Self {
         use ConditionStatus::{False, True};
-        let (ready, reconciling, stalled, reason, message) = match readiness {
-            Readiness::Ready { reason, message } => (True, False, False, reason, message),
-            Readiness::Reconciling { reason, message } => (False, True, False, reason, message),
-            Readiness::Stalled { reason, message } => (False, False, True, reason, message),
+        let (state, reason, message) = match readiness {
+            Readiness::Ready { reason, message } => ("Ready", reason, message),
+            Readiness::Reconciling { reason, message } => ("Reconciling", reason, message),
+            Readiness::Stalled { reason, message } => ("Stalled", reason, message),
         };
-        for (t, s) in [
-            ("Ready", ready),
-            ("Reconciling", reconciling),
-            ("Stalled", stalled),
-        ] {
-            if self.declared.contains(&t) {
-                self.set_condition(t, s, reason, message);
+        // Reason and message of an abnormal-true condition that does not hold.
+        let other = match state {
+            "Ready" => ("Ready", "the desired state is reached"),
+            "Reconciling" => ("Progressing", "work is in progress (see Reconciling)"),
+            _ => (
+                "NeedsHelp",
+                "progress needs help from outside (see Stalled)",
+            ),
+        };
+        for t in ["Ready", "Reconciling", "Stalled"] {
+            if !self.declared.contains(&t) {
+                continue;
+            }
+            if t == state {
+                self.set_condition(t, True, reason, message);
+            } else if t == "Ready" {
+                self.set_condition(t, False, reason, message);
+            } else {
+                self.set_condition(t, False, other.0, other.1);
             }
         }
         self

@@ -20,9 +20,11 @@
 //!   ([`StatusOutcome::Superseded`]).
 
 mod conditions;
+mod message;
 mod writer;
 
 pub use conditions::{ConditionStatus, Readiness, StatusDraft, validate_condition};
+pub use message::{MAX_MESSAGE_BYTES, shorten};
 pub use writer::{StatusOutcome, StatusWriter};
 
 /// Errors of the status engine.

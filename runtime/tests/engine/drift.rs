@@ -3,7 +3,6 @@
 
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildOutcome, DesiredChildren, Owner};
-use idem_runtime::resource::IdempotentResource as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;

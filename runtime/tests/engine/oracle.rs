@@ -9,7 +9,6 @@
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, DesiredChildren, Owner, as_applied};
 use idem_runtime::compare::check;
-use idem_runtime::resource::IdempotentResource as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;

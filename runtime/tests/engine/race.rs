@@ -2,7 +2,6 @@
 //! between our read and our create.
 
 use idem_runtime::apply::{Applier, ChildOutcome, Owner};
-use idem_runtime::resource::IdempotentResource as _;
 use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Service};

@@ -79,6 +79,43 @@ fn kstatus_table() {
 }
 
 #[test]
+fn the_three_kstatus_conditions_never_repeat_one_reason_and_message() {
+    for readiness in [
+        Readiness::Ready {
+            reason: "Reconciled".into(),
+            message: "all up to date".into(),
+        },
+        Readiness::Reconciling {
+            reason: "Rollout".into(),
+            message: "1 of 2 replicas".into(),
+        },
+        Readiness::Stalled {
+            reason: "ChildNotOwned".into(),
+            message: "taken".into(),
+        },
+    ] {
+        let mut s = S::default();
+        StatusDraft::new(&mut s, conds, 1, at(1), KSTATUS).set_readiness(&readiness);
+        let (Readiness::Ready { reason, message }
+        | Readiness::Reconciling { reason, message }
+        | Readiness::Stalled { reason, message }) = &readiness;
+        let true_one = s.conditions.iter().find(|c| c.status == "True").unwrap();
+        assert_eq!((&true_one.reason, &true_one.message), (reason, message));
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(&ready.reason, reason, "Ready says why (not) ready");
+        let others: Vec<_> = s
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != "Ready" && c.status == "False")
+            .collect();
+        for c in &others {
+            assert_ne!(&c.reason, reason, "{readiness:?}: {c:?}");
+            assert_ne!(&c.message, message, "{readiness:?}: {c:?}");
+        }
+    }
+}
+
+#[test]
 fn only_declared_kstatus_conditions_are_set() {
     let mut s = S::default();
     StatusDraft::new(&mut s, conds, 1, at(1), &["Ready"]).set_readiness(&Readiness::Ready {

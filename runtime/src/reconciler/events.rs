@@ -1,21 +1,20 @@
-//! Kubernetes Events about what a reconcile changed: each child created or deleted, and each
-//! change of the `Ready` condition. Publishing is best effort: a failure is logged, never fails
-//! the reconcile.
+//! Kubernetes Events about what a reconcile changed: each child created, recreated, repaired
+//! or deleted, and each change of the `Ready` condition. Publishing is best effort: a failure
+//! is logged, never fails the reconcile.
 
-use idem_runtime::apply::{ApplyReport, ChildOutcome};
-use idem_runtime::status::Readiness;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::{Event, EventType, Recorder};
 
-/// Publishes `event`, its note cut to the 1024 bytes an Event may hold (at a character
-/// boundary: see [`crate::status::shorten`]).
+use crate::apply::{ApplyReport, ChildOutcome};
+use crate::key::ObjectKey;
+use crate::status::{MAX_MESSAGE_BYTES, Readiness, shorten};
+
+/// Publishes `event` about `reference`, its note cut to the 1024 bytes an Event may hold (at a
+/// character boundary, see [`shorten`]); a failure is logged at `warn`.
 pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event: Event) {
     if let Some(note) = &event.note {
-        event.note = Some(crate::status::shorten(
-            note,
-            crate::status::MAX_MESSAGE_BYTES,
-        ));
+        event.note = Some(shorten(note, MAX_MESSAGE_BYTES));
     }
     if let Err(e) = recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, reason = %event.reason, "could not publish an event");
@@ -23,7 +22,7 @@ pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event
 }
 
 /// A reference to a child, for an event's `related` object.
-fn child_reference(key: &idem_runtime::ObjectKey) -> ObjectReference {
+fn child_reference(key: &ObjectKey) -> ObjectReference {
     ObjectReference {
         kind: Some(key.kind.to_string()),
         namespace: key.namespace.as_ref().map(ToString::to_string),

@@ -1,0 +1,354 @@
+//! The driver: runs a [`Reconciler`] for each reconcile the controller hands out, or once for
+//! a given object and client (for tests and test kits).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use tracing::Instrument;
+
+use super::{Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler, StatusFill};
+use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
+use crate::controller::{Action, Attempt, Controller, ControllerError};
+use crate::queue::ShutdownReport;
+use crate::resource::IdempotentResource;
+use crate::status::{MAX_MESSAGE_BYTES, Readiness, StatusWriter, shorten};
+
+/// Tunables of a [`Driver`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverConfig {
+    /// Consecutive failed reconciles of one object that make it `Stalled` with reason
+    /// `ReconcileFailed` (retries go on at the backoff cap; kstatus: Stalled means it needs
+    /// help). Default 5.
+    pub stalled_after: u32,
+    /// Bound on one reconcile pass (apply, status, cleanup); past it the pass is cancelled
+    /// (every write is idempotent, the next pass completes the work) and counts as a failure
+    /// with [`ReconcileError::Timeout`]. `None`: unbounded. Default 2 minutes.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            stalled_after: 5,
+            timeout: Some(Duration::from_secs(120)),
+        }
+    }
+}
+
+/// Runs a [`Reconciler`]: see the [module docs](super) for what each reconcile does.
+pub struct Driver<R: Reconciler> {
+    reconciler: R,
+    client: Client,
+    caches: ChildCaches,
+    drift: Option<DriftMetrics>,
+    reporter: Option<Reporter>,
+    recorder: Option<Recorder>,
+    config: DriverConfig,
+}
+
+type K<R> = <R as Reconciler>::Resource;
+
+impl<R> Driver<R>
+where
+    R: Reconciler,
+    <K<R> as Resource>::Scope: ChildScope,
+{
+    /// A driver of `reconciler` using `client`; Events are published as reporter
+    /// `FIELD_MANAGER` (change it with [`Driver::with_reporter`]).
+    pub fn new(client: Client, reconciler: R) -> Self {
+        let reporter = Reporter {
+            controller: K::<R>::FIELD_MANAGER.into(),
+            instance: None,
+        };
+        Self {
+            recorder: Some(Recorder::new(client.clone(), reporter.clone())),
+            reporter: Some(reporter),
+            reconciler,
+            client,
+            caches: ChildCaches::new(),
+            drift: None,
+            config: DriverConfig::default(),
+        }
+    }
+
+    /// Publish Events as `reporter` (e.g. with the pod name as `instance`).
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: Reporter) -> Self {
+        self.recorder = Some(Recorder::new(self.client.clone(), reporter.clone()));
+        self.reporter = Some(reporter);
+        self
+    }
+
+    /// Publish no Events.
+    #[must_use]
+    pub fn without_events(mut self) -> Self {
+        self.recorder = None;
+        self.reporter = None;
+        self
+    }
+
+    /// Read children from `caches` (shared with other controllers) instead of a new set.
+    #[must_use]
+    pub fn with_caches(mut self, caches: ChildCaches) -> Self {
+        self.caches = caches;
+        self
+    }
+
+    /// Count repaired drift in `drift`.
+    #[must_use]
+    pub fn with_drift_metrics(mut self, drift: DriftMetrics) -> Self {
+        self.drift = Some(drift);
+        self
+    }
+
+    /// Replace the tunables.
+    #[must_use]
+    pub fn with_config(mut self, config: DriverConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The reconciler.
+    pub fn reconciler(&self) -> &R {
+        &self.reconciler
+    }
+
+    /// The child caches the driver's passes read (filled by a running controller).
+    pub fn caches(&self) -> &ChildCaches {
+        &self.caches
+    }
+
+    /// Runs `controller` with this driver until `shutdown` resolves (the controller gets the
+    /// driver's child caches); see [`Controller::run`].
+    ///
+    /// # Errors
+    /// [`ControllerError`] when the controller's configuration is invalid.
+    pub async fn run(
+        self,
+        controller: Controller<K<R>>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ShutdownReport, ControllerError> {
+        let caches = self.caches.clone();
+        controller
+            .with_child_caches(caches)
+            .run(Self::reconcile, Arc::new(self), shutdown)
+            .await
+    }
+
+    /// The reconcile function for [`Controller::run`] with the driver as its context.
+    ///
+    /// # Errors
+    /// The pass's [`ReconcileError`] unless it was terminal (then `Stalled` is written and
+    /// `Ok(Action::await_change())` returned).
+    pub async fn reconcile(
+        obj: Arc<K<R>>,
+        driver: Arc<Self>,
+        attempt: Attempt,
+    ) -> Result<Action, ReconcileError> {
+        let client = driver.client.clone();
+        let recorder = driver.recorder.clone();
+        driver
+            .drive(client, recorder, obj, attempt.failures, attempt.reason)
+            .await
+    }
+
+    /// Runs ONE reconcile of `obj` with `client` (every request of the pass goes through it;
+    /// children are read from [`Driver::caches`] when a controller fills them, else from the
+    /// API server), as a first attempt (no failures before), reason
+    /// [`Reason::ObjectChanged`]. For tests and test kits: what the controller would do with
+    /// this object, without a controller.
+    ///
+    /// # Errors
+    /// As [`Driver::reconcile`].
+    pub async fn reconcile_once(
+        &self,
+        client: Client,
+        obj: Arc<K<R>>,
+    ) -> Result<Action, ReconcileError> {
+        let recorder = self
+            .reporter
+            .clone()
+            .map(|reporter| Recorder::new(client.clone(), reporter));
+        self.drive(client, recorder, obj, 0, Reason::ObjectChanged)
+            .await
+    }
+
+    async fn drive(
+        &self,
+        client: Client,
+        recorder: Option<Recorder>,
+        obj: Arc<K<R>>,
+        failures: u32,
+        reason: Reason,
+    ) -> Result<Action, ReconcileError> {
+        let tenant = match obj.tenant() {
+            Ok(crate::resource::TenantRef::Known(key)) => key.to_string(),
+            Ok(crate::resource::TenantRef::NamespaceLabel { namespace, .. }) => {
+                format!("(label of namespace {namespace})")
+            }
+            Err(_) => String::new(),
+        };
+        let object = match obj.namespace() {
+            Some(ns) => format!("{}/{ns}/{}", K::<R>::kind(&()), obj.name_any()),
+            None => format!("{}/{}", K::<R>::kind(&()), obj.name_any()),
+        };
+        let span = tracing::info_span!("reconcile", %object, %tenant, %reason);
+        async move {
+            let pass = self.pass(client.clone(), recorder.clone(), Arc::clone(&obj), reason);
+            let result = match self.config.timeout {
+                Some(limit) => tokio::time::timeout(limit, pass)
+                    .await
+                    .unwrap_or(Err(ReconcileError::Timeout(limit))),
+                None => pass.await,
+            };
+            let error = match result {
+                Ok(action) => return Ok(action),
+                Err(e) => e,
+            };
+            let writer = Self::writer(&client, &obj);
+            if error.is_terminal() {
+                tracing::warn!(%error, "terminal reconcile error: stalled until the object changes");
+                let readiness = Readiness::Stalled {
+                    reason: error.terminal_reason().to_owned(),
+                    message: shorten(&error.to_string(), MAX_MESSAGE_BYTES),
+                };
+                let fill: StatusFill<K<R>> = Box::new(|_| {});
+                self.write_status(&writer, recorder.as_ref(), &obj, &readiness, &fill)
+                    .await?;
+                return Ok(Action::await_change());
+            }
+            let failures = failures + 1;
+            if failures >= self.config.stalled_after {
+                let message = format!("{failures} reconciles failed in a row; retrying: {error}");
+                let readiness = Readiness::Stalled {
+                    reason: "ReconcileFailed".into(),
+                    message: shorten(&message, MAX_MESSAGE_BYTES),
+                };
+                let this = Arc::clone(&obj);
+                let reconciler = &self.reconciler;
+                let fill = move |status: &mut <K<R> as IdempotentResource>::Status| {
+                    reconciler.failed_status(&this, status);
+                };
+                if let Err(e) = self
+                    .write_status_with(&writer, recorder.as_ref(), &obj, &readiness, &fill)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not write the Stalled status");
+                }
+            }
+            Err(error)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The status writer of `obj`'s kind, in its namespace when namespaced.
+    fn writer(client: &Client, obj: &K<R>) -> StatusWriter<K<R>> {
+        StatusWriter::new(<<K<R> as Resource>::Scope as ChildScope>::api::<K<R>>(
+            client.clone(),
+            obj.namespace().as_deref(),
+        ))
+    }
+
+    /// One pass: finalizer, cleanup or reconcile, status.
+    async fn pass(
+        &self,
+        client: Client,
+        recorder: Option<Recorder>,
+        obj: Arc<K<R>>,
+        reason: Reason,
+    ) -> Result<Action, ReconcileError> {
+        let mut applier = Applier::new(client.clone()).with_caches(self.caches.clone());
+        if let Some(drift) = &self.drift {
+            applier = applier.with_metrics(drift.clone());
+        }
+        let writer = Self::writer(&client, &obj);
+        if obj.meta().deletion_timestamp.is_some() {
+            let Some(finalizer) = R::FINALIZER else {
+                // Children carry a controller ownerReference: the garbage collector deletes them.
+                return Ok(Action::await_change());
+            };
+            if !obj.finalizers().iter().any(|f| f == finalizer) {
+                return Ok(Action::await_change());
+            }
+            let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason);
+            return match self.reconciler.cleanup(&obj, &mut pass).await? {
+                Cleanup::Done => {
+                    writer.remove_finalizer(&obj, finalizer).await?;
+                    Ok(Action::await_change())
+                }
+                Cleanup::Pending(outcome) => self.conclude(&writer, &pass, &obj, outcome).await,
+            };
+        }
+        let obj = match R::FINALIZER {
+            Some(finalizer) => match writer.add_finalizer(&obj, finalizer).await? {
+                Some(updated) => Arc::new(updated),
+                None => obj,
+            },
+            None => obj,
+        };
+        let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason);
+        let outcome = self.reconciler.reconcile(&obj, &mut pass).await?;
+        self.conclude(&writer, &pass, &obj, outcome).await
+    }
+
+    async fn conclude(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        pass: &Pass<K<R>>,
+        obj: &K<R>,
+        outcome: Outcome<K<R>>,
+    ) -> Result<Action, ReconcileError> {
+        let fill = outcome.fill.unwrap_or_else(|| Box::new(|_| {}));
+        self.write_status(writer, pass.recorder(), obj, &outcome.readiness, &fill)
+            .await?;
+        Ok(match outcome.requeue {
+            Some(after) => Action::requeue(after),
+            None => Action::await_change(),
+        })
+    }
+
+    async fn write_status(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        recorder: Option<&Recorder>,
+        obj: &K<R>,
+        readiness: &Readiness,
+        fill: &StatusFill<K<R>>,
+    ) -> Result<(), ReconcileError> {
+        self.write_status_with(writer, recorder, obj, readiness, &|s| fill(s))
+            .await
+    }
+
+    /// Writes `readiness` (and `fill`'s fields) if the status changed; an Event when `Ready`
+    /// changes.
+    async fn write_status_with(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        recorder: Option<&Recorder>,
+        obj: &K<R>,
+        readiness: &Readiness,
+        fill: &(dyn Fn(&mut <K<R> as IdempotentResource>::Status) + Send + Sync),
+    ) -> Result<(), ReconcileError> {
+        let previous = obj.status().and_then(|s| {
+            K::<R>::conditions_of(s)
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .cloned()
+        });
+        writer
+            .write(obj, |_, draft| {
+                fill(draft.status_mut());
+                draft.set_readiness(readiness);
+            })
+            .await?;
+        if let Some(recorder) = recorder {
+            super::events::readiness(recorder, &obj.object_ref(&()), previous.as_ref(), readiness)
+                .await;
+        }
+        Ok(())
+    }
+}

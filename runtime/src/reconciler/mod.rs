@@ -1,0 +1,275 @@
+//! The reconciler trait: a kind says what it desires and what "ready" means; the runtime's
+//! [`Driver`] does the rest of every reconcile.
+//!
+//! A user implements [`Reconciler`] — usually just [`Reconciler::desired`] (the children, as
+//! [`DesiredChildren`]) and, if the children's presence is not enough, [`Reconciler::ready`].
+//! The [`Driver`] then runs each reconcile as follows:
+//!
+//! 1. opens a tracing span `reconcile` with the object, its tenant and the [`Reason`] it runs
+//!    for (object changed, child changed, requeue, resync, error);
+//! 2. with [`Reconciler::FINALIZER`] set: adds the finalizer, and once the object is being
+//!    deleted runs [`Reconciler::cleanup`] until it says [`Cleanup::Done`], then removes it;
+//! 3. builds the [`Owner`](crate::apply::Owner) from the derive (`FIELD_MANAGER` and the
+//!    tenant rule) and applies the desired children with the apply engine (convergence check
+//!    on the server's record, prune, no write when converged), publishing an Event per child
+//!    created, recreated, repaired or deleted;
+//! 4. writes the status when it changed: `observedGeneration` and the kstatus conditions
+//!    (`Ready`/`Reconciling`/`Stalled`) from the [`Outcome`], plus the kind's own fields,
+//!    with an Event when `Ready` changes;
+//! 5. bounds the whole pass by [`DriverConfig::timeout`];
+//! 6. after [`DriverConfig::stalled_after`] failures in a row writes `Stalled` with reason
+//!    `ReconcileFailed` and the error (retries go on with backoff); a
+//!    [terminal](ReconcileError::is_terminal) error writes `Stalled` with its own reason at
+//!    once and is not retried until the object changes (no retry storm).
+//!
+//! ```no_run
+//! # use idem_runtime::apply::DesiredChildren;
+//! # use idem_runtime::reconciler::{ReconcileError, Reconciler};
+//! # use k8s_openapi::api::core::v1::ConfigMap;
+//! # type Widget = ConfigMap;
+//! # fn desired(_: &Widget) -> Result<DesiredChildren, ReconcileError> { todo!() }
+//! // With a derived `Widget` (`#[derive(CustomResource, IdempotentResource)]`):
+//! struct Widgets;
+//! # /*
+//! impl Reconciler for Widgets {
+//!     type Resource = Widget;
+//!     fn desired(&self, w: &Widget) -> Result<DesiredChildren, ReconcileError> {
+//!         desired(w) // the children: namespaces, quotas, role bindings, …
+//!     }
+//! }
+//! # */
+//! // Then: Driver::new(client, Widgets).run(controller, shutdown).await
+//! ```
+
+mod driver;
+pub mod events;
+mod pass;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use self::driver::{Driver, DriverConfig};
+pub use self::pass::Pass;
+pub use crate::controller::Reason;
+
+use crate::apply::{ApplyError, ApplyReport, DesiredChildren};
+use crate::resource::{IdempotentResource, TenantError};
+use crate::status::{Readiness, StatusError};
+
+/// Why a reconcile failed: the one error type of a [`Reconciler`], with conversions from the
+/// apply engine's, the status engine's and kube's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Applying or pruning children failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Writing status or finalizers failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// The object's tenant could not be found.
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
+    /// Another API call failed.
+    #[error("API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The reconcile did not finish within [`DriverConfig::timeout`].
+    #[error("reconcile did not finish within {0:?}")]
+    Timeout(Duration),
+    /// The reconcile panicked (caught; the worker lives on).
+    #[error("reconcile panicked: {0}")]
+    Panicked(String),
+    /// A failure that retrying cannot fix (e.g. an invalid spec): the object is set `Stalled`
+    /// with `reason` and `message` at once and not retried until it changes.
+    #[error("{reason}: {message}")]
+    Terminal {
+        /// CamelCase condition reason, e.g. `InvalidSpec`.
+        reason: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// Any other failure of the user's code; retried with backoff.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl ReconcileError {
+    /// A [`ReconcileError::Terminal`] error: retrying will not help, the object needs a change.
+    pub fn terminal(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Terminal {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether retrying cannot fix it: [`ReconcileError::Terminal`], and apply errors the
+    /// desired state itself causes before any request (a child listed twice, without a name,
+    /// not serialisable, or in a scope the owner cannot own: API conventions on ownership).
+    /// Errors the API server returns are never terminal: a 422 may come from an admission
+    /// policy an admin fixes, so those retry with backoff and stall after N failures.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::Terminal { .. }
+                | Self::Apply(
+                    ApplyError::Duplicate(_)
+                        | ApplyError::MissingName { .. }
+                        | ApplyError::Serialize { .. }
+                        | ApplyError::InvalidScope { .. }
+                )
+        )
+    }
+
+    /// The condition reason of a terminal error: its own for [`ReconcileError::Terminal`],
+    /// `InvalidDesiredState` for the apply errors [`ReconcileError::is_terminal`] names.
+    pub fn terminal_reason(&self) -> &str {
+        match self {
+            Self::Terminal { reason, .. } => reason,
+            _ => "InvalidDesiredState",
+        }
+    }
+}
+
+/// What a reconcile concluded: the readiness for the kstatus conditions, an optional requeue,
+/// and the kind's own status fields.
+pub struct Outcome<K: IdempotentResource> {
+    readiness: Readiness,
+    requeue: Option<Duration>,
+    fill: Option<StatusFill<K>>,
+}
+
+/// Sets a kind's own status fields.
+pub(crate) type StatusFill<K> = Box<dyn Fn(&mut <K as IdempotentResource>::Status) + Send + Sync>;
+
+impl<K: IdempotentResource> Outcome<K> {
+    /// Conclude with `readiness`; no requeue, no status fields of the kind's own.
+    pub fn new(readiness: Readiness) -> Self {
+        Self {
+            readiness,
+            requeue: None,
+            fill: None,
+        }
+    }
+
+    /// Reconcile again after `after` (a poll for what no watch reports); `None` keeps
+    /// waiting for a change.
+    #[must_use]
+    pub fn requeue(mut self, after: impl Into<Option<Duration>>) -> Self {
+        self.requeue = after.into();
+        self
+    }
+
+    /// Also set the kind's own status fields with `fill` (run on the stored status before the
+    /// write; again on a conflict's re-read).
+    #[must_use]
+    pub fn status(mut self, fill: impl Fn(&mut K::Status) + Send + Sync + 'static) -> Self {
+        self.fill = Some(Box::new(fill));
+        self
+    }
+
+    /// The readiness.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+}
+
+impl<K: IdempotentResource> From<Readiness> for Outcome<K> {
+    fn from(readiness: Readiness) -> Self {
+        Self::new(readiness)
+    }
+}
+
+impl<K: IdempotentResource> std::fmt::Debug for Outcome<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outcome")
+            .field("readiness", &self.readiness)
+            .field("requeue", &self.requeue)
+            .field("status", &self.fill.is_some())
+            .finish()
+    }
+}
+
+/// What a [`Reconciler::cleanup`] pass concluded.
+#[derive(Debug)]
+pub enum Cleanup<K: IdempotentResource> {
+    /// Finished: the driver removes the finalizer.
+    Done,
+    /// Not yet (e.g. children still being deleted): write this outcome (its requeue polls).
+    Pending(Outcome<K>),
+}
+
+/// A kind's reconcile logic; the [`Driver`] runs it (see the [module docs](self)).
+///
+/// Implement [`Reconciler::desired`] (and [`Reconciler::ready`] when needed); override
+/// [`Reconciler::reconcile`] only when the children come in stages (e.g. namespaces first,
+/// then what goes in them) or the outcome needs more than the apply report.
+pub trait Reconciler: Send + Sync + 'static {
+    /// The derived resource kind.
+    type Resource: IdempotentResource;
+
+    /// The finalizer the driver adds to every object and removes once [`Reconciler::cleanup`]
+    /// is done; `None` (the default): no finalizer, children go with the owner by garbage
+    /// collection (their controller ownerReference).
+    const FINALIZER: Option<&'static str> = None;
+
+    /// The children `obj` desires (their kinds are pruned of children no longer desired).
+    ///
+    /// # Errors
+    /// A [`ReconcileError`]; [`ReconcileError::terminal`] for a spec that cannot work.
+    /// The default says neither this nor [`Reconciler::reconcile`] was implemented.
+    fn desired(&self, obj: &Self::Resource) -> Result<DesiredChildren, ReconcileError> {
+        let _ = obj;
+        Err(ReconcileError::terminal(
+            "NotImplemented",
+            "the reconciler implements neither desired() nor reconcile()",
+        ))
+    }
+
+    /// What "ready" means, given the apply report of [`Reconciler::desired`]'s children.
+    /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
+    /// when a child's name is taken, `Reconciling` while a child is being deleted).
+    fn ready(&self, obj: &Self::Resource, report: &ApplyReport) -> Outcome<Self::Resource> {
+        let _ = obj;
+        Outcome::new(report.readiness())
+    }
+
+    /// One pass: by default apply [`Reconciler::desired`] and conclude with
+    /// [`Reconciler::ready`].
+    ///
+    /// # Errors
+    /// A [`ReconcileError`]: retried with backoff unless terminal.
+    fn reconcile(
+        &self,
+        obj: &Self::Resource,
+        pass: &mut Pass<Self::Resource>,
+    ) -> impl Future<Output = Result<Outcome<Self::Resource>, ReconcileError>> + Send {
+        async move {
+            let desired = self.desired(obj)?;
+            let report = pass.apply(&desired).await?;
+            Ok(self.ready(obj, &report))
+        }
+    }
+
+    /// The cleanup of an object being deleted, run while it carries
+    /// [`Reconciler::FINALIZER`]; the default is done at once.
+    ///
+    /// # Errors
+    /// A [`ReconcileError`]; the finalizer stays and the cleanup is retried.
+    fn cleanup(
+        &self,
+        obj: &Self::Resource,
+        pass: &mut Pass<Self::Resource>,
+    ) -> impl Future<Output = Result<Cleanup<Self::Resource>, ReconcileError>> + Send {
+        let _ = (obj, pass);
+        async { Ok(Cleanup::Done) }
+    }
+
+    /// The kind's own status fields to write along with `Stalled` when the reconcile failed
+    /// (e.g. counts that must not read 0 while children exist); default: none.
+    fn failed_status(
+        &self,
+        obj: &Self::Resource,
+        status: &mut <Self::Resource as IdempotentResource>::Status,
+    ) {
+        let _ = (obj, status);
+    }
+}

@@ -1,0 +1,151 @@
+//! One reconcile pass of one object: the client, the apply engine and the Event recorder it
+//! uses, and the owner its children are applied under.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use kube::Client;
+use kube::runtime::events::{Event, Recorder};
+
+use super::{Reason, ReconcileError};
+use crate::apply::{Applier, ApplyReport, ChildCaches, DesiredChildren, Owner};
+use crate::key::TenantKey;
+use crate::resource::{IdempotentResource, TenantRef};
+
+/// One reconcile pass, given to [`Reconciler::reconcile`](super::Reconciler::reconcile) and
+/// [`Reconciler::cleanup`](super::Reconciler::cleanup).
+pub struct Pass<K: IdempotentResource> {
+    obj: Arc<K>,
+    client: Client,
+    applier: Applier,
+    recorder: Option<Recorder>,
+    reference: ObjectReference,
+    tenant: Option<TenantKey>,
+    reason: Reason,
+}
+
+impl<K: IdempotentResource> Pass<K> {
+    pub(crate) fn new(
+        obj: Arc<K>,
+        client: Client,
+        applier: Applier,
+        recorder: Option<Recorder>,
+        reason: Reason,
+    ) -> Self {
+        let tenant = match obj.tenant() {
+            Ok(TenantRef::Known(key)) => Some(key),
+            _ => None,
+        };
+        let reference = obj.object_ref(&());
+        Self {
+            obj,
+            client,
+            applier,
+            recorder,
+            reference,
+            tenant,
+            reason,
+        }
+    }
+
+    /// The client of this pass: every request of the pass goes through it.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The apply engine of this pass (reading children from the controller's caches).
+    pub fn applier(&self) -> &Applier {
+        &self.applier
+    }
+
+    /// The controller's child caches, when the driver has them: read children there instead
+    /// of asking the API server.
+    pub fn caches(&self) -> Option<&ChildCaches> {
+        self.applier.caches()
+    }
+
+    /// Why this reconcile runs.
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// A reference to the object, for Events.
+    pub fn reference(&self) -> &ObjectReference {
+        &self.reference
+    }
+
+    /// The tenant children are labelled with, once known (from the derive's rule, or
+    /// [`Pass::set_tenant`]).
+    pub fn tenant(&self) -> Option<&TenantKey> {
+        self.tenant.as_ref()
+    }
+
+    /// Label children with `tenant` instead of what the derive's rule finds (e.g. a tenant
+    /// the kind checks more strictly than a label).
+    pub fn set_tenant(&mut self, tenant: TenantKey) {
+        self.tenant = Some(tenant);
+    }
+
+    /// The owner children are applied under: the object, the derive's `FIELD_MANAGER` and its
+    /// tenant. A tenant named by a namespace label is read from the child caches when they
+    /// hold Namespaces, else with one GET.
+    ///
+    /// # Errors
+    /// [`ReconcileError::Tenant`] when the tenant cannot be found,
+    /// [`ReconcileError::Apply`] when the object was not read from the API server.
+    pub async fn owner(&mut self) -> Result<Owner, ReconcileError> {
+        if self.tenant.is_none() {
+            let tenant = match self.obj.tenant()? {
+                TenantRef::Known(key) => key,
+                TenantRef::NamespaceLabel { namespace, label } => {
+                    let cached = self
+                        .caches()
+                        .and_then(|c| c.lookup::<Namespace>(None, &namespace))
+                        .flatten();
+                    let reference = TenantRef::NamespaceLabel { namespace, label };
+                    match cached {
+                        Some(ns) => reference
+                            .resolve_with_labels(&ns.metadata.labels.unwrap_or_default())?,
+                        None => reference.resolve(&self.client).await?,
+                    }
+                }
+            };
+            self.tenant = Some(tenant);
+        }
+        Ok(Owner::new(
+            self.obj.as_ref(),
+            K::FIELD_MANAGER,
+            self.tenant.clone(),
+        )?)
+    }
+
+    /// Applies `desired` under [`Pass::owner`] (only what drifted; prunes children of the
+    /// desired kinds no longer desired) and publishes an Event per child created, recreated,
+    /// repaired or deleted.
+    ///
+    /// # Errors
+    /// As [`Applier::reconcile`] and [`Pass::owner`].
+    pub async fn apply(
+        &mut self,
+        desired: &DesiredChildren,
+    ) -> Result<ApplyReport, ReconcileError> {
+        let owner = self.owner().await?;
+        let report = self.applier.reconcile(&owner, desired).await?;
+        if let Some(recorder) = &self.recorder {
+            super::events::children(recorder, &self.reference, &report).await;
+        }
+        Ok(report)
+    }
+
+    /// Publishes `event` about the object (best effort; nothing without a recorder).
+    pub async fn publish(&self, event: Event) {
+        if let Some(recorder) = &self.recorder {
+            super::events::publish(recorder, &self.reference, event).await;
+        }
+    }
+
+    /// The recorder of this pass, if the driver has one.
+    pub(crate) fn recorder(&self) -> Option<&Recorder> {
+        self.recorder.as_ref()
+    }
+}
