@@ -111,6 +111,18 @@ where
         self
     }
 
+    /// The watch configuration for the children of this kind
+    /// ([`Controller::owns`]): only objects labelled
+    /// `app.kubernetes.io/managed-by=<FIELD_MANAGER>`, which the apply engine puts on every
+    /// child, so a controller does not cache every Namespace or RoleBinding of the cluster.
+    pub fn children_config() -> kube::runtime::watcher::Config {
+        kube::runtime::watcher::Config::default().labels(&format!(
+            "{}={}",
+            crate::apply::MANAGED_BY_LABEL,
+            K::<R>::FIELD_MANAGER
+        ))
+    }
+
     /// The reconciler.
     pub fn reconciler(&self) -> &R {
         &self.reconciler

@@ -1,0 +1,302 @@
+//! Against the real control plane: the example `BaseTenant` (runtime/examples/base_tenant.rs)
+//! on the [`Reconciler`] driver — one reconcile converges (4 children, Ready, observedGeneration,
+//! the crate's field manager); a second writes nothing; a terminal error stalls at once and
+//! creates nothing; repeated failures stall with `ReconcileFailed`; the controller-driven
+//! driver repairs a deleted child; a finalizer's cleanup hook runs before the object goes.
+
+#[allow(dead_code)]
+#[path = "../examples/base_tenant.rs"]
+mod base_tenant;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
+use idem_runtime::apply::MANAGED_BY_LABEL;
+use idem_runtime::controller::{Action, Attempt, Reason};
+use idem_runtime::queue::Priority;
+use idem_runtime::reconciler::{Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler};
+use idem_runtime::{ObjectKey, TenantKey};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::Mutex;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Tests share one CRD install.
+static SETUP: Mutex<bool> = Mutex::const_new(false);
+
+async fn client() -> Client {
+    let client = idem_tests::shared().client();
+    let mut done = SETUP.lock().await;
+    if !*done {
+        base_tenant::install_crd(&client)
+            .await
+            .expect("install the CRD");
+        *done = true;
+    }
+    client
+}
+
+fn spec(owners: &[&str]) -> BaseTenantSpec {
+    BaseTenantSpec {
+        owners: owners.iter().map(|s| s.to_string()).collect(),
+        cpu: "2".into(),
+        memory: "4Gi".into(),
+    }
+}
+
+async fn create(client: &Client, prefix: &str, spec: BaseTenantSpec) -> Arc<BaseTenant> {
+    let name = idem_tests::unique_name(prefix);
+    let api: Api<BaseTenant> = Api::all(client.clone());
+    Arc::new(
+        api.create(&PostParams::default(), &BaseTenant::new(&name, spec))
+            .await
+            .expect("create"),
+    )
+}
+
+async fn get(client: &Client, name: &str) -> BaseTenant {
+    Api::<BaseTenant>::all(client.clone())
+        .get(name)
+        .await
+        .expect("get")
+}
+
+fn condition(t: &BaseTenant, type_: &str) -> (String, String, String) {
+    let c = t
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition: {t:?}"));
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+/// resourceVersions of the four children of tenant `name`.
+async fn children(client: &Client, name: &str) -> Vec<String> {
+    let ns = Api::<Namespace>::all(client.clone())
+        .get(name)
+        .await
+        .expect("namespace");
+    assert_eq!(
+        ns.labels().get(MANAGED_BY_LABEL).map(String::as_str),
+        Some("idem-runtime"),
+        "the crate's name is the field manager, not idem-operator"
+    );
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), name)
+        .get("quota")
+        .await;
+    let limits = Api::<LimitRange>::namespaced(client.clone(), name)
+        .get("limits")
+        .await;
+    let owners = Api::<RoleBinding>::namespaced(client.clone(), name)
+        .get("owners")
+        .await;
+    vec![
+        ns.resource_version().unwrap(),
+        quota.expect("quota").resource_version().unwrap(),
+        limits.expect("limits").resource_version().unwrap(),
+        owners.expect("owners").resource_version().unwrap(),
+    ]
+}
+
+#[tokio::test]
+async fn one_reconcile_converges_and_a_second_writes_nothing() {
+    let client = client().await;
+    let tenant = create(&client, "bt-conv", spec(&["alice"])).await;
+    let driver = Driver::new(client.clone(), BaseTenants);
+    let action = driver
+        .reconcile_once(client.clone(), Arc::clone(&tenant))
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    let name = tenant.name_any();
+    let stored = get(&client, &name).await;
+    assert_eq!(condition(&stored, "Ready").0, "True");
+    let (reconciling, reason, _) = condition(&stored, "Reconciling");
+    assert_eq!(reconciling, "False");
+    assert_ne!(reason, condition(&stored, "Ready").1, "distinct reasons");
+    assert_eq!(stored.status.as_ref().unwrap().observed_generation, Some(1));
+    let before = children(&client, &name).await;
+
+    driver
+        .reconcile_once(client.clone(), Arc::new(stored.clone()))
+        .await
+        .expect("second reconcile");
+    assert_eq!(children(&client, &name).await, before, "no child written");
+    let again = get(&client, &name).await;
+    assert_eq!(
+        again.resource_version(),
+        stored.resource_version(),
+        "no status write"
+    );
+}
+
+#[tokio::test]
+async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
+    let client = client().await;
+    let tenant = create(&client, "bt-term", spec(&[])).await;
+    let driver = Driver::new(client.clone(), BaseTenants);
+    let action = driver
+        .reconcile_once(client.clone(), Arc::clone(&tenant))
+        .await
+        .expect("a terminal error is handled: Stalled, no retry");
+    assert_eq!(
+        action,
+        Action::await_change(),
+        "no requeue: waits for a change"
+    );
+    let stored = get(&client, &tenant.name_any()).await;
+    let (status, reason, message) = condition(&stored, "Stalled");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "NoOwners"));
+    assert!(message.contains("spec.owners is empty"), "{message}");
+    let ns = Api::<Namespace>::all(client.clone())
+        .get_opt(&tenant.name_any())
+        .await;
+    assert!(ns.unwrap().is_none(), "nothing created");
+}
+
+#[tokio::test]
+async fn failures_in_a_row_stall_with_reconcile_failed_and_keep_retrying() {
+    let client = client().await;
+    let tenant = create(&client, "bt-fail", spec(&["bob"])).await;
+    // A pass that can never finish in time: every attempt fails with Timeout.
+    let driver = Arc::new(
+        Driver::new(client.clone(), BaseTenants).with_config(DriverConfig {
+            timeout: Some(Duration::ZERO),
+            ..DriverConfig::default()
+        }),
+    );
+    let attempt = |failures| Attempt {
+        key: ObjectKey::cluster("BaseTenant", &tenant.name_any()),
+        tenant: TenantKey::new(tenant.name_any()),
+        failures,
+        priority: Priority::Event,
+        reason: Reason::Error,
+    };
+    let first = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(0)).await;
+    assert!(
+        matches!(first, Err(ReconcileError::Timeout(_))),
+        "{first:?}"
+    );
+    assert!(
+        get(&client, &tenant.name_any()).await.status.is_none(),
+        "not stalled after 1"
+    );
+    let fifth = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(4)).await;
+    assert!(
+        fifth.is_err(),
+        "still an error: the controller keeps retrying"
+    );
+    let stored = get(&client, &tenant.name_any()).await;
+    let (status, reason, message) = condition(&stored, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ReconcileFailed")
+    );
+    assert!(
+        message.starts_with("5 reconciles failed in a row"),
+        "{message}"
+    );
+    let (_, ready_reason, _) = condition(&stored, "Ready");
+    assert_eq!(ready_reason, "ReconcileFailed");
+    assert_ne!(condition(&stored, "Reconciling").1, "ReconcileFailed");
+}
+
+#[tokio::test]
+async fn the_controller_driven_driver_converges_and_repairs_a_deleted_child() {
+    let client = client().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(Driver::new(client.clone(), BaseTenants).run(
+        base_tenant::controller(&client),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let tenant = create(&client, "bt-ctl", spec(&["carol"])).await;
+    let name = tenant.name_any();
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &name);
+    wait("Ready", || async {
+        let t = get(&client, &name).await;
+        t.status.is_some() && condition(&t, "Ready").0 == "True"
+    })
+    .await;
+    let uid = bindings.get("owners").await.unwrap().uid();
+    bindings
+        .delete("owners", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait("the RoleBinding recreated", || async {
+        matches!(bindings.get_opt("owners").await, Ok(Some(b)) if b.uid() != uid)
+    })
+    .await;
+    stop.send(()).unwrap();
+    let report = run.await.unwrap().expect("run");
+    assert!(report.drained(), "{report:?}");
+}
+
+/// A reconciler with a finalizer whose cleanup hook counts its runs.
+struct Finalizing(Arc<AtomicU32>);
+
+impl Reconciler for Finalizing {
+    type Resource = BaseTenant;
+    const FINALIZER: Option<&'static str> = Some("example.idem.dev/cleanup");
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        base_tenant::desired(tenant)
+    }
+    async fn cleanup(
+        &self,
+        _: &BaseTenant,
+        _: &mut Pass<BaseTenant>,
+    ) -> Result<Cleanup<BaseTenant>, ReconcileError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Cleanup::Done)
+    }
+}
+
+#[tokio::test]
+async fn a_finalizer_is_added_and_removed_after_the_cleanup_hook() {
+    let client = client().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let driver = Driver::new(client.clone(), Finalizing(Arc::clone(&runs)));
+    let tenant = create(&client, "bt-fin", spec(&["dave"])).await;
+    let name = tenant.name_any();
+    driver.reconcile_once(client.clone(), tenant).await.unwrap();
+    let stored = get(&client, &name).await;
+    assert_eq!(stored.finalizers(), ["example.idem.dev/cleanup"]);
+    let api = Api::<BaseTenant>::all(client.clone());
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    let deleting = get(&client, &name).await;
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    driver
+        .reconcile_once(client.clone(), Arc::new(deleting))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the cleanup hook ran once");
+    wait("the BaseTenant gone", || async {
+        api.get_opt(&name).await.unwrap().is_none()
+    })
+    .await;
+}
+
+async fn wait<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {WAIT:?} for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
