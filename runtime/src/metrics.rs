@@ -10,6 +10,12 @@
 //! | `workqueue_work_duration_seconds` | histogram | `name` | seconds between dispatch and done |
 //! | `controller_runtime_reconcile_total` | counter | `controller`, `result` | reconciles by result: `success`, `error`, `requeue_after` |
 //! | `controller_runtime_reconcile_time_seconds` | histogram | `controller` | seconds spent in the reconcile function |
+//! | `controller_runtime_reconcile_errors_total` | counter | `controller` | reconciles that returned an error or panicked |
+//! | `controller_runtime_reconcile_panics_total` | counter | `controller` | reconciles that panicked (caught: the worker lives on and the key retries with backoff) |
+//! | `controller_runtime_active_workers` | gauge | `controller` | workers running a reconcile now |
+//! | `controller_runtime_max_concurrent_reconciles` | gauge | `controller` | the worker count ([`ControllerConfig::workers`](crate::controller::ControllerConfig::workers)) |
+//! | `workqueue_unfinished_work_seconds` | gauge | `name` | seconds of work in progress not yet observed by `work_duration` (sum over keys in flight), computed at scrape; grows when a reconcile hangs |
+//! | `workqueue_longest_running_processor_seconds` | gauge | `name` | seconds the longest key in flight has been processed, computed at scrape |
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
 //!
@@ -20,11 +26,19 @@
 //! Workqueue histograms use client-go's buckets (`ExponentialBuckets(10e-9, 10, 12)`:
 //! 10 ns … 1,000 s); the reconcile-time histogram uses 5 ms × 2ⁿ, n = 0..16 (5 ms … ~164 s).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::TypedMetric;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use tokio::time::Instant;
 
 use crate::key::TenantKey;
 use crate::queue::fair::TenantMetrics;
@@ -53,6 +67,11 @@ pub struct Metrics {
     reconcile_time: Family<Labels, Histogram, fn() -> Histogram>,
     tenant_depth: Family<Labels, Gauge>,
     tenant_dispatches: Family<Labels, Counter>,
+    reconcile_errors: Family<Labels, Counter>,
+    reconcile_panics: Family<Labels, Counter>,
+    active_workers: Family<Labels, Gauge>,
+    max_concurrent: Family<Labels, Gauge>,
+    in_flight: Arc<InFlightCollector>,
 }
 
 impl Metrics {
@@ -68,7 +87,33 @@ impl Metrics {
             reconcile_time: Family::new_with_constructor(reconcile_histogram),
             tenant_depth: Family::default(),
             tenant_dispatches: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_panics: Family::default(),
+            active_workers: Family::default(),
+            max_concurrent: Family::default(),
+            in_flight: Arc::default(),
         };
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_panics",
+            "Total number of reconciliation panics per controller",
+            m.reconcile_panics.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            m.active_workers.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            m.max_concurrent.clone(),
+        );
+        registry.register_collector(Box::new(Arc::clone(&m.in_flight)));
         registry.register(
             "workqueue_depth",
             "Current depth of workqueue",
@@ -132,6 +177,7 @@ impl Metrics {
             work_duration: self.work_duration.get_or_create(&labels).clone(),
             tenant_depth: self.tenant_depth.clone(),
             tenant_dispatches: self.tenant_dispatches.clone(),
+            in_flight: self.in_flight.queue(name),
         }
     }
 
@@ -147,6 +193,10 @@ impl Metrics {
             error: result("error"),
             requeue_after: result("requeue_after"),
             reconcile_time: self.reconcile_time.get_or_create(&labels).clone(),
+            errors: self.reconcile_errors.get_or_create(&labels).clone(),
+            panics: self.reconcile_panics.get_or_create(&labels).clone(),
+            active_workers: self.active_workers.get_or_create(&labels).clone(),
+            max_concurrent: self.max_concurrent.get_or_create(&labels).clone(),
         }
     }
 }
@@ -163,6 +213,7 @@ pub struct QueueMetrics {
     pub(crate) work_duration: Histogram,
     tenant_depth: Family<Labels, Gauge>,
     tenant_dispatches: Family<Labels, Counter>,
+    pub(crate) in_flight: InFlight,
 }
 
 impl QueueMetrics {
@@ -201,4 +252,100 @@ pub struct ControllerMetrics {
     pub(crate) error: Counter,
     pub(crate) requeue_after: Counter,
     pub(crate) reconcile_time: Histogram,
+    pub(crate) errors: Counter,
+    pub(crate) panics: Counter,
+    pub(crate) active_workers: Gauge,
+    pub(crate) max_concurrent: Gauge,
+}
+
+/// Start times of the keys in flight of one queue (client-go's `processingStartTimes`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct InFlight {
+    started: Arc<Mutex<HashMap<u64, Instant>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl InFlight {
+    /// Notes a key dispatched at `at`; give the id to [`InFlight::finish`] when it is done.
+    pub(crate) fn start(&self, at: Instant) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut started) = self.started.lock() {
+            started.insert(id, at);
+        }
+        id
+    }
+
+    /// The key of `id` is done.
+    pub(crate) fn finish(&self, id: u64) {
+        if let Ok(mut started) = self.started.lock() {
+            started.remove(&id);
+        }
+    }
+
+    /// Seconds in flight so far: (sum over keys, longest).
+    fn seconds(&self) -> (f64, f64) {
+        let now = Instant::now();
+        let started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        started.values().fold((0.0, 0.0), |(sum, max), at| {
+            let s = now.saturating_duration_since(*at).as_secs_f64();
+            (sum + s, f64::max(max, s))
+        })
+    }
+}
+
+/// Computes `workqueue_unfinished_work_seconds` and
+/// `workqueue_longest_running_processor_seconds` of every queue at scrape time.
+#[derive(Debug, Default)]
+struct InFlightCollector {
+    queues: Mutex<Vec<(String, InFlight)>>,
+}
+
+impl InFlightCollector {
+    /// The start times of queue `name` (the same for every call with that name).
+    fn queue(&self, name: &str) -> InFlight {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, f)) = queues.iter().find(|(n, _)| n == name) {
+            return f.clone();
+        }
+        let f = InFlight::default();
+        queues.push((name.to_owned(), f.clone()));
+        f
+    }
+}
+
+impl Collector for InFlightCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let queues: Vec<(String, (f64, f64))> = {
+            let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+            queues
+                .iter()
+                .map(|(n, f)| (n.clone(), f.seconds()))
+                .collect()
+        };
+        for (name, help, longest) in [
+            (
+                "workqueue_unfinished_work",
+                "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+                false,
+            ),
+            (
+                "workqueue_longest_running_processor",
+                "How many seconds has the longest running processor for workqueue been running",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                Some(&Unit::Seconds),
+                ConstGauge::<f64>::TYPE,
+            )?;
+            for (queue, (sum, max)) in &queues {
+                let labels: Labels = vec![("name", queue.clone())];
+                let value = if longest { *max } else { *sum };
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }

@@ -395,7 +395,11 @@ where
                     store,
                     backoff: Arc::new(Mutex::new(backoff)),
                     ctx,
-                    metrics: self.metrics.as_ref().map(|m| m.controller(&name)),
+                    metrics: self.metrics.as_ref().map(|m| {
+                        let m = m.controller(&name);
+                        m.max_concurrent.set(c.workers as i64);
+                        m
+                    }),
                     resync_period: c.resync_period,
                     resync_jitter: c.resync_jitter,
                     owns: self.shard.clone(),

@@ -91,9 +91,15 @@ where
                 reason: self.reasons.take(&key, resync, failures),
             };
             let started = Instant::now();
+            // Counts this worker as active until the reconcile ends, or is cancelled.
+            let active = self
+                .metrics
+                .as_ref()
+                .map(|m| Active::new(&m.active_workers));
             let result = AssertUnwindSafe(reconcile(obj, Arc::clone(&self.ctx), attempt))
                 .catch_unwind()
                 .await;
+            drop(active);
             if let Some(m) = &self.metrics {
                 m.reconcile_time.observe(started.elapsed().as_secs_f64());
             }
@@ -121,12 +127,23 @@ where
                     continue;
                 }
                 Ok(Err(e)) => e.to_string(),
-                Err(_) => "reconcile panicked".to_owned(),
+                Err(panic) => {
+                    if let Some(m) = &self.metrics {
+                        m.panics.inc();
+                    }
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(ToString::to_string)
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    format!("reconcile panicked: {what}")
+                }
             };
             let (failures, delay) = self.backoff().failure(&key);
             tracing::warn!(%key, %tenant, failures, ?delay, %error, "reconcile failed; retrying");
             if let Some(m) = &self.metrics {
                 m.error.inc();
+                m.errors.inc();
             }
             if let Some(m) = self.queue.metrics() {
                 m.retry();
@@ -135,5 +152,21 @@ where
             // unless the object's spec changed (queue rule 8).
             lease.retry_after(delay);
         }
+    }
+}
+
+/// Holds one `controller_runtime_active_workers` increment for its lifetime.
+struct Active(prometheus_client::metrics::gauge::Gauge);
+
+impl Active {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

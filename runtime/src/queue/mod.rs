@@ -277,7 +277,10 @@ impl WorkQueue {
             key: dispatch.key,
             tenant: dispatch.tenant,
             priority: dispatch.priority,
-            dispatched_at: self.shared.metrics.as_ref().map(|_| Instant::now()),
+            dispatched_at: self.shared.metrics.as_ref().map(|m| {
+                let at = Instant::now();
+                (at, m.in_flight.start(at))
+            }),
             released: false,
         })
     }
@@ -407,8 +410,8 @@ pub struct Lease {
     key: ObjectKey,
     tenant: TenantKey,
     priority: Priority,
-    /// Dispatch time, kept only for the work-duration metric.
-    dispatched_at: Option<Instant>,
+    /// Dispatch time and in-flight id, kept only for the work metrics.
+    dispatched_at: Option<(Instant, u64)>,
     released: bool,
 }
 
@@ -455,7 +458,8 @@ impl Lease {
             // A new retry deadline: waiting workers re-arm their timers.
             self.shared.wake_all();
         }
-        if let (Some(m), Some(at)) = (&self.shared.metrics, self.dispatched_at) {
+        if let (Some(m), Some((at, id))) = (&self.shared.metrics, self.dispatched_at) {
+            m.in_flight.finish(id);
             m.work_duration
                 .observe(now.get().saturating_duration_since(at).as_secs_f64());
         }

@@ -75,9 +75,6 @@ pub enum ReconcileError {
     /// The reconcile did not finish within [`DriverConfig::timeout`].
     #[error("reconcile did not finish within {0:?}")]
     Timeout(Duration),
-    /// The reconcile panicked (caught; the worker lives on).
-    #[error("reconcile panicked: {0}")]
-    Panicked(String),
     /// A failure that retrying cannot fix (e.g. an invalid spec): the object is set `Stalled`
     /// with `reason` and `message` at once and not retried until it changes.
     #[error("{reason}: {message}")]
