@@ -487,7 +487,10 @@ impl Core {
         let mut dropped = Vec::new();
         let mut in_flight = Vec::new();
         for slot in self.slots.iter_mut().filter(|s| s.live) {
-            if slot.queued.is_some() || slot.dirty.is_some() || slot.delay.is_some() {
+            // A pending resync timer is not dropped work: every process resyncs all objects
+            // after its first list anyway; retries and requeues are.
+            let delayed_work = slot.delay.is_some_and(|(_, p)| p == Priority::Event);
+            if slot.queued.is_some() || slot.dirty.is_some() || delayed_work {
                 dropped.push(slot.key.clone());
             }
             if slot.in_flight {

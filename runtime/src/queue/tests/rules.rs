@@ -286,6 +286,8 @@ async fn rule7_shutdown_stops_waits_and_reports() {
         q.add(&key(name), &t, EV);
     }
     q.add_after(&key("delayed"), &t, Duration::from_secs(60), EV);
+    // An idle key waiting only for its periodic resync: not dropped work.
+    q.add_after(&key("resync"), &t, Duration::from_secs(60), RS);
     let mut leases: Vec<_> = (0..3).map(|_| q.try_get().unwrap()).collect();
     // In order: fast, slow, queued; "dirty" stays queued; make "queued" dirty while in flight.
     let queued_lease = leases.pop().unwrap();
