@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idem_runtime::apply::{ChildOutcome, FINGERPRINT_ANNOTATION};
-use idem_runtime::resource::IdempotentResource as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
