@@ -29,7 +29,8 @@ use crate::leader::{Fence, Leadership};
 use crate::resources::FIELD_MANAGER;
 use crate::shard::membership::{Membership, MembershipMetrics};
 use crate::shard::selector::{SelectorLayer, Selectors};
-use crate::{http, tenant, tenant_app};
+use crate::{tenant, tenant_app};
+use idem_runtime::http;
 
 /// How the manager runs; see `idem-operator run --help`.
 #[derive(Debug, Clone)]
@@ -61,21 +62,8 @@ pub struct ManagerOptions {
     pub shards: bool,
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
-}
+/// Resolves on SIGTERM or Ctrl-C (idem-runtime's).
+pub use idem_runtime::http::shutdown_signal;
 
 /// A client from `kubeconfig`, or kube's inferred config.
 ///

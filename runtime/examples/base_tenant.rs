@@ -12,7 +12,7 @@
 //! kubectl wait basetenant/acme --for=condition=Ready
 //! ```
 //!
-//! It installs (server-side applies) its CRD, then reconciles until Ctrl-C. Everything but
+//! It installs (server-side applies) its CRD, then reconciles until SIGTERM or Ctrl-C. Everything but
 //! the resource, its desired children and the few lines of `Reconciler` and `main` comes from
 //! idem-runtime: apply with the convergence check and prune, status with observedGeneration
 //! and kstatus conditions, Events, `Stalled` after repeated failures, the tracing span.
@@ -121,9 +121,7 @@ pub fn controller(client: &Client) -> Controller<BaseTenant> {
 async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     install_crd(&client).await?;
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    let shutdown = idem_runtime::http::shutdown_signal(); // SIGTERM or Ctrl-C: graceful
     let report = Driver::new(client.clone(), BaseTenants)
         .run(controller(&client), shutdown)
         .await?;

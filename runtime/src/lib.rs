@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod compare;
 pub mod controller;
 pub mod derive;
+pub mod http;
 pub mod key;
 pub mod metrics;
 pub mod queue;
