@@ -162,8 +162,16 @@ where
     ) -> Result<Action, ReconcileError> {
         let client = driver.client.clone();
         let recorder = driver.recorder.clone();
+        let tenant = Some(attempt.tenant.to_string());
         driver
-            .drive(client, recorder, obj, attempt.failures, attempt.reason)
+            .drive(
+                client,
+                recorder,
+                obj,
+                attempt.failures,
+                attempt.reason,
+                tenant,
+            )
             .await
     }
 
@@ -184,7 +192,7 @@ where
             .reporter
             .clone()
             .map(|reporter| Recorder::new(client.clone(), reporter));
-        self.drive(client, recorder, obj, 0, Reason::ObjectChanged)
+        self.drive(client, recorder, obj, 0, Reason::ObjectChanged, None)
             .await
     }
 
@@ -195,14 +203,16 @@ where
         obj: Arc<K<R>>,
         failures: u32,
         reason: Reason,
+        queued_as: Option<String>,
     ) -> Result<Action, ReconcileError> {
-        let tenant = match obj.tenant() {
+        // The tenant the controller queued the key under; else what the derive's rule says.
+        let tenant = queued_as.unwrap_or_else(|| match obj.tenant() {
             Ok(crate::resource::TenantRef::Known(key)) => key.to_string(),
             Ok(crate::resource::TenantRef::NamespaceLabel { namespace, .. }) => {
                 format!("(label of namespace {namespace})")
             }
             Err(_) => String::new(),
-        };
+        });
         let object = match obj.namespace() {
             Some(ns) => format!("{}/{ns}/{}", K::<R>::kind(&()), obj.name_any()),
             None => format!("{}/{}", K::<R>::kind(&()), obj.name_any()),
