@@ -542,6 +542,7 @@ impl Sharded<'_> {
                 }
             };
             counter.abort();
+            self.owned.set(0);
             ns_watch.abort();
             self.selectors.set(None);
             if done {

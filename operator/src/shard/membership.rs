@@ -7,8 +7,12 @@
 //! and computes the ring of the live ones. A Lease is live while its record changed within its
 //! `leaseDurationSeconds` *as measured on this replica's clock* (client-go's leader-election
 //! rule, no cross-node clock comparison). Then:
-//! - ring unchanged and running: the write fence is extended to
-//!   `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as [`crate::leader`] does for the leader);
+//! - ring unchanged, running, and every other member's Lease still acknowledging it: the write
+//!   fence is extended to `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as [`crate::leader`]
+//!   does for the leader). A round whose renewal fails leaves the controllers running with
+//!   the fence running out (their writes are refused and retried with backoff), so a slow API
+//!   server does not make every replica relist; the next good round resumes, or hands over if
+//!   a member acknowledges another ring (it dropped this replica, or it restarted);
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
 //!   and the controllers are stopped; then the replica acknowledges the new ring by writing its
 //!   version in its Lease's [`APPLIED_ANNOTATION`] (the handshake);
@@ -215,13 +219,17 @@ impl Member {
                 if let Ok(Err(e)) = other {
                     tracing::warn!(error = %e, "listing the member Leases failed");
                 }
-                // The fence runs out by itself (it was extended from an older renewal); the
-                // controllers stop once it could no longer have been renewed in time.
-                if self
-                    .last_renewal
-                    .is_none_or(|t| t.elapsed() >= LEASE_DURATION - CLOCK_SKEW)
+                // The fence runs out by itself (it was extended from an older renewal). The
+                // controllers keep running, their writes refused: restarting them would relist
+                // everything on a server that is already slow. Work resumes when a later round
+                // finds the same ring acknowledged by every member (below).
+                if self.running.is_some()
+                    && self
+                        .last_renewal
+                        .is_none_or(|t| t.elapsed() >= LEASE_DURATION - CLOCK_SKEW)
                 {
-                    self.stop_working("the member Lease could not be renewed");
+                    self.fence.revoke();
+                    tracing::warn!(identity = %self.identity, "member Lease not renewed in time: writes fenced");
                 }
                 return;
             }
@@ -229,9 +237,21 @@ impl Member {
         let (ring, acks) = self.live(&leases).await;
         self.metrics.members.set(ring.members().len() as i64);
         let version = ring.version();
+        let moved_on: Vec<&String> = ring
+            .members()
+            .iter()
+            .filter(|m| **m != self.identity && acks.get(*m) != Some(&version))
+            .collect();
         if self.running.as_deref() == Some(version.as_str()) {
-            self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
-            return;
+            // Every other member still acknowledges this ring: none can be working on another
+            // one (a member starts a ring only after all its members' acknowledgements, which
+            // this list, taken after this round's renewal, would show). Otherwise one of them
+            // restarted or dropped this replica while its Lease was not renewed: hand over.
+            if moved_on.is_empty() {
+                self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
+                return;
+            }
+            self.stop_working("a member acknowledges another ring");
         }
         self.stop_working("ring membership changed");
         if self.applied != version {
@@ -242,11 +262,7 @@ impl Member {
             }
             return;
         }
-        let waiting: Vec<&String> = ring
-            .members()
-            .iter()
-            .filter(|m| **m != self.identity && acks.get(*m) != Some(&version))
-            .collect();
+        let waiting = moved_on;
         if waiting.is_empty() {
             tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
             self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
