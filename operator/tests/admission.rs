@@ -39,9 +39,14 @@ async fn try_create(api: &Api<DynamicObject>, obj: Value) -> Option<String> {
 
 /// `n` entries `{<prefix><i>: "1"}`.
 fn many(n: usize, prefix: &str) -> Value {
+    many_of(n, prefix, "1")
+}
+
+/// `n` entries `{<prefix><i>: value}`.
+fn many_of(n: usize, prefix: &str, value: &str) -> Value {
     Value::Object(
         (0..n)
-            .map(|i| (format!("{prefix}{i}"), json!("1")))
+            .map(|i| (format!("{prefix}{i}"), json!(value)))
             .collect(),
     )
 }
@@ -240,6 +245,10 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
                           "config": {"app.toml": "x"}});
         assert_eq!(try_create(&apps, app(name, spec)).await, None, "{image}");
     }
+    // The most the schema allows in ASCII (64 × 16000 bytes plus keys) fits a ConfigMap: the
+    // byte rule only rejects what the ConfigMap could not hold.
+    let spec = json!({"image": "x", "config": many_of(64, "f", &"v".repeat(16000))});
+    assert_eq!(try_create(&apps, app("config-max", spec)).await, None);
     for (name, spec, expect) in [
         ("neg", json!({"image": "x", "replicas": -1}), "replicas"),
         ("port", json!({"image": "x", "port": 70000}), "port"),
@@ -285,6 +294,13 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
             "config-long",
             json!({"image": "x", "config": {"f": "v".repeat(16001)}}),
             "Too long",
+        ),
+        (
+            // 22 × 16000 three-byte characters: every value within maxLength, 1,056,000
+            // bytes in all — more than a ConfigMap may hold.
+            "config-bytes",
+            json!({"image": "x", "config": many_of(22, "f", &"€".repeat(16000))}),
+            "at most 1048576 bytes",
         ),
     ] {
         let message = try_create(&apps, app(name, spec))

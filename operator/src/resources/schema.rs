@@ -157,8 +157,15 @@ pub fn env(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The most bytes of keys plus values a ConfigMap may hold (`validation.ValidateConfigMap`:
+/// `core.MaxSecretSize`, 1 MiB).
+pub const MAX_CONFIG_MAP_BYTES: usize = 1024 * 1024;
+
 /// `config` of a TenantApp: at most 64 files, keys ConfigMap keys (`[-._a-zA-Z0-9]+`, at most
-/// 253 characters), contents of at most 16000 characters.
+/// 253 characters), contents of at most 16000 characters, and keys plus contents of at most
+/// [`MAX_CONFIG_MAP_BYTES`] bytes in UTF-8 — the ConfigMap idem makes from them must pass the
+/// API server's own size check (`maxLength` counts characters, and one character may take 4
+/// bytes), or the app would be admitted and then fail on every reconcile.
 pub fn config(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
@@ -167,6 +174,9 @@ pub fn config(_: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-validations": [{
             "rule": "self.all(k, size(k) <= 253 && k.matches(r'^[-._a-zA-Z0-9]+$'))",
             "message": "config keys may hold only letters, digits, '-', '_' and '.' (ConfigMap key rules)",
+        }, {
+            "rule": format!("self.map(k, size(k) + size(bytes(self[k]))).sum() <= {MAX_CONFIG_MAP_BYTES}"),
+            "message": format!("config keys and contents may take at most {MAX_CONFIG_MAP_BYTES} bytes in UTF-8 (the size limit of a ConfigMap)"),
         }],
     })
 }
