@@ -15,6 +15,9 @@ use super::OWNER_UID_LABEL;
 use super::own_writes::{InFlight, Origin, OwnWrites};
 use crate::key::ObjectKey;
 
+mod compact;
+pub(crate) use compact::CompactStore;
+
 /// More own-write results than this are dropped at once (they only save a redundant apply).
 const OVERLAY_CAP: usize = 10_000;
 
@@ -138,6 +141,14 @@ impl ChildCaches {
         }
     }
 
+    /// Serves `store`'s kind from it (call once its first list is complete): what the
+    /// controller's child watches register, see [`CompactStore`].
+    pub(crate) fn register_compact(&self, store: Arc<CompactStore>) {
+        if let Ok(mut kinds) = self.kinds.write() {
+            kinds.insert(store.kind_key(), store);
+        }
+    }
+
     /// Whether kind `resource` is served from a store.
     pub fn serves(&self, resource: &ApiResource) -> bool {
         self.view(resource).is_some()
@@ -175,6 +186,9 @@ impl ChildCaches {
 
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
     /// `None` when kind `K` is not cached, `Some(None)` when the cache says it does not exist.
+    /// A kind cached by a controller's child watch has no `status` unless it is owned with
+    /// [`OwnsOptions::reading_status`](crate::controller::OwnsOptions::reading_status); see
+    /// [`Controller::with_child_caches`](crate::controller::Controller::with_child_caches).
     pub fn lookup<K>(&self, namespace: Option<&str>, name: &str) -> Option<Option<K>>
     where
         K: Resource<DynamicType = ()> + serde::de::DeserializeOwned,

@@ -46,6 +46,7 @@ pub mod retry;
 mod takeover;
 
 pub use cache::ChildCaches;
+pub(crate) use cache::CompactStore;
 pub use engine::Applier;
 pub use metrics::DriftMetrics;
 pub(crate) use own_writes::Origin;

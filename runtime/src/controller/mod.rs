@@ -292,7 +292,10 @@ where
     /// first list is complete, so an [`Applier`](crate::apply::Applier) built
     /// [`with_caches`](crate::apply::Applier::with_caches) on the same `caches` reads and
     /// prunes children without requests. Memory: one copy of every watched child (as selected
-    /// by its watcher config).
+    /// by its watcher config), kept as compact JSON without its `status` (unless the kind is
+    /// owned with [`OwnsOptions::reading_status`]), the `kubectl.kubernetes.io/last-applied-
+    /// configuration` annotation and the `managedFields` timestamps, which the apply engine
+    /// never reads.
     #[must_use]
     pub fn with_child_caches(mut self, caches: crate::apply::ChildCaches) -> Self {
         self.caches = Some(caches);

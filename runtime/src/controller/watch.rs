@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::child_change::{OwnsOptions, child_print};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
-use crate::apply::{ChildCaches, Origin};
+use crate::apply::{ChildCaches, CompactStore, Origin};
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::{Priority, WorkQueue};
 
@@ -166,7 +166,9 @@ type Seen = (u64, Vec<(ObjectKey, TenantKey)>);
 /// engine's own writes (with [`ChildCaches`]: controller-runtime's "expectations"); and the
 /// owners of children that vanished between two lists (a delete missed while the watch was
 /// down: client-go's `DeletedFinalStateUnknown`). With [`ChildCaches`], the watch also keeps
-/// a reflector store of the children and publishes it once the first list is complete.
+/// a store of the children ([`CompactStore`]: compact JSON without what the engine never reads,
+/// `status` kept only with [`OwnsOptions::reads_status`]) and publishes it once the first list
+/// is complete.
 pub(crate) fn child<K, C>(
     api: Api<C>,
     config: watcher::Config,
@@ -187,14 +189,17 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let raw = watch_fn(api, config).default_backoff();
-        let (store, writer) = reflector::store::<C>();
-        let stream: futures::stream::BoxStream<'static, _> = if shared.caches.is_some() {
-            Box::pin(reflector::reflector(writer, raw))
-        } else {
-            Box::pin(raw)
-        };
-        let mut store = Some(store);
+        let stream = watch_fn(api, config).default_backoff();
+        // The children, compact and stripped of what the engine never reads (see
+        // `CompactStore`), published in the caches once first listed.
+        let store = shared.caches.as_ref().map(|_| {
+            Arc::new(CompactStore::new(
+                &C::api_version(&()),
+                &C::kind(&()),
+                options.reads_status,
+            ))
+        });
+        let mut registered = false;
         futures::pin_mut!(stream);
         let mut versions: HashMap<ObjectKey, Seen> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
@@ -206,11 +211,15 @@ where
                     continue;
                 }
             };
-            let (obj, deleted) = match event {
-                Event::Apply(obj) | Event::InitApply(obj) => (obj, false),
-                Event::Delete(obj) => (obj, true),
+            let (obj, deleted, initial) = match event {
+                Event::Apply(obj) => (obj, false, false),
+                Event::InitApply(obj) => (obj, false, true),
+                Event::Delete(obj) => (obj, true, false),
                 Event::Init => {
                     listed.clear();
+                    if let Some(store) = &store {
+                        store.init();
+                    }
                     continue;
                 }
                 Event::InitDone => {
@@ -232,8 +241,12 @@ where
                             shared.queue.add(&owner, &tenant, Priority::Event);
                         }
                     }
-                    if let (Some(caches), Some(store)) = (&shared.caches, store.take()) {
-                        caches.register(store);
+                    if let (Some(caches), Some(store)) = (&shared.caches, &store) {
+                        store.init_done();
+                        if !registered {
+                            caches.register_compact(Arc::clone(store));
+                            registered = true;
+                        }
                     }
                     tx.send_replace(true);
                     continue;
@@ -251,6 +264,9 @@ where
             let mut origin = Origin::Other;
             let changed = if deleted {
                 versions.remove(&key);
+                if let Some(store) = &store {
+                    store.delete(key.namespace.as_deref(), &key.name);
+                }
                 // The engine's memory of its own write of this child is stale now.
                 if let Some(caches) = &shared.caches {
                     caches.forget(&key);
@@ -265,6 +281,11 @@ where
                     .unwrap_or_default();
                 let json = serde_json::to_value(&obj).unwrap_or_default();
                 let print = child_print(&json, &managers, options);
+                match &store {
+                    Some(store) if initial => store.init_apply(json),
+                    Some(store) => store.apply(json),
+                    None => {}
+                }
                 if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
                     origin = caches.observe(&key, &rv);
                 }
