@@ -69,7 +69,10 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
         metadata: ObjectMeta {
             name: Some("q".into()),
             annotations: Some(BTreeMap::from([
-                (LAST_APPLIED.to_owned(), "{\"kind\":\"ResourceQuota\"}".to_owned()),
+                (
+                    LAST_APPLIED.to_owned(),
+                    "{\"kind\":\"ResourceQuota\"}".to_owned(),
+                ),
                 ("keep".to_owned(), "me".to_owned()),
             ])),
             ..ObjectMeta::default()
@@ -87,7 +90,10 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
         if q.status.as_ref().and_then(|s| s.used.as_ref()).is_some() {
             break q;
         }
-        assert!(tokio::time::Instant::now() < deadline, "quota status written");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "quota status written"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let rv = live.resource_version().unwrap();
@@ -96,14 +102,19 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
     })
     .await;
     let cached = cached_at::<ResourceQuota>(&caches, &ns, "q", &rv).unwrap();
-    assert!(live.status.is_some() && cached.status.is_none(), "status: {cached:?}");
+    assert!(
+        live.status.is_some() && cached.status.is_none(),
+        "status: {cached:?}"
+    );
     let annotations = cached.metadata.annotations.clone().unwrap_or_default();
     assert!(!annotations.contains_key(LAST_APPLIED), "{annotations:?}");
     assert_eq!(annotations.get("keep").map(String::as_str), Some("me"));
     let entries = cached.metadata.managed_fields.clone().unwrap_or_default();
     assert!(!entries.is_empty(), "managedFields kept");
     assert!(
-        entries.iter().all(|e| e.time.is_none() && e.fields_v1.is_some()),
+        entries
+            .iter()
+            .all(|e| e.time.is_none() && e.fields_v1.is_some()),
         "{entries:?}"
     );
     assert_eq!(cached.spec, live.spec, "spec kept as the server has it");
@@ -111,7 +122,10 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
 
     // A kind whose status the reconcile reads keeps it.
     echoes
-        .create(&PostParams::default(), &Echo::new("e", EchoSpec { value: 1 }))
+        .create(
+            &PostParams::default(),
+            &Echo::new("e", EchoSpec { value: 1 }),
+        )
         .await
         .unwrap();
     let status = json!({"status": {"observedGeneration": 1, "reconciles": 7}});

@@ -51,10 +51,10 @@ pub(crate) fn strip(obj: &mut Value, keep_status: bool) {
                 .and_then(|a| a.get(format!("f:{LAST_APPLIED}")))
                 .is_some()
         });
-    if !applied_owns_last_applied {
-        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
-            annotations.remove(LAST_APPLIED);
-        }
+    if !applied_owns_last_applied
+        && let Some(Value::Object(annotations)) = meta.get_mut("annotations")
+    {
+        annotations.remove(LAST_APPLIED);
     }
     if let Some(Value::Array(entries)) = meta.get_mut("managedFields") {
         for entry in entries.iter_mut().filter_map(Value::as_object_mut) {
@@ -86,7 +86,12 @@ pub(crate) struct CompactStore {
 }
 
 /// The object's `(namespace, name)` and its entry; `None` without a name.
-fn entry(mut obj: Value, api_version: &str, kind: &str, keep_status: bool) -> Option<(Name, Entry)> {
+fn entry(
+    mut obj: Value,
+    api_version: &str,
+    kind: &str,
+    keep_status: bool,
+) -> Option<(Name, Entry)> {
     strip(&mut obj, keep_status);
     let meta = obj.get("metadata")?;
     let name = meta.get("name")?.as_str()?.to_owned();

@@ -37,14 +37,19 @@ fn store(keep_status: bool) -> CompactStore {
 
 #[test]
 fn stripped_fields_are_absent_and_the_rest_is_kept() {
-    let got = store(false).get(Some("acme"), "idem-owners").expect("cached");
+    let got = store(false)
+        .get(Some("acme"), "idem-owners")
+        .expect("cached");
     assert_eq!(got.get("status"), None, "status stripped: {got}");
     assert_eq!(
         got.pointer("/metadata/annotations"),
         Some(&json!({"keep": "me"})),
         "last-applied stripped, other annotations kept"
     );
-    for entry in got["metadata"]["managedFields"].as_array().expect("entries") {
+    for entry in got["metadata"]["managedFields"]
+        .as_array()
+        .expect("entries")
+    {
         assert_eq!(entry.get("time"), None, "{entry}");
         assert!(entry.get("fieldsV1").is_some() && entry.get("manager").is_some());
     }
@@ -59,7 +64,9 @@ fn stripped_fields_are_absent_and_the_rest_is_kept() {
 
 #[test]
 fn a_status_reading_kind_keeps_its_status() {
-    let got = store(true).get(Some("acme"), "idem-owners").expect("cached");
+    let got = store(true)
+        .get(Some("acme"), "idem-owners")
+        .expect("cached");
     assert_eq!(got["status"], json!({"observed": 1}));
 }
 
@@ -106,10 +113,16 @@ fn a_relist_replaces_the_content_only_when_done() {
     let mut fresh = child(false);
     fresh["metadata"]["name"] = json!("fresh");
     s.init_apply(fresh);
-    assert!(s.get(Some("acme"), "idem-owners").is_some(), "old content served");
+    assert!(
+        s.get(Some("acme"), "idem-owners").is_some(),
+        "old content served"
+    );
     assert!(s.get(Some("acme"), "fresh").is_none());
     s.init_done();
-    assert!(s.get(Some("acme"), "idem-owners").is_none(), "vanished in the relist");
+    assert!(
+        s.get(Some("acme"), "idem-owners").is_none(),
+        "vanished in the relist"
+    );
     assert!(s.get(Some("acme"), "fresh").is_some());
     s.delete(Some("acme"), "fresh");
     assert_eq!(s.len(), 0);
