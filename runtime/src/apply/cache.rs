@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -20,6 +23,11 @@ pub(crate) use compact::CompactStore;
 
 /// More own-write results than this are dropped at once (they only save a redundant apply).
 const OVERLAY_CAP: usize = 10_000;
+
+/// How long an own-write result stands in for an object its store does not hold. Longer than
+/// a watch takes to deliver our write (the own-write settle timeout); after it, the store's
+/// "absent" wins, so a stale result can never keep a deleted child from being created again.
+const OVERLAY_TRUST: Duration = super::own_writes::SETTLE_TIMEOUT;
 
 /// One kind's store, seen as JSON.
 trait KindView: Send + Sync {
@@ -86,7 +94,7 @@ where
 #[derive(Clone, Default)]
 pub struct ChildCaches {
     kinds: Arc<RwLock<HashMap<KindKey, Arc<dyn KindView>>>>,
-    overlay: Arc<Mutex<HashMap<ObjectKey, Value>>>,
+    overlay: Arc<Mutex<HashMap<ObjectKey, (Instant, Value)>>>,
     /// Names taken by objects we do not own (seen on a create's AlreadyExists): the caches,
     /// filtered by label, do not hold them, so they are read from the API server rather than
     /// created again.
@@ -172,9 +180,17 @@ impl ChildCaches {
         let view = self.view(resource)?;
         let cached = view.get(key.namespace.as_deref(), &key.name);
         let mut overlay = self.overlay.lock().ok()?;
-        let Some(ours) = overlay.get(key) else {
+        let Some((written, ours)) = overlay.get(key) else {
             return Some(cached);
         };
+        if cached.is_none() && written.elapsed() > OVERLAY_TRUST {
+            // The store never showed our write, or showed it and lost the object since (a
+            // delete, or a label change that took it out of the watch's selector, racing the
+            // write's answer): trust the store, so a missing child is created again (a create
+            // that meets AlreadyExists reads the API server).
+            overlay.remove(key);
+            return Some(None);
+        }
         match (&cached, rv_of(ours)) {
             (Some(c), Some(mine)) if rv_of(c).is_some_and(|rv| rv >= mine) => {
                 overlay.remove(key);
@@ -221,7 +237,7 @@ impl ChildCaches {
             if overlay.len() >= OVERLAY_CAP {
                 overlay.clear();
             }
-            overlay.insert(key.clone(), obj);
+            overlay.insert(key.clone(), (Instant::now(), obj));
         }
     }
 
@@ -283,5 +299,39 @@ impl ChildCaches {
         if let Ok(mut overlay) = self.overlay.lock() {
             overlay.remove(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector;
+    use serde_json::json;
+
+    use super::*;
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            kind: "ConfigMap".into(),
+            namespace: Some("ns".into()),
+            name: "cm".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_own_write_the_store_does_not_hold_stands_in_only_until_the_watch_had_time() {
+        let (store, _writer) = reflector::store::<ConfigMap>();
+        let caches = ChildCaches::new();
+        caches.register(store);
+        let resource = ApiResource::erase::<ConfigMap>(&());
+        let ours = json!({"metadata": {"name": "cm", "namespace": "ns", "resourceVersion": "7"}});
+        caches.wrote(&key(), ours.clone());
+        // Just written, not yet delivered by the watch: our answer is the freshest view.
+        assert_eq!(caches.get(&resource, &key()), Some(Some(ours)));
+        // The store still says absent long after any watch would have delivered the write
+        // (the child was deleted, or left the label selector, racing our answer): absent wins.
+        tokio::time::advance(OVERLAY_TRUST + Duration::from_secs(1)).await;
+        assert_eq!(caches.get(&resource, &key()), Some(None));
+        assert_eq!(caches.get(&resource, &key()), Some(None));
     }
 }
