@@ -76,12 +76,17 @@ async fn repeat_catches_status_written_on_every_pass() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn repeat_and_tamper_catch_a_list_appended_to_on_every_pass() {
+async fn a_list_appended_to_on_every_pass_never_converges() {
     let report = run(Flaw::AppendsToList, &[Check::Repeat, Check::Tamper]).await;
-    assert!(report.caught(Check::Repeat), "{report}");
-    assert!(report.caught(Check::Tamper), "{report}");
-    let evidence = report.get(Check::Repeat).unwrap().evidence.join("\n");
-    assert!(evidence.contains("/data/log"), "{evidence}");
+    // It never converges: the cause of the report, and no check runs.
+    let cause = report.cause.clone().unwrap_or_default();
+    assert!(cause.contains("not converged"), "{report}");
+    assert!(cause.contains("/data/log"), "{cause}");
+    assert!(report.checks.iter().all(|c| !c.ran), "{report}");
+    assert!(
+        std::panic::catch_unwind(|| report.assert_idempotent()).is_err(),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -165,12 +170,11 @@ async fn options_change_what_the_checks_do() {
     let options = Options {
         racers: 2,
         crash_points: Some(2),
-        fault_budget: 0.5,
         ..Options::default()
     };
     let report = Kit::new(idem_tests::shared(), setup(Flaw::None, 4).await)
         .options(options)
-        .checks(&[Check::Race, Check::Crash, Check::Faults])
+        .checks(&[Check::Race, Check::Crash])
         .run_all()
         .await
         .expect("the kit runs");
@@ -178,10 +182,26 @@ async fn options_change_what_the_checks_do() {
     let figure = |c: Check, name: &str| report.get(c).unwrap().figure_value(name).unwrap();
     assert_eq!(figure(Check::Race, "racers"), "2");
     assert_eq!(figure(Check::Crash, "crash points"), "2");
-    assert!(
-        report.caught(Check::Faults),
-        "no reconcile meets half its requests\n{report}"
-    );
+
+    // Caught at 1.2× (`faults_catch_a_reconcile_that_redoes_everything_after_an_error`),
+    // passed at 2×.
+    let options = Options {
+        fault_budget: 2.0,
+        ..Options::default()
+    };
+    let report = Kit::new(
+        idem_tests::shared(),
+        setup(Flaw::RedoAllAfterError, 20).await,
+    )
+    .options(options)
+    .checks(&[Check::Faults])
+    .run_all()
+    .await
+    .expect("the kit runs");
+    eprintln!("{report}");
+    assert!(!report.caught(Check::Faults), "{report}");
+    let faults = report.get(Check::Faults).unwrap();
+    assert_eq!(faults.figure_value("budget"), Some("42.0"), "{report}");
 
     let options = Options {
         max_failures: 1,
@@ -208,7 +228,7 @@ async fn options_change_what_the_checks_do() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn convergence_limits_are_the_options() {
-    let reference = |report: &Report| report.get(Check::Repeat).unwrap().evidence.join("\n");
+    let reference = |report: &Report| report.cause.clone().unwrap_or_default();
     let limits = Options {
         max_passes: 3,
         settle_timeout: Duration::from_secs(1),
@@ -231,4 +251,57 @@ async fn convergence_limits_are_the_options() {
             .expect("the kit runs");
         assert!(reference(&report).contains(expected), "{flaw:?}: {report}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_allow_one_retry_per_fault_to_a_three_request_reconcile() {
+    // Two children and a status: 3 requests clean; the injected 429 fails a pass, which
+    // records the error in status (one request more), and a write is made again from a
+    // cache that had not yet seen it after the expired watch: 5 ÷ 3 = 1.67×, over 1.2×.
+    let report = run_with(Flaw::ErrorInStatus, 2, &[Check::Faults]).await;
+    report.assert_idempotent();
+    let faults = report.get(Check::Faults).unwrap();
+    assert_eq!(
+        faults.figure_value("fault-free requests"),
+        Some("3"),
+        "{report}"
+    );
+    // 3 + one each for the 429, the cut watch and the expired one (over 1.2 × 3 = 3.6).
+    assert_eq!(faults.figure_value("budget"), Some("6.0"), "{report}");
+    let ratio: f64 = faults.figure_value("ratio").unwrap().parse().unwrap();
+    assert!(ratio > 1.2, "the fault cost its retry\n{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeat_names_the_cache_rule_for_a_correct_but_uncached_reconcile() {
+    let report = run(Flaw::BlindApply, &[Check::Repeat]).await;
+    assert!(report.caught(Check::Repeat), "{report}");
+    let evidence = report.get(Check::Repeat).unwrap().evidence.join("\n");
+    assert!(evidence.contains("PATCH"), "{evidence}");
+    assert!(
+        evidence.contains("makes no request of any verb")
+            && evidence.contains("watch caches")
+            && evidence.contains("only when the cache shows drift"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_clean_convergence_is_one_cause_and_no_check_runs() {
+    let report = run(Flaw::PostAlways, &Check::ALL).await;
+    let cause = report.cause.clone().expect("no clean convergence");
+    assert!(cause.contains("409 AlreadyExists: "), "{cause}");
+    assert!(
+        !cause.contains("ErrorResponse"),
+        "the status, not its Debug dump: {cause}"
+    );
+    assert_eq!(report.checks.len(), Check::ALL.len());
+    assert!(
+        report.checks.iter().all(|c| !c.ran && !c.passed),
+        "{report}"
+    );
+    assert!(Check::ALL.iter().all(|&c| !report.caught(c)), "{report}");
+    let text = report.to_string();
+    assert_eq!(text.matches("no clean convergence").count(), 1, "{text}");
+    assert!(std::panic::catch_unwind(|| report.assert_idempotent()).is_err());
 }

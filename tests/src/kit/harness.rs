@@ -185,7 +185,7 @@ impl<'a, S: Subject> Harness<'a, S> {
         let result = tokio::select! {
             r = run => match r {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Err(e)) => Err(error_text(e.as_ref())),
                 Err(_) => Err(format!("the pass took longer than {} s", timeout.as_secs())),
             },
             () = probe.tripped() => Err(ABORTED.to_owned()),
@@ -438,6 +438,31 @@ impl<'a, S: Subject> Harness<'a, S> {
         }
         self.identity.remove().await;
     }
+}
+
+/// Longest error text kept in the evidence (characters).
+const MAX_ERROR: usize = 300;
+
+/// A reconcile's error for the evidence: an API status answer anywhere in its chain as
+/// `409 AlreadyExists: <message>` (not the `Debug` dump), otherwise its text; at most
+/// [`MAX_ERROR`] characters, cut with `…`.
+pub(crate) fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(kube::Error::Api(s)) = err.downcast_ref::<kube::Error>() {
+            let text = e.to_string();
+            let outer = match text.find("ApiError") {
+                Some(0) | None => String::new(),
+                Some(i) => text[..i].to_owned(),
+            };
+            return super::report::clip(
+                &format!("{outer}{} {}: {}", s.code, s.reason, s.message),
+                MAX_ERROR,
+            );
+        }
+        cur = err.source();
+    }
+    super::report::clip(&e.to_string(), MAX_ERROR)
 }
 
 /// `Ok, 3 requests: GET …, PATCH …` / `Err(…), …`, the requests listed up to 10.

@@ -12,7 +12,8 @@ pub enum Check {
     Race,
     /// A reconcile aborted after any of its requests, then resumed, ends where a clean one does.
     Crash,
-    /// Under injected API faults it converges, within 1.2× the fault-free request count.
+    /// Under injected API faults it converges, within 1.2× the fault-free request count or
+    /// that count plus one per fault injected, whichever is larger.
     Faults,
     /// Every field of every child changed by another field manager is restored, and that
     /// manager's own fields are left alone.
@@ -32,7 +33,7 @@ impl Check {
 
 impl fmt::Display for Check {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Check::Repeat => "repeat",
             Check::Race => "race",
             Check::Crash => "crash",
@@ -47,8 +48,11 @@ impl fmt::Display for Check {
 pub struct CheckReport {
     /// Which check.
     pub check: Check,
-    /// Whether the guarantee held.
+    /// Whether the guarantee held (`false` too when it did not run: see `ran`).
     pub passed: bool,
+    /// Whether the check ran: not when there was no clean convergence to start from
+    /// ([`Report::cause`]).
+    pub ran: bool,
     /// Why it failed (empty when it passed): the requests, the differences, the step.
     pub evidence: Vec<String>,
     /// Measurements, e.g. `("requests", "12")`, `("instances", "9")`.
@@ -62,6 +66,7 @@ impl CheckReport {
         Self {
             check,
             passed: true,
+            ran: true,
             evidence: Vec::new(),
             figures: Vec::new(),
             elapsed: Duration::ZERO,
@@ -93,6 +98,9 @@ impl CheckReport {
 pub struct Report {
     /// One entry per check run, in run order.
     pub checks: Vec<CheckReport>,
+    /// Why no check ran, when the clean convergence every check starts from failed (each
+    /// check is then reported once as not run, without repeating it).
+    pub cause: Option<String>,
     /// Wall-clock time of the whole run (set-up and clean-up included).
     pub elapsed: Duration,
 }
@@ -110,20 +118,37 @@ impl Report {
 
     /// Whether `check` ran and failed.
     pub fn caught(&self, check: Check) -> bool {
-        self.get(check).is_some_and(|c| !c.passed)
+        self.get(check).is_some_and(|c| c.ran && !c.passed)
     }
 
     /// # Panics
     /// When any check failed; the message is the whole report with the evidence.
     pub fn assert_idempotent(&self) {
-        assert!(self.failed().is_empty(), "not idempotent:\n{self}");
+        assert!(
+            self.failed().is_empty() && self.cause.is_none(),
+            "not idempotent:\n{self}"
+        );
     }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(cause) = &self.cause {
+            for (i, line) in cause.lines().enumerate() {
+                let lead = if i == 0 {
+                    "no clean convergence to start from, so no check ran: "
+                } else {
+                    "  "
+                };
+                writeln!(f, "{lead}{line}")?;
+            }
+        }
         for c in &self.checks {
-            let verdict = if c.passed { "passed" } else { "FAILED" };
+            let verdict = match (c.ran, c.passed) {
+                (false, _) => "NOT RUN",
+                (true, true) => "passed",
+                (true, false) => "FAILED",
+            };
             write!(
                 f,
                 "{:<7} {verdict} in {:.1} s",
@@ -142,5 +167,42 @@ impl fmt::Display for Report {
             }
         }
         write!(f, "total {:.1} s", self.elapsed.as_secs_f64())
+    }
+}
+
+/// At most `max` characters of `s`, cut at a character boundary and marked with `…` when cut.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((end, _)) => format!("{}…", &s[..end]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_cuts_at_a_character_boundary_and_says_so() {
+        assert_eq!(clip("AlreadyExists", 20), "AlreadyExists");
+        assert_eq!(clip("AlreadyExists", 6), "Alread…");
+        assert_eq!(clip("€€€", 2), "€€…");
+    }
+
+    #[test]
+    fn a_failed_reference_is_reported_once_and_no_check_as_run() {
+        let mut c = CheckReport::new(Check::Repeat);
+        c.ran = false;
+        c.passed = false;
+        let report = Report {
+            checks: vec![c],
+            cause: Some("POST failed".into()),
+            elapsed: Duration::ZERO,
+        };
+        let text = report.to_string();
+        assert_eq!(text.matches("POST failed").count(), 1, "{text}");
+        assert!(text.contains("\nrepeat  NOT RUN in"), "{text}");
+        assert!(!report.caught(Check::Repeat));
+        assert_eq!(report.failed().len(), 1);
     }
 }

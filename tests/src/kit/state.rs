@@ -155,6 +155,11 @@ fn pointer_escape(k: &str) -> String {
     k.replace('~', "~0").replace('/', "~1")
 }
 
+/// A value in a difference: at most 300 characters, cut with `…`.
+fn shown(v: &Value) -> String {
+    super::report::clip(&v.to_string(), 300)
+}
+
 /// Appends `what/pointer: expected → actual` lines for every difference.
 pub(crate) fn diff_values(what: &str, expected: &Value, actual: &Value, out: &mut Vec<String>) {
     fn walk(what: &str, path: &str, e: &Value, a: &Value, out: &mut Vec<String>) {
@@ -164,13 +169,13 @@ pub(crate) fn diff_values(what: &str, expected: &Value, actual: &Value, out: &mu
                     let p = format!("{path}/{}", pointer_escape(k));
                     match am.get(k) {
                         Some(av) => walk(what, &p, ev, av, out),
-                        None => out.push(format!("{what} {p}: {ev} → (absent)")),
+                        None => out.push(format!("{what} {p}: {} → (absent)", shown(ev))),
                     }
                 }
                 for (k, av) in am {
                     if !em.contains_key(k) {
                         let p = format!("{path}/{}", pointer_escape(k));
-                        out.push(format!("{what} {p}: (absent) → {av}"));
+                        out.push(format!("{what} {p}: (absent) → {}", shown(av)));
                     }
                 }
             }
@@ -179,7 +184,7 @@ pub(crate) fn diff_values(what: &str, expected: &Value, actual: &Value, out: &mu
                     walk(what, &format!("{path}/{i}"), ev, av, out);
                 }
             }
-            _ if e != a => out.push(format!("{what} {path}: {e} → {a}")),
+            _ if e != a => out.push(format!("{what} {path}: {} → {}", shown(e), shown(a))),
             _ => {}
         }
     }

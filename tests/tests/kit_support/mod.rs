@@ -85,6 +85,14 @@ pub enum Flaw {
     ConflictIsFatal,
     /// After a failed pass, applies every child again instead of only what differs.
     RedoAllAfterError,
+    /// Creates the children with POST on every pass; AlreadyExists fails the reconcile: it
+    /// never converges, even without faults.
+    PostAlways,
+    /// Not a flaw: applies every child on every pass (forced server-side apply, a no-op on
+    /// the server once converged) instead of reading a cache: correct, but not free.
+    BlindApply,
+    /// Not a flaw: records a failed pass's error in status (one more write per fault).
+    ErrorInStatus,
     /// Never says it is done ([`Subject::settled`] is always false).
     NeverSettles,
     /// Never returns from a reconcile.
@@ -195,7 +203,11 @@ impl Widgets {
             return Ok(());
         }
         let api: Api<Widget> = Api::namespaced(c.client.clone(), &self.ns);
-        let patch = serde_json::json!({"status": status});
+        let mut patch = serde_json::json!({"status": status});
+        // A merge patch removes a field only when told so: clear an earlier error.
+        if status.message.is_none() {
+            patch["status"]["message"] = serde_json::Value::Null;
+        }
         api.patch_status(
             &w.name_any(),
             &PatchParams::default(),
@@ -250,7 +262,8 @@ impl Widgets {
                 }
                 _ => {}
             }
-            if !redo && cached.is_some_and(|cur| matches(&cur, &desired)) {
+            let blind = self.flaw == Flaw::BlindApply;
+            if !redo && !blind && cached.is_some_and(|cur| matches(&cur, &desired)) {
                 continue;
             }
             match api.patch(&name, &apply, &Patch::Apply(&desired)).await {
@@ -268,7 +281,9 @@ impl Widgets {
     }
 
     async fn post_once(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
-        if w.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Created") {
+        if self.flaw == Flaw::PostOnce
+            && w.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Created")
+        {
             return Ok(());
         }
         let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
@@ -312,14 +327,32 @@ impl Subject for Widgets {
     async fn session(&self, client: Client) -> Result<Cache, BoxError> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &self.ns);
         let (store, writer) = reflector::store();
+        let watched = api.clone();
         let stream = reflector::reflector(
             writer,
-            watcher(api, watcher::Config::default().labels(WIDGET_LABEL)),
+            watcher(watched, watcher::Config::default().labels(WIDGET_LABEL)),
         )
         .applied_objects()
         .for_each(|_| futures::future::ready(()));
         let task = tokio::spawn(stream);
         tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready()).await??;
+        if self.flaw == Flaw::ErrorInStatus {
+            // The watch is up (its request sent) before the session returns, so that the next
+            // request through this client is the reconcile's: a marker must come through it.
+            let marker = format!("session-{}", rand::random::<u32>());
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(marker.clone());
+            cm.metadata.labels = Some(BTreeMap::from([(WIDGET_LABEL.to_owned(), marker.clone())]));
+            api.create(&PostParams::default(), &cm).await?;
+            let seen = ObjectRef::new(&marker).within(&self.ns);
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while store.get(&seen).is_none() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await?;
+            api.delete(&marker, &Default::default()).await?;
+        }
         Ok(Cache {
             client,
             store,
@@ -336,7 +369,7 @@ impl Subject for Widgets {
         if self.flaw == Flaw::Hangs {
             std::future::pending::<()>().await;
         }
-        if self.flaw == Flaw::PostOnce {
+        if matches!(self.flaw, Flaw::PostOnce | Flaw::PostAlways) {
             return self.post_once(c, &w).await;
         }
         let phase = w.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -348,6 +381,11 @@ impl Subject for Widgets {
                 return self
                     .write_status(c, &w, "Failed", Some(e.to_string()), false)
                     .await;
+            }
+            Err(e) if self.flaw == Flaw::ErrorInStatus => {
+                self.write_status(c, &w, "Failed", Some(e.to_string()), false)
+                    .await?;
+                return Err(e);
             }
             other => other?,
         }
