@@ -23,7 +23,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
     /// A write was attempted while this replica's lease was not valid.
-    #[error("{method} {path} refused: this replica does not hold a valid leader lease")]
+    #[error(
+        "{method} {path} refused: this replica holds no valid lease (leader election) or is not working on the current shard ring (sharding)"
+    )]
     NotLeader {
         /// The request's method.
         method: Method,

@@ -333,3 +333,61 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A member Lease of the shard ring written by anyone but the operator's account — an admin
+/// included — is refused by the generated policy: a forged live member would keep every replica
+/// waiting for its acknowledgement (README "Running N replicas"). Other Leases stay writable.
+#[tokio::test]
+async fn only_the_operator_may_write_the_shard_rings_member_leases() {
+    use idem_operator::shard::membership::MEMBER_LABEL;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+
+    install().await;
+    let lease = |labelled: bool| -> Lease {
+        let mut labels = serde_json::Map::new();
+        if labelled {
+            labels.insert(MEMBER_LABEL.into(), "idem-operator".into());
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": unique_name("ghost"), "labels": labels},
+            "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 15},
+        }))
+        .unwrap()
+    };
+    let api_as = |user: Option<&str>| {
+        let mut config = shared().config();
+        config.auth_info.impersonate = user.map(Into::into);
+        Api::<Lease>::namespaced(kube::Client::try_from(config).unwrap(), "idem-system")
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // A new policy takes effect once the API server has loaded it: poll until it does.
+    eventually(
+        "the shard ring policy to guard member Leases",
+        TIMEOUT,
+        || {
+            let (lease, api_as, dry_run) = (&lease, &api_as, &dry_run);
+            async move {
+                let mut wrong = Vec::new();
+                match api_as(None).create(dry_run, &lease(true)).await {
+                    Err(e) if e.to_string().contains("idem-operator-shard-ring") => {}
+                    other => wrong.push(format!("an admin's member Lease: {other:?}")),
+                }
+                if let Err(e) = api_as(None).create(dry_run, &lease(false)).await {
+                    wrong.push(format!("an admin's other Lease: {e}"));
+                }
+                if let Err(e) = api_as(Some(OPERATOR)).create(dry_run, &lease(true)).await {
+                    wrong.push(format!("the operator's member Lease: {e}"));
+                }
+                wrong
+                    .is_empty()
+                    .then_some(())
+                    .ok_or_else(|| wrong.join("\n"))
+            }
+        },
+    )
+    .await;
+}

@@ -1,8 +1,8 @@
 //! `cargo xtask manifests [--check]`: `deploy/operator/` — Namespace, ServiceAccount,
 //! least-privilege ClusterRole and its binding, the leader-election Role and its binding, the
 //! TenantApp ClusterRoles aggregated into `admin`/`edit`/`view`, the Deployment with probes,
-//! and the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
-//! manages.
+//! the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
+//! manages, and the one that lets only the operator write the shard ring's member Leases.
 
 use std::path::Path;
 
@@ -20,6 +20,9 @@ pub const NAME: &str = "idem-operator";
 pub const LEADER_ELECTION: &str = "idem-operator-leader-election";
 /// The ValidatingAdmissionPolicy (and its binding) that confines the operator's writes.
 pub const POLICY: &str = "idem-operator-managed-namespaces";
+/// The ValidatingAdmissionPolicy (and its binding) that lets only the operator's
+/// ServiceAccount write the shard ring's member Leases.
+pub const RING_POLICY: &str = "idem-operator-shard-ring";
 
 /// The manifests, one file per object kind, in apply order.
 pub fn files() -> anyhow::Result<Vec<File>> {
@@ -79,6 +82,36 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": POLICY, "labels": labels},
         "spec": {"policyName": POLICY, "validationActions": ["Deny"]}});
+    // Every replica waits until each live member Lease acknowledges a ring: a Lease forged by
+    // anyone else who may write Leases there would hold all of them (README "Running N
+    // replicas"). Only the operator's own account may write a Lease of the ring, admins included.
+    let member = idem_operator::shard::membership::MEMBER_LABEL;
+    let in_ring = |obj: &str| {
+        format!(
+            "{obj} != null && has({obj}.metadata.labels) && '{member}' in {obj}.metadata.labels"
+        )
+    };
+    let ring_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": RING_POLICY, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+            "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
+                "resources": ["leases"], "operations": operations}]},
+        "matchConditions": [{"name": "a-member-lease",
+            "expression": format!("({}) || ({})", in_ring("object"), in_ring("oldObject"))}],
+        "validations": [
+            {"expression": format!("request.userInfo.username == '{service_account}'"),
+             "message": format!("only {service_account} may write the shard ring's member Leases (label {member})"),
+             "reason": "Forbidden"},
+        ],
+    }});
+    let ring_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": RING_POLICY, "labels": labels},
+        "spec": {"policyName": RING_POLICY, "validationActions": ["Deny"]}});
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
     let objects: Vec<(&str, Vec<Value>)> = vec![
         (
@@ -156,7 +189,10 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                 },
             }})],
         ),
-        ("05-admission-policy", vec![policy, policy_binding]),
+        (
+            "05-admission-policy",
+            vec![policy, policy_binding, ring_policy, ring_binding],
+        ),
     ];
     objects
         .into_iter()
