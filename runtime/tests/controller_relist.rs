@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{MANAGER, Widget, WidgetSpec, install_widget, namespace, wait_until};
-use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
+use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, OWNER_UID_LABEL, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
 use idem_tests::faults::{Faults, Verb};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -67,8 +67,8 @@ async fn reconcile(
     Ok(Action::await_change())
 }
 
-fn converged(log: &[Written], name: &str) -> bool {
-    log.iter().any(|(n, wrote)| n == name && !wrote)
+fn wrote(log: &[Written], name: &str) -> bool {
+    log.iter().any(|(n, wrote)| n == name && *wrote)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +90,12 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
     let (stop, stopped) = oneshot::channel::<()>();
     let controller = tokio::spawn(
         Controller::new(widgets.clone(), watcher::Config::default())
-            .owns(child_api, watcher::Config::default())
+            // Only the children (not the namespace's kube-root-ca.crt): the store's size says
+            // when the watch has delivered both.
+            .owns(
+                child_api,
+                watcher::Config::default().labels(OWNER_UID_LABEL),
+            )
             .with_child_caches(caches.clone())
             .with_config(ControllerConfig {
                 // One worker, one tenant (the namespace): keys run in the order they were
@@ -105,8 +110,8 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
             }),
     );
 
-    // Two widgets; each reconcile creates its child, whose watch event reconciles the widget
-    // again, now converged from the cache: the child watch has seen both children.
+    // Two widgets; each reconcile creates its child (whose watch event, our own write, does
+    // not reconcile the widget again); the child watch's store then holds both children.
     for name in ["w1", "w2"] {
         widgets
             .create(
@@ -116,9 +121,13 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
             .await
             .unwrap();
     }
-    wait_until("both widgets converged from the cache", WAIT, || {
+    wait_until("both widgets' children created", WAIT, || {
         let log = ctx.log.lock().unwrap();
-        converged(&log, "w1") && converged(&log, "w2")
+        wrote(&log, "w1") && wrote(&log, "w2")
+    })
+    .await;
+    wait_until("the child watch's store holds both children", WAIT, || {
+        caches.objects() == 2
     })
     .await;
     wait_until("the child watch is open", WAIT, || {
