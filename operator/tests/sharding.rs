@@ -20,9 +20,8 @@ use idem_operator::shard::selector::with_selector;
 use idem_runtime::shard::{Ring, ShardField, fnv1a64};
 use idem_tests::Options;
 use idem_tests::{ControlPlane, unique_name};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use nix::sys::signal::Signal;
 
@@ -44,31 +43,9 @@ fn start_replica(cp: &ControlPlane, ns: &str, name: &str) -> OperatorProcess {
 /// Per tenant uid: the replicas (`reportingInstance`) of its Events created after `since`
 /// (an Event's `eventTime`, or its series' last observed time).
 async fn writers(client: &Client, since: Timestamp) -> BTreeMap<String, BTreeSet<String>> {
-    let events = Api::<Event>::all(client.clone())
-        .list(&ListParams::default())
+    idem_tests::events::reporters(client, "Tenant", since)
         .await
-        .expect("listing events");
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for e in events.items {
-        let Some(uid) = e.regarding.as_ref().and_then(|r| r.uid.clone()) else {
-            continue;
-        };
-        if e.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("Tenant") {
-            continue;
-        }
-        let at = e
-            .series
-            .as_ref()
-            .map(|s| s.last_observed_time.0)
-            .or(e.event_time.as_ref().map(|t| t.0));
-        if at.is_none_or(|t| t < since) {
-            continue;
-        }
-        if let Some(instance) = e.reporting_instance {
-            out.entry(uid).or_default().insert(instance);
-        }
-    }
-    out
+        .expect("listing events")
 }
 
 /// The owner of `tenant` in the ring of `members`, by the hash of its uid.

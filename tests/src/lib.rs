@@ -22,6 +22,7 @@ pub mod binaries;
 pub mod cluster;
 mod controlplane;
 mod error;
+pub mod events;
 pub mod faults;
 pub mod kit;
 pub mod kubeconfig;

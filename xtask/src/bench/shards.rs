@@ -17,7 +17,6 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use idem_operator::resources::{Tenant, TenantSpec};
 use idem_runtime::shard::{Ring, fnv1a64};
 use idem_tests::{ControlPlane, Options};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -172,28 +171,7 @@ async fn writers(
     client: &Client,
     since: Timestamp,
 ) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
-    let events = Api::<Event>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for e in events.items {
-        let Some(r) = &e.regarding else { continue };
-        if r.kind.as_deref() != Some("Tenant") {
-            continue;
-        }
-        let at = e
-            .series
-            .as_ref()
-            .map(|s| s.last_observed_time.0)
-            .or(e.event_time.as_ref().map(|t| t.0));
-        if at.is_none_or(|t| t < since) {
-            continue;
-        }
-        if let (Some(uid), Some(i)) = (r.uid.clone(), e.reporting_instance) {
-            out.entry(uid).or_default().insert(i);
-        }
-    }
-    Ok(out)
+    Ok(idem_tests::events::reporters(client, "Tenant", since).await?)
 }
 
 async fn patch_all(
