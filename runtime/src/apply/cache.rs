@@ -274,6 +274,22 @@ impl ChildCaches {
         }
     }
 
+    /// The store now shows `key` at `resource_version` (a watch event applied outside a
+    /// relist): an own-write result no newer than that is dropped, so the results of a flood
+    /// of writes are not kept until the next read of each child.
+    pub(crate) fn stored(&self, key: &ObjectKey, resource_version: &str) {
+        let Ok(rv) = resource_version.parse::<u64>() else {
+            return;
+        };
+        if let Ok(mut overlay) = self.overlay.lock()
+            && overlay
+                .get(key)
+                .is_some_and(|(_, ours)| rv_of(ours).is_some_and(|mine| mine <= rv))
+        {
+            overlay.remove(key);
+        }
+    }
+
     /// As [`ChildCaches::observe`], once no write of `key` is in flight any more.
     pub(crate) async fn settle(&self, key: &ObjectKey, resource_version: &str) -> Origin {
         match resource_version.parse() {
@@ -333,5 +349,16 @@ mod tests {
         tokio::time::advance(OVERLAY_TRUST + Duration::from_secs(1)).await;
         assert_eq!(caches.get(&resource, &key()), Some(None));
         assert_eq!(caches.get(&resource, &key()), Some(None));
+    }
+
+    #[test]
+    fn an_own_write_result_is_dropped_once_the_store_shows_that_version() {
+        let caches = ChildCaches::new();
+        let ours = |rv: &str| json!({"metadata": {"name": "cm", "resourceVersion": rv}});
+        caches.wrote(&key(), ours("7"));
+        caches.stored(&key(), "6"); // an older event: our result is still the freshest
+        assert_eq!(caches.overlay.lock().unwrap().len(), 1);
+        caches.stored(&key(), "7");
+        assert!(caches.overlay.lock().unwrap().is_empty());
     }
 }

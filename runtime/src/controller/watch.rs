@@ -283,7 +283,12 @@ where
                 let print = child_print(&json, &managers, options);
                 match &store {
                     Some(store) if initial => store.init_apply(json),
-                    Some(store) => store.apply(json),
+                    Some(store) => {
+                        store.apply(json);
+                        if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
+                            caches.stored(&key, &rv);
+                        }
+                    }
                     None => {}
                 }
                 if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
