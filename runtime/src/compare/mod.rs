@@ -44,13 +44,14 @@
 mod fields;
 mod fingerprint;
 mod quantity;
+mod restrict;
 mod schema;
 mod spec_diff;
 
-pub(crate) use fields::restrict_to_desired;
 pub use fields::{Drift, DriftKind, check, is_converged};
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use quantity::Quantity;
+pub(crate) use restrict::restrict_to_desired;
 #[doc(hidden)]
 pub use spec_diff::{__field_diff, __to_value};
 
