@@ -2,7 +2,7 @@
 //! kube-controller-manager → kube-scheduler → kwok, on free loopback ports, with a fresh PKI.
 
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
@@ -14,6 +14,7 @@ use crate::binaries::{self, Binaries};
 use crate::error::{Error, Result};
 use crate::kubeconfig;
 use crate::pki::Pki;
+use crate::ports::{PORT_ATTEMPTS, free_port, lost_a_port};
 use crate::process::{self, Lifetime, Process, STOP_GRACE};
 use crate::readiness;
 use crate::state::{self, State};
@@ -177,7 +178,7 @@ impl ControlPlane {
             .name("idem-controlplane".into())
             .spawn(move || {
                 let mut procs = Vec::new();
-                let result = launch(&options, &bins, &run_dir, &mut procs);
+                let result = launch_retrying(&options, &bins, &run_dir, &mut procs);
                 let started = result.is_ok();
                 let _ = ready_tx.send(result);
                 if lifetime == Lifetime::Detached && started {
@@ -311,13 +312,33 @@ pub fn down(run_root: &Path) -> Result<Vec<String>> {
     Ok(stopped)
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read, released).
-fn free_port() -> Result<u16> {
-    let l =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(Error::io("finding a free port"))?;
-    Ok(l.local_addr()
-        .map_err(Error::io("finding a free port"))?
-        .port())
+/// [`launch`], retried on fresh ports and a fresh run directory while a component loses its
+/// port to another process (see [`free_port`]).
+fn launch_retrying(
+    options: &Options,
+    bins: &Binaries,
+    run_dir: &Path,
+    procs: &mut Vec<Process>,
+) -> Result<Info> {
+    let mut attempt = 1;
+    loop {
+        match launch(options, bins, run_dir, procs) {
+            Err(e) if attempt < PORT_ATTEMPTS && lost_a_port(&e) => {
+                eprintln!(
+                    "idem-controlplane: {e}\nidem-controlplane: starting again on other ports"
+                );
+                for p in procs.iter_mut().rev() {
+                    p.stop(STOP_GRACE);
+                }
+                procs.clear();
+                fs::remove_dir_all(run_dir)
+                    .and_then(|()| fs::create_dir_all(run_dir))
+                    .map_err(Error::io(format!("emptying {}", run_dir.display())))?;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Starts every component in order, pushing each started process into `procs` (so the caller
@@ -334,9 +355,14 @@ fn launch(
         .then(|| format!("--feature-gates={}", options.feature_gates.join(",")));
     let logs = run_dir.join("logs");
     fs::create_dir_all(&logs).map_err(Error::io("creating the log directory"))?;
-    let [etcd_client, etcd_peer, api, kcm, sched, kwok] = [(); 6].map(|_| free_port());
-    let (etcd_client, etcd_peer, api, kcm, sched, kwok) =
-        (etcd_client?, etcd_peer?, api?, kcm?, sched?, kwok?);
+    let mut ports = Vec::with_capacity(6);
+    for _ in 0..6 {
+        let port = free_port(&ports)?;
+        ports.push(port);
+    }
+    let [etcd_client, etcd_peer, api, kcm, sched, kwok] = ports[..] else {
+        unreachable!("six ports were chosen")
+    };
     let server = format!("https://127.0.0.1:{api}");
     let kubeconfig_path = run_dir.join("kubeconfig");
     let kubeconfig = kubeconfig::admin(&server, &pki)?;

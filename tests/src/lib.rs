@@ -28,6 +28,7 @@ pub mod kit;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod pki;
+pub mod ports;
 pub mod process;
 mod readiness;
 pub mod state;

@@ -11,7 +11,7 @@ pub mod tenants;
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use idem_operator::manager::{self, ManagerOptions};
@@ -85,12 +85,7 @@ pub async fn install_crds(client: &kube::Client) {
     }
 }
 
-/// A loopback address with a port that was free a moment ago (bind to port 0, read, release).
-pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding a free loopback port")
-}
+pub use idem_tests::ports::free_addr;
 
 /// Sends `GET path` to `addr` and returns `(status code, body)`.
 ///

@@ -7,7 +7,7 @@
 //! record: the `reportingInstance` of the Events each write leaves on its Tenant.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -51,7 +51,7 @@ impl Drop for Operator {
 }
 
 fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    crate::dev::operator::free_addr()
 }
 
 fn spawn(

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -153,13 +153,14 @@ pub fn impersonating_kubeconfig(
     Ok(())
 }
 
-/// A free loopback address (bound once by us, then released for the operator).
+/// A free loopback address below the kernel's ephemeral port range (see
+/// [`idem_tests::ports::free_port`]), released for the operator to bind.
 ///
 /// # Errors
 /// When no port can be bound.
 pub fn free_addr() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?)
+    let port = idem_tests::ports::free_port(&[]).context("finding a free port")?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// The running operator; dropping it stops it.
@@ -380,7 +381,7 @@ mod tests {
 
     #[test]
     fn http_status_reads_the_status_line_and_fails_soft() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
