@@ -8,7 +8,6 @@
 pub mod client;
 pub mod context;
 pub mod error;
-pub mod fence;
 pub mod leader;
 pub mod manager;
 pub mod rbac;

@@ -24,8 +24,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::context::Context;
-use crate::fence::FenceLayer;
-use crate::leader::{Fence, Leadership};
+use idem_runtime::leader::{Fence, FenceLayer};
 use crate::resources::FIELD_MANAGER;
 use crate::shard::membership::{Membership, MembershipMetrics};
 use crate::shard::selector::{SelectorLayer, Selectors};
@@ -84,7 +83,7 @@ async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> 
     })
 }
 
-/// A client whose writes pass only while `fence` is valid ([`crate::fence`]), with the
+/// A client whose writes pass only while `fence` is valid ([`idem_runtime::leader::fence`]), with the
 /// operator's retry of transient failures ([`crate::client`]: a `POST` only on 429) outside
 /// the fence, so every attempt is fenced.
 fn fenced_client(
@@ -104,10 +103,7 @@ fn fenced_client(
 }
 
 fn identity(options: &ManagerOptions) -> String {
-    options.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    })
+    (options.identity.clone()).unwrap_or_else(idem_runtime::leader::default_identity)
 }
 
 /// Runs both controllers until `shutdown` resolves, then shuts down gracefully; or until
@@ -131,14 +127,18 @@ pub async fn run(
     let drift = idem_runtime::apply::DriftMetrics::new(&mut registry);
     let leader_status = Gauge::default();
     let identity = identity(&options);
-    let mut leadership = options.leader_elect.then(|| {
+    let mut leadership = if options.leader_elect {
         let ns = options
             .leader_elect_namespace
             .clone()
             .unwrap_or_else(|| "default".into());
         tracing::info!(%identity, namespace = %ns, "waiting to become leader");
-        Leadership::start(lease_client.clone(), &ns, &identity, leader_status.clone())
-    });
+        let mut election = crate::leader::election(&ns, &identity);
+        election.status = leader_status.clone();
+        Some(election.start(lease_client.clone())?)
+    } else {
+        None
+    };
     let membership_metrics = MembershipMetrics::default();
     let membership = options.shards.then(|| {
         let ns = options
@@ -261,7 +261,10 @@ pub async fn run(
         // A standby is ready: readiness does not depend on leadership.
         let _ = ready_tx.send(true);
         tokio::select! {
-            () = lease.acquired() => tracing::info!(%identity, "became leader"),
+            acquired = lease.acquired() => {
+                acquired?;
+                tracing::info!(%identity, "became leader");
+            }
             () = &mut shutdown => {
                 if let Some(lease) = leadership.take() {
                     lease.release().await;

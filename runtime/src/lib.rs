@@ -8,6 +8,7 @@ pub mod controller;
 pub mod derive;
 pub mod http;
 pub mod key;
+pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod reconciler;

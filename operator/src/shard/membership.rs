@@ -8,8 +8,8 @@
 //! `leaseDurationSeconds` *as measured on this replica's clock* (client-go's leader-election
 //! rule, no cross-node clock comparison). Then:
 //! - ring unchanged, running, and every other member's Lease still acknowledging it: the write
-//!   fence is extended to `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as [`crate::leader`]
-//!   does for the leader). A round whose renewal fails leaves the controllers running with
+//!   fence is extended to `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as
+//!   [`idem_runtime::leader`] does for the leader). A round whose renewal fails leaves the controllers running with
 //!   the fence running out (their writes are refused and retried with backoff), so a slow API
 //!   server does not make every replica relist; the next good round resumes, or hands over if
 //!   a member acknowledges another ring (it dropped this replica, or it restarted);
@@ -40,7 +40,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::leader::{CLOCK_SKEW, Fence, LEASE_DURATION, LEASE_SECONDS, RETRY_PERIOD};
+use idem_runtime::leader::{Fence, FenceMode};
+
+use crate::leader::{CLOCK_SKEW, LEASE_DURATION, LEASE_SECONDS, RETRY_PERIOD};
 
 /// Label of every member Lease; its value names the ring.
 pub const MEMBER_LABEL: &str = "tenancy.idem.dev/shard-ring";
@@ -103,7 +105,7 @@ impl Membership {
         metrics: MembershipMetrics,
     ) -> Self {
         let api = Api::<Lease>::namespaced(client, namespace);
-        let fence = Arc::new(Fence::default());
+        let fence = Fence::new(FenceMode::ShardMembership);
         let (tx, assignment) = watch::channel(None);
         let (stop, stop_rx) = watch::channel(false);
         let name = lease_name(identity);

@@ -1,0 +1,310 @@
+//! A write fence: a tower layer for the kube `Client` that refuses every mutating request
+//! while this replica's lease is not valid by its own clock, so a deposed or paused leader
+//! (or shard member) cannot write.
+//!
+//! The check runs as the request enters the layer, immediately before it is handed to the
+//! layers below (in the end the HTTP connection); reads (GET, including watches, HEAD,
+//! OPTIONS) always pass. A refused request fails with a [`FenceError`] naming the mode of the
+//! fence (kube reports it as `kube::Error::Service`) and counts in [`Fence::refused`].
+//!
+//! Put the layer *below* any retry layer (with kube's `ClientBuilder::with_layer`, add it
+//! before the retry layer), so that every attempt is checked; [`Fence::wrap`] fences a built
+//! `Client` as a whole, so a retry inside that client (kube's default `RetryPolicy`) is not
+//! checked again.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, Either, MapErr, Ready, TryFutureExt as _, ready};
+use http::{Method, Request, Response};
+use kube::Client;
+use kube::client::Body;
+use prometheus_client::metrics::counter::Counter;
+use tower::{Layer, Service};
+
+/// The boxed error of kube's client stack.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Errors of the fence: a write refused, with the reason of its [`FenceMode`].
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// A write was attempted while this replica held no valid leader lease (leader election:
+    /// not elected yet, deposed, or its lease ran out by its own clock).
+    #[error("{method} {path} refused: this replica holds no valid leader lease")]
+    NotLeader {
+        /// The request's method.
+        method: Method,
+        /// The request's path.
+        path: String,
+    },
+    /// A write was attempted while this replica was not working on the current shard ring
+    /// (sharding: the ring changed and was not acknowledged yet, or its member Lease was not
+    /// renewed in time).
+    #[error(
+        "{method} {path} refused: this replica is not working on the current shard ring or its member lease ran out"
+    )]
+    NotShardMember {
+        /// The request's method.
+        method: Method,
+        /// The request's path.
+        path: String,
+    },
+}
+
+/// What a [`Fence`] guards, which names the reason of a refused write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceMode {
+    /// Leader election: valid while this replica holds the leader Lease
+    /// ([`FenceError::NotLeader`]).
+    LeaderElection,
+    /// Sharding: valid while this replica works on an acknowledged ring with a fresh member
+    /// Lease ([`FenceError::NotShardMember`]).
+    ShardMembership,
+}
+
+/// Whether this replica may write: the instant until which its lease is valid by its own
+/// monotonic clock, or none. Shared by the loop that renews the lease (which calls
+/// [`Fence::extend`] and [`Fence::revoke`]) and the client's [`FenceLayer`].
+#[derive(Debug)]
+pub struct Fence {
+    mode: FenceMode,
+    valid_until: Mutex<Option<Instant>>,
+    /// Writes refused because the lease was not valid (register it, e.g. as
+    /// `idem_fenced_writes`).
+    pub refused: Counter,
+}
+
+impl Fence {
+    /// A closed fence (no write passes until [`Fence::extend`]) for `mode`.
+    pub fn new(mode: FenceMode) -> Arc<Self> {
+        Arc::new(Self {
+            mode,
+            valid_until: Mutex::new(None),
+            refused: Counter::default(),
+        })
+    }
+
+    /// A fence that is always open (valid for a hundred years): for a replica that runs
+    /// without leader election.
+    pub fn open() -> Arc<Self> {
+        let fence = Self::new(FenceMode::LeaderElection);
+        fence.extend(Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
+        fence
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the fence guards.
+    pub fn mode(&self) -> FenceMode {
+        self.mode
+    }
+
+    /// True while the lease is valid by this replica's clock.
+    pub fn is_valid(&self) -> bool {
+        self.lock().is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Opens the fence until `until` (by this replica's monotonic clock), e.g. after a
+    /// successful renewal sent at `t`: `t + lease duration − clock skew`.
+    pub fn extend(&self, until: Instant) {
+        *self.lock() = Some(until);
+    }
+
+    /// Closes the fence now: no write passes until the next [`Fence::extend`].
+    pub fn revoke(&self) {
+        *self.lock() = None;
+    }
+
+    /// A layer that lets this fence's writes through only while it is valid.
+    pub fn layer(self: &Arc<Self>) -> FenceLayer {
+        FenceLayer::new(Arc::clone(self))
+    }
+
+    /// `client` with its writes fenced: a new `Client` (same default namespace) that sends
+    /// every request through [`FenceService`] and then `client`. Requests that `client`
+    /// retries internally are checked once, on entry; build the client with
+    /// [`FenceLayer`] under its retry layer to check every attempt.
+    pub fn wrap(self: &Arc<Self>, client: &Client) -> Client {
+        let valid_until = *client.valid_until();
+        Client::new(
+            self.layer().layer(ClientService(client.clone())),
+            client.default_namespace(),
+        )
+        .with_valid_until(valid_until)
+    }
+
+    /// The error for a refused `method` on `path`, by mode.
+    fn refusal(&self, method: &Method, path: &str) -> FenceError {
+        let (method, path) = (method.clone(), path.to_string());
+        match self.mode {
+            FenceMode::LeaderElection => FenceError::NotLeader { method, path },
+            FenceMode::ShardMembership => FenceError::NotShardMember { method, path },
+        }
+    }
+}
+
+/// A built `Client` as a tower service (what [`Fence::wrap`] puts under the fence).
+#[derive(Clone)]
+struct ClientService(Client);
+
+impl Service<Request<Body>> for ClientService {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move { client.send(req).await })
+    }
+}
+
+/// Wraps a client's service in [`FenceService`].
+#[derive(Clone, Debug)]
+pub struct FenceLayer {
+    fence: Arc<Fence>,
+}
+
+impl FenceLayer {
+    /// A layer that lets writes through only while `fence` is valid.
+    pub fn new(fence: Arc<Fence>) -> Self {
+        Self { fence }
+    }
+}
+
+impl<S> Layer<S> for FenceLayer {
+    type Service = FenceService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FenceService {
+            inner,
+            fence: Arc::clone(&self.fence),
+        }
+    }
+}
+
+/// The service made by [`FenceLayer`].
+#[derive(Clone, Debug)]
+pub struct FenceService<S> {
+    inner: S,
+    fence: Arc<Fence>,
+}
+
+/// Whether a request with `method` changes state (everything but GET, HEAD and OPTIONS).
+pub fn is_write(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+impl<S, B> Service<Request<Body>> for FenceService<S>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = Either<
+        MapErr<S::Future, fn(S::Error) -> BoxError>,
+        Ready<Result<Response<B>, BoxError>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        if is_write(req.method()) && !self.fence.is_valid() {
+            self.fence.refused.inc();
+            let err = self.fence.refusal(req.method(), req.uri().path());
+            tracing::warn!(error = %err, "write fenced");
+            return Either::Right(ready(Err(Box::new(err))));
+        }
+        Either::Left(
+            self.inner
+                .call(req)
+                .map_err(Into::into as fn(S::Error) -> BoxError),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// An inner service that answers 200 to everything and counts the calls.
+    #[derive(Clone, Default)]
+    struct Ok200(Arc<AtomicUsize>);
+
+    impl Service<Request<Body>> for Ok200 {
+        type Response = Response<Body>;
+        type Error = BoxError;
+        type Future = Ready<Result<Response<Body>, BoxError>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            ready(Ok(Response::new(Body::empty())))
+        }
+    }
+
+    fn request(method: Method) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri("/api/v1/namespaces")
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn writes_pass_only_while_the_lease_is_valid_and_reads_always() {
+        let fence = Fence::new(FenceMode::LeaderElection);
+        let inner = Ok200::default();
+        let mut svc = fence.layer().layer(inner.clone());
+        // Never held: writes refused, reads pass.
+        let err = svc.call(request(Method::POST)).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("POST /api/v1/namespaces refused: this replica holds no valid leader"),
+            "{err}"
+        );
+        svc.call(request(Method::GET)).await.unwrap();
+        // Held: writes pass.
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            svc.call(request(m)).await.unwrap();
+        }
+        // Expired by this replica's clock (a pause longer than the lease): refused again.
+        fence.extend(Instant::now() - Duration::from_millis(1));
+        assert!(svc.call(request(Method::PATCH)).await.is_err());
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        fence.revoke();
+        assert!(svc.call(request(Method::DELETE)).await.is_err());
+        assert_eq!(fence.refused.get(), 3);
+        assert_eq!(inner.0.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_the_mode_of_the_fence() {
+        let fence = Fence::new(FenceMode::ShardMembership);
+        let mut svc = fence.layer().layer(Ok200::default());
+        let err = svc.call(request(Method::PUT)).await.unwrap_err();
+        let err = err.downcast::<FenceError>().expect("a FenceError");
+        assert!(
+            matches!(*err, FenceError::NotShardMember { ref method, .. } if method == Method::PUT),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("shard ring"), "{err}");
+        assert!(!err.to_string().contains("leader"), "{err}");
+        assert!(Fence::open().is_valid());
+    }
+}
