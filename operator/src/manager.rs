@@ -24,12 +24,12 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::context::Context;
-use idem_runtime::leader::{Fence, FenceLayer};
 use crate::resources::FIELD_MANAGER;
 use crate::shard::membership::{Membership, MembershipMetrics};
 use crate::shard::selector::{SelectorLayer, Selectors};
 use crate::{tenant, tenant_app};
 use idem_runtime::http;
+use idem_runtime::leader::{Fence, FenceLayer};
 
 /// How the manager runs; see `idem-operator run --help`.
 #[derive(Debug, Clone)]

@@ -10,7 +10,8 @@
 //! | `workqueue_work_duration_seconds` | histogram | `name` | seconds between dispatch and done |
 //! | `controller_runtime_reconcile_total` | counter | `controller`, `result` | reconciles by result: `success`, `error`, `requeue_after` |
 //! | `controller_runtime_reconcile_time_seconds` | histogram | `controller` | seconds spent in the reconcile function |
-//! | `controller_runtime_reconcile_errors_total` | counter | `controller` | reconciles that returned an error or panicked |
+//! | `controller_runtime_reconcile_total` result `error` and `controller_runtime_reconcile_errors_total` | counter | `controller` | reconciles that returned an error (terminal ones included, as in controller-runtime) or panicked |
+//! | `controller_runtime_terminal_reconcile_errors_total` | counter | `controller` | reconciles that ended in a terminal error ([`Action::terminal`](crate::controller::Action::terminal)): not retried |
 //! | `controller_runtime_reconcile_panics_total` | counter | `controller` | reconciles that panicked (caught: the worker lives on and the key retries with backoff) |
 //! | `controller_runtime_active_workers` | gauge | `controller` | workers running a reconcile now |
 //! | `controller_runtime_max_concurrent_reconciles` | gauge | `controller` | the worker count ([`ControllerConfig::workers`](crate::controller::ControllerConfig::workers)) |
@@ -68,6 +69,7 @@ pub struct Metrics {
     tenant_depth: Family<Labels, Gauge>,
     tenant_dispatches: Family<Labels, Counter>,
     reconcile_errors: Family<Labels, Counter>,
+    terminal_errors: Family<Labels, Counter>,
     reconcile_panics: Family<Labels, Counter>,
     active_workers: Family<Labels, Gauge>,
     max_concurrent: Family<Labels, Gauge>,
@@ -88,6 +90,7 @@ impl Metrics {
             tenant_depth: Family::default(),
             tenant_dispatches: Family::default(),
             reconcile_errors: Family::default(),
+            terminal_errors: Family::default(),
             reconcile_panics: Family::default(),
             active_workers: Family::default(),
             max_concurrent: Family::default(),
@@ -97,6 +100,11 @@ impl Metrics {
             "controller_runtime_reconcile_errors",
             "Total number of reconciliation errors per controller",
             m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_terminal_reconcile_errors",
+            "Total number of terminal reconciliation errors per controller",
+            m.terminal_errors.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_panics",
@@ -194,6 +202,7 @@ impl Metrics {
             requeue_after: result("requeue_after"),
             reconcile_time: self.reconcile_time.get_or_create(&labels).clone(),
             errors: self.reconcile_errors.get_or_create(&labels).clone(),
+            terminal_errors: self.terminal_errors.get_or_create(&labels).clone(),
             panics: self.reconcile_panics.get_or_create(&labels).clone(),
             active_workers: self.active_workers.get_or_create(&labels).clone(),
             max_concurrent: self.max_concurrent.get_or_create(&labels).clone(),
@@ -253,6 +262,7 @@ pub struct ControllerMetrics {
     pub(crate) requeue_after: Counter,
     pub(crate) reconcile_time: Histogram,
     pub(crate) errors: Counter,
+    pub(crate) terminal_errors: Counter,
     pub(crate) panics: Counter,
     pub(crate) active_workers: Gauge,
     pub(crate) max_concurrent: Gauge,

@@ -1,5 +1,7 @@
 //! Against the real control plane: the metrics users alert on move — a reconcile that panics
 //! counts in `controller_runtime_reconcile_panics_total` (and errors) and the worker lives on;
+//! a terminal error counts in `controller_runtime_terminal_reconcile_errors_total` and in the
+//! errors (as in controller-runtime) and is not retried;
 //! a hanging reconcile shows in `controller_runtime_active_workers`,
 //! `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`;
 //! `controller_runtime_max_concurrent_reconciles` is the worker count. Plus the in-flight
@@ -8,6 +10,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{namespace, wait_until};
@@ -72,7 +75,7 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     let ns = namespace(&client, "metrics").await;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let release = Arc::new(Notify::new());
+    let release = Arc::new((Notify::new(), AtomicUsize::new(0)));
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let config = ControllerConfig {
         name: Some("cm".into()),
@@ -85,12 +88,16 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     )
     .with_config(config)
     .with_metrics(metrics);
-    let reconcile = |cm: Arc<ConfigMap>, release: Arc<Notify>, _: Attempt| async move {
+    let reconcile = |cm: Arc<ConfigMap>, ctx: Arc<(Notify, AtomicUsize)>, _: Attempt| async move {
         match cm.name_any().as_str() {
             "boom" => panic!("deliberate panic in a reconcile"),
             "hang" => {
-                release.notified().await;
+                ctx.0.notified().await;
                 Ok(Action::await_change())
+            }
+            "invalid" => {
+                ctx.1.fetch_add(1, Ordering::SeqCst);
+                Ok(Action::terminal())
             }
             _ => Ok::<_, String>(Action::await_change()),
         }
@@ -103,12 +110,14 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     let read = |series: &str| value(&scrape(&registry), series).unwrap_or(0.0);
     let errors = r#"controller_runtime_reconcile_errors_total{controller="cm"}"#;
     let panics = r#"controller_runtime_reconcile_panics_total{controller="cm"}"#;
+    let terminal = r#"controller_runtime_terminal_reconcile_errors_total{controller="cm"}"#;
+    let result_error = r#"controller_runtime_reconcile_total{controller="cm",result="error"}"#;
     let active = r#"controller_runtime_active_workers{controller="cm"}"#;
     let max = r#"controller_runtime_max_concurrent_reconciles{controller="cm"}"#;
     let success = r#"controller_runtime_reconcile_total{controller="cm",result="success"}"#;
     let unfinished = r#"workqueue_unfinished_work_seconds{name="cm"}"#;
     let longest = r#"workqueue_longest_running_processor_seconds{name="cm"}"#;
-    for name in ["boom", "hang"] {
+    for name in ["boom", "hang", "invalid"] {
         let cm: ConfigMap = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"metrics": "yes"}}
         }))
@@ -117,7 +126,18 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     }
     let wait = Duration::from_secs(60);
     wait_until("a panic counted", wait, || read(panics) >= 1.0).await;
-    assert!(read(errors) >= read(panics), "a panic is an error too");
+    wait_until("the terminal error counted", wait, || read(terminal) == 1.0).await;
+    // Read terminal first: the panicking key keeps retrying, so errors only grow.
+    let text = scrape(&registry);
+    let (t, p) = (
+        value(&text, terminal).unwrap(),
+        value(&text, panics).unwrap(),
+    );
+    assert!(
+        value(&text, errors).unwrap() >= t + p,
+        "terminal errors and panics are errors: {text}"
+    );
+    assert!(value(&text, result_error).unwrap() >= t + p, "{text}");
     wait_until("the hanging reconcile active", wait, || read(active) == 1.0).await;
     assert_eq!(read(max), 3.0);
     wait_until("its work counted as unfinished", wait, || {
@@ -133,7 +153,19 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     .unwrap();
     api.create(&PostParams::default(), &ok).await.unwrap();
     wait_until("the fine one reconciled", wait, || read(success) >= 1.0).await;
-    release.notify_waiters();
+    // An error is retried with backoff (200 ms, 400 ms, …): once the panicking key was
+    // retried twice, a terminal error treated as an ordinary one would have been too.
+    wait_until("the panicking key retried twice", wait, || {
+        read(panics) >= 3.0
+    })
+    .await;
+    assert_eq!(
+        release.1.load(Ordering::SeqCst),
+        1,
+        "a terminal error was retried"
+    );
+    assert_eq!(read(terminal), 1.0);
+    release.0.notify_waiters();
     wait_until("the hang released", wait, || read(active) == 0.0).await;
     wait_until("no unfinished work", wait, || read(longest) == 0.0).await;
     stop.send(()).unwrap();

@@ -120,7 +120,10 @@ async fn one_of_two_leads_the_standby_is_fenced_and_takes_over_on_release() {
     let refused = create(&stood, &ns, "by-standby").await.unwrap_err();
     assert!(refused.contains("holds no valid leader lease"), "{refused}");
     assert!(!exists(&client, &ns, "by-standby").await);
-    assert!(exists(&stood, &ns, "by-leader").await, "reads pass the fence");
+    assert!(
+        exists(&stood, &ns, "by-leader").await,
+        "reads pass the fence"
+    );
     assert_eq!(standby.fence().refused.get(), 1);
 
     // The leader releases the Lease: the standby takes over at its next round, long before
@@ -159,8 +162,7 @@ async fn steal(client: &Client, ns: &str) {
 }
 
 #[tokio::test]
-async fn a_crashed_leader_is_replaced_after_its_fence_closed_and_a_stolen_lease_stops_the_leader()
-{
+async fn a_crashed_leader_is_replaced_after_its_fence_closed_and_a_stolen_lease_stops_the_leader() {
     let client = idem_tests::shared().client();
     let ns = namespace(&client, "elect-crash").await;
     let (leader, standby) = one_leads(&client, &ns).await;

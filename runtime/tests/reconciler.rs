@@ -146,8 +146,8 @@ async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
         .expect("a terminal error is handled: Stalled, no retry");
     assert_eq!(
         action,
-        Action::await_change(),
-        "no requeue: waits for a change"
+        Action::terminal(),
+        "a handled terminal error: no requeue, no retry, waits for a change"
     );
     let stored = get(&client, &tenant.name_any()).await;
     let (status, reason, message) = condition(&stored, "Stalled");

@@ -5,11 +5,13 @@ use std::time::Duration;
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::Priority;
 
-/// The result of a successful reconcile: wait for the next change, or reconcile again after
-/// a delay. Errors are returned as `Err` and retried with per-key backoff instead.
+/// The result of a finished reconcile: wait for the next change, reconcile again after a
+/// delay, or a terminal error that was handled. Errors to retry are returned as `Err` and
+/// retried with per-key backoff instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Action {
     requeue_after: Option<Duration>,
+    terminal: bool,
 }
 
 impl Action {
@@ -18,7 +20,27 @@ impl Action {
     pub fn await_change() -> Self {
         Self {
             requeue_after: None,
+            terminal: false,
         }
+    }
+
+    /// The reconcile met a terminal error — one retrying cannot fix, controller-runtime's
+    /// `reconcile.TerminalError` — and recorded it (the reconciler driver writes `Stalled`
+    /// with the error's reason): not retried, no backoff; the key waits for the next change
+    /// (or the periodic resync). Counted as controller-runtime counts a terminal error: in
+    /// `controller_runtime_reconcile_total{result="error"}`,
+    /// `controller_runtime_reconcile_errors_total` and
+    /// `controller_runtime_terminal_reconcile_errors_total`.
+    pub fn terminal() -> Self {
+        Self {
+            requeue_after: None,
+            terminal: true,
+        }
+    }
+
+    /// Whether this is [`Action::terminal`].
+    pub fn is_terminal(&self) -> bool {
+        self.terminal
     }
 
     /// Same as [`Action::await_change`] (controller-runtime's wording: the reconcile is done).
@@ -31,6 +53,7 @@ impl Action {
     pub fn requeue(after: Duration) -> Self {
         Self {
             requeue_after: Some(after),
+            terminal: false,
         }
     }
 

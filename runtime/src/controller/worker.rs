@@ -120,9 +120,19 @@ where
                     lease.done();
                     if let Some(m) = &self.metrics {
                         match action.requeue_after() {
-                            Some(_) => m.requeue_after.inc(),
-                            None => m.success.inc(),
-                        };
+                            // A handled terminal error: counted as an error, not retried.
+                            _ if action.is_terminal() => {
+                                m.error.inc();
+                                m.errors.inc();
+                                m.terminal_errors.inc();
+                            }
+                            Some(_) => {
+                                m.requeue_after.inc();
+                            }
+                            None => {
+                                m.success.inc();
+                            }
+                        }
                     }
                     continue;
                 }

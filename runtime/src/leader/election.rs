@@ -70,7 +70,9 @@ pub enum LeaderError {
         retry: Duration,
     },
     /// `clock_skew` is not shorter than `lease_duration`: the fence would never open.
-    #[error("leader election: clock skew {skew:?} must be shorter than the lease duration {lease:?}")]
+    #[error(
+        "leader election: clock skew {skew:?} must be shorter than the lease duration {lease:?}"
+    )]
     SkewNotBelowLease {
         /// The clock skew.
         skew: Duration,
@@ -530,12 +532,19 @@ mod tests {
         ));
         let mut e = ok.clone();
         e.clock_skew = e.lease_duration;
-        assert!(matches!(e.validate(), Err(LeaderError::SkewNotBelowLease { .. })));
+        assert!(matches!(
+            e.validate(),
+            Err(LeaderError::SkewNotBelowLease { .. })
+        ));
         let mut e = ok;
         e.lease_duration = Duration::from_millis(2500);
         e.renew_deadline = Duration::from_secs(2);
         e.retry_period = Duration::from_secs(1);
         e.clock_skew = Duration::from_secs(1);
-        assert_eq!(e.lease_seconds(), 3, "rounded up, never below the fence's duration");
+        assert_eq!(
+            e.lease_seconds(),
+            3,
+            "rounded up, never below the fence's duration"
+        );
     }
 }

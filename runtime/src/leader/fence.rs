@@ -210,10 +210,8 @@ where
 {
     type Response = Response<B>;
     type Error = BoxError;
-    type Future = Either<
-        MapErr<S::Future, fn(S::Error) -> BoxError>,
-        Ready<Result<Response<B>, BoxError>>,
-    >;
+    type Future =
+        Either<MapErr<S::Future, fn(S::Error) -> BoxError>, Ready<Result<Response<B>, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)

@@ -154,7 +154,7 @@ where
     ///
     /// # Errors
     /// The pass's [`ReconcileError`] unless it was terminal (then `Stalled` is written and
-    /// `Ok(Action::await_change())` returned).
+    /// `Ok(Action::terminal())` returned: counted as a terminal error, not retried).
     pub async fn reconcile(
         obj: Arc<K<R>>,
         driver: Arc<Self>,
@@ -240,7 +240,7 @@ where
                 let fill: StatusFill<K<R>> = Box::new(|_| {});
                 self.write_status(&writer, recorder.as_ref(), &obj, &readiness, &fill)
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(Action::terminal());
             }
             let failures = failures + 1;
             if failures >= self.config.stalled_after {
