@@ -3,6 +3,8 @@
 //!
 //! ```sh
 //! cargo run -p idem-runtime --example base_tenant   # the cluster of your kubeconfig
+//! # or, one active replica of several (a Lease in the kubeconfig's namespace):
+//! cargo run -p idem-runtime --example base_tenant -- --leader-elect
 //! kubectl apply -f - <<'YAML'
 //! apiVersion: example.idem.dev/v1alpha1
 //! kind: BaseTenant
@@ -16,11 +18,12 @@
 //! Everything but the resource, its desired children and the few lines of `Reconciler` and
 //! `main` comes from idem-runtime: apply with the convergence check and prune, status with
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
-//! tracing span. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
+//! tracing span, and with `--leader-elect` leader election with a write fence. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::DesiredChildren;
 use idem_runtime::controller::Controller;
+use idem_runtime::leader::{LeaderElection, default_identity};
 use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -123,6 +126,29 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     install_crd(&client).await?;
     let shutdown = idem_runtime::http::shutdown_signal(); // SIGTERM or Ctrl-C: graceful
+    if !std::env::args().any(|a| a == "--leader-elect") {
+        return run(client, shutdown).await;
+    }
+    // Several replicas: only the holder of Lease `base-tenant` reconciles.
+    let (ns, me) = (client.default_namespace().to_owned(), default_identity());
+    let leader = LeaderElection::new("base-tenant", ns, me).start(client.clone())?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let stopped = tokio::select! {
+        acquired = leader.acquired() => { acquired?; false }
+        () = &mut shutdown => true, // while still a standby
+    };
+    if !stopped {
+        // Writes refused once the lease is not valid; the controllers dropped if it is lost.
+        leader
+            .while_leading(run(leader.fenced(&client), shutdown))
+            .await??;
+    }
+    leader.release().await;
+    Ok(())
+}
+
+/// Runs the controller until `shutdown`, then lets in-flight reconciles finish.
+async fn run(client: Client, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
     let report = Driver::new(client.clone(), BaseTenants)
         .run(controller(&client), shutdown)
         .await?;
