@@ -42,17 +42,27 @@ impl Context {
     }
 
     /// The namespaces (full names, sorted) that exist and that tenant `tenant` controls, from
-    /// the cache (see [`tenant_of`]).
-    pub fn namespaces_of(&self, tenant: &str) -> Vec<String> {
+    /// the namespace cache and, for the names in `listed` (a sharded replica's namespace cache
+    /// holds only its TenantApps' namespaces), the Tenant controller's Namespace child cache
+    /// (see [`tenant_of`]).
+    pub fn namespaces_of(&self, tenant: &str, listed: &[String]) -> Vec<String> {
         let key = TenantKey::new(tenant);
+        let children = listed.iter().filter_map(|name| {
+            self.caches
+                .lookup::<Namespace>(None, name)
+                .flatten()
+                .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
+        });
         let mut names: Vec<String> = self
             .namespaces
             .state()
             .iter()
             .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
             .filter_map(|ns| ns.metadata.name.clone())
+            .chain(children.filter_map(|ns| ns.metadata.name))
             .collect();
         names.sort();
+        names.dedup();
         names
     }
 

@@ -163,6 +163,7 @@ pub async fn run(
     }
     let selectors = Arc::new(Selectors::default());
     let owned = Gauge::default();
+    let cached_children = Gauge::default();
     let server_side: Gauge = Gauge::default();
     if membership.is_some() {
         match crate::shard::probe_server_side(&lease_client).await {
@@ -196,6 +197,11 @@ pub async fn run(
             "idem_shard_owned_tenants",
             "Tenants in this replica's shard",
             owned.clone(),
+        );
+        registry.register(
+            "idem_shard_child_cache_objects",
+            "Objects in this replica's child caches (the children of its share of the owners)",
+            cached_children.clone(),
         );
     }
     registry.register(
@@ -247,6 +253,7 @@ pub async fn run(
             drift: &drift,
             selectors: &selectors,
             owned: &owned,
+            cached_children: &cached_children,
         };
         sharded.run(&membership, &mut shutdown).await;
         membership.leave().await;
@@ -353,6 +360,8 @@ struct Epoch {
     synced: watch::Receiver<bool>,
     /// The Tenant controller's cache.
     tenants: reflector::Store<crate::resources::Tenant>,
+    /// Both controllers' child caches.
+    caches: idem_runtime::apply::ChildCaches,
 }
 
 type Report =
@@ -375,8 +384,15 @@ fn controllers(
     use kube::Resource as _;
     // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
     let (store, writer) = reflector::store::<Namespace>();
-    let ns_config =
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    // Sharded: only the namespaces of this replica's TenantApps (see `crate::shard`).
+    let ns_buckets = shard.as_ref().and_then(|(r, _)| {
+        r.label_selector(crate::shard::NAMESPACE_BUCKET_LABEL)
+            .map(|b| format!(",{b}"))
+    });
+    let ns_config = watcher::Config::default().labels(&format!(
+        "{MANAGED_BY_LABEL}={FIELD_MANAGER}{}",
+        ns_buckets.unwrap_or_default()
+    ));
     let ns_watch = tokio::spawn(
         watcher(Api::<Namespace>::all(client.clone()), ns_config)
             .default_backoff()
@@ -416,9 +432,10 @@ fn controllers(
     };
     let (tenant_synced, mut tenant_ready) = watch::channel(false);
     let (app_synced, mut app_ready) = watch::channel(false);
-    let mut tenants = tenant::source::controller(client, config("tenant"))
-        .with_metrics(metrics.clone())
-        .with_synced_signal(tenant_synced);
+    let mut tenants =
+        tenant::source::controller(client, config("tenant"), shard.as_ref().map(|(r, _)| r))
+            .with_metrics(metrics.clone())
+            .with_synced_signal(tenant_synced);
     let tenant_store = tenants.store();
     let mut apps =
         tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
@@ -451,6 +468,7 @@ fn controllers(
         ns_watch,
         synced,
         tenants: tenant_store,
+        caches: ctx.caches.clone(),
     }
 }
 
@@ -463,6 +481,7 @@ struct Sharded<'a> {
     drift: &'a idem_runtime::apply::DriftMetrics,
     selectors: &'a Selectors,
     owned: &'a Gauge,
+    cached_children: &'a Gauge,
 }
 
 impl Sharded<'_> {
@@ -513,9 +532,11 @@ impl Sharded<'_> {
                 mut controllers,
                 ns_watch,
                 tenants,
+                caches,
                 ..
             } = epoch;
             let owned = self.owned.clone();
+            let cached_children = self.cached_children.clone();
             let counter = tokio::spawn(async move {
                 loop {
                     let n = tenants
@@ -524,6 +545,7 @@ impl Sharded<'_> {
                         .filter(|t| ranges.contains(shard_hash(t.meta(), ShardField::Uid)))
                         .count();
                     owned.set(n as i64);
+                    cached_children.set(caches.objects() as i64);
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             });
@@ -546,6 +568,7 @@ impl Sharded<'_> {
             };
             counter.abort();
             self.owned.set(0);
+            self.cached_children.set(0);
             ns_watch.abort();
             self.selectors.set(None);
             if done {

@@ -4,7 +4,9 @@
 //! Events its writes leave), a replica killed with SIGKILL has its tenants taken over by the
 //! others, and a replica that joins takes over about a quarter without any tenant written by
 //! two replicas. With the gate on, the API server's own `shardSelector` filtering of Tenants
-//! matches this side's FNV-1a hash exactly.
+//! matches this side's FNV-1a hash exactly. Either way a replica's child caches hold only the
+//! children of the Tenants it owns (its child watches select their shard-bucket label), and a
+//! forged or removed bucket label is put back by the owner without another replica writing.
 
 mod common;
 
@@ -17,10 +19,15 @@ use common::{eventually, install_crds};
 use idem_operator::leader::{LEASE_DURATION, RETRY_PERIOD};
 use idem_operator::resources::Tenant;
 use idem_operator::shard::selector::with_selector;
-use idem_runtime::shard::{Ring, ShardField, fnv1a64};
+use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
+use idem_runtime::shard::{BUCKETS, Ring, ShardField, bucket_of, fnv1a64};
 use idem_tests::Options;
 use idem_tests::{ControlPlane, unique_name};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
 use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use nix::sys::signal::Signal;
@@ -166,6 +173,144 @@ async fn server_filters_like_this_side(client: &Client, tenants: &[Tenant], memb
     );
 }
 
+/// Per member of `members`: how many Tenant children (every kind the Tenant controller owns,
+/// labelled as the operator's) belong to a Tenant it owns, by the child's controller
+/// ownerReference (not by its labels); and the total.
+async fn children_per_owner(
+    client: &Client,
+    tenants: &[Tenant],
+    members: &[&str],
+) -> (BTreeMap<String, i64>, i64) {
+    async fn owner_uids<K>(client: &Client) -> Vec<String>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}=idem-operator"));
+        Api::<K>::all(client.clone())
+            .list(&lp)
+            .await
+            .expect("listing children")
+            .items
+            .iter()
+            .filter_map(|c| {
+                c.meta()
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|r| r.controller == Some(true) && r.kind == "Tenant")
+                    .map(|r| r.uid.clone())
+            })
+            .collect()
+    }
+    let by_uid: BTreeMap<String, String> = tenants
+        .iter()
+        .map(|t| (t.uid().unwrap(), owner(members, t)))
+        .collect();
+    let mut uids = owner_uids::<Namespace>(client).await;
+    uids.extend(owner_uids::<ResourceQuota>(client).await);
+    uids.extend(owner_uids::<LimitRange>(client).await);
+    uids.extend(owner_uids::<RoleBinding>(client).await);
+    uids.extend(owner_uids::<NetworkPolicy>(client).await);
+    let mut counts: BTreeMap<String, i64> = members.iter().map(|m| (m.to_string(), 0)).collect();
+    for uid in &uids {
+        if let Some(m) = by_uid.get(uid) {
+            *counts.get_mut(m).unwrap() += 1;
+        }
+    }
+    (counts, uids.len() as i64)
+}
+
+/// Each replica's child caches (`idem_shard_child_cache_objects`, from its own metrics) hold
+/// exactly the children of the Tenants it owns: its child watches never received the others'.
+async fn child_caches_hold_only_owned_children(
+    client: &Client,
+    replicas: &[OperatorProcess],
+    tenants: &[Tenant],
+    members: &[&str],
+) {
+    let (want, total) = children_per_owner(client, tenants, members).await;
+    for r in replicas {
+        let want = want[r.name.as_str()];
+        assert!(
+            want < total,
+            "{} owns every child: {want} of {total}",
+            r.name
+        );
+        eventually(
+            "a replica's child caches holding exactly its tenants' children",
+            common::TIMEOUT,
+            || async {
+                let m = r.metrics().await.unwrap_or_default();
+                let got = m
+                    .lines()
+                    .find_map(|l| l.strip_prefix("idem_shard_child_cache_objects "))
+                    .and_then(|v| v.trim().parse::<i64>().ok());
+                (got == Some(want)).then_some(()).ok_or(format!(
+                    "{}: {got:?} cached, {want} of {total} children are its tenants'",
+                    r.name
+                ))
+            },
+        )
+        .await;
+    }
+}
+
+/// A bucket label forged to another member's bucket, then removed, on the owners'
+/// RoleBinding of `tenant`: its owner puts the right label back each time, and no tenant is
+/// written by a replica other than its owner meanwhile.
+async fn forged_bucket_labels_are_repaired(client: &Client, tenant: &Tenant, members: &[&str]) {
+    let ring = Ring::new(members.iter().copied());
+    let me = owner(members, tenant);
+    let right = bucket_of(fnv1a64(tenant.uid().unwrap().as_bytes())).to_string();
+    let forged = (0..BUCKETS)
+        .find(|b| ring.owner_of((*b as u64) << 56) != Some(me.as_str()))
+        .unwrap()
+        .to_string();
+    let ns = tenant.status.as_ref().unwrap().namespaces[0].clone();
+    let api = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let since = Timestamp::now();
+    let label_is = |want: String| {
+        let api = api.clone();
+        async move {
+            eventually("the bucket label put back", common::TIMEOUT, || async {
+                let rb = api.get("idem-owners").await.map_err(|e| e.to_string())?;
+                let got = rb.labels().get(SHARD_BUCKET_LABEL).cloned();
+                (got.as_deref() == Some(want.as_str()))
+                    .then_some(())
+                    .ok_or(format!("label {got:?}, want {want}"))
+            })
+            .await;
+        }
+    };
+    let forge = serde_json::json!({"metadata": {"labels": {SHARD_BUCKET_LABEL: forged}}});
+    api.patch(
+        "idem-owners",
+        &PatchParams::default(),
+        &Patch::Merge(&forge),
+    )
+    .await
+    .expect("forging the bucket label");
+    label_is(right.clone()).await;
+    let remove = serde_json::json!({"metadata": {"labels": {SHARD_BUCKET_LABEL: null}}});
+    api.patch(
+        "idem-owners",
+        &PatchParams::default(),
+        &Patch::Merge(&remove),
+    )
+    .await
+    .expect("removing the bucket label");
+    label_is(right).await;
+    let w = writers(client, since).await;
+    for (uid, who) in &w {
+        if uid == &tenant.uid().unwrap() {
+            assert!(
+                who.iter().all(|r| *r == me),
+                "repaired by {who:?}, owner {me}"
+            );
+        }
+    }
+}
+
 async fn scenario(gate: bool) {
     let _serial = SERIAL.lock().await;
     let options = Options {
@@ -217,6 +362,13 @@ async fn scenario(gate: bool) {
         owned_by_a > 0,
         "shard-a owns some of {TENANTS} tenants: {owners3:?}"
     );
+    child_caches_hold_only_owned_children(&client, &replicas, &ready, &names[..3]).await;
+    let victim = ready
+        .iter()
+        .find(|t| owners3[&t.name_any()] == "shard-a")
+        .unwrap();
+    forged_bucket_labels_are_repaired(&client, victim, &names[..3]).await;
+    child_caches_hold_only_owned_children(&client, &replicas, &ready, &names[..3]).await;
 
     // SIGKILL shard-a: the others take its tenants over once its Lease expires.
     let killed = Instant::now();

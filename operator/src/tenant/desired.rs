@@ -59,8 +59,12 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
         .prune_kind::<Namespace>()
         .release_orphans::<Namespace>();
     for name in namespace_names(tenant) {
+        // The bucket of the namespace's name: the operator's namespace cache is sharded on it.
+        let bucket = crate::shard::namespace_bucket(&name);
+        let mut metadata = meta(&name, None);
+        metadata.labels = Some([(crate::shard::NAMESPACE_BUCKET_LABEL.to_owned(), bucket)].into());
         desired.add(&Namespace {
-            metadata: meta(&name, None),
+            metadata,
             ..Namespace::default()
         })?;
     }

@@ -77,6 +77,7 @@ impl Reconciler for Tenants {
 
     fn failed_status(&self, tenant: &Tenant, status: &mut TenantStatus) {
         // The namespaces that exist, so that the count does not say 0 while they are there.
-        set_namespaces(status, &self.ctx.namespaces_of(&tenant.name_any()));
+        let listed = super::desired::namespace_names(tenant);
+        set_namespaces(status, &self.ctx.namespaces_of(&tenant.name_any(), &listed));
     }
 }

@@ -1,8 +1,10 @@
 //! What the Tenant controller watches: Tenants, and its children (Namespaces, ResourceQuotas,
-//! LimitRanges, RoleBindings, NetworkPolicies) labelled `app.kubernetes.io/managed-by`.
+//! LimitRanges, RoleBindings, NetworkPolicies) labelled `app.kubernetes.io/managed-by`; when
+//! sharded, only the children labelled with a shard bucket this replica owns.
 
-use idem_runtime::apply::MANAGED_BY_LABEL;
+use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::controller::{Controller, ControllerConfig};
+use idem_runtime::shard::Ranges;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -16,6 +18,23 @@ pub fn children_config() -> watcher::Config {
     watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
 }
 
+/// The watch config of the Tenant's child kinds on a replica that owns `shard` (`None`: not
+/// sharded): [`children_config`] narrowed to the children labelled with one of its buckets
+/// (`tenancy.idem.dev/shard-bucket in (…)`, [`SHARD_BUCKET_LABEL`], which the apply engine puts
+/// on every child with the bucket of its owner's uid — the Tenant's, by which the Tenant itself
+/// is sharded). The API server filters by label with or without KEP-5866's gate. A child whose
+/// label was removed or forged leaves this watch (its Tenant is enqueued by the DELETE event
+/// and the apply puts the label back); it can appear in another replica's watch, which never
+/// reconciles the Tenant (the worker's shard check is on the Tenant's own uid).
+pub fn sharded_children_config(shard: Option<&Ranges>) -> watcher::Config {
+    let base = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
+    let labels = match shard.and_then(|r| r.label_selector(SHARD_BUCKET_LABEL)) {
+        Some(buckets) => format!("{base},{buckets}"),
+        None => base,
+    };
+    watcher::Config::default().labels(&labels)
+}
+
 /// A Tenant's weight in the operator's fair queues: `spec.weight`, clamped to 1–100 (the
 /// range the CRD admits).
 pub fn weight(tenant: &Tenant) -> u32 {
@@ -23,8 +42,14 @@ pub fn weight(tenant: &Tenant) -> u32 {
 }
 
 /// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue (its
-/// derive's `tenant = name`), with `spec.weight` as its weight.
-pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenant> {
+/// derive's `tenant = name`), with `spec.weight` as its weight; with `shard`, its child watches
+/// select only the children of this replica's buckets ([`sharded_children_config`]).
+pub fn controller(
+    client: &Client,
+    config: ControllerConfig,
+    shard: Option<&Ranges>,
+) -> Controller<Tenant> {
+    let children_config = || sharded_children_config(shard);
     Controller::for_derived(
         Api::<Tenant>::all(client.clone()),
         watcher::Config::default(),
@@ -36,4 +61,37 @@ pub fn controller(client: &Client, config: ControllerConfig) -> Controller<Tenan
     .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
     .weight_of(weight)
     .with_config(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_runtime::shard::Ring;
+
+    #[test]
+    fn sharded_child_watches_select_the_owned_buckets_by_label() {
+        let plain = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
+        assert_eq!(
+            sharded_children_config(None).label_selector.as_deref(),
+            Some(plain.as_str())
+        );
+        // One replica owns everything: no bucket requirement.
+        let alone = Ring::new(["a"]).ranges_of("a");
+        assert_eq!(
+            sharded_children_config(Some(&alone))
+                .label_selector
+                .as_deref(),
+            Some(plain.as_str())
+        );
+        let ring = Ring::new(["a", "b", "c"]);
+        let mine = ring.ranges_of("b");
+        let config = sharded_children_config(Some(&mine));
+        let selector = config.label_selector.unwrap();
+        let rest = selector
+            .strip_prefix(&format!("{plain},{SHARD_BUCKET_LABEL} in ("))
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{selector}"));
+        let buckets: Vec<usize> = rest.split(',').map(|b| b.parse().unwrap()).collect();
+        assert_eq!(buckets, mine.buckets().collect::<Vec<_>>());
+    }
 }

@@ -13,8 +13,8 @@
 //!   its desired body in [`FINGERPRINT_ANNOTATION`]: when it still matches, every drift was made
 //!   by someone else and is reported as a [`Repair`] (the `DriftRepaired` event).
 //! - Every child gets a controller ownerReference to the owner (`controller: true`,
-//!   `blockOwnerDeletion: true`) and the labels [`MANAGED_BY_LABEL`], [`TENANT_LABEL`] and
-//!   [`OWNER_UID_LABEL`]. A live object without our controller ownerReference is never
+//!   `blockOwnerDeletion: true`) and the labels [`MANAGED_BY_LABEL`], [`TENANT_LABEL`],
+//!   [`OWNER_UID_LABEL`] and [`SHARD_BUCKET_LABEL`]. A live object without our controller ownerReference is never
 //!   modified, adopted or deleted: it is reported as [`ChildOutcome::NotOwned`].
 //! - Applies carry no `resourceVersion` (a Deployment's status churn must not cost 409s) but
 //!   carry the observed `metadata.uid`: an object that replaced ours under the same name makes
@@ -63,6 +63,14 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
 /// Label holding the owner's `metadata.uid`; used to list an owner's children for pruning.
 pub const OWNER_UID_LABEL: &str = "tenancy.idem.dev/owner-uid";
+/// Label holding the shard bucket of the owner's `metadata.uid` (decimal `0..=255`:
+/// [`crate::shard::bucket_of`] of its FNV-1a hash, the hash KEP-5866 shards on), so that a
+/// sharded replica's child watches can select the children of the owners it owns by label
+/// ([`crate::shard::Ranges::label_selector`]); the children's own uids hash elsewhere. Only
+/// ever used to narrow a watch: which replica reconciles an owner is decided by the owner's
+/// own uid, so a forged value can hide a child from its owner's replica (until read-repair
+/// applies the label back) but never makes another replica act on it.
+pub const SHARD_BUCKET_LABEL: &str = "tenancy.idem.dev/shard-bucket";
 /// Annotation holding the fingerprint of the desired body last applied.
 pub const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
 

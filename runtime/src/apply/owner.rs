@@ -8,7 +8,10 @@ use kube::core::{ApiResource, ClusterResourceScope, NamespaceResourceScope};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, TENANT_LABEL};
+use super::{
+    ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL,
+    TENANT_LABEL,
+};
 use crate::compare::fingerprint;
 use crate::key::{ObjectKey, TenantKey};
 
@@ -125,6 +128,8 @@ impl Owner {
         let mut labels = BTreeMap::new();
         labels.insert(MANAGED_BY_LABEL.to_owned(), self.field_manager.clone());
         labels.insert(OWNER_UID_LABEL.to_owned(), self.uid.clone());
+        let bucket = crate::shard::bucket_of(crate::shard::fnv1a64(self.uid.as_bytes()));
+        labels.insert(SHARD_BUCKET_LABEL.to_owned(), bucket.to_string());
         if let Some(t) = &self.tenant {
             labels.insert(TENANT_LABEL.to_owned(), t.to_string());
         }

@@ -16,4 +16,4 @@ mod hash;
 mod ring;
 
 pub use self::hash::{fnv1a64, shard_hash};
-pub use self::ring::{BUCKETS, Ranges, Ring, ShardField};
+pub use self::ring::{BUCKETS, Ranges, Ring, ShardField, bucket_of};

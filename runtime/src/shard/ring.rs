@@ -48,8 +48,8 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The bucket of hash `h`.
-fn bucket_of(h: u64) -> usize {
+/// The bucket of hash `h`: its top 8 bits, `0..BUCKETS`.
+pub fn bucket_of(h: u64) -> usize {
     (h >> 56) as usize
 }
 
@@ -144,6 +144,36 @@ impl Ranges {
     /// The fraction of the hash space these ranges cover, in `[0, 1]`.
     pub fn share(&self) -> f64 {
         self.owned.iter().filter(|o| **o).count() as f64 / BUCKETS as f64
+    }
+
+    /// Whether these ranges are the whole hash space (nothing to select).
+    pub fn is_all(&self) -> bool {
+        self.owned.iter().all(|o| *o)
+    }
+
+    /// The owned buckets, ascending.
+    pub fn buckets(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..BUCKETS).filter(|b| self.owned[*b])
+    }
+
+    /// A label selector requirement that matches objects whose `label` holds one of these
+    /// buckets in decimal (`label in (0,3,17)`, the set-based syntax of the Kubernetes label
+    /// selector), for objects labelled with the bucket of another object's hash (a Tenant's
+    /// children with the Tenant's, see `SHARD_BUCKET_LABEL` of the apply engine). `None` when
+    /// these ranges are the whole hash space (no restriction needed); when they are empty it
+    /// selects nothing (`label in (none)`; `none` is never a bucket). At most 256 values of at
+    /// most 3 digits: about 1 kB, well within the API server's URL limits.
+    pub fn label_selector(&self, label: &str) -> Option<String> {
+        if self.is_all() {
+            return None;
+        }
+        let values: Vec<String> = self.buckets().map(|b| b.to_string()).collect();
+        let values = if values.is_empty() {
+            "none".to_owned()
+        } else {
+            values.join(",")
+        };
+        Some(format!("{label} in ({values})"))
     }
 
     /// The ranges as merged half-open intervals `[start, end)`; `end` is at most 2^64.
@@ -265,6 +295,40 @@ mod tests {
             .count() as f64
             / total as f64;
         assert!((0.2..=0.375).contains(&moved), "moved {moved:.3}");
+    }
+
+    #[test]
+    fn label_selectors_list_the_owned_buckets() {
+        assert_eq!(Ranges::all().label_selector("b"), None);
+        let ring = Ring::new(names(3));
+        let mut seen = [0usize; BUCKETS];
+        for m in ring.members() {
+            let r = ring.ranges_of(m);
+            let sel = r.label_selector("tenancy.idem.dev/shard-bucket").unwrap();
+            let values = sel
+                .strip_prefix("tenancy.idem.dev/shard-bucket in (")
+                .and_then(|v| v.strip_suffix(')'))
+                .unwrap();
+            for v in values.split(',') {
+                let b: usize = v.parse().unwrap();
+                assert!(
+                    r.contains((b as u64) << 56),
+                    "{m} selects bucket {b} it does not own"
+                );
+                seen[b] += 1;
+            }
+            assert_eq!(values.split(',').count(), r.buckets().count());
+            assert!(sel.len() < 1024, "{} bytes", sel.len());
+        }
+        assert!(
+            seen.iter().all(|n| *n == 1),
+            "every bucket selected by exactly one member"
+        );
+        let none = ring.ranges_of("not-a-member");
+        assert_eq!(none.label_selector("b").unwrap(), "b in (none)");
+        for h in [0, 1 << 56, u64::MAX] {
+            assert_eq!(bucket_of(h), (h >> 56) as usize);
+        }
     }
 
     #[test]

@@ -56,6 +56,8 @@ fn stamping_adds_ownership_and_strips_server_fields() {
     assert_eq!(meta["labels"][MANAGED_BY_LABEL], "idem-operator");
     assert_eq!(meta["labels"][TENANT_LABEL], "acme");
     assert_eq!(meta["labels"][OWNER_UID_LABEL], "uid-1");
+    let bucket = crate::shard::fnv1a64(b"uid-1") >> 56;
+    assert_eq!(meta["labels"][SHARD_BUCKET_LABEL], bucket.to_string());
     assert_eq!(meta["ownerReferences"][0]["uid"], "uid-1");
     assert_eq!(meta["ownerReferences"][0]["controller"], true);
     assert!(meta.get("resourceVersion").is_none() && meta.get("uid").is_none());
