@@ -189,6 +189,11 @@ pub async fn run(
             membership_metrics.handovers.clone(),
         );
         registry.register(
+            "idem_shard_working",
+            "1 while this replica works on an acknowledged ring, 0 while it waits for one",
+            membership_metrics.working.clone(),
+        );
+        registry.register(
             "idem_shard_server_side",
             "1 when the API server filters this replica's lists and watches by shardSelector",
             server_side,

@@ -379,13 +379,16 @@ async fn scenario(gate: bool) {
             common::TIMEOUT,
             || async {
                 let m = r.metrics().await.unwrap_or_default();
-                let members = m
-                    .lines()
-                    .find_map(|l| l.strip_prefix("idem_shard_members "))
-                    .map(str::trim);
-                (members == Some("2"))
+                let gauge = |name: &str| {
+                    m.lines()
+                        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                        .map(str::trim)
+                        .map(str::to_owned)
+                };
+                let (members, working) = (gauge("idem_shard_members"), gauge("idem_shard_working"));
+                (members.as_deref() == Some("2") && working.as_deref() == Some("1"))
                     .then_some(())
-                    .ok_or(format!("{members:?}"))
+                    .ok_or(format!("members {members:?}, working {working:?}"))
             },
         )
         .await;
@@ -394,7 +397,7 @@ async fn scenario(gate: bool) {
     let (ready, w) = change_all(&client, &tenant_names, "b").await;
     let owners2 = assert_written_by_owners(&ready, &w, &names[1..3], "after the kill");
     println!(
-        "gate={gate}: shard-a owned {owned_by_a}/{TENANTS}; ring of two after {takeover:?}; all reconciled after {:?}",
+        "gate={gate}: shard-a owned {owned_by_a}/{TENANTS}; working on a ring of two after {takeover:?}; all reconciled after {:?}",
         killed.elapsed()
     );
     assert!(

@@ -17,8 +17,17 @@
 //!   and the controllers are stopped; then the replica acknowledges the new ring by writing its
 //!   version in its Lease's [`APPLIED_ANNOTATION`] (the handshake);
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
-//!   version. A member that crashed stops counting once its Lease expires, so its share is
-//!   taken over within `LEASE_DURATION` plus two rounds.
+//!   version, polling every [`HANDSHAKE_POLL`] meanwhile. A member that crashed stops
+//!   counting once its Lease expires, and a replica wakes up for that instant rather than at
+//!   its next round, so its share is taken over about `LEASE_DURATION` after its last renewal
+//!   plus one handshake.
+//!
+//! When a Lease changed since the previous list, the change is placed at the `renewTime` its
+//! holder wrote, but clamped into the interval in which this replica knows it happened: after
+//! the previous list was sent and at most [`RETRY_PERIOD`] before this list's answer. So a
+//! skewed clock moves an expiry by at most one round, and never earlier than `renewal sent +
+//! LEASE_DURATION − RETRY_PERIOD`, which is past the dead holder's fence (`renewal sent +
+//! LEASE_DURATION − CLOCK_SKEW`, [`CLOCK_SKEW`] > [`RETRY_PERIOD`]): no overlap.
 //!
 //! A replica that renews its Lease but has not acknowledged a new ring keeps the others
 //! waiting; a replica paused past its lease duration finds its fence closed when it wakes and
@@ -57,6 +66,11 @@ pub const LEASE_PREFIX: &str = "idem-operator-shard-";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// A non-live Lease unchanged for this many lease durations is deleted.
 const GC_AFTER: u32 = 3;
+/// How often a replica that is not working (waiting for members to acknowledge a ring) renews
+/// and lists: a handshake takes one or two of these rather than of [`RETRY_PERIOD`].
+pub const HANDSHAKE_POLL: Duration = Duration::from_millis(500);
+/// How long after a member's predicted expiry a replica checks it, so that it has expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(20);
 
 /// Metrics of the membership loop.
 #[derive(Clone, Debug, Default)]
@@ -65,6 +79,8 @@ pub struct MembershipMetrics {
     pub members: Gauge,
     /// Times this replica stopped working on a ring because membership changed.
     pub handovers: Counter,
+    /// 1 while this replica works on an acknowledged ring, 0 while it waits.
+    pub working: Gauge,
 }
 
 /// The name of `identity`'s member Lease: [`LEASE_PREFIX`] + the identity in lower case with
@@ -120,6 +136,8 @@ impl Membership {
             applied: String::new(),
             running: None,
             last_renewal: None,
+            previous_list: None,
+            next_expiry: None,
         };
         let task = tokio::spawn(member.run(stop_rx));
         Self {
@@ -183,6 +201,10 @@ struct Member {
     /// The ring version it works on.
     running: Option<String>,
     last_renewal: Option<Instant>,
+    /// When the previous list of the member Leases was sent.
+    previous_list: Option<Instant>,
+    /// The earliest instant at which a live member's Lease expires if it is not renewed.
+    next_expiry: Option<Instant>,
 }
 
 impl Member {
@@ -190,10 +212,21 @@ impl Member {
         loop {
             self.round().await;
             tokio::select! {
-                () = tokio::time::sleep(RETRY_PERIOD) => {}
+                () = tokio::time::sleep(self.next_wait()) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
+    }
+
+    /// The wait before the next round: [`HANDSHAKE_POLL`] while not working, else
+    /// [`RETRY_PERIOD`] or until just after the next member's Lease expires, if earlier.
+    fn next_wait(&self) -> Duration {
+        if self.running.is_none() {
+            return HANDSHAKE_POLL;
+        }
+        self.next_expiry
+            .map(|t| t.saturating_duration_since(Instant::now()) + EXPIRY_SLACK)
+            .map_or(RETRY_PERIOD, |d| d.min(RETRY_PERIOD))
     }
 
     /// Stops working: the fence closes before the controllers are told to stop.
@@ -201,6 +234,7 @@ impl Member {
         if self.running.take().is_some() {
             self.fence.revoke();
             self.metrics.handovers.inc();
+            self.metrics.working.set(0);
             tracing::info!(identity = %self.identity, why, "stopping work on the shard ring");
             let _ = self.assignment.send(None);
         }
@@ -215,6 +249,7 @@ impl Member {
         }
         let renewed = self.last_renewal == Some(sent);
         let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={RING_NAME}"));
+        let list_sent = Instant::now();
         let leases = match tokio::time::timeout(REQUEST_TIMEOUT, self.api.list(&params)).await {
             Ok(Ok(list)) if renewed => list.items,
             other => {
@@ -236,7 +271,7 @@ impl Member {
                 return;
             }
         };
-        let (ring, acks) = self.live(&leases).await;
+        let (ring, acks) = self.live(&leases, list_sent).await;
         self.metrics.members.set(ring.members().len() as i64);
         let version = ring.version();
         let moved_on: Vec<&String> = ring
@@ -269,16 +304,24 @@ impl Member {
             tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
             self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
             self.running = Some(version);
+            self.metrics.working.set(1);
             let _ = self.assignment.send(Some(ring));
         } else {
             tracing::info!(ring = %version, ?waiting, "waiting for members to acknowledge the ring");
         }
     }
 
-    /// The ring of live members (this replica included) and each member's acknowledged ring;
-    /// deletes Leases dead for [`GC_AFTER`] lease durations.
-    async fn live(&mut self, leases: &[Lease]) -> (Ring, BTreeMap<String, String>) {
+    /// The ring of live members (this replica included) and each member's acknowledged ring,
+    /// from `leases` listed at `list_sent`; deletes Leases dead for [`GC_AFTER`] lease
+    /// durations and sets [`Member::next_expiry`].
+    async fn live(
+        &mut self,
+        leases: &[Lease],
+        list_sent: Instant,
+    ) -> (Ring, BTreeMap<String, String>) {
         let now = Instant::now();
+        let previous_list = self.previous_list.replace(list_sent);
+        self.next_expiry = None;
         let mut members = vec![self.identity.clone()];
         let mut acks = BTreeMap::new();
         let mut seen = Vec::new();
@@ -288,8 +331,14 @@ impl Member {
             };
             seen.push(name.clone());
             let rv = lease.metadata.resource_version.clone();
-            let changed_at = match self.observed.get(&name) {
-                Some((before, at)) if *before == rv => *at,
+            let renewed_at = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
+            let changed_at = match (self.observed.get(&name), previous_list) {
+                (Some((before, at)), _) if *before == rv => *at,
+                // Changed since the previous list: when, by its holder's renewTime.
+                (Some(_), Some(previous)) => {
+                    changed_at(now, previous, renewed_at.map(|t| t.0), Timestamp::now())
+                }
+                // First seen: now (client-go's rule).
                 _ => now,
             };
             self.observed.insert(name.clone(), (rv.clone(), changed_at));
@@ -304,6 +353,8 @@ impl Member {
                 Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
             let quiet = now.duration_since(changed_at);
             if quiet < duration {
+                let expiry = changed_at + duration;
+                self.next_expiry = Some(self.next_expiry.map_or(expiry, |e| e.min(expiry)));
                 members.push(holder.clone());
                 if let Some(v) = lease
                     .metadata
@@ -373,9 +424,66 @@ impl Member {
     }
 }
 
+/// When a Lease seen changed at `now` (answer to this list) changed, given that the previous
+/// list, sent at `previous`, did not show the change: its holder's `renewed` (`renewTime`, by
+/// the holder's wall clock) read on this replica's wall clock `wall_now`, clamped into
+/// `[max(previous, now − RETRY_PERIOD), now]`, the interval this replica knows it lies in
+/// (narrowed to one round, so a skewed clock costs at most one round of accuracy and cannot
+/// place it earlier). Without `renewed`, or with a `renewed` in this replica's future, `now`.
+// The earliest expiry `changed_at` can give is past a dead holder's fence.
+const _: () = assert!(RETRY_PERIOD.as_millis() < CLOCK_SKEW.as_millis());
+
+fn changed_at(
+    now: Instant,
+    previous: Instant,
+    renewed: Option<Timestamp>,
+    wall_now: Timestamp,
+) -> Instant {
+    let earliest = previous.max(now.checked_sub(RETRY_PERIOD).unwrap_or(now));
+    let Some(renewed) = renewed else {
+        return now;
+    };
+    let Ok(ago) = Duration::try_from(wall_now.duration_since(renewed)) else {
+        return now;
+    };
+    now.checked_sub(ago)
+        .unwrap_or(earliest)
+        .max(earliest)
+        .min(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_is_placed_at_its_renew_time_within_what_this_replica_saw() {
+        let now = Instant::now() + Duration::from_secs(60);
+        let wall = Timestamp::from_second(1_000_000).unwrap();
+        let secs = |s: f64| Duration::from_secs_f64(s);
+        let ago = |s: f64| wall - secs(s);
+        // Renewed 0.7 s ago, previous list 2 s ago: 0.7 s ago.
+        assert_eq!(
+            changed_at(now, now - secs(2.0), Some(ago(0.7)), wall),
+            now - secs(0.7)
+        );
+        // Before the previous list (a clock behind): no earlier than the previous list.
+        assert_eq!(
+            changed_at(now, now - secs(1.5), Some(ago(9.0)), wall),
+            now - secs(1.5)
+        );
+        // A slow round: no earlier than one RETRY_PERIOD before this answer.
+        assert_eq!(
+            changed_at(now, now - secs(7.0), Some(ago(6.0)), wall),
+            now - RETRY_PERIOD
+        );
+        // A renewTime in the future (a clock ahead) or none: now.
+        assert_eq!(
+            changed_at(now, now - secs(2.0), Some(wall + secs(3.0)), wall),
+            now
+        );
+        assert_eq!(changed_at(now, now - secs(2.0), None, wall), now);
+    }
 
     #[test]
     fn lease_names_are_valid_object_names() {

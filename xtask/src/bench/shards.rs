@@ -205,11 +205,14 @@ fn owner(members: &[&str], t: &Tenant) -> String {
         .to_string()
 }
 
-/// Waits until every operator reports `n` live ring members.
+/// Waits until every operator reports `n` live ring members and works on that ring.
 async fn members(ops: &[&Operator], n: u64) -> anyhow::Result<()> {
     let started = Instant::now();
     for op in ops {
-        while metric(&metrics(op.addr).await, "idem_shard_members") != n {
+        while {
+            let m = metrics(op.addr).await;
+            metric(&m, "idem_shard_members") != n || metric(&m, "idem_shard_working") != 1
+        } {
             anyhow::ensure!(
                 started.elapsed() < PHASE_TIMEOUT,
                 "{} never saw {n} members",
@@ -381,7 +384,7 @@ async fn one(
             .count();
         step.done("");
         println!(
-            "  kill -9 replica-0: survivors on a ring of 3 after {:.1}s (lease 15 s); its {} tenants Ready again after {:.1}s; {} written by two replicas; {} lost",
+            "  kill -9 replica-0: survivors working on a ring of 3 after {:.1}s (lease 15 s); its {} tenants Ready again after {:.1}s; {} written by two replicas; {} lost",
             ring_after.as_secs_f64(),
             victims.len(),
             after.as_secs_f64(),
