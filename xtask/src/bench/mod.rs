@@ -58,6 +58,10 @@ pub struct Args {
     /// Resync period during P3's full-resync measurement (default 20 s; 8 s with --quick).
     #[arg(long)]
     pub resync_secs: Option<u64>,
+    /// `shards` only: run with the `ShardedListAndWatch` gate `on` or `off` only (default:
+    /// both, off first).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub gate: Option<String>,
     /// Where `report.html` and the controllers' logs go (default `target/bench/`).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -102,7 +106,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| crate::generated::repo_root().join("target").join("bench"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     if plan.has("shards") {
-        return shards::run(plan.tenants, plan.workers, &out);
+        let gates: &[bool] = match args.gate.as_deref() {
+            Some("on") => &[true],
+            Some("off") => &[false],
+            _ => &[false, true],
+        };
+        return shards::run(plan.tenants, plan.workers, gates, &out);
     }
     for side in Side::BOTH {
         let _ = std::fs::remove_file(out.join(format!("{}.log", side.name())));

@@ -396,11 +396,11 @@ async fn one(
     Ok(figures)
 }
 
-/// Runs the scenario: gate off and on, 1 and 3 replicas.
+/// Runs the scenario: with the gate off and/or on (`gates`), 1 and 3 replicas.
 ///
 /// # Errors
 /// Build, control-plane, operator or API failures.
-pub fn run(tenants: usize, workers: usize, out: &Path) -> anyhow::Result<()> {
+pub fn run(tenants: usize, workers: usize, gates: &[bool], out: &Path) -> anyhow::Result<()> {
     let step = Step::start("building idem-operator");
     let bin: PathBuf =
         crate::dev::operator::build_bin(step.bar(), "idem-operator", "idem-operator")?;
@@ -409,7 +409,7 @@ pub fn run(tenants: usize, workers: usize, out: &Path) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    for gate in [false, true] {
+    for &gate in gates {
         let mut single = None;
         for replicas in [1, 3] {
             let cp = ControlPlane::start_with(Options {
