@@ -7,6 +7,7 @@ pub mod compare;
 pub mod controller;
 pub mod derive;
 pub mod http;
+pub mod inflight;
 pub mod key;
 pub mod leader;
 pub mod metrics;

@@ -96,9 +96,12 @@ where
                 .metrics
                 .as_ref()
                 .map(|m| Active::new(&m.active_workers));
-            let result = AssertUnwindSafe(reconcile(obj, Arc::clone(&self.ctx), attempt))
-                .catch_unwind()
-                .await;
+            // The reconcile's requests are its tenant's (`inflight::RequestSlots`).
+            let run = crate::inflight::scoped(
+                tenant.clone(),
+                reconcile(obj, Arc::clone(&self.ctx), attempt),
+            );
+            let result = AssertUnwindSafe(run).catch_unwind().await;
             drop(active);
             if let Some(m) = &self.metrics {
                 m.reconcile_time.observe(started.elapsed().as_secs_f64());

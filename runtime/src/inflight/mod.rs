@@ -1,0 +1,295 @@
+//! A fair share of API requests in flight: a cap on one client's concurrent requests whose free
+//! slots go to the tenant with the fewest requests in flight, so one tenant's flood cannot
+//! slow down another tenant's writes.
+//!
+//! The fair work queue shares *reconciles* among tenants; this shares the *requests* those
+//! reconciles make. Without it, a tenant that keeps 16 reconciles busy also keeps ~16 writes
+//! queued at a saturated API server, and a quiet tenant's next write waits behind all of them
+//! there. The API server's own answer to this is API Priority and Fairness (KEP-1040): a
+//! priority level has a number of seats, and flows queue fairly for them. A controller runs as
+//! one user, i.e. one flow, so APF cannot tell its tenants apart; [`RequestSlots`] does the
+//! same on the client side, with idem's tenants as the flows:
+//!
+//! - at most `slots` requests made inside a reconcile are in flight at once;
+//! - a free slot goes to the waiting tenant with the fewest requests in flight (ties: the one
+//!   granted least recently), so a tenant that becomes active gets the next free slot however
+//!   many requests others have queued, and busy tenants share the slots equally (max-min
+//!   fairness, as APF's fair queuing gives flows of one priority level equal shares);
+//! - it is work-conserving: a tenant alone may hold every slot.
+//!
+//! The tenant of a request is the one of the reconcile in whose task it runs: the controller's
+//! workers run each reconcile inside [`scoped`]. Requests outside any reconcile (the
+//! controller's LISTs and watches, leader-election renewals) and every `watch=true` request
+//! bypass the cap and do not count against it. A slot is held from just before the request is
+//! sent until its response headers arrive.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use kube::client::Body;
+use tokio::sync::oneshot;
+
+use crate::TenantKey;
+
+tokio::task_local! {
+    static TENANT: TenantKey;
+}
+
+/// Runs `fut` with `tenant` as the tenant of every request it makes through a client wrapped
+/// by [`RequestSlots::client`]. The controller's workers run each reconcile this way.
+pub async fn scoped<F: Future>(tenant: TenantKey, fut: F) -> F::Output {
+    TENANT.scope(tenant, fut).await
+}
+
+/// The tenant of the reconcile running in this task, if any (see [`scoped`]).
+pub fn current_tenant() -> Option<TenantKey> {
+    TENANT.try_with(Clone::clone).ok()
+}
+
+/// A cap on concurrent API requests, shared fairly among tenants; see the [module](self) docs.
+///
+/// Cheap to clone: clones share the slots. Wrap the client your reconciles write with
+/// ([`RequestSlots::client`]); the controller sets the tenant of each reconcile.
+#[derive(Clone, Debug)]
+pub struct RequestSlots {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Slots in all.
+    slots: usize,
+    /// Slots granted and not yet released.
+    busy: usize,
+    /// Tenants with a request in flight or waiting.
+    tenants: HashMap<TenantKey, Tenant>,
+    /// Grant counter, for the least-recently-granted tie break.
+    grants: u64,
+}
+
+#[derive(Debug, Default)]
+struct Tenant {
+    in_flight: usize,
+    waiting: VecDeque<oneshot::Sender<()>>,
+    last_grant: u64,
+}
+
+impl State {
+    /// Hands free slots to waiters, the tenant with the fewest in flight first.
+    fn dispatch(&mut self) {
+        while self.busy < self.slots {
+            let next = self
+                .tenants
+                .iter()
+                .filter(|(_, t)| !t.waiting.is_empty())
+                .min_by_key(|(_, t)| (t.in_flight, t.last_grant))
+                .map(|(k, _)| k.clone());
+            let Some(key) = next else { return };
+            let grants = self.grants + 1;
+            let tenant = self.tenants.get_mut(&key).expect("chosen above");
+            let Some(tx) = tenant.waiting.pop_front() else {
+                continue;
+            };
+            // A waiter that gave up has dropped its receiver: skip it.
+            if tx.send(()).is_ok() {
+                tenant.in_flight += 1;
+                tenant.last_grant = grants;
+                self.grants = grants;
+                self.busy += 1;
+            } else {
+                self.forget_if_idle(&key);
+            }
+        }
+    }
+
+    fn forget_if_idle(&mut self, key: &TenantKey) {
+        if let Some(t) = self.tenants.get_mut(key) {
+            t.waiting.retain(|tx| !tx.is_closed());
+            if t.in_flight == 0 && t.waiting.is_empty() {
+                self.tenants.remove(key);
+            }
+        }
+    }
+
+    fn release(&mut self, key: &TenantKey) {
+        if let Some(t) = self.tenants.get_mut(key) {
+            t.in_flight = t.in_flight.saturating_sub(1);
+        }
+        self.busy = self.busy.saturating_sub(1);
+        self.forget_if_idle(key);
+        self.dispatch();
+    }
+}
+
+impl RequestSlots {
+    /// At most `slots` requests in flight (at least 1).
+    pub fn new(slots: usize) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                slots: slots.max(1),
+                busy: 0,
+                tenants: HashMap::new(),
+                grants: 0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cap this was made with.
+    pub fn slots(&self) -> usize {
+        self.lock().slots
+    }
+
+    /// Requests in flight now (slots held).
+    pub fn busy(&self) -> usize {
+        self.lock().busy
+    }
+
+    /// Waits for a slot for `tenant`; the slot is freed when the [`SlotPermit`] is dropped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a slot granted to a waiter that is dropped is released.
+    pub async fn acquire(&self, tenant: TenantKey) -> SlotPermit {
+        let rx = {
+            let mut s = self.lock();
+            let waiting_anywhere = s.tenants.values().any(|t| !t.waiting.is_empty());
+            if s.busy < s.slots && !waiting_anywhere {
+                s.busy += 1;
+                s.grants += 1;
+                let grants = s.grants;
+                let t = s.tenants.entry(tenant.clone()).or_default();
+                t.in_flight += 1;
+                t.last_grant = grants;
+                None
+            } else {
+                let (tx, rx) = oneshot::channel();
+                s.tenants
+                    .entry(tenant.clone())
+                    .or_default()
+                    .waiting
+                    .push_back(tx);
+                Some(rx)
+            }
+        };
+        if let Some(rx) = rx {
+            let mut wait = Waiting {
+                slots: self.clone(),
+                tenant: tenant.clone(),
+                rx: Some(rx),
+            };
+            let granted = wait.rx.as_mut().expect("set above").await;
+            wait.rx = None;
+            if granted.is_err() {
+                // Not reached: a sender is dropped only after its receiver closed. Count the
+                // slot anyway, so the permit's release stays balanced.
+                let mut s = self.lock();
+                s.busy += 1;
+                s.tenants.entry(tenant.clone()).or_default().in_flight += 1;
+            }
+        }
+        SlotPermit {
+            slots: self.clone(),
+            tenant,
+        }
+    }
+
+    /// `client` with every non-watch request made inside a reconcile ([`scoped`]) holding one
+    /// of these slots until its response headers arrive. Requests outside any reconcile and
+    /// watches pass through without a slot.
+    pub fn client(&self, client: kube::Client) -> kube::Client {
+        let namespace = client.default_namespace().to_owned();
+        kube::Client::new(
+            SlotService {
+                client,
+                slots: self.clone(),
+            },
+            namespace,
+        )
+    }
+}
+
+/// One slot of a [`RequestSlots`], held by one request; dropping it frees the slot for the
+/// next waiting tenant.
+#[derive(Debug)]
+pub struct SlotPermit {
+    slots: RequestSlots,
+    tenant: TenantKey,
+}
+
+impl Drop for SlotPermit {
+    fn drop(&mut self) {
+        self.slots.lock().release(&self.tenant);
+    }
+}
+
+/// A queued acquire; on drop it gives back a slot granted meanwhile.
+struct Waiting {
+    slots: RequestSlots,
+    tenant: TenantKey,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        let mut s = self.slots.lock();
+        if rx.try_recv().is_ok() {
+            s.release(&self.tenant);
+        } else {
+            s.forget_if_idle(&self.tenant);
+        }
+    }
+}
+
+/// Whether `uri` asks for a watch (`watch=true` or `watch=1`), which holds no slot.
+fn is_watch(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| matches!(kv, "watch=true" | "watch=1"))
+    })
+}
+
+/// The tower service [`RequestSlots::client`] puts in front of the wrapped client.
+#[derive(Clone)]
+struct SlotService {
+    client: kube::Client,
+    slots: RequestSlots,
+}
+
+impl tower::Service<http::Request<Body>> for SlotService {
+    type Response = http::Response<Body>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let client = self.client.clone();
+        let slots = self.slots.clone();
+        Box::pin(async move {
+            // Read when first polled, not in `call`: kube's `Client` calls its service on its
+            // buffer's task but polls the returned future in the caller's task, inside the
+            // reconcile's `scoped`.
+            let permit = match current_tenant() {
+                Some(tenant) if !is_watch(request.uri()) => Some(slots.acquire(tenant).await),
+                _ => None,
+            };
+            let response = client.send(request).await;
+            drop(permit);
+            // `Client::send` unwraps a boxed `kube::Error` back into itself.
+            response.map_err(|e| Box::new(e) as tower::BoxError)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+//! Tests of [`RequestSlots`]: fair grants, work conservation, the cap, bypasses and cancel
+//! safety, with a fake API server behind a real `kube::Client` under `tokio::time::pause`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::client::Body;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::{RequestSlots, current_tenant, is_watch, scoped};
+use crate::TenantKey;
+
+/// How long the fake server works on one request.
+const WORK: Duration = Duration::from_millis(100);
+
+/// A saturated API server: it works on `parallel` requests at a time, FIFO, [`WORK`] each,
+/// and records how many requests it held at once.
+#[derive(Clone)]
+struct FakeServer {
+    cpu: Arc<Semaphore>,
+    held: Arc<AtomicUsize>,
+    max_held: Arc<AtomicUsize>,
+}
+
+impl FakeServer {
+    fn new(parallel: usize) -> Self {
+        Self {
+            cpu: Arc::new(Semaphore::new(parallel)),
+            held: Arc::new(AtomicUsize::new(0)),
+            max_held: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn max_held(&self) -> usize {
+        self.max_held.load(Ordering::SeqCst)
+    }
+}
+
+impl tower::Service<http::Request<Body>> for FakeServer {
+    type Response = http::Response<Body>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let now = this.held.fetch_add(1, Ordering::SeqCst) + 1;
+            this.max_held.fetch_max(now, Ordering::SeqCst);
+            {
+                let _cpu = this.cpu.acquire().await.expect("never closed");
+                tokio::time::sleep(WORK).await;
+            }
+            this.held.fetch_sub(1, Ordering::SeqCst);
+            Ok(http::Response::new(Body::empty()))
+        })
+    }
+}
+
+fn fake_client(server: &FakeServer) -> kube::Client {
+    kube::Client::new(server.clone(), "default")
+}
+
+async fn get(client: &kube::Client, query: &str) {
+    let req = http::Request::get(format!("/api/v1/namespaces/x/configmaps{query}"))
+        .body(Body::empty())
+        .expect("valid request");
+    client.send(req).await.expect("the fake answers");
+}
+
+/// `tasks` reconciles of tenant `flood`, each making `each` requests one after another.
+fn flood(client: &kube::Client, tasks: usize, each: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..tasks)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(scoped(TenantKey::new("flood"), async move {
+                for _ in 0..each {
+                    get(&client, "").await;
+                }
+            }))
+        })
+        .collect()
+}
+
+/// The time a quiet tenant's reconcile of 4 sequential requests takes while 32 reconciles
+/// of another tenant keep the fake server (2 at a time) busy, through `client`.
+async fn quiet_after_flood(client: &kube::Client) -> Duration {
+    let flooding = flood(client, 32, 20);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let c = client.clone();
+    tokio::spawn(scoped(TenantKey::new("quiet"), async move {
+        for _ in 0..4 {
+            get(&c, "").await;
+        }
+    }))
+    .await
+    .expect("quiet reconcile");
+    let took = started.elapsed();
+    for f in flooding {
+        f.abort();
+    }
+    took
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_tenant_is_not_slowed_by_another_tenants_queued_requests() {
+    // Alone: 4 × WORK. Without slots the quiet requests queue behind ~32 at the server
+    // (16 × WORK each); with 4 slots behind at most 4 (≈ 2 × WORK, plus waiting for the
+    // next free slot).
+    let plain = quiet_after_flood(&fake_client(&FakeServer::new(2))).await;
+    let slots = RequestSlots::new(4);
+    let fair = quiet_after_flood(&slots.client(fake_client(&FakeServer::new(2)))).await;
+    println!("quiet tenant's 4 requests: {plain:?} without slots, {fair:?} with 4 slots");
+    assert!(plain >= WORK * 4 * 10, "the fake server was not saturated: {plain:?}");
+    assert!(fair <= WORK * 4 * 4, "quiet tenant waited behind the flood: {fair:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cap_bounds_requests_at_the_server_and_a_tenant_alone_uses_every_slot() {
+    for cap in [1, 4, 8] {
+        let server = FakeServer::new(2);
+        let slots = RequestSlots::new(cap);
+        let client = slots.client(fake_client(&server));
+        for f in flood(&client, 32, 3) {
+            f.await.expect("flood reconcile");
+        }
+        // Work-conserving: one tenant alone fills every slot; and never more.
+        assert_eq!(server.max_held(), cap, "cap {cap}");
+        assert_eq!(slots.busy(), 0, "every slot released");
+    }
+    let server = FakeServer::new(2);
+    for f in flood(&fake_client(&server), 32, 1) {
+        f.await.expect("flood reconcile");
+    }
+    assert_eq!(server.max_held(), 32, "without slots every request reaches the server");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_free_slot_goes_to_the_tenant_with_fewest_in_flight() {
+    let slots = RequestSlots::new(2);
+    let a = TenantKey::new("a");
+    let b = TenantKey::new("b");
+    let first = slots.acquire(a.clone()).await;
+    let second = slots.acquire(a.clone()).await;
+    // Three more of tenant a queue first, then one of b.
+    let mut queued_a: Vec<_> = (0..3)
+        .map(|_| Box::pin(slots.acquire(a.clone())))
+        .collect();
+    for w in &mut queued_a {
+        assert!(w.as_mut().now_or_never().is_none(), "all slots are taken");
+    }
+    let mut queued_b = Box::pin(slots.acquire(b.clone()));
+    assert!(queued_b.as_mut().now_or_never().is_none());
+    drop(first);
+    let b_permit = queued_b
+        .as_mut()
+        .now_or_never()
+        .expect("b has none in flight: it gets the freed slot");
+    assert!(queued_a[0].as_mut().now_or_never().is_none());
+    drop(second);
+    // Now a has 0 in flight and b 1: a's oldest waiter is next.
+    let a_permit = queued_a[0].as_mut().now_or_never().expect("a's turn");
+    assert!(queued_a[1].as_mut().now_or_never().is_none());
+    drop((a_permit, b_permit));
+    assert!(queued_a[1].as_mut().now_or_never().is_some());
+    assert!(queued_a[2].as_mut().now_or_never().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_after_its_grant_gives_the_slot_back() {
+    let slots = RequestSlots::new(1);
+    let held = slots.acquire(TenantKey::new("a")).await;
+    let mut waiter = Box::pin(slots.acquire(TenantKey::new("b")));
+    assert!(waiter.as_mut().now_or_never().is_none());
+    drop(held); // grants the slot to the waiter, which never sees it
+    assert_eq!(slots.busy(), 1);
+    drop(waiter);
+    assert_eq!(slots.busy(), 0);
+    // And a waiter dropped before any grant leaves nothing behind.
+    let held = slots.acquire(TenantKey::new("a")).await;
+    let mut waiter = Box::pin(slots.acquire(TenantKey::new("c")));
+    assert!(waiter.as_mut().now_or_never().is_none());
+    drop(waiter);
+    drop(held);
+    assert_eq!(slots.busy(), 0);
+    let again = slots.acquire(TenantKey::new("d")).now_or_never();
+    assert!(again.is_some(), "the slot is free");
+}
+
+#[tokio::test(start_paused = true)]
+async fn watches_and_requests_outside_a_reconcile_take_no_slot() {
+    let server = FakeServer::new(100);
+    let slots = RequestSlots::new(1);
+    let client = slots.client(fake_client(&server));
+    let held = slots.acquire(TenantKey::new("a")).await;
+    // The only slot is taken: a tenant's watch and an untenanted GET still go through.
+    let c = client.clone();
+    scoped(TenantKey::new("b"), async move { get(&c, "?watch=true&resourceVersion=1").await })
+        .await;
+    assert_eq!(current_tenant(), None);
+    get(&client, "").await;
+    // A tenant's GET waits for the slot.
+    let c = client.clone();
+    let mut blocked = Box::pin(scoped(TenantKey::new("b"), async move { get(&c, "").await }));
+    tokio::select! {
+        () = &mut blocked => panic!("a tenant's GET went through with no free slot"),
+        () = tokio::time::sleep(WORK * 10) => {}
+    }
+    drop(held);
+    blocked.await;
+    assert!(is_watch(&"/api/v1/pods?watch=1".parse().expect("uri")));
+    assert!(!is_watch(&"/api/v1/pods?watchers=true".parse().expect("uri")));
+}
