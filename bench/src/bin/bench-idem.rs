@@ -1,7 +1,8 @@
 //! The bench's BaseTenant controller on idem's runtime, written as the README tells a user:
 //! derive, one function returning the desired children, `Applier::reconcile`,
 //! `StatusWriter::write`, and `Controller` with 16 workers; the applier reads and prunes
-//! children from the controller's watch caches (`ChildCaches`).
+//! children from the controller's watch caches (`ChildCaches`); with `--requests-in-flight N`
+//! its reconciles' requests share N slots fairly among tenants (`idem_runtime::inflight`).
 
 use std::sync::Arc;
 
@@ -11,11 +12,23 @@ use idem_bench::{BaseTenant, ControllerArgs, IDEM_MANAGER, MANAGED_BY_LABEL, des
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use idem_runtime::inflight::RequestSlots;
 use idem_runtime::status::StatusWriter;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::runtime::watcher;
 use kube::{Api, Client};
+
+/// `bench-idem`'s command line: the common one and idem's own options.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(flatten)]
+    common: ControllerArgs,
+    /// At most this many API requests of reconciles in flight, free slots going to the tenant
+    /// with the fewest in flight (`RequestSlots`); 0: no cap.
+    #[arg(long, default_value_t = 0)]
+    requests_in_flight: usize,
+}
 
 struct Ctx {
     client: Client,
@@ -56,9 +69,18 @@ async fn reconcile(bt: Arc<BaseTenant>, ctx: Arc<Ctx>, _: Attempt) -> anyhow::Re
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = ControllerArgs::parse();
+    let Args {
+        common: args,
+        requests_in_flight,
+    } = Args::parse();
     idem_bench::init_logging();
     let client = args.client().await?;
+    // Reconciles write through `writer`; watches and LISTs use `client` directly.
+    let writer = if requests_in_flight > 0 {
+        RequestSlots::new(requests_in_flight).client(client.clone())
+    } else {
+        client.clone()
+    };
     let children =
         || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));
     let mut config = ControllerConfig {
@@ -76,8 +98,8 @@ async fn main() -> anyhow::Result<()> {
     });
     let caches = ChildCaches::new();
     let ctx = Arc::new(Ctx {
-        client: client.clone(),
-        applier: Applier::new(client.clone()).with_caches(caches.clone()),
+        client: writer.clone(),
+        applier: Applier::new(writer).with_caches(caches.clone()),
     });
     Controller::new(
         Api::<BaseTenant>::all(client.clone()),

@@ -279,12 +279,22 @@ impl tower::Service<http::Request<Body>> for SlotService {
             // Read when first polled, not in `call`: kube's `Client` calls its service on its
             // buffer's task but polls the returned future in the caller's task, inside the
             // reconcile's `scoped`.
-            let permit = match current_tenant() {
-                Some(tenant) if !is_watch(request.uri()) => Some(slots.acquire(tenant).await),
-                _ => None,
+            let tenant = current_tenant().filter(|_| !is_watch(request.uri()));
+            let Some(tenant) = tenant else {
+                return client.send(request).await.map_err(Into::into);
             };
+            let asked = std::time::Instant::now();
+            let permit = slots.acquire(tenant.clone()).await;
+            let sent = std::time::Instant::now();
+            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
             let response = client.send(request).await;
             drop(permit);
+            tracing::debug!(
+                %tenant, %method, path,
+                slot_wait_ms = sent.duration_since(asked).as_millis() as u64,
+                response_ms = sent.elapsed().as_millis() as u64,
+                "request through a fair slot"
+            );
             // `Client::send` unwraps a boxed `kube::Error` back into itself.
             response.map_err(|e| Box::new(e) as tower::BoxError)
         })

@@ -71,8 +71,8 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Starts `binary` for run `run` with `workers` and `resync_secs` (0: none); stderr goes
-    /// to `log`.
+    /// Starts `binary` for run `run` with `workers`, `resync_secs` (0: none) and `extra`
+    /// arguments; stderr goes to `log`.
     ///
     /// # Errors
     /// When the log or the process cannot be created.
@@ -82,6 +82,7 @@ impl Controller {
         run: &str,
         workers: usize,
         resync_secs: u64,
+        extra: &[String],
         log: &Path,
     ) -> anyhow::Result<Self> {
         let err = File::options()
@@ -95,6 +96,7 @@ impl Controller {
             .args(["--run", run])
             .arg(format!("--workers={workers}"))
             .arg(format!("--resync-secs={resync_secs}"))
+            .args(extra)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -55,6 +55,10 @@ pub struct Args {
     /// Concurrent reconciles of both controllers (and concurrency of the raw-client limit).
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
+    /// `bench-idem`'s cap on its reconciles' API requests in flight, whose free slots go to
+    /// the tenant with the fewest in flight (`idem_runtime::inflight`); 0: no cap.
+    #[arg(long, default_value_t = 0)]
+    pub requests_in_flight: usize,
     /// Resync period during P3's full-resync measurement (default 20 s; 8 s with --quick).
     #[arg(long)]
     pub resync_secs: Option<u64>,
@@ -89,6 +93,7 @@ impl Args {
                 .max(1),
             alone_samples: if quick { 3 } else { 10 },
             workers: self.workers.max(1),
+            requests_in_flight: self.requests_in_flight,
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct Plan {
     pub alone_samples: usize,
     /// Workers of both controllers.
     pub workers: usize,
+    /// `bench-idem`'s cap on API requests in flight, shared fairly among tenants (0: none).
+    pub requests_in_flight: usize,
 }
 
 impl Plan {
@@ -107,7 +109,12 @@ pub async fn run_side(
     let run = side.name();
     let log = out.join(format!("{run}.log"));
     let spawn = |resync: u64| -> anyhow::Result<Controller> {
-        let mut c = Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &log)?;
+        let extra = match side {
+            Side::Idem => vec![format!("--requests-in-flight={}", plan.requests_in_flight)],
+            Side::Peer => Vec::new(),
+        };
+        let mut c =
+            Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &extra, &log)?;
         c.wait_synced(Duration::from_secs(120))?;
         Ok(c)
     };
