@@ -12,7 +12,7 @@
 //!
 //! - at most `slots` requests made inside a reconcile are in flight at once;
 //! - a free slot goes to the waiting tenant with the fewest requests in flight (ties: the one
-//!   granted least recently), so a tenant that becomes active gets the next free slot however
+//!   whose oldest waiting request came first), so a tenant that becomes active gets the next free slot however
 //!   many requests others have queued, and busy tenants share the slots equally (max-min
 //!   fairness, as APF's fair queuing gives flows of one priority level equal shares);
 //! - it is work-conserving: a tenant alone may hold every slot.
@@ -66,15 +66,15 @@ struct State {
     busy: usize,
     /// Tenants with a request in flight or waiting.
     tenants: HashMap<TenantKey, Tenant>,
-    /// Grant counter, for the least-recently-granted tie break.
-    grants: u64,
+    /// Arrival counter of waiting requests, for the first-come tie break.
+    arrivals: u64,
 }
 
 #[derive(Debug, Default)]
 struct Tenant {
     in_flight: usize,
-    waiting: VecDeque<oneshot::Sender<()>>,
-    last_grant: u64,
+    /// Waiting requests, oldest first, each with its arrival number.
+    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
 }
 
 impl State {
@@ -84,20 +84,17 @@ impl State {
             let next = self
                 .tenants
                 .iter()
-                .filter(|(_, t)| !t.waiting.is_empty())
-                .min_by_key(|(_, t)| (t.in_flight, t.last_grant))
-                .map(|(k, _)| k.clone());
+                .filter_map(|(k, t)| Some((t.in_flight, t.waiting.front()?.0, k)))
+                .min()
+                .map(|(_, _, k)| k.clone());
             let Some(key) = next else { return };
-            let grants = self.grants + 1;
             let tenant = self.tenants.get_mut(&key).expect("chosen above");
-            let Some(tx) = tenant.waiting.pop_front() else {
+            let Some((_, tx)) = tenant.waiting.pop_front() else {
                 continue;
             };
             // A waiter that gave up has dropped its receiver: skip it.
             if tx.send(()).is_ok() {
                 tenant.in_flight += 1;
-                tenant.last_grant = grants;
-                self.grants = grants;
                 self.busy += 1;
             } else {
                 self.forget_if_idle(&key);
@@ -107,7 +104,7 @@ impl State {
 
     fn forget_if_idle(&mut self, key: &TenantKey) {
         if let Some(t) = self.tenants.get_mut(key) {
-            t.waiting.retain(|tx| !tx.is_closed());
+            t.waiting.retain(|(_, tx)| !tx.is_closed());
             if t.in_flight == 0 && t.waiting.is_empty() {
                 self.tenants.remove(key);
             }
@@ -132,7 +129,7 @@ impl RequestSlots {
                 slots: slots.max(1),
                 busy: 0,
                 tenants: HashMap::new(),
-                grants: 0,
+                arrivals: 0,
             })),
         }
     }
@@ -161,19 +158,17 @@ impl RequestSlots {
             let waiting_anywhere = s.tenants.values().any(|t| !t.waiting.is_empty());
             if s.busy < s.slots && !waiting_anywhere {
                 s.busy += 1;
-                s.grants += 1;
-                let grants = s.grants;
-                let t = s.tenants.entry(tenant.clone()).or_default();
-                t.in_flight += 1;
-                t.last_grant = grants;
+                s.tenants.entry(tenant.clone()).or_default().in_flight += 1;
                 None
             } else {
                 let (tx, rx) = oneshot::channel();
+                s.arrivals += 1;
+                let arrival = s.arrivals;
                 s.tenants
                     .entry(tenant.clone())
                     .or_default()
                     .waiting
-                    .push_back(tx);
+                    .push_back((arrival, tx));
                 Some(rx)
             }
         };

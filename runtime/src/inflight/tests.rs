@@ -220,3 +220,28 @@ async fn watches_and_requests_outside_a_reconcile_take_no_slot() {
     assert!(is_watch(&"/api/v1/pods?watch=1".parse().expect("uri")));
     assert!(!is_watch(&"/api/v1/pods?watchers=true".parse().expect("uri")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_that_asks_again_at_once_does_not_overtake_an_older_waiter() {
+    // One slot; a and b take turns asking again the moment their request ends, c waits.
+    // Among tenants with nothing in flight the oldest waiting request goes first, so c is
+    // served within two releases however often the others come back.
+    let slots = RequestSlots::new(1);
+    let mut held = slots.acquire(TenantKey::new("a")).await;
+    let mut b = Box::pin(slots.acquire(TenantKey::new("b")));
+    assert!(b.as_mut().now_or_never().is_none());
+    let mut c = Box::pin(slots.acquire(TenantKey::new("c")));
+    assert!(c.as_mut().now_or_never().is_none());
+    drop(held);
+    held = b.as_mut().now_or_never().expect("b waited first");
+    let mut a = Box::pin(slots.acquire(TenantKey::new("a")));
+    assert!(a.as_mut().now_or_never().is_none());
+    drop(held);
+    assert!(
+        a.as_mut().now_or_never().is_none(),
+        "a came back after c and must not overtake it"
+    );
+    let c_permit = c.as_mut().now_or_never().expect("c is served next");
+    drop(c_permit);
+    assert!(a.as_mut().now_or_never().is_some());
+}
