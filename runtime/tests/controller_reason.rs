@@ -1,6 +1,7 @@
 //! Against the real control plane: the controller tells each reconcile why it runs
 //! ([`Attempt::reason`]): the object changed, a child changed, a requeue, a retry after an
-//! error, the periodic resync.
+//! error, the periodic resync; and runs it in its tenant's scope, so requests through an
+//! `inflight::RequestSlots` client count as that tenant's.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{namespace, wait_until};
+use idem_runtime::TenantKey;
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig, Reason};
+use idem_runtime::inflight::current_tenant;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::PostParams;
 use kube::runtime::watcher;
@@ -17,6 +20,9 @@ use kube::{Api, ResourceExt};
 
 /// Reasons seen per object name, in order.
 type Seen = Arc<Mutex<HashMap<String, Vec<Reason>>>>;
+
+/// Per reconcile: the request scope's tenant and the attempt's.
+static SCOPES: Mutex<Vec<(Option<TenantKey>, TenantKey)>> = Mutex::new(Vec::new());
 
 fn seen(log: &Seen, name: &str) -> Vec<Reason> {
     log.lock().unwrap().get(name).cloned().unwrap_or_default()
@@ -42,6 +48,10 @@ async fn each_reconcile_is_told_why_it_runs() {
     let log: Seen = Arc::default();
     let reconcile = |cm: Arc<ConfigMap>, log: Seen, attempt: Attempt| async move {
         let name = cm.name_any();
+        SCOPES
+            .lock()
+            .unwrap()
+            .push((current_tenant(), attempt.tenant.clone()));
         let count = {
             let mut log = log.lock().unwrap();
             let reasons = log.entry(name.clone()).or_default();
@@ -109,4 +119,13 @@ async fn each_reconcile_is_told_why_it_runs() {
     .await;
     stop.send(()).unwrap();
     run.await.unwrap().unwrap();
+    let scopes = SCOPES.lock().unwrap().clone();
+    assert!(!scopes.is_empty());
+    for (scope, tenant) in scopes {
+        assert_eq!(
+            scope,
+            Some(tenant),
+            "requests of a reconcile are its tenant's"
+        );
+    }
 }

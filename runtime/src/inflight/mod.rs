@@ -169,6 +169,9 @@ impl RequestSlots {
                     .or_default()
                     .waiting
                     .push_back((arrival, tx));
+                // Normally a no-op (waiters exist only while every slot is busy); it keeps a
+                // free slot from idling should that ever not hold.
+                s.dispatch();
                 Some(rx)
             }
         };

@@ -120,8 +120,14 @@ async fn a_quiet_tenant_is_not_slowed_by_another_tenants_queued_requests() {
     let slots = RequestSlots::new(4);
     let fair = quiet_after_flood(&slots.client(fake_client(&FakeServer::new(2)))).await;
     println!("quiet tenant's 4 requests: {plain:?} without slots, {fair:?} with 4 slots");
-    assert!(plain >= WORK * 4 * 10, "the fake server was not saturated: {plain:?}");
-    assert!(fair <= WORK * 4 * 4, "quiet tenant waited behind the flood: {fair:?}");
+    assert!(
+        plain >= WORK * 4 * 10,
+        "the fake server was not saturated: {plain:?}"
+    );
+    assert!(
+        fair <= WORK * 4 * 4,
+        "quiet tenant waited behind the flood: {fair:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -141,7 +147,11 @@ async fn the_cap_bounds_requests_at_the_server_and_a_tenant_alone_uses_every_slo
     for f in flood(&fake_client(&server), 32, 1) {
         f.await.expect("flood reconcile");
     }
-    assert_eq!(server.max_held(), 32, "without slots every request reaches the server");
+    assert_eq!(
+        server.max_held(),
+        32,
+        "without slots every request reaches the server"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -152,9 +162,7 @@ async fn a_free_slot_goes_to_the_tenant_with_fewest_in_flight() {
     let first = slots.acquire(a.clone()).await;
     let second = slots.acquire(a.clone()).await;
     // Three more of tenant a queue first, then one of b.
-    let mut queued_a: Vec<_> = (0..3)
-        .map(|_| Box::pin(slots.acquire(a.clone())))
-        .collect();
+    let mut queued_a: Vec<_> = (0..3).map(|_| Box::pin(slots.acquire(a.clone()))).collect();
     for w in &mut queued_a {
         assert!(w.as_mut().now_or_never().is_none(), "all slots are taken");
     }
@@ -204,13 +212,18 @@ async fn watches_and_requests_outside_a_reconcile_take_no_slot() {
     let held = slots.acquire(TenantKey::new("a")).await;
     // The only slot is taken: a tenant's watch and an untenanted GET still go through.
     let c = client.clone();
-    scoped(TenantKey::new("b"), async move { get(&c, "?watch=true&resourceVersion=1").await })
-        .await;
+    scoped(TenantKey::new("b"), async move {
+        get(&c, "?watch=true&resourceVersion=1").await
+    })
+    .await;
     assert_eq!(current_tenant(), None);
     get(&client, "").await;
     // A tenant's GET waits for the slot.
     let c = client.clone();
-    let mut blocked = Box::pin(scoped(TenantKey::new("b"), async move { get(&c, "").await }));
+    let mut blocked = Box::pin(scoped(
+        TenantKey::new("b"),
+        async move { get(&c, "").await },
+    ));
     tokio::select! {
         () = &mut blocked => panic!("a tenant's GET went through with no free slot"),
         () = tokio::time::sleep(WORK * 10) => {}
@@ -218,7 +231,9 @@ async fn watches_and_requests_outside_a_reconcile_take_no_slot() {
     drop(held);
     blocked.await;
     assert!(is_watch(&"/api/v1/pods?watch=1".parse().expect("uri")));
-    assert!(!is_watch(&"/api/v1/pods?watchers=true".parse().expect("uri")));
+    assert!(!is_watch(
+        &"/api/v1/pods?watchers=true".parse().expect("uri")
+    ));
 }
 
 #[tokio::test(start_paused = true)]

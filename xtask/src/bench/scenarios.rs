@@ -113,8 +113,7 @@ pub async fn run_side(
             Side::Idem => vec![format!("--requests-in-flight={}", plan.requests_in_flight)],
             Side::Peer => Vec::new(),
         };
-        let mut c =
-            Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &extra, &log)?;
+        let mut c = Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &extra, &log)?;
         c.wait_synced(Duration::from_secs(120))?;
         Ok(c)
     };
