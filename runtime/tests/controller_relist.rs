@@ -7,7 +7,7 @@
 //! makes kube's watcher relist. The Delete event is never delivered; only the difference
 //! between the two lists tells the controller the child is gone. Likewise a primary object
 //! deleted and created again under the same name while its watch was down is told apart by
-//! its uid and reconciled.
+//! its uid and reconciled — once the relist is complete, never from the store of before it.
 
 mod common;
 
@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use common::{MANAGER, Widget, WidgetSpec, install_widget, namespace, wait_until};
 use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, OWNER_UID_LABEL, Owner};
-use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig, ControllerError};
+use idem_runtime::queue::ShutdownReport;
 use idem_tests::faults::{Faults, Verb};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -71,12 +72,23 @@ fn wrote(log: &[Written], name: &str) -> bool {
     log.iter().any(|(n, wrote)| n == name && *wrote)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
+/// A running controller of widgets w1 and w2, each with its child ConfigMap created and held
+/// in the controller's child store; only the child watch goes through `faults`.
+struct Running {
+    ns: String,
+    truth: Api<ConfigMap>,
+    faults: Faults,
+    caches: ChildCaches,
+    ctx: Arc<Ctx>,
+    stop: oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<Result<ShutdownReport, ControllerError>>,
+}
+
+async fn running(ns: &str, page_size: Option<u32>) -> Running {
     let cp = idem_tests::shared();
     let client = cp.client();
     install_widget(&client).await;
-    let ns = namespace(&client, "ctl-relist").await;
+    let ns = namespace(&client, ns).await;
     let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
     let truth: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     // Only the child watch goes through the faults.
@@ -94,7 +106,13 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
             // when the watch has delivered both.
             .owns(
                 child_api,
-                watcher::Config::default().labels(OWNER_UID_LABEL),
+                // One child per list page (so a relist delivers w1's child a page before
+                // w2's), or the default page size.
+                watcher::Config {
+                    page_size: page_size.or(watcher::Config::default().page_size),
+                    ..watcher::Config::default()
+                }
+                .labels(OWNER_UID_LABEL),
             )
             .with_child_caches(caches.clone())
             .with_config(ControllerConfig {
@@ -134,6 +152,37 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
         faults.open_watches() == 1
     })
     .await;
+    Running {
+        ns,
+        truth,
+        faults,
+        caches,
+        ctx,
+        stop,
+        controller,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.faults.clear();
+        self.stop.send(()).unwrap();
+        let report = self.controller.await.unwrap().unwrap();
+        assert!(report.drained());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
+    let Running {
+        ns,
+        truth,
+        faults,
+        caches,
+        ctx,
+        stop,
+        controller,
+    } = running("ctl-relist", None).await;
     let before = ctx.log.lock().unwrap().len();
     let lists = faults.requests()[&Verb::List];
 
@@ -190,6 +239,51 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
     assert!(report.drained());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_changed_while_its_watch_was_down_is_repaired_once_the_relist_is_complete() {
+    let r = running("ctl-relist-drift", Some(1)).await;
+    let before = r.ctx.log.lock().unwrap().len();
+
+    // The child watch stalls; another manager changes w1's child meanwhile; the watch then
+    // expires, and each page of the relist takes a while: w1's child arrives a page before
+    // the list's end, and until then the child store holds the child of before the list,
+    // which looks converged.
+    r.faults.hold_watches(true);
+    let mut child = r.truth.get(&child_name("w1")).await.unwrap();
+    child.data = Some([("k".to_owned(), "tampered".to_owned())].into());
+    r.truth
+        .replace(&child_name("w1"), &PostParams::default(), &child)
+        .await
+        .unwrap();
+    r.faults.latency(Duration::from_millis(1500));
+    assert_eq!(r.faults.expire_watches(), 1);
+
+    let value =
+        || async { r.truth.get(&child_name("w1")).await.unwrap().data.unwrap()["k"].clone() };
+    let repaired = tokio::time::timeout(WAIT, async {
+        while value().await != "v" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        repaired.is_ok(),
+        "w1's child was not repaired within {WAIT:?} of the relist; reconciles since the \
+         change: {:?}",
+        &r.ctx.log.lock().unwrap()[before..]
+    );
+    wait_until("the repairing reconcile's entry", WAIT, || {
+        r.ctx.log.lock().unwrap().len() > before
+    })
+    .await;
+    assert_eq!(
+        r.ctx.log.lock().unwrap()[before..].to_vec(),
+        [("w1".to_owned(), true)],
+        "exactly one reconcile, of the owner, judged by the relisted child and repairing it"
+    );
+    r.stop().await;
+}
+
 /// Records each reconcile's (name, uid).
 async fn record_uid(
     obj: Arc<Widget>,
@@ -214,8 +308,10 @@ async fn a_primary_deleted_and_recreated_while_its_watch_was_down_is_reconciled_
     let widgets: Api<Widget> = Api::namespaced(faults.client(cp.config()).unwrap(), &ns);
     let log: Arc<Mutex<Vec<Entry>>> = Arc::new(Mutex::new(Vec::new()));
     let (stop, stopped) = oneshot::channel::<()>();
+    // One object per list page, so the relist below delivers w1 a page before w2 and the
+    // list's end (`InitDone`).
     let controller = tokio::spawn(
-        Controller::new(widgets, watcher::Config::default())
+        Controller::new(widgets, watcher::Config::default().page_size(1))
             .with_config(ControllerConfig {
                 workers: 1, // keys in queue order, see the child test
                 resync_period: Duration::from_secs(3600),
@@ -256,6 +352,10 @@ async fn a_primary_deleted_and_recreated_while_its_watch_was_down_is_reconciled_
     assert_eq!(again.metadata.generation, Some(1));
     let new_uid = again.uid().unwrap();
     assert_ne!(new_uid, uids[0]);
+    // Each page of the relist takes a while: between w1's page and the list's end, a worker
+    // is free to take w1. The reflector's store still holds the w1 of before the list (the
+    // held Delete event was discarded), so w1 must not be queued before the list is complete.
+    faults.latency(Duration::from_millis(1500));
     assert_eq!(faults.expire_watches(), 1);
 
     wait_until("a reconcile of the recreated w1", WAIT, || {
@@ -270,7 +370,7 @@ async fn a_primary_deleted_and_recreated_while_its_watch_was_down_is_reconciled_
         "exactly one reconcile, of the new w1 (w2 was relisted unchanged)"
     );
 
-    faults.hold_watches(false);
+    faults.clear();
     stop.send(()).unwrap();
     let report = controller.await.unwrap().unwrap();
     assert!(report.drained());

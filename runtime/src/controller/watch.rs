@@ -94,6 +94,11 @@ where
         // change even when the Delete event was lost in a relist.
         let mut seen: HashMap<ObjectKey, (u64, u64)> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
+        // Adds decided during a list, made once it is complete (`InitDone`): only then has the
+        // reflector swapped in the listed objects, and a worker reading the store earlier would
+        // find the object of before the list (a deleted-and-recreated object's old version) or
+        // none, and drop the key for good.
+        let mut after_list: Vec<(ObjectKey, TenantKey, Priority, bool)> = Vec::new();
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(event) => event,
@@ -105,7 +110,8 @@ where
             // Objects of the first list after start are a replay, queued at resync priority
             // so that a user's change made meanwhile is served first (controller-runtime does
             // the same with its initial list).
-            let replay = matches!(event, Event::InitApply(_)) && !*tx.borrow();
+            let listing = matches!(event, Event::InitApply(_));
+            let replay = listing && !*tx.borrow();
             match event {
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
@@ -120,16 +126,17 @@ where
                     if before.map(|b| b.0) != Some(print.0) {
                         let tenant = shared.tenant(&obj);
                         shared.reasons.note(&key, super::Reason::ObjectChanged);
-                        if replay {
-                            shared.queue.add(&key, &tenant, Priority::Resync);
-                        } else if before.is_none_or(|b| b.1 != print.1) {
-                            // Its spec changed (or it is being deleted): a failing key
-                            // retries now rather than after its backoff.
-                            shared
-                                .queue
-                                .add_bypassing_backoff(&key, &tenant, Priority::Event);
+                        let (priority, bypass) = if replay {
+                            (Priority::Resync, false)
                         } else {
-                            shared.queue.add(&key, &tenant, Priority::Event);
+                            // A changed spec (or a deletion in progress): a failing key
+                            // retries now rather than after its backoff.
+                            (Priority::Event, before.is_none_or(|b| b.1 != print.1))
+                        };
+                        if listing {
+                            after_list.push((key, tenant, priority, bypass));
+                        } else {
+                            add(&shared.queue, &key, &tenant, priority, bypass);
                         }
                     }
                 }
@@ -141,10 +148,16 @@ where
                     shared.queue.remove(&key);
                     shared.reasons.forget(&key);
                 }
-                Event::Init => listed.clear(),
+                Event::Init => {
+                    listed.clear();
+                    after_list.clear();
+                }
                 Event::InitDone => {
                     // Objects missing from a relist were deleted while the watch was down.
                     seen.retain(|k, _| listed.contains(k));
+                    for (key, tenant, priority, bypass) in after_list.drain(..) {
+                        add(&shared.queue, &key, &tenant, priority, bypass);
+                    }
                     tx.send_replace(true);
                 }
             }
@@ -153,6 +166,15 @@ where
     WatchTask {
         run: Box::pin(run),
         synced,
+    }
+}
+
+/// Queues `key`, past its backoff when `bypass`.
+fn add(queue: &WorkQueue, key: &ObjectKey, tenant: &TenantKey, priority: Priority, bypass: bool) {
+    if bypass {
+        queue.add_bypassing_backoff(key, tenant, priority);
+    } else {
+        queue.add(key, tenant, priority);
     }
 }
 
@@ -203,6 +225,10 @@ where
         futures::pin_mut!(stream);
         let mut versions: HashMap<ObjectKey, Seen> = HashMap::new();
         let mut listed: HashSet<ObjectKey> = HashSet::new();
+        // Owners to queue once a list is complete, when the child store holds the listed
+        // children: a reconcile started earlier would judge them by the store of before the
+        // list (see `primary`).
+        let mut after_list: Vec<(ObjectKey, TenantKey, Priority)> = Vec::new();
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(event) => event,
@@ -217,6 +243,7 @@ where
                 Event::Delete(obj) => (obj, true, false),
                 Event::Init => {
                     listed.clear();
+                    after_list.clear();
                     if let Some(store) = &store {
                         store.init();
                     }
@@ -236,10 +263,11 @@ where
                         if let Some(caches) = &shared.caches {
                             caches.forget(&child);
                         }
-                        for (owner, tenant) in owners {
-                            shared.reasons.note(&owner, super::Reason::ChildChanged);
-                            shared.queue.add(&owner, &tenant, Priority::Event);
-                        }
+                        after_list.extend(
+                            owners
+                                .into_iter()
+                                .map(|(owner, tenant)| (owner, tenant, Priority::Event)),
+                        );
                     }
                     if let (Some(caches), Some(store)) = (&shared.caches, &store) {
                         store.init_done();
@@ -247,6 +275,10 @@ where
                             caches.register_compact(Arc::clone(store));
                             registered = true;
                         }
+                    }
+                    for (owner, tenant, priority) in after_list.drain(..) {
+                        shared.reasons.note(&owner, super::Reason::ChildChanged);
+                        shared.queue.add(&owner, &tenant, priority);
                     }
                     tx.send_replace(true);
                     continue;
@@ -308,6 +340,16 @@ where
             } else {
                 Priority::Event
             };
+            if initial {
+                // Decided now, queued at `InitDone` (an own write still pending may make this
+                // one reconcile more, never one less).
+                after_list.extend(
+                    owners
+                        .into_iter()
+                        .map(|(owner, tenant)| (owner, tenant, priority)),
+                );
+                continue;
+            }
             match (origin, &shared.caches, obj.resource_version()) {
                 (Origin::Pending, Some(caches), Some(rv)) => {
                     // A write of ours to this child is in flight: this may be its event,
