@@ -75,13 +75,14 @@ const RULES: &[Rule] = &[
         verbs: &["bind"],
         names: &["admin"],
     },
-    // The Tenant finalizer reads the Tenant CRD to tell "the CRD is being deleted" (retain
-    // everything) from an ordinary Tenant deletion (`tenant/finalize.rs`); only that one CRD.
+    // The Tenant and TenantApp finalizers read their own CRD to tell "the CRD is being
+    // deleted" (retain everything) from an ordinary deletion (`tenant/finalize.rs`,
+    // `tenant_app/finalize.rs`); only those two CRDs.
     Rule {
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions"],
         verbs: &["get"],
-        names: &["tenants.tenancy.idem.dev"],
+        names: &["tenants.tenancy.idem.dev", "tenantapps.tenancy.idem.dev"],
     },
     // Kubernetes Events on child create/delete and condition changes.
     Rule {

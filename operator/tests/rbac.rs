@@ -114,6 +114,11 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
             "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
             None,
         ),
+        (
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/tenantapps.tenancy.idem.dev",
+            None,
+        ),
     ];
     let no: &[(&str, &str, Option<&str>)] = &[
         // Unused verbs on the primaries and their status.
@@ -126,10 +131,10 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("update", "deployments.apps", Some(&ns)),
         ("update", "configmaps", Some(&ns)),
         ("get", "secrets", Some(&ns)),
-        // Only the Tenant CRD, only read.
+        // Only its own two CRDs, only read.
         (
             "get",
-            "customresourcedefinitions.apiextensions.k8s.io/tenantapps.tenancy.idem.dev",
+            "customresourcedefinitions.apiextensions.k8s.io/widgets.example.com",
             None,
         ),
         (

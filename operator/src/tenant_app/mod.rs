@@ -3,6 +3,7 @@
 
 pub mod blocked;
 pub mod desired;
+pub mod finalize;
 pub mod reconcile;
 pub mod source;
 pub mod status;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use idem_runtime::ObjectKey;
 use idem_runtime::apply::ApplyReport;
-use idem_runtime::reconciler::{Outcome, Pass, Reconciler};
+use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
@@ -16,7 +16,7 @@ use kube::core::ApiResource;
 use super::{desired, status};
 use crate::context::Context;
 use crate::error::Error;
-use crate::resources::{TenantApp, TenantAppStatus};
+use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 
 /// How often an app outside a tenant namespace is looked at again (its namespace may become
 /// a tenant's).
@@ -52,8 +52,9 @@ fn watch_blocking(ctx: &Context, app: &TenantApp, report: &ApplyReport) -> bool 
     all
 }
 
-/// The TenantApp reconciler. No finalizer: children carry a controller ownerReference, so the
-/// garbage collector deletes them with the app.
+/// The TenantApp reconciler. Children carry a controller ownerReference, so the garbage
+/// collector deletes them with the app; the finalizer only keeps them when the TenantApp CRD
+/// itself is being deleted ([`super::finalize`]).
 pub struct TenantApps {
     /// The operator's shared state (namespace cache, blocked-object watches).
     pub ctx: Arc<Context>,
@@ -61,6 +62,7 @@ pub struct TenantApps {
 
 impl Reconciler for TenantApps {
     type Resource = TenantApp;
+    const FINALIZER: Option<&'static str> = Some(FINALIZER);
 
     async fn reconcile(
         &self,
@@ -110,5 +112,13 @@ impl Reconciler for TenantApps {
         ))
         .requeue(requeue)
         .status(move |s: &mut TenantAppStatus| s.available_replicas = available))
+    }
+
+    async fn cleanup(
+        &self,
+        app: &TenantApp,
+        pass: &mut Pass<TenantApp>,
+    ) -> Result<Cleanup<TenantApp>, Error> {
+        super::finalize::finalize(app, pass).await
     }
 }
