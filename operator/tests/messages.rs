@@ -148,3 +148,45 @@ async fn an_app_in_a_namespace_with_a_forged_tenant_label_is_told_no_tenant_cont
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_child_not_owned_message_quoting_a_48_kib_owner_name_is_cut_to_1024_bytes() {
+    shared_operator().await;
+    let client = shared().client();
+    let tenant = unique_name("long");
+    tenants::create(&client, &tenant, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-a");
+    // The app's ConfigMap name, taken by an object whose controller is of a kind the garbage
+    // collector cannot resolve (so it stays) with a 48,000-byte name: the ChildNotOwned
+    // message quotes it, over the API server's 32 KiB limit for a condition message.
+    let owner_name = "😀".repeat(12000);
+    let body = json!({"metadata": {"name": "web-config", "ownerReferences": [{
+        "apiVersion": "example.com/v1", "kind": "Widget", "name": owner_name,
+        "uid": "00000000-0000-0000-0000-000000000002", "controller": true,
+    }]}});
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    apps::create(&client, &ns, "web", apps::spec(1, "c")).await;
+    let app = apps::wait_condition(&client, &ns, "web", "Stalled", "ChildNotOwned").await;
+    let status = app.status.unwrap();
+    let message = &status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .unwrap()
+        .message;
+    assert!(message.len() <= 1024, "{} bytes", message.len());
+    assert!(
+        message.len() > 1000,
+        "cut too short: {} bytes",
+        message.len()
+    );
+    assert!(message.ends_with('…'), "{message}");
+    assert!(message.contains("ConfigMap"), "{message}");
+}

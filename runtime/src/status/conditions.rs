@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::StatusError;
+use super::message::{MAX_MESSAGE_BYTES, shorten};
 
 /// A condition's status (`metav1.ConditionStatus`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,8 +183,10 @@ impl<'a, S> StatusDraft<'a, S> {
     }
 
     /// Sets one condition. `lastTransitionTime` is kept unless the status flips;
-    /// `observedGeneration` of the condition is set to the draft's generation. An invalid or
-    /// undeclared condition is recorded and makes the whole write fail before any request.
+    /// `observedGeneration` of the condition is set to the draft's generation. The message is
+    /// cut to [`MAX_MESSAGE_BYTES`] at a character boundary, ending in `…` (so any content,
+    /// e.g. a foreign object's name quoted in it, can be written). An invalid or undeclared
+    /// type or reason is recorded and makes the whole write fail before any request.
     pub fn set_condition(
         &mut self,
         type_: &str,
@@ -194,6 +197,7 @@ impl<'a, S> StatusDraft<'a, S> {
         if self.error.is_some() {
             return self;
         }
+        let message = &shorten(message, MAX_MESSAGE_BYTES);
         if let Err(e) = validate_condition(type_, reason, message) {
             self.error = Some(e);
             return self;

@@ -6,7 +6,10 @@
 //!   API server validates them (apimachinery `ValidateConditions`): type is a qualified name
 //!   (optional DNS-subdomain prefix, name ≤ 63 characters), status is `True`, `False` or
 //!   `Unknown`, reason matches `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and is 1–1024
-//!   characters, message is at most 32768 bytes.
+//!   characters, message is at most 32768 bytes. idem cuts every condition message to
+//!   [`MAX_MESSAGE_BYTES`] (1024) at a character boundary before that check, so a long message
+//!   (one quoting a foreign object's 48 KiB name) is shortened, never a status write that fails
+//!   forever.
 //! - `lastTransitionTime` changes only when a condition's status changes (API conventions,
 //!   "Typical status properties"); times are whole seconds, as `metav1.Time` is serialised.
 //! - `Ready`, `Reconciling` and `Stalled` follow kstatus (sigs.k8s.io/cli-utils/pkg/kstatus):

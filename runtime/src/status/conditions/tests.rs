@@ -140,14 +140,35 @@ fn invalid_reason_type_message_and_undeclared_are_errors() {
         d.into_error(),
         Some(StatusError::UndeclaredType(_))
     ));
-    let big = "x".repeat(32769);
-    let mut d = StatusDraft::new(&mut s, conds, 1, at(1), KSTATUS);
-    d.set_condition("Ready", ConditionStatus::True, "Ok", &big);
-    assert!(matches!(
-        d.into_error(),
-        Some(StatusError::MessageTooLong(32769))
-    ));
     assert!(s.conditions.is_empty(), "nothing set after errors");
+    assert!(matches!(
+        validate_condition("Ready", "Ok", &"x".repeat(32769)),
+        Err(StatusError::MessageTooLong(32769))
+    ));
+}
+
+#[test]
+fn a_long_message_is_cut_to_1024_bytes_at_a_character_boundary() {
+    let mut s = S::default();
+    // 48,000 bytes of four-byte characters after an odd ASCII prefix: over the API server's
+    // 32 KiB limit, and the 1024-byte cut falls inside a character.
+    let big = format!("ab{}", "😀".repeat(12000));
+    let mut d = StatusDraft::new(&mut s, conds, 1, at(1), KSTATUS);
+    d.set_condition("Ready", ConditionStatus::False, "ChildNotOwned", &big);
+    assert!(d.into_error().is_none());
+    let message = &s.conditions[0].message;
+    assert!(
+        message.len() <= MAX_MESSAGE_BYTES,
+        "{} bytes",
+        message.len()
+    );
+    assert!(
+        message.len() > MAX_MESSAGE_BYTES - 8,
+        "{} bytes",
+        message.len()
+    );
+    assert!(message.ends_with('…'));
+    assert!(big.starts_with(message.trim_end_matches('…')));
 }
 
 #[test]
