@@ -260,3 +260,39 @@ async fn a_tenant_that_asks_again_at_once_does_not_overtake_an_older_waiter() {
     drop(c_permit);
     assert!(a.as_mut().now_or_never().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tenants_older_reconcile_finishes_first() {
+    // 8 reconciles of one tenant start together, 5 requests each, through 2 slots. Served
+    // by arrival they would all end near the end (round robin); served by reconcile start
+    // half of them end by half time (a reconcile's next request is not waiting yet when its
+    // slot frees, so the next-oldest ones interleave with it).
+    let server = FakeServer::new(2);
+    let client = RequestSlots::new(2).client(fake_client(&server));
+    let started = Instant::now();
+    let ends: Vec<_> = (0..8)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(scoped(TenantKey::new("flood"), async move {
+                for _ in 0..5 {
+                    get(&client, "").await;
+                }
+                started.elapsed()
+            }))
+        })
+        .collect();
+    let mut ends: Vec<Duration> = futures::future::try_join_all(ends)
+        .await
+        .expect("reconciles");
+    ends.sort();
+    println!("reconciles ended after {ends:?}");
+    assert!(
+        ends[3] <= WORK * 10,
+        "the oldest reconciles waited for the others: {ends:?}"
+    );
+    assert_eq!(
+        ends[7],
+        WORK * 20,
+        "the same throughput: 40 requests, 2 at a time"
+    );
+}
