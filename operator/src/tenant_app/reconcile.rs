@@ -23,12 +23,13 @@ use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often an app blocked by a foreign object is looked at again when that object cannot be
-/// watched (more than [`super::blocked::MAX_BLOCKED_WATCHES`] blocked at once).
+/// watched (more than [`super::blocked::MAX_BLOCKED_WATCHES_PER_TENANT`] blocked at once for
+/// its tenant, or [`super::blocked::MAX_BLOCKED_WATCHES`] in all).
 pub const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Watches every foreign object the report found in a child's way; `false` when one could not
 /// be watched.
-fn watch_blocking(ctx: &Context, app: &TenantApp, report: &ApplyReport) -> bool {
+fn watch_blocking(ctx: &Context, app: &TenantApp, tenant: &str, report: &ApplyReport) -> bool {
     let owner = ObjectKey::namespaced(
         "TenantApp",
         &app.namespace().unwrap_or_default(),
@@ -47,7 +48,7 @@ fn watch_blocking(ctx: &Context, app: &TenantApp, report: &ApplyReport) -> bool 
         };
         all &= ctx
             .blocked
-            .watch(&ctx.client, resource, key.clone(), owner.clone());
+            .watch(&ctx.client, resource, key.clone(), owner.clone(), tenant);
     }
     all
 }
@@ -73,12 +74,12 @@ impl Reconciler for TenantApps {
         // From the cache; a namespace not cached yet (just created) is read from the server
         // before the app is judged to be outside a tenant namespace. Namespace labels are not
         // watched by this controller: look again now and then.
-        match self
+        let tenant = match self
             .ctx
             .resolve_tenant_of_namespace(pass.client(), &namespace)
             .await?
         {
-            Ok(tenant) => pass.set_tenant(tenant),
+            Ok(tenant) => tenant,
             Err(why) => {
                 return Ok(
                     Outcome::new(status::not_in_tenant_namespace(&namespace, &why))
@@ -86,7 +87,8 @@ impl Reconciler for TenantApps {
                         .status(|s: &mut TenantAppStatus| s.available_replicas = 0),
                 );
             }
-        }
+        };
+        pass.set_tenant(tenant.clone());
         let report = pass.apply(&desired::children(app)?).await?;
         // A Deployment of the app's name that is not the app's says nothing about the app.
         let deployment = if report.not_owned().any(|(k, _)| &*k.kind == "Deployment") {
@@ -104,7 +106,8 @@ impl Reconciler for TenantApps {
         let available = status::available(deployment.as_ref());
         // The Deployment is watched: its status changes bring the app back; a foreign object in
         // a child's way is watched until it is gone (polled only past the watch limit).
-        let requeue = (!watch_blocking(&self.ctx, app, &report)).then_some(BLOCKED_POLL);
+        let requeue =
+            (!watch_blocking(&self.ctx, app, tenant.as_str(), &report)).then_some(BLOCKED_POLL);
         Ok(Outcome::new(status::readiness(
             app.spec.replicas,
             &report,
