@@ -349,8 +349,7 @@ impl Member {
             let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
                 continue;
             };
-            let duration =
-                Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+            let duration = member_lease_duration(spec.lease_duration_seconds);
             let quiet = now.duration_since(changed_at);
             if quiet < duration {
                 let expiry = changed_at + duration;
@@ -452,9 +451,26 @@ fn changed_at(
         .min(now)
 }
 
+/// How long a member's Lease counts without a change: its `leaseDurationSeconds`, capped at
+/// [`LEASE_SECONDS`] (what every replica writes). A longer duration is not a replica's: a Lease
+/// forged with, say, `2147483647` would otherwise count as a live member for ever and stall
+/// every replica's handshake.
+fn member_lease_duration(seconds: Option<i32>) -> Duration {
+    let seconds = u64::try_from(seconds.unwrap_or(0)).unwrap_or(0);
+    Duration::from_secs(seconds.min(LEASE_SECONDS))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_members_lease_counts_at_most_the_replicas_own_duration() {
+        assert_eq!(member_lease_duration(Some(i32::MAX)), LEASE_DURATION);
+        assert_eq!(member_lease_duration(Some(5)), Duration::from_secs(5));
+        assert_eq!(member_lease_duration(Some(-3)), Duration::ZERO);
+        assert_eq!(member_lease_duration(None), Duration::ZERO);
+    }
 
     #[test]
     fn a_change_is_placed_at_its_renew_time_within_what_this_replica_saw() {
