@@ -86,6 +86,7 @@ struct Inner {
 struct State {
     conflicts: Rule,
     too_many: Rule,
+    too_many_writes: Rule,
     retry_after: Duration,
     server_errors: Rule,
     latency: Duration,
@@ -181,6 +182,15 @@ impl Faults {
         state.retry_after = retry_after;
     }
 
+    /// As [`Faults::too_many_requests`], but counting and answering only writes
+    /// ([`Verb::is_write`]): a 429 that must reach the code under test rather than a watch
+    /// of its caches, whose requests the client's reflectors may make at any moment.
+    pub fn too_many_writes(&self, schedule: Schedule, retry_after: Duration) {
+        let mut state = self.state();
+        state.too_many_writes.set(schedule);
+        state.retry_after = retry_after;
+    }
+
     /// Answer requests of any verb on `schedule` with 500 Internal Server Error (reason
     /// `InternalError`), without sending them.
     pub fn server_errors(&self, schedule: Schedule) {
@@ -198,6 +208,7 @@ impl Faults {
             let mut state = self.state();
             state.conflicts.set(Schedule::Off);
             state.too_many.set(Schedule::Off);
+            state.too_many_writes.set(Schedule::Off);
             state.server_errors.set(Schedule::Off);
             state.latency = Duration::ZERO;
         }
@@ -281,7 +292,7 @@ impl Faults {
         let mut state = self.state();
         *state.requests.entry(verb).or_insert(0) += 1;
         let latency = state.latency;
-        let decision = if state.too_many.fire() {
+        let decision = if state.too_many.fire() || verb.is_write() && state.too_many_writes.fire() {
             state.injected.too_many_requests += 1;
             Decision::TooManyRequests(state.retry_after.as_secs_f64().ceil() as u64)
         } else if state.server_errors.fire() {
@@ -321,6 +332,7 @@ impl std::fmt::Debug for Faults {
         f.debug_struct("Faults")
             .field("conflicts", &state.conflicts.schedule)
             .field("too_many_requests", &state.too_many.schedule)
+            .field("too_many_writes", &state.too_many_writes.schedule)
             .field("server_errors", &state.server_errors.schedule)
             .field("latency", &state.latency)
             .field("hold_watches", &self.inner.hold.load(Ordering::SeqCst))

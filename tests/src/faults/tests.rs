@@ -185,6 +185,24 @@ async fn throttling_sends_retry_after_in_whole_seconds_and_server_errors_are_500
     assert_eq!(fake.sent.load(Ordering::SeqCst), 2);
 }
 
+#[tokio::test]
+async fn throttled_writes_spare_reads_and_watches() {
+    let faults = Faults::new();
+    let mut fake = fake(&faults);
+    faults.too_many_writes(Schedule::Next(1), Duration::from_secs(1));
+    assert_eq!(call(&mut fake, Method::GET, WATCH).await.status(), 200);
+    assert_eq!(call(&mut fake, Method::GET, CM).await.status(), 200);
+    let res = call(&mut fake, Method::PUT, CM).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    assert_eq!(
+        call(&mut fake, Method::PUT, CM).await.status(),
+        200,
+        "Next(1) is spent"
+    );
+    assert_eq!(faults.injected().too_many_requests, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn latency_delays_each_request() {
     let faults = Faults::new();

@@ -1,5 +1,6 @@
 //! Convergence under API faults: a fresh instance is reconciled for three passes by a client
-//! that injects 409 Conflict on every 10th write, 429 Too Many Requests with `Retry-After`,
+//! that injects 409 Conflict on every 10th write, 429 Too Many Requests with `Retry-After` on
+//! its first write (not on a watch of the session's caches, which would spare the reconcile),
 //! 500 on every 15th request, 20 ms of latency, and cuts and expires (410 Gone) the session's
 //! watches ([`crate::faults`]); then the faults stop and it converges. It must reach the clean
 //! end state within a request budget: the larger of
@@ -23,7 +24,7 @@ use crate::faults::{Faults, Schedule};
 const CONFLICT_EVERY: u32 = 10;
 /// Every 15th request answered 500.
 const SERVER_ERROR_EVERY: u32 = 15;
-/// The `Retry-After` of the injected 429 (one request gets it).
+/// The `Retry-After` of the injected 429 (the first write gets it).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Passes made under faults; then the faults stop and it must converge.
 const FAULTY_PASSES: usize = 3;
@@ -56,7 +57,7 @@ pub(crate) async fn run<S: Subject>(
     let mark = probe.all_sent().len();
     faults.conflicts(Schedule::Every(CONFLICT_EVERY));
     faults.server_errors(Schedule::Every(SERVER_ERROR_EVERY));
-    faults.too_many_requests(Schedule::Next(1), RETRY_AFTER);
+    faults.too_many_writes(Schedule::Next(1), RETRY_AFTER);
     faults.latency(LATENCY);
     let mut first = Vec::new();
     let (mut cut, mut expired) = (0, 0);
