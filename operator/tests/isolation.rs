@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// A label selector in the query syntax the API server understands.
@@ -200,4 +200,68 @@ async fn what_a_tenant_owner_can_and_cannot_change_is_what_the_readme_says() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+}
+
+/// The keys of tenant `tenant` the operator's queues handed to workers so far.
+fn dispatches_of(metrics: &str, tenant: &str) -> u64 {
+    let label = format!("tenant=\"{tenant}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("idem_tenant_dispatches_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn a_forged_tenant_label_in_one_tenants_namespace_does_not_reconcile_another_tenant() {
+    let operator = shared_operator().await;
+    let client = shared().client();
+    let (a, b) = (unique_name("forga"), unique_name("forgb"));
+    tenants::create(&client, &a, tenants::full_spec(&["x"])).await;
+    tenants::create(&client, &b, tenants::full_spec(&["x"])).await;
+    tenants::wait_ready(&client, &a).await;
+    tenants::wait_ready(&client, &b).await;
+    let ns = format!("{a}-x");
+    let before = dispatches_of(&operator.metrics().await, &b);
+    assert!(before > 0, "tenant {b} was reconciled at least once");
+    // What an owner of tenant a may create in a's namespace: a NetworkPolicy labelled as
+    // tenant b's child, without an ownerReference; then edited a few times.
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let forged = json!({"metadata": {"name": "forged", "labels": {
+        TENANT_LABEL: b, "app.kubernetes.io/managed-by": "idem-operator"}},
+        "spec": {"podSelector": {}}});
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(forged).unwrap(),
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let p = json!({"metadata": {"labels": {"edit": i.to_string()}}});
+        policies
+            .patch("forged", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+    }
+    // A change to a's own policy after them, on the same watch: once it is repaired, the
+    // forged object's events have been handled.
+    let p = json!({"spec": {"podSelector": {"matchLabels": {"nope": "x"}}}});
+    policies
+        .patch(ISOLATION, &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    common::eventually("a's isolation policy repaired", common::TIMEOUT, || async {
+        let np = policies.get(ISOLATION).await.map_err(common::why)?;
+        let selector = np.spec.and_then(|s| s.pod_selector).unwrap_or_default();
+        (selector == LabelSelector::default())
+            .then_some(())
+            .ok_or_else(|| format!("{selector:?}"))
+    })
+    .await;
+    let after = dispatches_of(&operator.metrics().await, &b);
+    assert_eq!(
+        after, before,
+        "tenant {b} was reconciled for a's forged object"
+    );
 }

@@ -9,6 +9,7 @@ use k8s_openapi::ClusterResourceScope;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use crate::apply::OWNER_UID_LABEL;
 use crate::key::{ObjectKey, TenantKey};
 
 /// The label that names an object's tenant (see the design's "Names on the wire").
@@ -45,10 +46,22 @@ pub fn default_tenant(meta: &ObjectMeta) -> TenantKey {
     )
 }
 
-/// The owners of kind `K` a child object maps to: the owner reference with `controller: true`
-/// whose kind and apiVersion are `K`'s; failing that, and only when `K` is cluster-scoped,
-/// the object named by the child's `tenancy.idem.dev/tenant` label.
-pub fn owners_of<K>(child: &ObjectMeta) -> Vec<ObjectKey>
+/// The owners of kind `K` a child object maps to, each checked by uid against the owner's
+/// store (`uid_of` gives the uid of the cached owner of a key, `None` when there is none):
+/// the owner reference with `controller: true` whose kind and apiVersion are `K`'s and whose
+/// uid is the cached owner's; failing that, and only when `K` is cluster-scoped, the object
+/// named by the child's `tenancy.idem.dev/tenant` label, but only if the child's
+/// `tenancy.idem.dev/owner-uid` label carries that owner's uid (a child of ours whose
+/// ownerReference was removed: the owner's reconcile puts it back).
+///
+/// A label alone never maps: anyone who may write objects in a namespace may set
+/// `tenancy.idem.dev/tenant: <other tenant>`, and that must not make idem reconcile (and
+/// charge) another tenant. An owner uid is not guessable and not readable across tenants.
+/// An owner not cached yet maps nothing: the primary watch's own list enqueues it.
+pub fn owners_of<K>(
+    child: &ObjectMeta,
+    uid_of: impl Fn(&ObjectKey) -> Option<String>,
+) -> Vec<ObjectKey>
 where
     K: Resource<DynamicType = ()>,
     K::Scope: 'static,
@@ -60,22 +73,32 @@ where
         .iter()
         .flatten()
         .filter(|r| r.controller == Some(true) && r.kind == kind && r.api_version == api_version)
-        .filter_map(|r| match (cluster, child.namespace.as_deref()) {
-            (true, _) => Some(ObjectKey::cluster(&kind, &r.name)),
-            (false, Some(ns)) => Some(ObjectKey::namespaced(&kind, ns, &r.name)),
-            // A cluster-scoped child cannot be owned by a namespaced object.
-            (false, None) => None,
+        .filter_map(|r| {
+            let key = match (cluster, child.namespace.as_deref()) {
+                (true, _) => ObjectKey::cluster(&kind, &r.name),
+                (false, Some(ns)) => ObjectKey::namespaced(&kind, ns, &r.name),
+                // A cluster-scoped child cannot be owned by a namespaced object.
+                (false, None) => return None,
+            };
+            (uid_of(&key).as_deref() == Some(r.uid.as_str())).then_some(key)
         })
         .collect();
     if !by_ref.is_empty() || !cluster {
         return by_ref;
     }
-    child
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(TENANT_LABEL))
-        .map(|t| vec![ObjectKey::cluster(&kind, t)])
-        .unwrap_or_default()
+    let labels = child.labels.as_ref();
+    let (Some(tenant), Some(uid)) = (
+        labels.and_then(|l| l.get(TENANT_LABEL)),
+        labels.and_then(|l| l.get(OWNER_UID_LABEL)),
+    ) else {
+        return Vec::new();
+    };
+    let key = ObjectKey::cluster(&kind, tenant);
+    if uid_of(&key).as_deref() == Some(uid.as_str()) {
+        vec![key]
+    } else {
+        Vec::new()
+    }
 }
 
 /// What of a primary object makes it worth reconciling again (rule 8): `metadata.generation`
@@ -165,6 +188,11 @@ mod tests {
         assert_ne!(fingerprint(&a), fingerprint(&b));
     }
 
+    /// The uid of every cached owner is "u".
+    fn cached(_: &ObjectKey) -> Option<String> {
+        Some("u".into())
+    }
+
     #[test]
     fn child_maps_to_controller_owner_only() {
         let mut m = meta(Some("ns"));
@@ -174,20 +202,30 @@ mod tests {
             owner_ref("ConfigMap", "v1", "boss", true),
         ]);
         assert_eq!(
-            owners_of::<ConfigMap>(&m),
+            owners_of::<ConfigMap>(&m, cached),
             [ObjectKey::namespaced("ConfigMap", "ns", "boss")]
         );
+        // An owner not cached, or cached with another uid (a forged or stale reference).
+        assert!(owners_of::<ConfigMap>(&m, |_| None).is_empty());
+        assert!(owners_of::<ConfigMap>(&m, |_| Some("other".into())).is_empty());
     }
 
     #[test]
-    fn tenant_label_maps_to_cluster_scoped_owner_only() {
+    fn tenant_label_maps_to_cluster_scoped_owner_only_with_its_uid() {
         let mut m = meta(Some("acme-dev"));
         m.labels = Some([(TENANT_LABEL.to_owned(), "acme".to_owned())].into());
+        // A forged tenant label alone maps nothing.
+        assert!(owners_of::<Namespace>(&m, cached).is_empty());
+        m.labels
+            .as_mut()
+            .unwrap()
+            .insert(OWNER_UID_LABEL.to_owned(), "u".to_owned());
         assert_eq!(
-            owners_of::<Namespace>(&m),
+            owners_of::<Namespace>(&m, cached),
             [ObjectKey::cluster("Namespace", "acme")]
         );
-        assert!(owners_of::<ConfigMap>(&m).is_empty());
+        assert!(owners_of::<Namespace>(&m, |_| Some("other".into())).is_empty());
+        assert!(owners_of::<ConfigMap>(&m, cached).is_empty());
         assert!(is_cluster_scoped::<Namespace>() && !is_cluster_scoped::<ConfigMap>());
     }
 

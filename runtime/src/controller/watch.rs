@@ -56,6 +56,15 @@ where
         tenant
     }
 
+    /// The uid of the cached owner of `owner`, if cached.
+    fn owner_uid(&self, owner: &ObjectKey) -> Option<String> {
+        let mut r = ObjectRef::<K>::new(&owner.name);
+        if let Some(ns) = &owner.namespace {
+            r = r.within(ns);
+        }
+        self.store.get(&r).and_then(|o| o.meta().uid.clone())
+    }
+
     /// The tenant of an owner key: from the cached owner, else from the child's metadata.
     fn owner_tenant(&self, owner: &ObjectKey, child: &kube::api::ObjectMeta) -> TenantKey {
         let mut r = ObjectRef::<K>::new(&owner.name);
@@ -286,13 +295,14 @@ where
             };
             let replay = !deleted && !*tx.borrow();
             let key = key_of(&obj);
-            let owners: Vec<(ObjectKey, TenantKey)> = owners_of::<K>(obj.meta())
-                .into_iter()
-                .map(|owner| {
-                    let tenant = shared.owner_tenant(&owner, obj.meta());
-                    (owner, tenant)
-                })
-                .collect();
+            let owners: Vec<(ObjectKey, TenantKey)> =
+                owners_of::<K>(obj.meta(), |o| shared.owner_uid(o))
+                    .into_iter()
+                    .map(|owner| {
+                        let tenant = shared.owner_tenant(&owner, obj.meta());
+                        (owner, tenant)
+                    })
+                    .collect();
             let mut origin = Origin::Other;
             let changed = if deleted {
                 versions.remove(&key);
