@@ -134,6 +134,8 @@ fn anonymize(v: &Value, name: &str, uid: &str) -> Value {
                 .map(|(k, v)| {
                     let v = if is_time_key(k) && v.is_string() {
                         Value::String("{time}".into())
+                    } else if BUCKET_LABELS.contains(&k.as_str()) && v.is_string() {
+                        Value::String("{bucket}".into())
                     } else {
                         anonymize(v, name, uid)
                     };
@@ -144,6 +146,14 @@ fn anonymize(v: &Value, name: &str, uid: &str) -> Value {
         other => other.clone(),
     }
 }
+
+/// idem's sharding labels, whose values are hashes of the owner's uid (the runtime's
+/// `SHARD_BUCKET_LABEL`) or of a namespace's name (the operator's tenant Namespaces): they
+/// differ between instances as their uids and names do, and are anonymised as `{bucket}`.
+const BUCKET_LABELS: [&str; 2] = [
+    "tenancy.idem.dev/shard-bucket",
+    "tenancy.idem.dev/namespace-bucket",
+];
 
 /// `lastTransitionTime`, `lastUpdateTime`, `creationTimestamp`, …: Kubernetes' naming of
 /// timestamp fields (API conventions: "…Time" / "…Timestamp").
@@ -202,6 +212,23 @@ mod tests {
                "metadata": {"name": name, "namespace": "ns", "uid": "x", "resourceVersion": "7",
                             "ownerReferences": [{"uid": "u-1", "name": "w-1"}]},
                "data": data, "status": {"ignored": true}})
+    }
+
+    #[test]
+    fn bucket_labels_are_anonymised_and_other_labels_kept() {
+        let labels = |bucket: &str| {
+            json!({"metadata": {"labels": {"tenancy.idem.dev/shard-bucket": bucket,
+                                           "tenancy.idem.dev/namespace-bucket": bucket,
+                                           "tier": bucket}}})
+        };
+        let a = anonymize(&labels("17"), "w-1", "u-1");
+        assert_eq!(
+            a,
+            json!({"metadata": {"labels": {"tenancy.idem.dev/shard-bucket": "{bucket}",
+                                           "tenancy.idem.dev/namespace-bucket": "{bucket}",
+                                           "tier": "17"}}})
+        );
+        assert_ne!(a, anonymize(&labels("226"), "w-1", "u-1"), "tier differs");
     }
 
     #[test]
