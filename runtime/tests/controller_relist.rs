@@ -68,6 +68,21 @@ async fn reconcile(
     Ok(Action::await_change())
 }
 
+/// Polls the server until `shows` holds, for at most [`WAIT`]; whether it did.
+async fn server_shows<F, Fut>(mut shows: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    tokio::time::timeout(WAIT, async {
+        while !shows().await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 fn wrote(log: &[Written], name: &str) -> bool {
     log.iter().any(|(n, wrote)| n == name && *wrote)
 }
@@ -196,14 +211,10 @@ async fn a_child_deleted_while_its_watch_was_down_is_recreated_by_the_relist() {
     assert_eq!(faults.expire_watches(), 1);
 
     // The relist misses the child: its owner is reconciled and recreates it.
-    let recreated = tokio::time::timeout(WAIT, async {
-        while truth.get_opt(&child_name("w1")).await.unwrap().is_none() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let recreated =
+        server_shows(|| async { truth.get_opt(&child_name("w1")).await.unwrap().is_some() }).await;
     assert!(
-        recreated.is_ok(),
+        recreated,
         "w1's child was not recreated within {WAIT:?} of the relist; reconciles since the \
          delete: {:?}",
         &ctx.log.lock().unwrap()[before..]
@@ -258,16 +269,12 @@ async fn a_child_changed_while_its_watch_was_down_is_repaired_once_the_relist_is
     r.faults.latency(Duration::from_millis(1500));
     assert_eq!(r.faults.expire_watches(), 1);
 
-    let value =
-        || async { r.truth.get(&child_name("w1")).await.unwrap().data.unwrap()["k"].clone() };
-    let repaired = tokio::time::timeout(WAIT, async {
-        while value().await != "v" {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let repaired = server_shows(|| async {
+        r.truth.get(&child_name("w1")).await.unwrap().data.unwrap()["k"] == "v"
     })
     .await;
     assert!(
-        repaired.is_ok(),
+        repaired,
         "w1's child was not repaired within {WAIT:?} of the relist; reconciles since the \
          change: {:?}",
         &r.ctx.log.lock().unwrap()[before..]
