@@ -215,6 +215,12 @@ pub struct TenantStatus {
     #[serde(default)]
     #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The children the operator created for this Tenant (kind, namespace, name, uid): the
+    /// only objects it ever prunes. Status is written only by the operator, so a user cannot
+    /// make it delete an object by giving it this Tenant's ownerReference and labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 impl Tenant {

@@ -101,4 +101,10 @@ pub struct TenantAppStatus {
     #[serde(default)]
     #[schemars(length(max = 8), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The children the operator created for this TenantApp (kind, namespace, name, uid): the
+    /// only objects it ever prunes. Status is written only by the operator, so a user cannot
+    /// make it delete an object by giving it this TenantApp's ownerReference and labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }

@@ -107,9 +107,12 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             let mut all = DesiredChildren::new();
             all.prune_kind::<Namespace>();
             pass.apply(&all).await?;
+            // Only what the prune deletes is waited for: a namespace that claims the Tenant
+            // but is not in its record of created children is never deleted by us.
             let left: Vec<String> = controlled::<Namespace>(&client, &owner)
                 .await?
                 .iter()
+                .filter(|n| owner.may_prune(n.uid().as_deref().unwrap_or_default()))
                 .map(|n| n.name_any())
                 .collect();
             if !left.is_empty() {

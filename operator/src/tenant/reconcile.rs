@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::apply::CreatedChild;
 use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
 use idem_runtime::status::Readiness;
 use kube::ResourceExt;
@@ -73,6 +74,10 @@ impl Reconciler for Tenants {
         pass: &mut Pass<Tenant>,
     ) -> Result<Cleanup<Tenant>, Error> {
         super::finalize::finalize(tenant, pass).await
+    }
+
+    fn child_record(status: &mut TenantStatus) -> Option<&mut Vec<CreatedChild>> {
+        Some(&mut status.created_children)
     }
 
     fn failed_status(&self, tenant: &Tenant, status: &mut TenantStatus) {

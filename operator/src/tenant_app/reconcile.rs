@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use idem_runtime::ObjectKey;
-use idem_runtime::apply::ApplyReport;
+use idem_runtime::apply::{ApplyReport, CreatedChild};
 use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -64,6 +64,10 @@ pub struct TenantApps {
 impl Reconciler for TenantApps {
     type Resource = TenantApp;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    fn child_record(status: &mut TenantAppStatus) -> Option<&mut Vec<CreatedChild>> {
+        Some(&mut status.created_children)
+    }
 
     async fn reconcile(
         &self,

@@ -31,6 +31,8 @@ pub struct Applier {
 struct Applied {
     outcome: ChildOutcome,
     repaired: Option<Vec<Drift>>,
+    /// The uid of the object this apply created, if it created one.
+    created: Option<String>,
 }
 
 impl Applier {
@@ -100,6 +102,24 @@ impl Applier {
         desired: &super::DesiredChildren,
     ) -> Result<ApplyReport, ApplyError> {
         let mut report = ApplyReport::default();
+        self.reconcile_into(owner, desired, &mut report).await?;
+        Ok(report)
+    }
+
+    /// As [`Applier::reconcile`], filling `report` as it goes, so that what was done before an
+    /// error (children created, with their uids, for the owner's record) is not lost.
+    ///
+    /// # Errors
+    /// As [`Applier::reconcile`].
+    ///
+    /// # Cancel safety
+    /// As [`Applier::reconcile`].
+    pub async fn reconcile_into(
+        &self,
+        owner: &Owner,
+        desired: &super::DesiredChildren,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
         let mut keep = BTreeSet::new();
         for child in &desired.children {
             let (key, _) = child.stamped(owner)?;
@@ -125,6 +145,9 @@ impl Applier {
                     continue;
                 }
             };
+            if let Some(uid) = &applied.created {
+                report.created.push(super::CreatedChild::new(&key, uid));
+            }
             if let Some(drift) = applied.repaired {
                 if let Some(m) = &self.metrics {
                     m.repaired(&key.kind);
@@ -140,11 +163,10 @@ impl Applier {
             return Err(e);
         }
         for (resource, namespaced) in &desired.kinds {
-            report
-                .pruned
-                .extend(self.prune_kind(owner, resource, *namespaced, &keep).await?);
+            self.prune_kind(owner, resource, *namespaced, &keep, report)
+                .await?;
         }
-        Ok(report)
+        Ok(())
     }
 
     /// The child from the cache when its kind is cached, else from the API server.
@@ -240,6 +262,14 @@ impl Applier {
             Ok(Applied {
                 outcome,
                 repaired: None,
+                created: None,
+            })
+        };
+        let created = |outcome, uid| {
+            Ok(Applied {
+                outcome,
+                repaired: None,
+                created: Some(uid),
             })
         };
         let attempts = self.retry.attempts();
@@ -247,7 +277,7 @@ impl Applier {
             self.retry.sleep_before(attempt).await;
             let Some(live) = observed.take() else {
                 match self.create(&api, owner, &key, &body).await {
-                    Ok(()) => return done(ChildOutcome::Created),
+                    Ok(uid) => return created(ChildOutcome::Created, uid),
                     Err(e) if is_already_exists(&e) => {
                         observed = self.get(&child.resource, &key).await?;
                         continue;
@@ -296,14 +326,19 @@ impl Applier {
                     return Ok(Applied {
                         outcome: ChildOutcome::Applied,
                         repaired: (same_desired && by_others).then_some(drift),
+                        created: None,
                     });
                 }
                 Err(e) => e,
             };
             if is_invalid(&e) && child.recreate && !uid_mismatch(&e) {
                 let reason = super::describe(&e);
-                self.recreate(&api, owner, &key, &body, &meta).await?;
-                return done(ChildOutcome::Recreated { reason });
+                let uid = self.recreate(&api, owner, &key, &body, &meta).await?;
+                return Ok(Applied {
+                    outcome: ChildOutcome::Recreated { reason },
+                    repaired: None,
+                    created: uid,
+                });
             }
             // 409: the fold's resourceVersion guard; 404: deleted since our read; 422 on
             // metadata.uid: replaced by another object since our read. Read again.
@@ -330,7 +365,7 @@ impl Applier {
         owner: &Owner,
         key: &ObjectKey,
         body: &Value,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<String, kube::Error> {
         let obj: DynamicObject =
             serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
         let pp = PostParams {
@@ -340,7 +375,7 @@ impl Applier {
         let _in_flight = self.begin_write(key);
         let created = api.create(&pp, &obj).await?;
         self.remember(key, &created);
-        Ok(())
+        Ok(created.metadata.uid.unwrap_or_default())
     }
 
     /// One server-side apply of `body` with force, without a `resourceVersion` (status churn
@@ -374,7 +409,8 @@ impl Applier {
         Ok(())
     }
 
-    /// Deletes the child (uid precondition) and creates it again.
+    /// Deletes the child (uid precondition) and creates it again; the new uid, `None` when the
+    /// old one is still terminating (the next reconcile creates it).
     async fn recreate(
         &self,
         api: &Api<DynamicObject>,
@@ -382,7 +418,7 @@ impl Applier {
         key: &ObjectKey,
         body: &Value,
         meta: &kube::api::ObjectMeta,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<Option<String>, ApplyError> {
         let err = |action, source| ApplyError::Api {
             child: key.clone(),
             action,
@@ -404,20 +440,29 @@ impl Applier {
             c.forget(key);
         }
         match self.create(api, owner, key, body).await {
-            Ok(()) => Ok(()),
+            Ok(uid) => Ok(Some(uid)),
             // Still terminating (foreground deletion): the next reconcile creates it.
-            Err(e) if is_already_exists(&e) => Ok(()),
+            Err(e) if is_already_exists(&e) => Ok(None),
             Err(e) => Err(err("create", e)),
         }
     }
 
+    /// Deletes the owner's children of kind `resource` that are not in `keep`.
+    ///
+    /// Rule (see [`super::record`]): an object is deleted only when it carries the owner's
+    /// controller ownerReference (matched by uid) **and** its uid is in the owner's record of
+    /// children it created ([`Owner::may_prune`]). The reference and the labels the list is
+    /// made by can be forged by anyone who may create the kind there; the record, in the
+    /// owner's status, cannot. An object that claims the owner without being recorded is
+    /// reported in [`ApplyReport::unrecorded`] and left alone.
     async fn prune_kind(
         &self,
         owner: &Owner,
         resource: &ApiResource,
         namespaced: bool,
         keep: &BTreeSet<ObjectKey>,
-    ) -> Result<Vec<ObjectKey>, ApplyError> {
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
         // A namespaced owner's children live in its namespace; a cluster-scoped owner's
         // namespaced children may be anywhere.
         let scope = if namespaced { owner.namespace() } else { None };
@@ -449,14 +494,20 @@ impl Applier {
                     .collect()
             }
         };
-        let mut pruned = Vec::new();
         for meta in items {
             let name = meta.name.clone().unwrap_or_default();
             let key = kind_key(meta.namespace.as_deref(), &name);
-            if keep.contains(&key) || !owner.owns(&meta) {
+            if !owner.owns(&meta) {
                 continue;
             }
-            if meta.deletion_timestamp.is_some() {
+            report.claiming.push(key.clone());
+            if keep.contains(&key) || meta.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = meta.uid.clone().unwrap_or_default();
+            if !owner.may_prune(&uid) {
+                tracing::warn!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
+                report.unrecorded.push(key);
                 continue;
             }
             let api = self.api(resource, meta.namespace.as_deref());
@@ -471,10 +522,13 @@ impl Applier {
                 c.forget(&key);
             }
             match api.delete(&name, &dp).await {
-                Ok(_) => pruned.push(key),
+                Ok(_) => {
+                    report.pruned.push(key);
+                    report.pruned_uids.push(uid);
+                }
                 // Gone already, or replaced by a new object with another uid: not ours to
-                // delete either way.
-                Err(e) if is_not_found(&e) || is_conflict(&e) => {}
+                // delete either way (and our object is gone).
+                Err(e) if is_not_found(&e) || is_conflict(&e) => report.pruned_uids.push(uid),
                 Err(source) => {
                     return Err(ApplyError::Api {
                         child: key,
@@ -484,7 +538,7 @@ impl Applier {
                 }
             }
         }
-        Ok(pruned)
+        Ok(())
     }
 }
 

@@ -33,6 +33,10 @@
 //!   managers' labels, annotations and finalizers). Kinds that opt in with
 //!   [`DesiredChildren::allow_recreate`] are deleted (uid precondition) and created again
 //!   instead ([`ChildOutcome::Recreated`]; the operator records an Event `Recreated`).
+//! - The prune deletes a child only when the owner's record of the children it created holds
+//!   its uid ([`Owner::with_record`], [`record`]): a controller ownerReference and our labels
+//!   can be forged by whoever may create that kind there, so an object that only claims the
+//!   owner is reported ([`ApplyReport::unrecorded`]) and never deleted.
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
@@ -41,6 +45,7 @@ mod engine;
 mod metrics;
 mod own_writes;
 mod owner;
+pub mod record;
 mod report;
 pub mod retry;
 mod takeover;
@@ -51,6 +56,7 @@ pub use engine::Applier;
 pub use metrics::DriftMetrics;
 pub(crate) use own_writes::Origin;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
+pub use record::{CreatedChild, RecordDelta};
 pub use report::{ApplyReport, ChildOutcome, Repair};
 pub use retry::RetryPolicy;
 pub use takeover::as_applied;

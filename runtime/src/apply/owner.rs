@@ -59,6 +59,8 @@ pub struct Owner {
     namespace: Option<String>,
     tenant: Option<TenantKey>,
     field_manager: String,
+    /// Uids of the children the owner's reconciles created (see [`super::record`]).
+    created: Option<std::sync::Arc<std::collections::BTreeSet<String>>>,
 }
 
 impl Owner {
@@ -85,7 +87,33 @@ impl Owner {
             namespace: meta.namespace.clone(),
             tenant,
             field_manager: field_manager.to_owned(),
+            created: None,
         })
+    }
+
+    /// The same owner with the record of the children it created (kept in its status, see
+    /// [`super::record`]): the prune then deletes only children whose uid is in `record`, and
+    /// reports the others that claim this owner ([`super::ApplyReport::unrecorded`]). Without a
+    /// record the prune trusts the controller ownerReference, which anyone allowed to create
+    /// objects of a child kind in the owner's scope can forge: give every owner whose children
+    /// live where untrusted users can write a record.
+    #[must_use]
+    pub fn with_record<'a>(mut self, record: impl IntoIterator<Item = &'a super::CreatedChild>) -> Self {
+        self.created = Some(std::sync::Arc::new(
+            record.into_iter().map(|c| c.uid.clone()).collect(),
+        ));
+        self
+    }
+
+    /// Whether the prune may delete the child with `uid`: `true` when it is in the record, or
+    /// when the owner has no record (ownerReference trusted, see [`Owner::with_record`]).
+    pub fn may_prune(&self, uid: &str) -> bool {
+        self.created.as_ref().is_none_or(|r| r.contains(uid))
+    }
+
+    /// Whether the owner carries a record of its created children.
+    pub fn has_record(&self) -> bool {
+        self.created.is_some()
     }
 
     /// The field manager children are applied under.

@@ -74,6 +74,18 @@ pub struct ApplyReport {
     pub pruned: Vec<ObjectKey>,
     /// Children whose drift (made by another writer) was repaired.
     pub repaired: Vec<Repair>,
+    /// Children this apply created, with the uids the API server gave them (for the owner's
+    /// record, see [`super::record`]).
+    pub created: Vec<super::CreatedChild>,
+    /// Uids of the children in [`ApplyReport::pruned`].
+    pub pruned_uids: Vec<String>,
+    /// Objects of the pruned kinds that claim the owner (controller ownerReference and
+    /// owner-uid label), desired or not, as listed for pruning.
+    pub claiming: Vec<ObjectKey>,
+    /// Objects that claim the owner, are not desired, and are not in the owner's record of
+    /// children it created: left alone, never deleted (anyone who can create them can forge
+    /// the claim; see [`super::record`]).
+    pub unrecorded: Vec<ObjectKey>,
 }
 
 impl ApplyReport {
@@ -163,8 +175,7 @@ mod tests {
                 ObjectKey::namespaced("ConfigMap", "ns", "a"),
                 ChildOutcome::Created,
             )],
-            pruned: vec![],
-            repaired: vec![],
+            ..ApplyReport::default()
         };
         assert!(
             matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
@@ -177,8 +188,7 @@ mod tests {
                     reason: "not controlled by any owner".into(),
                 },
             )],
-            pruned: vec![],
-            repaired: vec![],
+            ..ApplyReport::default()
         };
         match clash.readiness() {
             Readiness::Stalled { reason, message } => {
@@ -196,8 +206,7 @@ mod tests {
                 ObjectKey::namespaced("Service", "ns", "s"),
                 ChildOutcome::Terminating,
             )],
-            pruned: vec![],
-            repaired: vec![],
+            ..ApplyReport::default()
         };
         assert!(matches!(
             terminating.readiness(),

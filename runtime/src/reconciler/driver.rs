@@ -288,6 +288,7 @@ where
             applier = applier.with_metrics(drift.clone());
         }
         let writer = Self::writer(&client, &obj);
+        let record = Self::record_of(&obj);
         if obj.meta().deletion_timestamp.is_some() {
             let Some(finalizer) = R::FINALIZER else {
                 // Children carry a controller ownerReference: the garbage collector deletes them.
@@ -296,8 +297,10 @@ where
             if !obj.finalizers().iter().any(|f| f == finalizer) {
                 return Ok(Action::await_change());
             }
-            let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason);
-            return match self.reconciler.cleanup(&obj, &mut pass).await? {
+            let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
+            let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
+            let cleanup = self.keep_record_on_error(&writer, &obj, &pass, cleanup).await?;
+            return match cleanup {
                 Cleanup::Done => {
                     writer.remove_finalizer(&obj, finalizer).await?;
                     Ok(Action::await_change())
@@ -312,9 +315,43 @@ where
             },
             None => obj,
         };
-        let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason);
-        let outcome = self.reconciler.reconcile(&obj, &mut pass).await?;
+        let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
+        let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
+        let outcome = self.keep_record_on_error(&writer, &obj, &pass, outcome).await?;
         self.conclude(&writer, &pass, &obj, outcome).await
+    }
+
+    /// The object's record of the children it created, when its kind keeps one
+    /// ([`Reconciler::child_record`]); empty when its status has none yet.
+    fn record_of(obj: &K<R>) -> Option<Vec<crate::apply::CreatedChild>> {
+        let mut status = obj.status().cloned().unwrap_or_default();
+        R::child_record(&mut status).map(|r| r.clone())
+    }
+
+    /// On a failed pass, writes what it created into the record (only that field; a lost
+    /// entry would make the child unprunable for good), then passes the result on.
+    async fn keep_record_on_error<T>(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        obj: &K<R>,
+        pass: &Pass<K<R>>,
+        result: Result<T, ReconcileError>,
+    ) -> Result<T, ReconcileError> {
+        let delta = pass.record_delta();
+        if result.is_ok() || delta.is_empty() {
+            return result;
+        }
+        let written = writer
+            .write_fields(obj, |_, draft| {
+                if let Some(record) = R::child_record(draft.status_mut()) {
+                    delta.apply_to(record);
+                }
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record the children this failed reconcile created");
+        }
+        result
     }
 
     async fn conclude(
@@ -325,8 +362,21 @@ where
         outcome: Outcome<K<R>>,
     ) -> Result<Action, ReconcileError> {
         let fill = outcome.fill.unwrap_or_else(|| Box::new(|_| {}));
-        self.write_status(writer, pass.recorder(), obj, &outcome.readiness, &fill)
-            .await?;
+        let delta = pass.record_delta();
+        let fill_and_record = |status: &mut <K<R> as IdempotentResource>::Status| {
+            fill(status);
+            if let Some(record) = R::child_record(status) {
+                delta.apply_to(record);
+            }
+        };
+        self.write_status_with(
+            writer,
+            pass.recorder(),
+            obj,
+            &outcome.readiness,
+            &fill_and_record,
+        )
+        .await?;
         Ok(match outcome.requeue {
             Some(after) => Action::requeue(after),
             None => Action::await_change(),

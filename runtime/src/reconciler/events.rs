@@ -32,7 +32,8 @@ fn child_reference(key: &ObjectKey) -> ObjectReference {
 }
 
 /// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
-/// per child pruned; `Warning` `Recreated` per child deleted and created again (its apply was
+/// per child pruned, `Warning` `NotPruned` per object that claims the owner without being in
+/// its record of created children (never deleted, see [`crate::apply::record`]); `Warning` `Recreated` per child deleted and created again (its apply was
 /// rejected, e.g. an immutable field changed) and `DriftRepaired` per child whose fields another
 /// writer had changed, naming the fields and the field managers that changed them (e.g.
 /// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`).
@@ -68,6 +69,18 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
             // The recorder folds events with the same owner, reason, action and related object
             // into one series: one series per child.
             secondary: Some(child_reference(&repair.child)),
+        };
+        publish(recorder, reference, event).await;
+    }
+    for key in &report.unrecorded {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "NotPruned".into(),
+            note: Some(format!(
+                "{key} claims this object as its controller but was not created by it (not in its status record): not deleted; remove its ownerReference or delete it yourself"
+            )),
+            action: "Prune".into(),
+            secondary: Some(child_reference(key)),
         };
         publish(recorder, reference, event).await;
     }

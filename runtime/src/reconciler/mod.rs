@@ -52,7 +52,7 @@ pub use self::driver::{Driver, DriverConfig};
 pub use self::pass::Pass;
 pub use crate::controller::Reason;
 
-use crate::apply::{ApplyError, ApplyReport, DesiredChildren};
+use crate::apply::{ApplyError, ApplyReport, CreatedChild, DesiredChildren};
 use crate::resource::{IdempotentResource, TenantError};
 use crate::status::{Readiness, StatusError};
 
@@ -258,6 +258,21 @@ pub trait Reconciler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Cleanup<Self::Resource>, ReconcileError>> + Send {
         let _ = (obj, pass);
         async { Ok(Cleanup::Done) }
+    }
+
+    /// The status field that records the children this object's reconciles created (uids from
+    /// the creates' answers; see [`crate::apply::record`]), or `None` (the default) when the kind
+    /// keeps no record. With a record the prune deletes only recorded children, and the
+    /// driver keeps the field up to date: it adds what each pass created (also when the pass
+    /// fails, with a status write that leaves `observedGeneration` and conditions alone) and
+    /// drops what was pruned or is gone. Without one the prune trusts the controller
+    /// ownerReference, which anyone who may create a child kind where the children live can
+    /// forge. Status is a subresource, so users who can edit the object cannot edit the record.
+    fn child_record(
+        status: &mut <Self::Resource as IdempotentResource>::Status,
+    ) -> Option<&mut Vec<CreatedChild>> {
+        let _ = status;
+        None
     }
 
     /// The kind's own status fields to write along with `Stalled` when the reconcile failed

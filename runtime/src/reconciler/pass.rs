@@ -8,7 +8,9 @@ use kube::Client;
 use kube::runtime::events::{Event, Recorder};
 
 use super::{Reason, ReconcileError};
-use crate::apply::{Applier, ApplyReport, ChildCaches, DesiredChildren, Owner};
+use crate::apply::{
+    Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
+};
 use crate::key::TenantKey;
 use crate::resource::{IdempotentResource, TenantRef};
 
@@ -22,6 +24,11 @@ pub struct Pass<K: IdempotentResource> {
     reference: ObjectReference,
     tenant: Option<TenantKey>,
     reason: Reason,
+    /// The object's record of the children it created (from its status), when its kind keeps
+    /// one ([`Reconciler::child_record`](super::Reconciler::child_record)).
+    record: Option<Vec<CreatedChild>>,
+    /// What this pass's applies change in the record.
+    delta: RecordDelta,
 }
 
 impl<K: IdempotentResource> Pass<K> {
@@ -31,6 +38,7 @@ impl<K: IdempotentResource> Pass<K> {
         applier: Applier,
         recorder: Option<Recorder>,
         reason: Reason,
+        record: Option<Vec<CreatedChild>>,
     ) -> Self {
         let tenant = match obj.tenant() {
             Ok(TenantRef::Known(key)) => Some(key),
@@ -45,7 +53,20 @@ impl<K: IdempotentResource> Pass<K> {
             reference,
             tenant,
             reason,
+            record,
+            delta: RecordDelta::default(),
         }
+    }
+
+    /// The object's record of the children it created, as read at the start of the pass
+    /// (`None` when its kind keeps none).
+    pub fn record(&self) -> Option<&[CreatedChild]> {
+        self.record.as_deref()
+    }
+
+    /// What this pass's applies change in the record so far (also after a failed apply).
+    pub fn record_delta(&self) -> &RecordDelta {
+        &self.delta
     }
 
     /// The client of this pass: every request of the pass goes through it.
@@ -86,8 +107,9 @@ impl<K: IdempotentResource> Pass<K> {
         self.tenant = Some(tenant);
     }
 
-    /// The owner children are applied under: the object, the derive's `FIELD_MANAGER` and its
-    /// tenant. A tenant named by a namespace label is read from the child caches when they
+    /// The owner children are applied under: the object, the derive's `FIELD_MANAGER`, its
+    /// tenant and, when the kind keeps one, its record of the children it created (the prune
+    /// deletes nothing else, see [`crate::apply::record`]). A tenant named by a namespace label is read from the child caches when they
     /// hold Namespaces, else with one GET.
     ///
     /// # Errors
@@ -112,16 +134,18 @@ impl<K: IdempotentResource> Pass<K> {
             };
             self.tenant = Some(tenant);
         }
-        Ok(Owner::new(
-            self.obj.as_ref(),
-            K::FIELD_MANAGER,
-            self.tenant.clone(),
-        )?)
+        let owner = Owner::new(self.obj.as_ref(), K::FIELD_MANAGER, self.tenant.clone())?;
+        Ok(match &self.record {
+            Some(record) => owner.with_record(record),
+            None => owner,
+        })
     }
 
     /// Applies `desired` under [`Pass::owner`] (only what drifted; prunes children of the
-    /// desired kinds no longer desired) and publishes an Event per child created, recreated,
-    /// repaired or deleted.
+    /// desired kinds no longer desired and recorded as created by the object) and publishes an
+    /// Event per child created, recreated, repaired or deleted, and one (`NotPruned`, once per
+    /// process) per object that claims the owner without being recorded. Children created are
+    /// added to the pass's [`RecordDelta`] even when the apply fails; the driver writes it.
     ///
     /// # Errors
     /// As [`Applier::reconcile`] and [`Pass::owner`].
@@ -130,9 +154,22 @@ impl<K: IdempotentResource> Pass<K> {
         desired: &DesiredChildren,
     ) -> Result<ApplyReport, ReconcileError> {
         let owner = self.owner().await?;
-        let report = self.applier.reconcile(&owner, desired).await?;
+        let mut report = ApplyReport::default();
+        let result = self
+            .applier
+            .reconcile_into(&owner, desired, &mut report)
+            .await;
+        if self.record.is_some() {
+            let kinds = desired.kinds.iter().map(|(r, _)| r.kind.clone());
+            self.delta.add(&report, kinds, result.is_ok());
+        }
+        result?;
         if let Some(recorder) = &self.recorder {
-            super::events::children(recorder, &self.reference, &report).await;
+            let mut told = report.clone();
+            if let Some(c) = self.applier.caches() {
+                told.unrecorded.retain(|k| c.first_notice(owner.uid(), k));
+            }
+            super::events::children(recorder, &self.reference, &told).await;
         }
         Ok(report)
     }

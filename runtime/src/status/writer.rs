@@ -56,7 +56,36 @@ impl<K: IdempotentResource> StatusWriter<K> {
     ///
     /// # Cancel safety
     /// Cancel safe: a write either happened whole or not at all.
-    pub async fn write<F>(&self, read: &K, mut compute: F) -> Result<StatusOutcome<K>, StatusError>
+    pub async fn write<F>(&self, read: &K, compute: F) -> Result<StatusOutcome<K>, StatusError>
+    where
+        F: FnMut(&K, &mut StatusDraft<'_, K::Status>),
+    {
+        self.write_inner(read, true, compute).await
+    }
+
+    /// As [`StatusWriter::write`], but `observedGeneration` keeps its stored value: for fields
+    /// that record what a reconcile did (e.g. the children it created) when the reconcile did
+    /// not finish, so the status does not claim to describe `read`'s generation.
+    ///
+    /// # Errors
+    /// As [`StatusWriter::write`].
+    pub async fn write_fields<F>(
+        &self,
+        read: &K,
+        compute: F,
+    ) -> Result<StatusOutcome<K>, StatusError>
+    where
+        F: FnMut(&K, &mut StatusDraft<'_, K::Status>),
+    {
+        self.write_inner(read, false, compute).await
+    }
+
+    async fn write_inner<F>(
+        &self,
+        read: &K,
+        observe: bool,
+        mut compute: F,
+    ) -> Result<StatusOutcome<K>, StatusError>
     where
         F: FnMut(&K, &mut StatusDraft<'_, K::Status>),
     {
@@ -104,7 +133,9 @@ impl<K: IdempotentResource> StatusWriter<K> {
             if let Some(e) = draft.into_error() {
                 return Err(e);
             }
-            K::set_observed_generation_of(&mut next, generation);
+            if observe {
+                K::set_observed_generation_of(&mut next, generation);
+            }
             let as_json = |s: &K::Status| serde_json::to_value(s).unwrap_or(Value::Null);
             if stored.as_ref().map(as_json) == Some(as_json(&next)) {
                 return Ok(StatusOutcome::Unchanged);

@@ -1,0 +1,165 @@
+//! The record of the children an owner's reconciles created: the prune's only evidence that an
+//! object is ours to delete.
+//!
+//! Rule: a child is pruned only when its `metadata.uid` is in the record. The record holds the
+//! uids the API server returned to the engine's own `POST`s, and lives in the owner's status,
+//! which only the operator can write (`status` is a subresource; API conventions, "spec and
+//! status"). Everything on the child itself — its controller ownerReference, the owner-uid and
+//! managed-by labels, even our field manager's `managedFields` entries (a client names its own
+//! `fieldManager`) — can be written by anyone allowed to create that kind in that namespace,
+//! such as a tenant owner holding `admin` there; the owner's uid is visible on every child.
+//! So an object that merely claims the owner is never deleted: it is reported
+//! ([`ApplyReport::unrecorded`](super::ApplyReport::unrecorded), Event `NotPruned`) and left
+//! alone. Losing a record entry (a crash between the create and the status write) only ever
+//! keeps a child; it never deletes one.
+
+use std::collections::BTreeSet;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::key::ObjectKey;
+
+/// One child the engine created: its kind, namespace, name and the uid the API server gave it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedChild {
+    /// The child's kind, e.g. `RoleBinding`.
+    pub kind: String,
+    /// The child's namespace; absent for cluster-scoped kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The child's name.
+    pub name: String,
+    /// The child's `metadata.uid`, as returned by the create.
+    pub uid: String,
+}
+
+impl CreatedChild {
+    /// The record entry of `key` created with `uid`.
+    pub fn new(key: &ObjectKey, uid: &str) -> Self {
+        Self {
+            kind: key.kind.to_string(),
+            namespace: key.namespace.as_ref().map(ToString::to_string),
+            name: key.name.to_string(),
+            uid: uid.to_owned(),
+        }
+    }
+
+    /// The child's key.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            kind: self.kind.as_str().into(),
+            namespace: self.namespace.as_deref().map(Into::into),
+            name: self.name.as_str().into(),
+        }
+    }
+}
+
+/// What the passes of one reconcile change in the record: children created, children pruned,
+/// and — once every apply of the reconcile succeeded — the keys that may stay.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordDelta {
+    /// Children created (their uids from the create's answer).
+    pub created: Vec<CreatedChild>,
+    /// Uids of children deleted by the prune (or found gone).
+    pub pruned: BTreeSet<String>,
+    /// The kinds whose children were all looked at, with the keys that may keep their entry
+    /// (desired, or still listed as claiming the owner); `None` when an apply failed, so the
+    /// look was not complete and no entry is dropped for being unseen.
+    pub seen: Option<(BTreeSet<String>, BTreeSet<ObjectKey>)>,
+    /// An apply of this reconcile failed: `seen` stays `None`.
+    failed: bool,
+}
+
+impl RecordDelta {
+    /// Whether applying this delta to any record changes nothing but the garbage collection of
+    /// unseen entries.
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty() && self.pruned.is_empty()
+    }
+
+    /// Applies the delta to `record`: pruned uids go; a created child replaces any entry of the
+    /// same key (the old object is gone, a key holds one object); entries of a kind that was
+    /// looked at completely whose key was neither desired nor listed go (their object was
+    /// deleted by someone else, or no longer claims the owner). The result is sorted.
+    pub fn apply_to(&self, record: &mut Vec<CreatedChild>) {
+        record.retain(|c| !self.pruned.contains(&c.uid));
+        for new in &self.created {
+            record.retain(|c| c.key() != new.key());
+            record.push(new.clone());
+        }
+        if let Some((kinds, keep)) = &self.seen {
+            record.retain(|c| !kinds.contains(&c.kind) || keep.contains(&c.key()));
+        }
+        record.sort();
+        record.dedup();
+    }
+
+    /// Adds what one apply found (see [`super::ApplyReport`]); `complete` when it succeeded.
+    pub(crate) fn add(
+        &mut self,
+        report: &super::ApplyReport,
+        kinds: impl IntoIterator<Item = String>,
+        complete: bool,
+    ) {
+        self.created.extend(report.created.iter().cloned());
+        self.pruned.extend(report.pruned_uids.iter().cloned());
+        if !complete || self.failed {
+            self.failed = true;
+            self.seen = None;
+            return;
+        }
+        let (k, keep) = self.seen.get_or_insert_with(Default::default);
+        k.extend(kinds);
+        keep.extend(report.children.iter().map(|(key, _)| key.clone()));
+        keep.extend(report.claiming.iter().cloned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(name: &str, uid: &str) -> CreatedChild {
+        CreatedChild::new(&ObjectKey::namespaced("RoleBinding", "ns", name), uid)
+    }
+
+    #[test]
+    fn a_created_child_replaces_the_entry_of_its_key_and_pruned_uids_go() {
+        let mut record = vec![child("a", "1"), child("b", "2")];
+        let delta = RecordDelta {
+            created: vec![child("a", "3")],
+            pruned: ["2".to_owned()].into(),
+            ..RecordDelta::default()
+        };
+        delta.apply_to(&mut record);
+        assert_eq!(record, vec![child("a", "3")]);
+    }
+
+    #[test]
+    fn unseen_entries_go_only_for_kinds_looked_at_completely() {
+        let ns = CreatedChild::new(&ObjectKey::cluster("Namespace", "t-a"), "9");
+        let mut record = vec![child("a", "1"), child("gone", "2"), ns.clone()];
+        let delta = RecordDelta {
+            seen: Some((
+                ["RoleBinding".to_owned()].into(),
+                [ObjectKey::namespaced("RoleBinding", "ns", "a")].into(),
+            )),
+            ..RecordDelta::default()
+        };
+        delta.apply_to(&mut record);
+        assert_eq!(record, vec![ns, child("a", "1")]);
+    }
+
+    #[test]
+    fn after_a_failed_apply_nothing_is_dropped_for_being_unseen() {
+        let report = crate::apply::ApplyReport::default();
+        let mut delta = RecordDelta::default();
+        delta.add(&report, ["RoleBinding".to_owned()], false);
+        delta.add(&report, ["RoleBinding".to_owned()], true);
+        let mut record = vec![child("a", "1")];
+        delta.apply_to(&mut record);
+        assert_eq!(record, vec![child("a", "1")]);
+    }
+}
