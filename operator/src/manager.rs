@@ -111,7 +111,8 @@ fn identity(options: &ManagerOptions) -> String {
 ///
 /// `/readyz` does not depend on leadership (controller-runtime's convention): with
 /// `leader_elect` a standby is ready once it takes part in the election, so every replica of
-/// a Deployment is Ready; without it, once every controller's caches have synced.
+/// a Deployment is Ready; without it, while every controller's caches are synced and their
+/// watches established (not while, e.g., the Tenant CRD is missing).
 ///
 /// # Errors
 /// When the client or endpoints cannot be set up, a controller's configuration is invalid, or
@@ -304,8 +305,9 @@ pub async fn run(
     } = epoch;
     tokio::spawn(async move {
         let _ = synced.wait_for(|s| *s).await;
-        let _ = ready_tx.send(true);
         tracing::info!("all caches synced");
+        // Not ready again while a watch is not established (e.g. the Tenant CRD deleted).
+        idem_runtime::controller::all_ready(vec![synced], ready_tx).await;
     });
     let lost = async {
         match &leadership {
@@ -361,7 +363,7 @@ struct Epoch {
     controllers: futures::future::BoxFuture<'static, Reports>,
     /// The Namespace watch behind [`Context::namespaces`]; aborted with the epoch.
     ns_watch: tokio::task::JoinHandle<()>,
-    /// True once both controllers' caches synced.
+    /// True while both controllers' caches are synced and their watches established.
     synced: watch::Receiver<bool>,
     /// The Tenant controller's cache.
     tenants: reflector::Store<crate::resources::Tenant>,
@@ -435,8 +437,8 @@ fn controllers(
         shutdown_grace: options.shutdown_grace,
         ..ControllerConfig::default()
     };
-    let (tenant_synced, mut tenant_ready) = watch::channel(false);
-    let (app_synced, mut app_ready) = watch::channel(false);
+    let (tenant_synced, tenant_ready) = watch::channel(false);
+    let (app_synced, app_ready) = watch::channel(false);
     let mut tenants =
         tenant::source::controller(client, config("tenant"), shard.as_ref().map(|(r, _)| r))
             .with_metrics(metrics.clone())
@@ -456,11 +458,10 @@ fn controllers(
         });
     }
     let (synced_tx, synced) = watch::channel(false);
-    tokio::spawn(async move {
-        let _ = tenant_ready.wait_for(|s| *s).await;
-        let _ = app_ready.wait_for(|s| *s).await;
-        let _ = synced_tx.send(true);
-    });
+    tokio::spawn(idem_runtime::controller::all_ready(
+        vec![tenant_ready, app_ready],
+        synced_tx,
+    ));
     let stopping = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };

@@ -1,10 +1,11 @@
 //! Deleting the Tenant CRD (an uninstall, a botched upgrade) never deletes tenant namespaces or
-//! the user data in them, even for a tenant whose `deletionPolicy` is `Delete`. In a test
-//! binary of its own: the CRD is gone afterwards.
+//! the user data in them, even for a tenant whose `deletionPolicy` is `Delete`; meanwhile the
+//! operator is not ready (`/readyz` 503), and ready again once the CRD is back. In a test
+//! binary of its own: the CRD is deleted and installed again.
 
 mod common;
 
-use common::{TIMEOUT, eventually, shared_operator, tenants, why};
+use common::{TIMEOUT, eventually, http_get, install_crds, shared_operator, tenants, why};
 use idem_operator::resources::Tenant;
 use idem_tests::{shared, unique_name};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -15,7 +16,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it() {
-    shared_operator().await;
+    let operator = shared_operator().await;
     let client = shared().client();
     let doomed = unique_name("crd");
     let retained = unique_name("crdr");
@@ -76,4 +77,24 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         .unwrap()
         .expect("the user's ConfigMap survives");
     assert_eq!(cm.data.unwrap_or_default()["k"], "precious");
+
+    // Without the CRD the Tenant watch cannot be established: the operator is not ready
+    // (controller-runtime: ready once the caches have synced; this cache cannot list).
+    let addr = operator.addr;
+    eventually("/readyz to fail while the Tenant CRD is missing", TIMEOUT, || async {
+        match http_get(addr, "/readyz").await? {
+            (503, _) => Ok(()),
+            (code, body) => Err(format!("{code} {body}")),
+        }
+    })
+    .await;
+    // Installed again, the watch lists again and the operator is ready again.
+    install_crds(&client).await;
+    eventually("/readyz to pass once the CRD is back", TIMEOUT, || async {
+        match http_get(addr, "/readyz").await? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("{code} {body}")),
+        }
+    })
+    .await;
 }

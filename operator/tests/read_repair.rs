@@ -429,6 +429,11 @@ async fn removed_managed_by_label_is_restored() {
         v["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "idem-operator"
     })
     .await;
+    drift_event(
+        &w.tenant,
+        &format!("RoleBinding/{}/{OWNERS}: .metadata.labels.app.kubernetes.io/managed-by removed, restored", w.ns),
+    )
+    .await;
     second_pass_makes_no_request(w, &api, OWNERS).await;
 }
 

@@ -60,6 +60,31 @@ use crate::key::TenantKey;
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
 
+/// Keeps `out` equal to the conjunction of `inputs` (e.g. several controllers' synced signals,
+/// [`Controller::with_synced_signal`]) until the task is dropped or every input's sender is
+/// gone; an input whose sender is gone counts with its last value; `true` for no inputs.
+pub async fn all_ready(
+    mut inputs: Vec<tokio::sync::watch::Receiver<bool>>,
+    out: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        // Every input marked seen (no short cut), so `changed` below waits for a new value.
+        let values: Vec<bool> = inputs.iter_mut().map(|rx| *rx.borrow_and_update()).collect();
+        let all = values.iter().all(|v| *v);
+        out.send_if_modified(|v| std::mem::replace(v, all) != all);
+        let open: Vec<_> = inputs
+            .iter_mut()
+            .filter(|rx| rx.has_changed().is_ok())
+            .map(|rx| Box::pin(rx.changed()))
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        // A sender gone meanwhile ends its `changed` with an error: look again.
+        let _ = futures::future::select_all(open).await;
+    }
+}
+
 /// Errors that stop a controller from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -302,9 +327,12 @@ where
         self
     }
 
-    /// Sends `true` on `synced` once every watch (primary and children) has listed and the
-    /// workers start; a `/readyz` endpoint can serve it (controller-runtime's readiness once
-    /// caches are synced).
+    /// Keeps `synced` `true` while every watch (primary and children) has listed and is
+    /// established: `true` once the caches first synced (the workers start then), `false`
+    /// again while a watch is not established — its list failed, or its resource is no longer
+    /// served or allowed (a deleted CustomResourceDefinition, revoked RBAC) — until it has
+    /// listed again. A `/readyz` endpoint can serve it (controller-runtime: ready once the
+    /// caches have synced; a cache that cannot list is not synced).
     #[must_use]
     pub fn with_synced_signal(mut self, synced: tokio::sync::watch::Sender<bool>) -> Self {
         self.synced = Some(synced);
@@ -322,7 +350,7 @@ where
     /// # Errors
     /// [`ControllerError`] if the configuration is invalid (checked before anything starts).
     pub async fn run<Ctx, F, Fut, E>(
-        self,
+        mut self,
         reconcile: F,
         ctx: Arc<Ctx>,
         shutdown: impl Future<Output = ()> + Send,
@@ -378,6 +406,9 @@ where
             synced.push(task.synced);
             watches.spawn(task.run);
         }
+        if let Some(out) = self.synced.take() {
+            watches.spawn(all_ready(synced.clone(), out));
+        }
         tokio::pin!(shutdown);
         let all_synced = async {
             for mut rx in synced {
@@ -390,9 +421,6 @@ where
             () = &mut shutdown => {}
             () = all_synced => {
                 tracing::info!(controller = %name, "caches synced; starting workers");
-                if let Some(synced) = &self.synced {
-                    let _ = synced.send(true);
-                }
                 let worker = Arc::new(Worker {
                     queue: queue.clone(),
                     store,
@@ -426,5 +454,36 @@ where
             tracing::warn!(controller = %name, abandoned = ?report.abandoned, "reconciles cut off");
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::watch;
+
+    use super::all_ready;
+
+    /// Waits until `rx` holds `want`.
+    async fn until(rx: &mut watch::Receiver<bool>, want: bool) {
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx.wait_for(|v| *v == want))
+            .await
+            .expect("in time")
+            .expect("open");
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_every_input_both_ways_and_a_closed_input_keeps_its_value() {
+        let (a_tx, a) = watch::channel(false);
+        let (_, done) = watch::channel(true); // sender gone at once, as a task with nothing to list
+        let (out_tx, mut out) = watch::channel(false);
+        let task = tokio::spawn(all_ready(vec![a, done], out_tx));
+        a_tx.send_replace(true);
+        until(&mut out, true).await;
+        a_tx.send_replace(false); // a watch no longer established
+        until(&mut out, false).await;
+        a_tx.send_replace(true);
+        until(&mut out, true).await;
+        drop(a_tx);
+        task.await.expect("ends once every input is gone");
     }
 }

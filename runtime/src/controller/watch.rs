@@ -78,7 +78,50 @@ where
     }
 }
 
-/// A boxed watch task plus the flag it raises once its first list completed.
+/// Whether a watch error says the watch is not established: the list failed (the watcher
+/// lists again), or the resource is not served (404: its CustomResourceDefinition is gone)
+/// or not allowed (403) — then [`relisting`] starts over with a list.
+fn not_established(e: &watcher::Error) -> bool {
+    let refused = |code: u16| code == 404 || code == 403;
+    match e {
+        watcher::Error::InitialListFailed(_) => true,
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => refused(s.code),
+        watcher::Error::WatchError(s) => refused(s.code),
+        _ => false,
+    }
+}
+
+/// kube-runtime's `watcher`, started over (with a list) after an error that says the resource
+/// is not served or not allowed any more. The watcher itself would keep resuming its watch
+/// from the last resourceVersion: once the resource is back, that may succeed without a list,
+/// and nothing would tell that the watch is established again. With the list, `InitDone` does.
+/// Give it `default_backoff()`: every error then waits before the next attempt.
+fn relisting<C>(
+    api: Api<C>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = watcher::Result<Event<C>>> + Send
+where
+    C: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    type Inner<C> = futures::stream::BoxStream<'static, watcher::Result<Event<C>>>;
+    futures::stream::unfold(None::<Inner<C>>, move |inner| {
+        let (api, config) = (api.clone(), config.clone());
+        async move {
+            let mut inner = inner.unwrap_or_else(|| watch_fn(api, config).boxed());
+            let item = inner.next().await?;
+            // After a failed list the watcher lists again by itself.
+            let start_over = matches!(&item, Err(e)
+                if !matches!(e, watcher::Error::InitialListFailed(_)) && not_established(e));
+            Some((item, (!start_over).then_some(inner)))
+        }
+    })
+}
+
+/// A boxed watch task plus its readiness: `true` while its cache is synced and its watch
+/// established — from the end of each complete list until an error says the watch is not
+/// established ([`not_established`]; a Kubernetes watch cache that is not synced is not ready,
+/// as client-go's `HasSynced` before the first list).
 pub(crate) struct WatchTask {
     pub run: BoxFuture<'static, ()>,
     pub synced: watch::Receiver<bool>,
@@ -97,7 +140,8 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = reflector::reflector(writer, watch_fn(api, config).default_backoff());
+        let stream = reflector::reflector(writer, relisting(api, config).default_backoff());
+        let mut first_list = true;
         futures::pin_mut!(stream);
         // Keyed by name, valued with the uid: a delete + create under the same name is a
         // change even when the Delete event was lost in a relist.
@@ -113,6 +157,9 @@ where
                 Ok(event) => event,
                 Err(e) => {
                     tracing::warn!(error = %e, kind = %K::kind(&()), "primary watch error");
+                    if not_established(&e) {
+                        tx.send_replace(false);
+                    }
                     continue;
                 }
             };
@@ -120,7 +167,7 @@ where
             // so that a user's change made meanwhile is served first (controller-runtime does
             // the same with its initial list).
             let listing = matches!(event, Event::InitApply(_));
-            let replay = listing && !*tx.borrow();
+            let replay = listing && first_list;
             match event {
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
@@ -167,6 +214,7 @@ where
                     for (key, tenant, priority, bypass) in after_list.drain(..) {
                         add(&shared.queue, &key, &tenant, priority, bypass);
                     }
+                    first_list = false;
                     tx.send_replace(true);
                 }
             }
@@ -220,7 +268,8 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = watch_fn(api, config).default_backoff();
+        let stream = relisting(api, config).default_backoff();
+        let mut first_list = true;
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
         let store = shared.caches.as_ref().map(|_| {
@@ -243,6 +292,9 @@ where
                 Ok(event) => event,
                 Err(e) => {
                     tracing::warn!(error = %e, kind = %C::kind(&()), "child watch error");
+                    if not_established(&e) {
+                        tx.send_replace(false);
+                    }
                     continue;
                 }
             };
@@ -289,11 +341,12 @@ where
                         shared.reasons.note(&owner, super::Reason::ChildChanged);
                         shared.queue.add(&owner, &tenant, priority);
                     }
+                    first_list = false;
                     tx.send_replace(true);
                     continue;
                 }
             };
-            let replay = !deleted && !*tx.borrow();
+            let replay = !deleted && first_list;
             let key = key_of(&obj);
             let owners: Vec<(ObjectKey, TenantKey)> =
                 owners_of::<K>(obj.meta(), |o| shared.owner_uid(o))
