@@ -58,6 +58,14 @@ impl Repair {
     }
 }
 
+impl Repair {
+    /// The drifted fields' paths, comma-separated (e.g. `.subjects,.metadata.labels.app`).
+    pub fn paths(&self) -> String {
+        let paths: Vec<&str> = self.drift.iter().map(|d| d.path.as_str()).collect();
+        paths.join(",")
+    }
+}
+
 impl std::fmt::Display for Repair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let parts: Vec<String> = self.drift.iter().map(ToString::to_string).collect();

@@ -21,6 +21,9 @@ pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event
     }
 }
 
+/// The most of a `fieldPath` an Event's related object gets (the note has every path).
+const MAX_FIELD_PATH_BYTES: usize = 256;
+
 /// A reference to a child, for an event's `related` object.
 fn child_reference(key: &ObjectKey) -> ObjectReference {
     ObjectReference {
@@ -61,14 +64,20 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
         publish(recorder, reference, event).await;
     }
     for repair in &report.repaired {
+        // kube's recorder folds events with the same owner, reason, action and related object
+        // into one series and keeps the first event's note (client-go's events/v1 recorder
+        // keys series by the note too): with the child alone as related object, a repair of
+        // other fields of the same child (a removed label after a changed `.subjects`) only
+        // counted up the old note. The drifted fields, as the related object's `fieldPath`,
+        // make one series per child and field set.
+        let mut related = child_reference(&repair.child);
+        related.field_path = Some(shorten(&repair.paths(), MAX_FIELD_PATH_BYTES));
         let event = Event {
             type_: EventType::Warning,
             reason: "DriftRepaired".into(),
             note: Some(repair.to_string()),
             action: "Repair".into(),
-            // The recorder folds events with the same owner, reason, action and related object
-            // into one series: one series per child.
-            secondary: Some(child_reference(&repair.child)),
+            secondary: Some(related),
         };
         publish(recorder, reference, event).await;
     }
