@@ -81,12 +81,16 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
     // Without the CRD the Tenant watch cannot be established: the operator is not ready
     // (controller-runtime: ready once the caches have synced; this cache cannot list).
     let addr = operator.addr;
-    eventually("/readyz to fail while the Tenant CRD is missing", TIMEOUT, || async {
-        match http_get(addr, "/readyz").await? {
-            (503, _) => Ok(()),
-            (code, body) => Err(format!("{code} {body}")),
-        }
-    })
+    eventually(
+        "/readyz to fail while the Tenant CRD is missing",
+        TIMEOUT,
+        || async {
+            match http_get(addr, "/readyz").await? {
+                (503, _) => Ok(()),
+                (code, body) => Err(format!("{code} {body}")),
+            }
+        },
+    )
     .await;
     // Installed again, the watch lists again and the operator is ready again.
     install_crds(&client).await;

@@ -79,28 +79,38 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     let client = shared().client();
-    eventually("a NotPruned event naming the forged object", TIMEOUT, || async {
-        assert!(exists().await, "the operator deleted {child}, a tenant's own object");
-        let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
-            .list(&Default::default())
-            .await
-            .map_err(why)?;
-        events
-            .items
-            .iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("NotPruned")
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().is_some_and(|r| {
-                        r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
-                    })
-                    && e.note.as_deref().is_some_and(|n| n.contains(child))
-            })
-            .map(|_| ())
-            .ok_or_else(|| "none yet".to_string())
-    })
+    eventually(
+        "a NotPruned event naming the forged object",
+        TIMEOUT,
+        || async {
+            assert!(
+                exists().await,
+                "the operator deleted {child}, a tenant's own object"
+            );
+            let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map_err(why)?;
+            events
+                .items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("NotPruned")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().is_some_and(|r| {
+                            r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                        })
+                        && e.note.as_deref().is_some_and(|n| n.contains(child))
+                })
+                .map(|_| ())
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
     .await;
-    assert!(exists().await, "the operator deleted {child}, a tenant's own object");
+    assert!(
+        exists().await,
+        "the operator deleted {child}, a tenant's own object"
+    );
 }
 
 /// Whether NetworkPolicy `ns/name` exists.

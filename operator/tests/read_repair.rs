@@ -429,7 +429,11 @@ async fn removed_managed_by_label_is_restored() {
         subjects(v) == ["alice", "admins"]
     })
     .await;
-    drift_event(&w.tenant, ".subjects changed by kubectl-patch (Update), restored").await;
+    drift_event(
+        &w.tenant,
+        ".subjects changed by kubectl-patch (Update), restored",
+    )
+    .await;
     api.patch(
         OWNERS,
         &by("kubectl-label"),

@@ -98,7 +98,10 @@ impl Owner {
     /// objects of a child kind in the owner's scope can forge: give every owner whose children
     /// live where untrusted users can write a record.
     #[must_use]
-    pub fn with_record<'a>(mut self, record: impl IntoIterator<Item = &'a super::CreatedChild>) -> Self {
+    pub fn with_record<'a>(
+        mut self,
+        record: impl IntoIterator<Item = &'a super::CreatedChild>,
+    ) -> Self {
         self.created = Some(std::sync::Arc::new(
             record.into_iter().map(|c| c.uid.clone()).collect(),
         ));

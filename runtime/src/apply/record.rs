@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::key::ObjectKey;
 
 /// One child the engine created: its kind, namespace, name and the uid the API server gave it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedChild {
     /// The child's kind, e.g. `RoleBinding`.

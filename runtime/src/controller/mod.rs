@@ -69,7 +69,10 @@ pub async fn all_ready(
 ) {
     loop {
         // Every input marked seen (no short cut), so `changed` below waits for a new value.
-        let values: Vec<bool> = inputs.iter_mut().map(|rx| *rx.borrow_and_update()).collect();
+        let values: Vec<bool> = inputs
+            .iter_mut()
+            .map(|rx| *rx.borrow_and_update())
+            .collect();
         let all = values.iter().all(|v| *v);
         out.send_if_modified(|v| std::mem::replace(v, all) != all);
         let open: Vec<_> = inputs
@@ -465,10 +468,13 @@ mod tests {
 
     /// Waits until `rx` holds `want`.
     async fn until(rx: &mut watch::Receiver<bool>, want: bool) {
-        tokio::time::timeout(std::time::Duration::from_secs(5), rx.wait_for(|v| *v == want))
-            .await
-            .expect("in time")
-            .expect("open");
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            rx.wait_for(|v| *v == want),
+        )
+        .await
+        .expect("in time")
+        .expect("open");
     }
 
     #[tokio::test]

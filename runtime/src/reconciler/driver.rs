@@ -299,7 +299,9 @@ where
             }
             let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
             let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
-            let cleanup = self.keep_record_on_error(&writer, &obj, &pass, cleanup).await?;
+            let cleanup = self
+                .keep_record_on_error(&writer, &obj, &pass, cleanup)
+                .await?;
             return match cleanup {
                 Cleanup::Done => {
                     writer.remove_finalizer(&obj, finalizer).await?;
@@ -317,7 +319,9 @@ where
         };
         let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
         let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
-        let outcome = self.keep_record_on_error(&writer, &obj, &pass, outcome).await?;
+        let outcome = self
+            .keep_record_on_error(&writer, &obj, &pass, outcome)
+            .await?;
         self.conclude(&writer, &pass, &obj, outcome).await
     }
 
