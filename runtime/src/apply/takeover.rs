@@ -4,6 +4,24 @@
 //! A create is one `POST`; the `Update` entry it records is moved to an `Apply` entry lazily,
 //! only when an apply is needed: until then [`as_applied`] lets the convergence check judge
 //! the child as if it had been moved.
+//!
+//! Server defaults: the `Update` entry of a `POST` also owns every field the API server
+//! defaulted or allocated on create (a Deployment's `progressDeadlineSeconds`,
+//! `revisionHistoryLimit`, `strategy`, a container's `terminationMessagePath`, a Service's
+//! `clusterIP`). This does not make the convergence check say "converged" wrongly:
+//! [`as_applied`] keeps of that entry only what an apply of the desired body records (the
+//! oracle test compares it with the server's dry-run apply), so defaults are never judged.
+//! It does not make us fight another writer over them: an `Update` (`kubectl edit`, a
+//! controller's write) takes them over without a conflict, and our applies never send them.
+//! What it does: until the desired body first changes, another manager's server-side apply of
+//! such a field without `force` meets a conflict naming our manager (KEP-555: conflicts are
+//! reported against every owner, `Update` entries included), although we never desired the
+//! field. Once the desired body changes, [`fold_patch`] moves the whole entry into our `Apply`
+//! entry and the apply that follows drops every field it does not send from our ownership;
+//! the object loses those values only where no other manager owns them, and the server defaults
+//! (or, for a Service's allocated IPs and ports, keeps) them again. Narrowing the `Update`
+//! entry right after the create would end the false claim at once, for a second write per
+//! create; we keep creates at one write.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use serde_json::{Map, Value, json};
