@@ -30,7 +30,8 @@ pub struct Applier {
 /// What one child's apply did, plus the drift it repaired.
 struct Applied {
     outcome: ChildOutcome,
-    repaired: Option<Vec<Drift>>,
+    /// The drift repaired, with the `resourceVersion` of the drifted object.
+    repaired: Option<(Vec<Drift>, Option<String>)>,
     /// The uid of the object this apply created, if it created one.
     created: Option<String>,
 }
@@ -148,13 +149,14 @@ impl Applier {
             if let Some(uid) = &applied.created {
                 report.created.push(super::CreatedChild::new(&key, uid));
             }
-            if let Some(drift) = applied.repaired {
+            if let Some((drift, resource_version)) = applied.repaired {
                 if let Some(m) = &self.metrics {
                     m.repaired(&key.kind);
                 }
                 report.repaired.push(Repair {
                     child: key.clone(),
                     drift,
+                    resource_version,
                 });
             }
             report.children.push((key, applied.outcome));
@@ -325,7 +327,10 @@ impl Applier {
                     let by_others = !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
                     return Ok(Applied {
                         outcome: ChildOutcome::Applied,
-                        repaired: (same_desired && by_others).then_some(drift),
+                        repaired: (same_desired && by_others).then(|| {
+                            let rv = live.pointer("/metadata/resourceVersion");
+                            (drift, rv.and_then(Value::as_str).map(str::to_owned))
+                        }),
                         created: None,
                     });
                 }

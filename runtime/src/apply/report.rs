@@ -39,6 +39,8 @@ pub struct Repair {
     pub child: ObjectKey,
     /// The fields that had drifted, with the managers that changed them where recorded.
     pub drift: Vec<Drift>,
+    /// The child's `resourceVersion` with the drift (before the repair), when known.
+    pub resource_version: Option<String>,
 }
 
 impl Repair {

@@ -39,7 +39,8 @@ fn child_reference(key: &ObjectKey) -> ObjectReference {
 /// its record of created children (never deleted, see [`crate::apply::record`]); `Warning` `Recreated` per child deleted and created again (its apply was
 /// rejected, e.g. an immutable field changed) and `DriftRepaired` per child whose fields another
 /// writer had changed, naming the fields and the field managers that changed them (e.g.
-/// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`).
+/// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`),
+/// one Event per repair (see the comment in the body).
 pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: &ApplyReport) {
     for (key, outcome) in &report.children {
         let event = match outcome {
@@ -67,11 +68,15 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
         // kube's recorder folds events with the same owner, reason, action and related object
         // into one series and keeps the first event's note (client-go's events/v1 recorder
         // keys series by the note too): with the child alone as related object, a repair of
-        // other fields of the same child (a removed label after a changed `.subjects`) only
-        // counted up the old note. The drifted fields, as the related object's `fieldPath`,
-        // make one series per child and field set.
+        // other fields of the same child (a removed label after a changed `.subjects`), or by
+        // another manager, only counted up the old note. The related object names the drifted
+        // fields (`fieldPath`) and the child's `resourceVersion` with the drift, so each repair
+        // is an Event of its own: an audit trail of who changed what.
         let mut related = child_reference(&repair.child);
         related.field_path = Some(shorten(&repair.paths(), MAX_FIELD_PATH_BYTES));
+        related
+            .resource_version
+            .clone_from(&repair.resource_version);
         let event = Event {
             type_: EventType::Warning,
             reason: "DriftRepaired".into(),
