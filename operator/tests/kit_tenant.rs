@@ -18,7 +18,6 @@ use idem_operator::resources::{TENANT_LABEL, Tenant, TenantApp};
 use idem_operator::tenant::reconcile::Tenants;
 use idem_operator::tenant::source::children_config;
 use idem_operator::tenant_app::reconcile::TenantApps;
-use idem_runtime::apply::FINGERPRINT_ANNOTATION;
 use idem_runtime::apply::{ChildScope, OWNER_UID_LABEL};
 use idem_runtime::reconciler::{Driver, Reconciler};
 use idem_tests::kit::{BoxError, Check, Children, Kit, Report, Subject};
@@ -130,8 +129,16 @@ impl Subject for TenantKind {
             .kind::<NetworkPolicy>()
     }
 
+    /// The operator's own bookkeeping label on tenant Namespaces: the shard bucket of the
+    /// namespace's name, which differs between instances by construction (the kit drops the
+    /// runtime's fingerprint annotation and shard-bucket label itself).
     fn normalize(&self, child: &mut Value) {
-        drop_annotation(child, FINGERPRINT_ANNOTATION);
+        if let Some(labels) = child
+            .pointer_mut("/metadata/labels")
+            .and_then(Value::as_object_mut)
+        {
+            labels.remove(idem_operator::shard::NAMESPACE_BUCKET_LABEL);
+        }
     }
 
     async fn session(&self, client: Client) -> Result<Session<Tenants>, BoxError> {
@@ -204,10 +211,9 @@ impl Subject for AppKind {
         .kind::<Service>()
     }
 
-    /// Besides the fingerprint: the Service's cluster IPs (allocated at random) and the
-    /// Deployment's revision (counted by the Deployment controller on each template change).
+    /// The Service's cluster IPs (allocated at random) and the Deployment's revision (counted
+    /// by the Deployment controller on each template change).
     fn normalize(&self, child: &mut Value) {
-        drop_annotation(child, FINGERPRINT_ANNOTATION);
         drop_annotation(child, "deployment.kubernetes.io/revision");
         if let Some(spec) = child.get_mut("spec").and_then(Value::as_object_mut) {
             spec.remove("clusterIP");

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use futures::StreamExt;
-use idem_runtime::apply::{ChildCaches, FINGERPRINT_ANNOTATION, TENANT_LABEL};
+use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use idem_runtime::reconciler::Driver;
 use idem_tests::kit::{BoxError, Children, Kit, Subject};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
@@ -102,28 +102,6 @@ impl Subject for BaseTenantSubject {
     async fn reconcile(&self, s: &Session, primary: Arc<BaseTenant>) -> Result<(), BoxError> {
         s.driver.reconcile_once(s.client.clone(), primary).await?;
         Ok(())
-    }
-
-    /// The fingerprint annotation hashes the desired body, which names this instance (its
-    /// namespace, its uid label): it differs between instances by construction, not by state.
-    fn normalize(&self, child: &mut serde_json::Value) {
-        if let Some(meta) = child
-            .pointer_mut("/metadata")
-            .and_then(serde_json::Value::as_object_mut)
-        {
-            if let Some(a) = meta
-                .get_mut("annotations")
-                .and_then(serde_json::Value::as_object_mut)
-            {
-                a.remove(FINGERPRINT_ANNOTATION);
-            }
-            if meta
-                .get("annotations")
-                .is_some_and(|a| a.as_object().is_some_and(|a| a.is_empty()))
-            {
-                meta.remove("annotations");
-            }
-        }
     }
 
     fn settled(&self, primary: &BaseTenant) -> bool {

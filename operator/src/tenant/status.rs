@@ -47,7 +47,11 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
             .collect();
         return Readiness::Stalled {
             reason: "NamespaceConflict".into(),
-            message: format!("{}; it is left alone", list.join("; ")),
+            message: format!(
+                "{}; {} left alone",
+                list.join("; "),
+                if list.len() == 1 { "it is" } else { "they are" }
+            ),
         };
     }
     if !pass.terminating.is_empty() {
@@ -107,6 +111,7 @@ mod tests {
             Readiness::Stalled { reason, message } => {
                 assert_eq!(reason, "NamespaceConflict");
                 assert!(message.contains("a-b-c"), "{message}");
+                assert!(message.ends_with("; it is left alone"), "{message}");
             }
             other => panic!("{other:?}"),
         }

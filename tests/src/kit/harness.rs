@@ -393,6 +393,7 @@ impl<'a, S: Subject> Harness<'a, S> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut state = EndState::new(primary, children);
         for child in state.children.values_mut() {
+            strip_bookkeeping(child);
             self.subject.normalize(child);
         }
         Ok(state)
@@ -481,4 +482,59 @@ pub(crate) fn describe(pass: &Pass) -> String {
         if listed.is_empty() { "" } else { ": " },
         listed.join(", ")
     )
+}
+
+/// idem's own bookkeeping annotation on every applied child (idem-runtime's
+/// `apply::FINGERPRINT_ANNOTATION`): a hash of the desired body, which names the instance (its
+/// namespace, its uid label), so it differs between instances by construction, not by state.
+pub(crate) const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
+
+/// idem's shard label on children (idem-runtime's `apply::SHARD_BUCKET_LABEL`): the bucket of
+/// the instance's tenant name, so it differs between instances by construction.
+pub(crate) const SHARD_BUCKET_LABEL: &str = "tenancy.idem.dev/shard-bucket";
+
+/// Removes idem's own bookkeeping from a child before end states are compared: the
+/// [`FINGERPRINT_ANNOTATION`] (and `metadata.annotations` when nothing else is left in it)
+/// and the [`SHARD_BUCKET_LABEL`].
+pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
+    let Some(meta) = child
+        .pointer_mut("/metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    if let Some(a) = meta
+        .get_mut("annotations")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        a.remove(FINGERPRINT_ANNOTATION);
+        if a.is_empty() {
+            meta.remove("annotations");
+        }
+    }
+    if let Some(l) = meta
+        .get_mut("labels")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        l.remove(SHARD_BUCKET_LABEL);
+    }
+}
+
+#[cfg(test)]
+mod bookkeeping_tests {
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_and_a_then_empty_annotations_map_are_dropped() {
+        let mut only =
+            serde_json::json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "x"}}});
+        strip_bookkeeping(&mut only);
+        assert_eq!(only, serde_json::json!({"metadata": {}}));
+        let mut more = serde_json::json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "x", "a": "b"}}});
+        strip_bookkeeping(&mut more);
+        assert_eq!(
+            more,
+            serde_json::json!({"metadata": {"annotations": {"a": "b"}}})
+        );
+    }
 }

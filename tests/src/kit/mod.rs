@@ -101,8 +101,9 @@ pub trait Subject: Send + Sync {
         primary: Arc<Self::Primary>,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
 
-    /// Removes from a child (as JSON, after the kit dropped its volatile metadata and status)
-    /// what other controllers change on their own, if anything. Default: nothing.
+    /// Removes from a child (as JSON, after the kit dropped its volatile metadata, status and
+    /// idem's own bookkeeping annotation `tenancy.idem.dev/applied-fingerprint`) what other
+    /// controllers change on their own, if anything. Default: nothing.
     fn normalize(&self, _child: &mut Value) {}
 
     /// Whether `primary` (as read after a pass that wrote nothing) is done, e.g. its `Ready`
