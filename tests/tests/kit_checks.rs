@@ -255,9 +255,12 @@ async fn convergence_limits_are_the_options() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn faults_allow_one_retry_per_fault_to_a_three_request_reconcile() {
-    // Two children and a status: 3 requests clean; the injected 429 fails a pass, which
-    // records the error in status (one request more), and a write is made again from a
-    // cache that had not yet seen it after the expired watch: 5 ÷ 3 = 1.67×, over 1.2×.
+    // Two children and a status: 3 requests clean. Under faults a write may be made again from
+    // a cache that had not yet seen it after the expired watch, and a pass failed by a fault
+    // records its error in status: 4 or 5 requests, over 1.2 × 3 = 3.6, which the budget of
+    // one request per fault admits. (The 429 itself is retried by kube's client, as a user's
+    // client retries it: it reaches the server once, so whether the run actually pays these
+    // costs depends on timing; the budget must admit them either way.)
     let report = run_with(Flaw::ErrorInStatus, 2, &[Check::Faults]).await;
     report.assert_idempotent();
     let faults = report.get(Check::Faults).unwrap();
@@ -269,7 +272,7 @@ async fn faults_allow_one_retry_per_fault_to_a_three_request_reconcile() {
     // 3 + one each for the 429, the cut watch and the expired one (over 1.2 × 3 = 3.6).
     assert_eq!(faults.figure_value("budget"), Some("6.0"), "{report}");
     let ratio: f64 = faults.figure_value("ratio").unwrap().parse().unwrap();
-    assert!(ratio > 1.2, "the fault cost its retry\n{report}");
+    assert!(ratio <= 2.0, "within the budget of 6 requests\n{report}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
