@@ -123,7 +123,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let kube_config = config(options.kubeconfig.as_deref()).await?;
     let lease_client = Client::try_from(kube_config.clone())?;
-    report_missing_crds(&lease_client).await;
+    crate::resources::report_missing_crds(&lease_client).await;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let drift = idem_runtime::apply::DriftMetrics::new(&mut registry);
@@ -580,29 +580,6 @@ impl Sharded<'_> {
             self.selectors.set(None);
             if done {
                 return;
-            }
-        }
-    }
-}
-
-/// Logs an error naming each of the operator's CRDs that is not installed, with the command
-/// that installs them: without it the watches only log the API server's
-/// `404 page not found` (retried with backoff; they work once the CRDs are applied).
-async fn report_missing_crds(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let api = kube::Api::<CustomResourceDefinition>::all(client.clone());
-    for name in [
-        <crate::resources::Tenant as kube::CustomResourceExt>::crd_name(),
-        <crate::resources::TenantApp as kube::CustomResourceExt>::crd_name(),
-    ] {
-        match api.get_opt(name).await {
-            Ok(Some(_)) => {}
-            Ok(None) => tracing::error!(
-                crd = name,
-                "the CustomResourceDefinition {name} is not installed; install the CRDs with `kubectl apply -f deploy/crds/` (the watches retry until it exists)"
-            ),
-            Err(e) => {
-                tracing::debug!(crd = name, error = %e, "cannot check the CustomResourceDefinition")
             }
         }
     }
