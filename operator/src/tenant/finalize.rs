@@ -80,6 +80,18 @@ pub fn decide(tenant: &Tenant, crd_terminating: Option<bool>) -> Cleanup {
     }
 }
 
+/// The `Normal` Event `Retained` (action `Finalize`) that says what a deletion kept: the
+/// same for a Tenant and a TenantApp.
+pub(crate) fn retained(note: String) -> Event {
+    Event {
+        type_: EventType::Normal,
+        reason: "Retained".into(),
+        note: Some(note),
+        action: "Finalize".into(),
+        secondary: None,
+    }
+}
+
 /// Whether the Tenant CRD is being deleted (or already gone); `None` when it cannot be read.
 async fn crd_terminating(client: &Client) -> Option<bool> {
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
@@ -135,14 +147,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
                     kept.join(", ")
                 )
             };
-            pass.publish(Event {
-                type_: EventType::Normal,
-                reason: "Retained".into(),
-                note: Some(note),
-                action: "Finalize".into(),
-                secondary: None,
-            })
-            .await;
+            pass.publish(retained(note)).await;
         }
     }
     Ok(Done::Done)

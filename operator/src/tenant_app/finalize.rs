@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::ApiResource;
-use kube::runtime::events::{Event, EventType};
 use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::json;
 
@@ -66,14 +65,7 @@ pub async fn finalize(
             kept.join(", ")
         )
     };
-    pass.publish(Event {
-        type_: EventType::Normal,
-        reason: "Retained".into(),
-        note: Some(note),
-        action: "Finalize".into(),
-        secondary: None,
-    })
-    .await;
+    pass.publish(crate::tenant::finalize::retained(note)).await;
     Ok(Done::Done)
 }
 
