@@ -205,11 +205,7 @@ async fn an_object_a_tenant_owner_forges_to_claim_the_tenant_is_never_pruned() {
         }
     })
     .await;
-    tenants::api(&client)
-        .delete(&name, &Default::default())
-        .await
-        .unwrap();
-    tenants::wait_tenant_object_gone(&client, &name).await;
+    delete_tenant(&client, &name).await;
     operator.stop().await;
 }
 
@@ -250,11 +246,7 @@ async fn an_obsolete_child_is_pruned_by_an_operator_started_after_the_spec_chang
     wait_pruned(&client, &ns_b).await;
     let tenant = tenants::wait_ready(&client, &name).await;
     assert_eq!(tenant.status.unwrap().namespaces, [ns_a]);
-    tenants::api(&client)
-        .delete(&name, &Default::default())
-        .await
-        .unwrap();
-    tenants::wait_tenant_object_gone(&client, &name).await;
+    delete_tenant(&client, &name).await;
     operator.stop().await;
 }
 
@@ -297,10 +289,15 @@ async fn an_object_forged_to_claim_a_tenant_app_is_never_pruned() {
         record.contains(&"web-config".to_string()) && !record.contains(&forged.to_string()),
         "{record:?}"
     );
-    tenants::api(&client)
-        .delete(&name, &Default::default())
+    delete_tenant(&client, &name).await;
+    operator.stop().await;
+}
+
+/// Deletes Tenant `name` and waits until the object is gone.
+async fn delete_tenant(client: &kube::Client, name: &str) {
+    tenants::api(client)
+        .delete(name, &Default::default())
         .await
         .unwrap();
-    tenants::wait_tenant_object_gone(&client, &name).await;
-    operator.stop().await;
+    tenants::wait_tenant_object_gone(client, name).await;
 }
