@@ -32,7 +32,8 @@ struct Applied {
     outcome: ChildOutcome,
     /// The drift repaired, with the `resourceVersion` of the drifted object.
     repaired: Option<(Vec<Drift>, Option<String>)>,
-    /// The uid of the object this apply created, if it created one.
+    /// The uid to add to the owner's record: of the object this apply created, or of a desired
+    /// child of ours the record lacks (its creating pass never saw the answer).
     created: Option<String>,
 }
 
@@ -303,6 +304,12 @@ impl Applier {
             if meta.deletion_timestamp.is_some() {
                 return done(ChildOutcome::Terminating);
             }
+            // A desired child of ours missing from the owner's record: created by a pass that
+            // never saw the POST's answer (a crash, a timeout), or taken over at a desired
+            // name. It is recorded now, so that it is pruned once no longer desired. An object
+            // that only claims the owner under a name that is not desired is never applied to,
+            // so never recorded (see `super::record`).
+            let record = meta.uid.clone().filter(|uid| !owner.may_prune(uid));
             let judged = super::as_applied(&live, owner.field_manager(), &body);
             let drift = check(
                 &body,
@@ -310,7 +317,11 @@ impl Applier {
                 owner.field_manager(),
             );
             if drift.is_empty() {
-                return done(ChildOutcome::Unchanged);
+                return Ok(Applied {
+                    outcome: ChildOutcome::Unchanged,
+                    repaired: None,
+                    created: record,
+                });
             }
             tracing::debug!(child = %key, drift = ?drift, "child drifted");
             let result = self.apply(&api, owner, &key, &body, &live).await;
@@ -331,7 +342,7 @@ impl Applier {
                             let rv = live.pointer("/metadata/resourceVersion");
                             (drift, rv.and_then(Value::as_str).map(str::to_owned))
                         }),
-                        created: None,
+                        created: record,
                     });
                 }
                 Err(e) => e,

@@ -2,7 +2,8 @@
 //! object is ours to delete.
 //!
 //! Rule: a child is pruned only when its `metadata.uid` is in the record. The record holds the
-//! uids the API server returned to the engine's own `POST`s, and lives in the owner's status,
+//! uids the API server returned to the engine's own `POST`s (and of desired children of ours it
+//! lacks, see below), and lives in the owner's status,
 //! which only the operator can write (`status` is a subresource; API conventions, "spec and
 //! status"). Everything on the child itself — its controller ownerReference, the owner-uid and
 //! managed-by labels, even our field manager's `managedFields` entries (a client names its own
@@ -10,8 +11,11 @@
 //! such as a tenant owner holding `admin` there; the owner's uid is visible on every child.
 //! So an object that merely claims the owner is never deleted: it is reported
 //! ([`ApplyReport::unrecorded`](super::ApplyReport::unrecorded), Event `NotPruned`) and left
-//! alone. Losing a record entry (a crash between the create and the status write) only ever
-//! keeps a child; it never deletes one.
+//! alone. A record entry lost to a crash (between the `POST` and its answer, or before the
+//! status write) is made good by the next pass: a *desired* child that carries the owner's
+//! controller ownerReference but is missing from the record is recorded when the engine judges
+//! or applies it (it holds our desired state at a name we chose). An object at a name that is
+//! not desired is never applied to, so never recorded.
 
 use std::collections::BTreeSet;
 

@@ -84,8 +84,9 @@ pub struct ApplyReport {
     pub pruned: Vec<ObjectKey>,
     /// Children whose drift (made by another writer) was repaired.
     pub repaired: Vec<Repair>,
-    /// Children this apply created, with the uids the API server gave them (for the owner's
-    /// record, see [`super::record`]).
+    /// Children this apply created, with the uids the API server gave them, and desired
+    /// children of ours missing from the owner's record (for the owner's record, see
+    /// [`super::record`]).
     pub created: Vec<super::CreatedChild>,
     /// Uids of the children in [`ApplyReport::pruned`].
     pub pruned_uids: Vec<String>,

@@ -31,12 +31,25 @@ pub struct EndState {
 
 impl EndState {
     /// Builds an end state from the live objects (as the API server returns them).
+    ///
+    /// A child's uid quoted elsewhere (say, in the primary's record of the children it created)
+    /// becomes `{uid of <child's key>}`: it differs between instances as the uid itself does,
+    /// while which child it names is kept.
     pub(crate) fn new(mut primary: Value, children: Vec<Value>) -> Self {
+        let uids: BTreeMap<String, String> = children
+            .iter()
+            .filter_map(|c| {
+                let uid = c.pointer("/metadata/uid")?.as_str()?;
+                Some((uid.to_owned(), format!("{{uid of {}}}", key(c))))
+            })
+            .collect();
         strip(&mut primary, false);
+        name_uids(&mut primary, &uids);
         let children = children
             .into_iter()
             .map(|mut c| {
                 strip(&mut c, true);
+                name_uids(&mut c, &uids);
                 (key(&c), c)
             })
             .collect();
@@ -94,6 +107,20 @@ pub(crate) fn key(obj: &Value) -> String {
         format!("{ns}/{name}")
     };
     format!("{} {} {at}", s("/apiVersion"), s("/kind"))
+}
+
+/// Replaces every string equal to a key of `uids` by its value.
+fn name_uids(v: &mut Value, uids: &BTreeMap<String, String>) {
+    match v {
+        Value::String(s) => {
+            if let Some(named) = uids.get(s.as_str()) {
+                *s = named.clone();
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| name_uids(i, uids)),
+        Value::Object(map) => map.values_mut().for_each(|i| name_uids(i, uids)),
+        _ => {}
+    }
 }
 
 fn strip(obj: &mut Value, drop_status: bool) {
@@ -212,6 +239,40 @@ mod tests {
                "metadata": {"name": name, "namespace": "ns", "uid": "x", "resourceVersion": "7",
                             "ownerReferences": [{"uid": "u-1", "name": "w-1"}]},
                "data": data, "status": {"ignored": true}})
+    }
+
+    #[test]
+    fn a_childs_uid_quoted_in_the_primary_names_the_child() {
+        let state = |uid: &str| {
+            EndState::new(
+                json!({"metadata": {"name": "w-1", "uid": "u-1"},
+                       "status": {"created": [{"name": "w-1-a", "uid": uid}]}}),
+                vec![
+                    child("w-1-a", json!({"v": "1"}))
+                        .to_string()
+                        .replace("\"x\"", &format!("\"{uid}\""))
+                        .parse()
+                        .unwrap(),
+                ],
+            )
+            .anonymized("w-1", "u-1")
+        };
+        let a = state("c-1");
+        assert_eq!(a.diff(&state("c-2")), Vec::<String>::new());
+        assert_eq!(
+            a.primary["status"]["created"][0]["uid"],
+            "{uid of v1 ConfigMap ns/{name}-a}"
+        );
+        let missing = EndState::new(
+            json!({"metadata": {"name": "w-1", "uid": "u-1"}, "status": {"created": []}}),
+            vec![child("w-1-a", json!({"v": "1"}))],
+        )
+        .anonymized("w-1", "u-1");
+        assert_eq!(
+            missing.diff(&a).len(),
+            1,
+            "a record without the child differs"
+        );
     }
 
     #[test]
