@@ -129,18 +129,6 @@ impl Subject for TenantKind {
             .kind::<NetworkPolicy>()
     }
 
-    /// The operator's own bookkeeping label on tenant Namespaces: the shard bucket of the
-    /// namespace's name, which differs between instances by construction (the kit drops the
-    /// runtime's fingerprint annotation and shard-bucket label itself).
-    fn normalize(&self, child: &mut Value) {
-        if let Some(labels) = child
-            .pointer_mut("/metadata/labels")
-            .and_then(Value::as_object_mut)
-        {
-            labels.remove(idem_operator::shard::NAMESPACE_BUCKET_LABEL);
-        }
-    }
-
     async fn session(&self, client: Client) -> Result<Session<Tenants>, BoxError> {
         session(client, |ctx| Tenants { ctx }).await
     }

@@ -489,13 +489,9 @@ pub(crate) fn describe(pass: &Pass) -> String {
 /// namespace, its uid label), so it differs between instances by construction, not by state.
 pub(crate) const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
 
-/// idem's shard label on children (idem-runtime's `apply::SHARD_BUCKET_LABEL`): the bucket of
-/// the instance's tenant name, so it differs between instances by construction.
-pub(crate) const SHARD_BUCKET_LABEL: &str = "tenancy.idem.dev/shard-bucket";
-
 /// Removes idem's own bookkeeping from a child before end states are compared: the
-/// [`FINGERPRINT_ANNOTATION`] (and `metadata.annotations` when nothing else is left in it)
-/// and the [`SHARD_BUCKET_LABEL`].
+/// [`FINGERPRINT_ANNOTATION`] (and `metadata.annotations` when nothing else is left in it).
+/// idem's bucket labels stay, anonymised by [`EndState::anonymized`](super::EndState::anonymized).
 pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
     let Some(meta) = child
         .pointer_mut("/metadata")
@@ -511,12 +507,6 @@ pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
         if a.is_empty() {
             meta.remove("annotations");
         }
-    }
-    if let Some(l) = meta
-        .get_mut("labels")
-        .and_then(serde_json::Value::as_object_mut)
-    {
-        l.remove(SHARD_BUCKET_LABEL);
     }
 }
 
