@@ -1,5 +1,5 @@
-//! The resident memory of the Tenant controller's child caches at 1,000 tenants (issue 9:
-//! "memory of the caches at 1,000 tenants"), measured as RSS, not estimated from JSON size.
+//! The resident memory of the Tenant controller's child caches at 1,000 tenants, measured as
+//! RSS, not estimated from JSON size.
 //!
 //! Run: `cargo test -p idem-operator --test cache_memory -- --ignored --nocapture`
 //! (`IDEM_CACHE_TENANTS=<n>` for another fleet size). The test creates the tenants (spec

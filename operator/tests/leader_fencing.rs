@@ -1,4 +1,4 @@
-//! A deposed leader does not write (issue 10, item 10), judged by the API server's own request
+//! A deposed leader does not write, judged by the API server's own request
 //! counters. This binary has a control plane of its own and runs one operator process at a
 //! time, so every write to the kinds only the operator writes is that process's.
 

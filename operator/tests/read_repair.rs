@@ -1,4 +1,4 @@
-//! The tampering matrix (issue 9): another writer changes what the operator made; the reconcile
+//! The tampering matrix: another writer changes what the operator made; the reconcile
 //! triggered by the child's event restores it (or leaves it, where the field is theirs), and a
 //! second pass makes no request of any verb. Requests are counted from the API server's own
 //! `/metrics`. The tests of this binary run one at a time (they count requests).

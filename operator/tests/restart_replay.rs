@@ -1,5 +1,5 @@
 //! A restart replays every Tenant at low priority: a user's change made while the new
-//! operator replays the fleet is reconciled before the replay ends (issue 11, item 4).
+//! operator replays the fleet is reconciled before the replay ends.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Against the real control plane (rule 8): a reconcile that writes its primary's status does
+//! Against the real control plane: a reconcile that writes its primary's status does
 //! not trigger itself again: it runs once, and the apiserver saw one status write.
 //!
 //! "Not again" is checked with a barrier, not by waiting: with one worker and one tenant (the

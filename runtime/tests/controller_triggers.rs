@@ -198,7 +198,7 @@ async fn create_update_child_edit_and_delete_trigger_exactly_the_expected_reconc
     expect_exactly(&seen, &mut barrier, 2, "spec update").await;
     assert_eq!(seen.log.lock().unwrap()[1], ("w1".into(), 2, false));
 
-    // 3. A status-only write → no reconcile (rule 8).
+    // 3. A status-only write → no reconcile.
     let status = json!({"status": {"observedGeneration": 2, "reconciles": 7}});
     widgets
         .patch_status("w1", &PatchParams::default(), &Patch::Merge(&status))

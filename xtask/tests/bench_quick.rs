@@ -1,6 +1,7 @@
 //! `cargo xtask bench --quick --scenario p6` against a fresh local control plane: exits 0,
 //! prints the P6 table and writes a report whose P6 rows hold both controllers' write counts,
-//! each at least the job's minimum (timings are not asserted: the machine is shared).
+//! each at least the job's minimum, and the same tables as `benchmarks.md` (timings are not
+//! asserted: the machine is shared).
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -92,4 +93,17 @@ fn bench_quick_p6_reports_writes_of_both_controllers() {
         ratio[3]
     );
     assert!(html.contains("requests by verb"), "no request plot");
+
+    // The Markdown page of the run (what `--record` copies to docs/benchmarks.md), naming the
+    // command it came from; without `--record` the repository's copy is not touched.
+    let md = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("benchmarks.md");
+    assert!(
+        md.contains("## P6: writes to make 10 tenants Ready"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- command: `cargo xtask bench --quick --scenario p6"),
+        "{md}"
+    );
+    assert!(!md.contains("## P4"), "only P6 was selected:\n{md}");
 }

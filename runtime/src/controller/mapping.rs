@@ -1,5 +1,5 @@
 //! Mapping watch events to work: object → key, object → tenant, child → owner, and the
-//! change filter that keeps a reconcile's own status writes from enqueueing it again (rule 8).
+//! change filter that keeps a reconcile's own status writes from enqueueing it again.
 
 use std::any::TypeId;
 use std::collections::hash_map::DefaultHasher;
@@ -101,7 +101,7 @@ where
     }
 }
 
-/// What of a primary object makes it worth reconciling again (rule 8): `metadata.generation`
+/// What of a primary object makes it worth reconciling again: `metadata.generation`
 /// (bumped by the apiserver on spec changes, not on status writes), finalizers,
 /// `deletionTimestamp`, labels and annotations. For objects without a generation every
 /// change counts (the resourceVersion is included instead).

@@ -23,7 +23,7 @@
 //! Differences from kube-runtime's `Controller`: keys are scheduled fairly per tenant (see
 //! [`crate::queue`]), failures back off per key and reset on success ([`crate::backoff`]), the
 //! reconcile receives an [`Attempt`] with the consecutive-failure count, status-only changes of
-//! the primary do not enqueue it (rule 8, see [`mapping::fingerprint`]), nor do a child's status
+//! the primary do not enqueue it (see [`mapping::fingerprint`]), nor do a child's status
 //! churn, other controllers' metadata or the apply engine's own writes enqueue its owner
 //! ([`OwnsOptions`]; controller-runtime's "expectations"), every object is resynced
 //! periodically at [`Priority::Resync`](crate::queue::Priority::Resync), and shutdown is

@@ -128,7 +128,7 @@ pub(crate) struct WatchTask {
 }
 
 /// Drive the primary watch: keep the store, and enqueue objects whose fingerprint changed
-/// (rule 8: status-only writes do not enqueue).
+/// (status-only writes do not enqueue).
 pub(crate) fn primary<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -200,7 +200,7 @@ where
                     let key = key_of(&obj);
                     seen.remove(&key);
                     // Its pending resync or retry would only find it gone; dropping them lets
-                    // the queue forget the key, and an idle tenant, now (queue rule 9).
+                    // the queue forget the key, and an idle tenant, now (the queue's *Forgetting*).
                     shared.queue.remove(&key);
                     shared.reasons.forget(&key);
                 }
@@ -452,7 +452,7 @@ fn uid_mark(uid: &str) -> u64 {
 }
 
 /// What makes a change of a primary object a change of its spec, which ends a backoff wait
-/// (queue rule 8): `metadata.generation` (the resourceVersion for kinds without one) and
+/// (the queue's *Backoff holds*): `metadata.generation` (the resourceVersion for kinds without one) and
 /// whether it is being deleted.
 fn spec_mark(meta: &kube::api::ObjectMeta) -> u64 {
     use std::hash::{Hash, Hasher};

@@ -162,7 +162,7 @@ where
                 m.retry();
             }
             // Release and back off in one step: events until then do not bypass the delay
-            // unless the object's spec changed (queue rule 8).
+            // unless the object's spec changed (the queue's *Backoff holds*).
             lease.retry_after(delay);
         }
     }

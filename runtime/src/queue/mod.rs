@@ -205,14 +205,14 @@ impl WorkQueue {
     }
 
     /// Add `key` of `tenant` now (rules 1–3). While the key backs off after a failed
-    /// reconcile ([`Lease::retry_after`]), the add is folded into the pending retry (rule 8).
+    /// reconcile ([`Lease::retry_after`]), the add is folded into the pending retry (**Backoff holds** above).
     pub fn add(&self, key: &ObjectKey, tenant: &TenantKey, priority: Priority) -> AddOutcome {
         self.add_inner(key, tenant, priority, false)
     }
 
     /// [`WorkQueue::add`] that also ends the key's backoff wait: for a change of the object
     /// itself (its spec, i.e. `metadata.generation`, or its deletion), which a failing
-    /// reconcile should see at once, as opposed to child events and resyncs (rule 8).
+    /// reconcile should see at once, as opposed to child events and resyncs (**Backoff holds** above).
     pub fn add_bypassing_backoff(
         &self,
         key: &ObjectKey,
@@ -242,7 +242,7 @@ impl WorkQueue {
         outcome
     }
 
-    /// Add `key` of `tenant` once `delay` has passed (rule 3). A zero delay is an immediate add.
+    /// Add `key` of `tenant` once `delay` has passed (**Delays** above). A zero delay is an immediate add.
     pub fn add_after(
         &self,
         key: &ObjectKey,
@@ -344,7 +344,7 @@ impl WorkQueue {
 
     /// Drop `key`'s waiting work — queued, delayed (its next resync, say), backing off, or
     /// due again after its current reconcile — because its object was deleted; an in-flight
-    /// reconcile runs to its end. Frees the key and, if it was the last, its tenant (rule 9).
+    /// reconcile runs to its end. Frees the key and, if it was the last, its tenant (**Forgetting** above).
     /// Returns whether anything was dropped.
     pub fn remove(&self, key: &ObjectKey) -> bool {
         self.shared.lock().remove(key)
@@ -431,14 +431,14 @@ impl Lease {
         self.priority
     }
 
-    /// The key is done: release it (rule 2). A key added meanwhile is queued again.
+    /// The key is done: release it (**One in flight** above). A key added meanwhile is queued again.
     pub fn done(mut self) {
         self.release(None);
     }
 
     /// The reconcile failed: release the key and queue it again at event priority after
     /// `delay` (the backoff). Until then adds of the key are folded into this retry, except
-    /// [`WorkQueue::add_bypassing_backoff`] (rule 8). An add made while the key was in flight
+    /// [`WorkQueue::add_bypassing_backoff`] (**Backoff holds** above). An add made while the key was in flight
     /// is folded in too, unless it bypassed backoff; then the key is queued at once.
     pub fn retry_after(mut self, delay: Duration) {
         self.release(Some(delay));

@@ -9,6 +9,7 @@ mod child;
 mod counts;
 mod fleet;
 mod html;
+mod markdown;
 mod report;
 mod scenarios;
 mod shards;
@@ -67,9 +68,14 @@ pub struct Args {
     /// both, off first).
     #[arg(long, value_parser = ["on", "off"])]
     pub gate: Option<String>,
-    /// Where `report.html` and the controllers' logs go (default `target/bench/`).
+    /// Where `report.html`, `benchmarks.md` and the controllers' logs go (default
+    /// `target/bench/`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also write the run's `benchmarks.md` to `docs/benchmarks.md`, the figures the
+    /// repository shows (not with `shards`, whose figures are printed only).
+    #[arg(long)]
+    pub record: bool,
 }
 
 impl Args {
@@ -194,6 +200,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let html = html::page(&plan, &tables, &sides[0], &sides[1], started.elapsed());
     std::fs::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
     println!("report: {}", path.display());
+    let md = markdown::page(
+        &plan,
+        &tables,
+        &markdown::command_line(),
+        &markdown::commit(),
+        &markdown::machine(),
+        started.elapsed(),
+    );
+    let md_path = out.join("benchmarks.md");
+    std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    if args.record {
+        let docs = crate::generated::repo_root()
+            .join("docs")
+            .join("benchmarks.md");
+        std::fs::write(&docs, &md).with_context(|| format!("writing {}", docs.display()))?;
+        println!("recorded: {}", docs.display());
+    }
     drop(rt);
     cp.stop();
     Ok(())

@@ -95,6 +95,29 @@ impl Table {
         }
         out
     }
+
+    /// The table as a Markdown section (`## P6: …` and a pipe table).
+    pub fn to_markdown(&self) -> String {
+        let mut out = format!(
+            "## {}: {}\n\n| | idem | peer | idem ÷ peer | target |\n|---|---|---|---|---|\n",
+            self.id, self.title
+        );
+        for r in &self.rows {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                r.label, r.idem, r.peer, r.ratio, r.target
+            ));
+        }
+        out
+    }
+
+    /// A one-row table, for tests of what renders tables.
+    #[cfg(test)]
+    pub fn example(id: &str, title: &str) -> Self {
+        let mut t = Self::new(id, title.to_owned());
+        t.row("x", "a figure", 1.0, 2.0, 1, "≤ 1");
+        t
+    }
 }
 
 /// `a ÷ b` with two decimals; `1.00` when both are 0, `∞` when only `b` is.
