@@ -27,11 +27,22 @@ impl Context {
     /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
     /// drivers with `Driver::with_caches`).
     pub fn new(client: Client, namespaces: Store<Namespace>) -> Arc<Self> {
+        Self::with_blocked_gauge(client, namespaces, Default::default())
+    }
+
+    /// [`Context::new`], counting the blocked-object watches in `gauge`.
+    pub fn with_blocked_gauge(
+        client: Client,
+        namespaces: Store<Namespace>,
+        gauge: prometheus_client::metrics::gauge::Gauge,
+    ) -> Arc<Self> {
+        let mut blocked = crate::tenant_app::blocked::Blocked::default();
+        blocked.gauge = gauge;
         Arc::new(Self {
             caches: ChildCaches::new(),
             client,
             namespaces,
-            blocked: crate::tenant_app::blocked::Blocked::default(),
+            blocked,
         })
     }
 

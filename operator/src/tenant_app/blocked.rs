@@ -89,6 +89,8 @@ impl Budget {
 /// The registry of watched blocking objects and the trigger channel of the TenantApp
 /// controller (the receiving end goes to `Controller::reconcile_on`).
 pub struct Blocked {
+    /// Watch tasks running (`idem_blocked_object_watches`).
+    pub gauge: prometheus_client::metrics::gauge::Gauge,
     watching: Arc<Mutex<Budget>>,
     trigger: mpsc::UnboundedSender<ObjectKey>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<ObjectKey>>>,
@@ -98,6 +100,7 @@ impl Default for Blocked {
     fn default() -> Self {
         let (trigger, receiver) = mpsc::unbounded_channel();
         Self {
+            gauge: prometheus_client::metrics::gauge::Gauge::default(),
             watching: Arc::new(Mutex::new(Budget::new(
                 MAX_BLOCKED_WATCHES_PER_TENANT,
                 MAX_BLOCKED_WATCHES,
@@ -146,7 +149,16 @@ impl Blocked {
         let trigger = self.trigger.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={}", child.name));
         let watching = Arc::clone(&self.watching);
+        let gauge = self.gauge.clone();
+        gauge.inc();
         tokio::spawn(async move {
+            struct Live(prometheus_client::metrics::gauge::Gauge);
+            impl Drop for Live {
+                fn drop(&mut self) {
+                    self.0.dec();
+                }
+            }
+            let _live = Live(gauge);
             let stream = watch_fn(api, config).default_backoff();
             futures::pin_mut!(stream);
             let mut present = false;
