@@ -13,36 +13,22 @@ use crate::resources::GROUP;
 
 /// Shared state of the reconciles.
 pub struct Context {
-    /// The API client (of the watches of blocking objects).
+    /// The API client.
     pub client: Client,
     /// The controllers' child caches (filled by their watches, read by the apply engine).
     pub caches: ChildCaches,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
     pub namespaces: Store<Namespace>,
-    /// Foreign objects blocking a TenantApp's child, watched until they are gone.
-    pub blocked: crate::tenant_app::blocked::Blocked,
 }
 
 impl Context {
     /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
     /// drivers with `Driver::with_caches`).
     pub fn new(client: Client, namespaces: Store<Namespace>) -> Arc<Self> {
-        Self::with_blocked_gauge(client, namespaces, Default::default())
-    }
-
-    /// [`Context::new`], counting the blocked-object watches in `gauge`.
-    pub fn with_blocked_gauge(
-        client: Client,
-        namespaces: Store<Namespace>,
-        gauge: prometheus_client::metrics::gauge::Gauge,
-    ) -> Arc<Self> {
-        let mut blocked = crate::tenant_app::blocked::Blocked::default();
-        blocked.gauge = gauge;
         Arc::new(Self {
             caches: ChildCaches::new(),
             client,
             namespaces,
-            blocked,
         })
     }
 

@@ -411,8 +411,7 @@ fn controllers(
         controller: FIELD_MANAGER.into(),
         instance: Some(identity.to_string()),
     };
-    let ctx =
-        Context::with_blocked_gauge(client.clone(), store, metrics.blocked_watches("tenantapp"));
+    let ctx = Context::new(client.clone(), store);
     let tenant_driver = Driver::new(
         client.clone(),
         tenant::reconcile::Tenants {

@@ -19,7 +19,7 @@
 //! | `workqueue_longest_running_processor_seconds` | gauge | `name` | seconds the longest key in flight has been processed, computed at scrape |
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
-//! | `idem_blocked_object_watches` | gauge | `controller` | watches of objects that block a desired child's name, running now |
+//! | `idem_blocked_object_watches` | gauge | `controller` | watches of objects that block a desired child's name, running now (see [`crate::controller::blocked`]) |
 //!
 //! A tenant's `idem_tenant_*` series are removed when the queue forgets the tenant (no key
 //! refers to it any more), so the series do not grow with every tenant ever seen; a counter
