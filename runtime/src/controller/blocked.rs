@@ -125,7 +125,6 @@ impl BlockedWatches {
     /// the returned guard stops every watch when dropped (the controller stopped, or its
     /// future was dropped).
     pub(crate) fn start(&self, client: kube::Client, gauge: Gauge) -> StopOnDrop {
-        gauge.set(0);
         self.state().running = Some(Running { client, gauge });
         StopOnDrop(self.clone())
     }
