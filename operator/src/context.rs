@@ -13,14 +13,12 @@ use crate::resources::GROUP;
 
 /// Shared state of the reconciles.
 pub struct Context {
-    /// The API client (of the watches of blocking objects).
+    /// The API client.
     pub client: Client,
     /// The controllers' child caches (filled by their watches, read by the apply engine).
     pub caches: ChildCaches,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
     pub namespaces: Store<Namespace>,
-    /// Foreign objects blocking a TenantApp's child, watched until they are gone.
-    pub blocked: crate::tenant_app::blocked::Blocked,
 }
 
 impl Context {
@@ -31,7 +29,6 @@ impl Context {
             caches: ChildCaches::new(),
             client,
             namespaces,
-            blocked: crate::tenant_app::blocked::Blocked::default(),
         })
     }
 

@@ -19,6 +19,7 @@
 //! | `workqueue_longest_running_processor_seconds` | gauge | `name` | seconds the longest key in flight has been processed, computed at scrape |
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
+//! | `idem_blocked_object_watches` | gauge | `controller` | watches of objects that block a desired child's name, running now (see [`crate::controller::blocked`]) |
 //!
 //! A tenant's `idem_tenant_*` series are removed when the queue forgets the tenant (no key
 //! refers to it any more), so the series do not grow with every tenant ever seen; a counter
@@ -73,6 +74,7 @@ pub struct Metrics {
     reconcile_panics: Family<Labels, Counter>,
     active_workers: Family<Labels, Gauge>,
     max_concurrent: Family<Labels, Gauge>,
+    blocked_watches: Family<Labels, Gauge>,
     in_flight: Arc<InFlightCollector>,
 }
 
@@ -94,8 +96,14 @@ impl Metrics {
             reconcile_panics: Family::default(),
             active_workers: Family::default(),
             max_concurrent: Family::default(),
+            blocked_watches: Family::default(),
             in_flight: Arc::default(),
         };
+        registry.register(
+            "idem_blocked_object_watches",
+            "Watches of objects blocking a desired child's name, running now, per controller",
+            m.blocked_watches.clone(),
+        );
         registry.register(
             "controller_runtime_reconcile_errors",
             "Total number of reconciliation errors per controller",
@@ -187,6 +195,13 @@ impl Metrics {
             tenant_dispatches: self.tenant_dispatches.clone(),
             in_flight: self.in_flight.queue(name),
         }
+    }
+
+    /// The gauge of the blocking-object watches of the controller called `name`
+    /// (`idem_blocked_object_watches`).
+    pub fn blocked_watches(&self, name: &str) -> Gauge {
+        let labels: Labels = vec![("controller", name.to_owned())];
+        self.blocked_watches.get_or_create(&labels).clone()
     }
 
     /// Handles for the controller called `name`.

@@ -1,7 +1,6 @@
 //! The TenantApp controller: `source` → the runtime's fair queue (by tenant) → `reconcile` →
 //! `desired` ConfigMap, Deployment and Service (applied by idem-runtime) → `status`.
 
-pub mod blocked;
 pub mod desired;
 pub mod finalize;
 pub mod reconcile;

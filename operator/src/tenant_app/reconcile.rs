@@ -4,14 +4,11 @@
 
 use std::sync::Arc;
 
-use idem_runtime::ObjectKey;
-use idem_runtime::apply::{ApplyReport, CreatedChild};
+use idem_runtime::apply::CreatedChild;
 use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::core::ApiResource;
 
 use super::{desired, status};
 use crate::context::Context;
@@ -22,42 +19,11 @@ use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 /// a tenant's).
 pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// How often an app blocked by a foreign object is looked at again when that object cannot be
-/// watched (more than [`super::blocked::MAX_BLOCKED_WATCHES_PER_TENANT`] blocked at once for
-/// its tenant, or [`super::blocked::MAX_BLOCKED_WATCHES`] in all).
-pub const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Watches every foreign object the report found in a child's way; `false` when one could not
-/// be watched.
-fn watch_blocking(ctx: &Context, app: &TenantApp, tenant: &str, report: &ApplyReport) -> bool {
-    let owner = ObjectKey::namespaced(
-        "TenantApp",
-        &app.namespace().unwrap_or_default(),
-        &app.name_any(),
-    );
-    let mut all = true;
-    for (key, _) in report.not_owned() {
-        let resource = match &*key.kind {
-            "ConfigMap" => ApiResource::erase::<ConfigMap>(&()),
-            "Deployment" => ApiResource::erase::<Deployment>(&()),
-            "Service" => ApiResource::erase::<Service>(&()),
-            _ => {
-                all = false;
-                continue;
-            }
-        };
-        all &= ctx
-            .blocked
-            .watch(&ctx.client, resource, key.clone(), owner.clone(), tenant);
-    }
-    all
-}
-
 /// The TenantApp reconciler. Children carry a controller ownerReference, so the garbage
 /// collector deletes them with the app; the finalizer only keeps them when the TenantApp CRD
 /// itself is being deleted ([`super::finalize`]).
 pub struct TenantApps {
-    /// The operator's shared state (namespace cache, blocked-object watches).
+    /// The operator's shared state (its namespace cache).
     pub ctx: Arc<Context>,
 }
 
@@ -109,15 +75,13 @@ impl Reconciler for TenantApps {
         };
         let available = status::available(deployment.as_ref());
         // The Deployment is watched: its status changes bring the app back; a foreign object in
-        // a child's way is watched until it is gone (polled only past the watch limit).
-        let requeue =
-            (!watch_blocking(&self.ctx, app, tenant.as_str(), &report)).then_some(BLOCKED_POLL);
+        // a child's way is watched by the runtime until it is gone or replaced (polled only past
+        // the watch limits, see `idem_runtime::controller::blocked`).
         Ok(Outcome::new(status::readiness(
             app.spec.replicas,
             &report,
             deployment.as_ref(),
         ))
-        .requeue(requeue)
         .status(move |s: &mut TenantAppStatus| s.available_replicas = available))
     }
 

@@ -4,7 +4,8 @@
 //! namespace cache, and only from namespaces a Tenant controls (see [`crate::context::tenant_of`]).
 //! Its weight in the fair queue is that Tenant's `spec.weight`, read from the Tenant
 //! controller's cache at every dispatch, so a weight change applies at once.
-//! Foreign objects that block a child's name are watched one by one ([`super::blocked`]).
+//! Foreign objects that block a child's name are watched one by one by the runtime
+//! (`idem_runtime::controller::blocked`).
 
 use std::sync::Arc;
 
@@ -28,9 +29,8 @@ pub fn controller(
     config: ControllerConfig,
     tenants: Store<Tenant>,
 ) -> Controller<TenantApp> {
-    let blocked = ctx.blocked.triggers();
     let ctx = Arc::clone(ctx);
-    let controller = Controller::for_derived(
+    Controller::for_derived(
         Api::<TenantApp>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -51,11 +51,5 @@ pub fn controller(
         let t = tenants.get(&ObjectRef::new(tenant.as_str()))?;
         Some(crate::tenant::source::weight(&t))
     })
-    .with_config(config);
-    // A foreign object blocking a child's name is watched by itself (`blocked`): its deletion
-    // brings the app back.
-    match blocked {
-        Some(triggers) => controller.reconcile_on(triggers),
-        None => controller,
-    }
+    .with_config(config)
 }

@@ -101,9 +101,6 @@ pub struct ChildCaches {
     foreign: Arc<Mutex<std::collections::HashSet<ObjectKey>>>,
     /// The `resourceVersion`s our writes returned, for the child watches.
     own: Arc<OwnWrites>,
-    /// `(owner uid, child)` of objects already reported as claiming an owner that did not
-    /// create them, so the Warning is published once per process, not at every reconcile.
-    noticed: Arc<Mutex<std::collections::HashSet<(String, ObjectKey)>>>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -310,18 +307,6 @@ impl ChildCaches {
     /// reconcile).
     pub(crate) fn managers(&self) -> std::collections::BTreeSet<String> {
         self.own.managers()
-    }
-
-    /// Whether `child` claiming owner `owner_uid` without being in its record is noticed for
-    /// the first time (by this process): the caller reports it once.
-    pub(crate) fn first_notice(&self, owner_uid: &str, child: &ObjectKey) -> bool {
-        let Ok(mut set) = self.noticed.lock() else {
-            return true;
-        };
-        if set.len() >= OVERLAY_CAP {
-            set.clear();
-        }
-        set.insert((owner_uid.to_owned(), child.clone()))
     }
 
     /// Forgets our write of `key` (deleted: by us, or seen deleted by the watch).

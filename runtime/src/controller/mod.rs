@@ -30,6 +30,7 @@
 //! graceful with a report.
 
 mod action;
+pub mod blocked;
 mod child_change;
 mod derived;
 pub mod mapping;
@@ -49,6 +50,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
 pub use self::action::{Action, Attempt};
+pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
 pub use self::derived::{NamespaceLabelsFn, change_fingerprint};
 pub use self::reason::Reason;
@@ -168,6 +170,8 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     writer: reflector::store::Writer<K>,
     caches: Option<crate::apply::ChildCaches>,
     shard: Option<OwnsFn<K>>,
+    blocked: BlockedWatches,
+    blocked_triggers: blocked::Triggers,
 }
 
 impl<K> Controller<K>
@@ -179,6 +183,7 @@ where
     /// [`mapping::default_tenant`]; every tenant has weight 1 until [`Controller::weight_of`].
     pub fn new(api: Api<K>, watcher_config: watcher::Config) -> Self {
         let (store, writer) = reflector::store::<K>();
+        let (blocked, blocked_triggers) = BlockedWatches::new();
         Self {
             api,
             watcher_config,
@@ -194,7 +199,18 @@ where
             writer,
             caches: None,
             shard: None,
+            blocked,
+            blocked_triggers,
         }
+    }
+
+    /// The watches of objects that block its owners' children ([`blocked`]): while the
+    /// controller runs, [`BlockedWatches::set`] watches an object found in a child's way and
+    /// reconciles its owner again once the object is deleted or replaced. They end when the
+    /// controller stops. A [`Driver`](crate::reconciler::Driver) that runs the controller
+    /// uses them for every reconcile.
+    pub fn blocked_watches(&self) -> BlockedWatches {
+        self.blocked.clone()
     }
 
     /// A read handle on the cache of primary objects this controller will fill once it runs
@@ -251,8 +267,9 @@ where
     }
 
     /// Also reconcile the primary objects whose keys `keys` yields (kube-runtime's
-    /// `reconcile_on`): for triggers no owned-child watch sees, e.g. the deletion of a foreign
-    /// object that blocked a child's name. A key of an object not in the cache is skipped.
+    /// `reconcile_on`): for triggers no owned-child watch sees (a foreign object that blocks a
+    /// child's name is already watched by [`Controller::blocked_watches`]). A key of an object
+    /// not in the cache is skipped.
     #[must_use]
     pub fn reconcile_on(
         mut self,
@@ -395,6 +412,17 @@ where
             weight_of: self.weight_of,
             change_of: self.change_of,
             caches: self.caches.clone(),
+            blocked: self.blocked.clone(),
+        });
+        // The watches of blocking objects are this run's: they end with it (also when this
+        // future is dropped, e.g. at a shard ring change).
+        let gauge = match &self.metrics {
+            Some(m) => m.blocked_watches(&name),
+            None => prometheus_client::metrics::gauge::Gauge::default(),
+        };
+        let blocked_watches = self.blocked.start(self.api.clone().into_client(), gauge);
+        let triggers = futures::stream::unfold(self.blocked_triggers, |mut rx| async move {
+            rx.recv().await.map(|key| (key, rx))
         });
         let mut tasks = vec![watch::primary(
             self.api,
@@ -403,6 +431,7 @@ where
             Arc::clone(&shared),
         )];
         tasks.extend(self.children.into_iter().map(|f| f(Arc::clone(&shared))));
+        tasks.push(watch::external::<K>(triggers, Arc::clone(&shared)));
         let mut watches = JoinSet::new();
         let mut synced = Vec::new();
         for task in tasks {
@@ -448,6 +477,7 @@ where
         }
         tracing::info!(controller = %name, "shutting down");
         watches.abort_all();
+        drop(blocked_watches);
         let report = queue.shutdown(c.shutdown_grace).await;
         // Workers exit once their current key is done; abandoned ones are cancelled.
         workers.abort_all();

@@ -39,6 +39,8 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub caches: Option<ChildCaches>,
     /// Why each key was queued, for the reconcile's [`super::Reason`].
     pub reasons: super::reason::Reasons,
+    /// The watches of objects blocking an owner's children (ended when the owner is deleted).
+    pub blocked: super::BlockedWatches,
 }
 
 impl<K> Shared<K>
@@ -203,6 +205,7 @@ where
                     // the queue forget the key, and an idle tenant, now (the queue's *Forgetting*).
                     shared.queue.remove(&key);
                     shared.reasons.forget(&key);
+                    shared.blocked.forget_owner(&key);
                 }
                 Event::Init => {
                     listed.clear();

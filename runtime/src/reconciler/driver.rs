@@ -11,10 +11,14 @@ use tracing::Instrument;
 
 use super::{Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler, StatusFill};
 use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
-use crate::controller::{Action, Attempt, Controller, ControllerError};
+use crate::controller::blocked::BLOCKED_POLL;
+use crate::controller::mapping::key_of;
+use crate::controller::{Action, Attempt, BlockedWatches, Controller, ControllerError};
+use crate::key::{ObjectKey, TenantKey};
 use crate::queue::ShutdownReport;
 use crate::resource::IdempotentResource;
 use crate::status::{MAX_MESSAGE_BYTES, Readiness, StatusWriter, shorten};
+use kube::core::ApiResource;
 
 /// Tunables of a [`Driver`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +51,10 @@ pub struct Driver<R: Reconciler> {
     reporter: Option<Reporter>,
     recorder: Option<Recorder>,
     config: DriverConfig,
+    /// The watches of blocking objects of the controller this driver runs, once it runs.
+    blocked: Option<BlockedWatches>,
+    /// What each owner's passes last reported as `NotPruned`.
+    noticed: Arc<super::events::Noticed>,
 }
 
 type K<R> = <R as Reconciler>::Resource;
@@ -71,6 +79,8 @@ where
             caches: ChildCaches::new(),
             drift: None,
             config: DriverConfig::default(),
+            blocked: None,
+            noticed: Arc::default(),
         }
     }
 
@@ -134,16 +144,18 @@ where
     }
 
     /// Runs `controller` with this driver until `shutdown` resolves (the controller gets the
-    /// driver's child caches); see [`Controller::run`].
+    /// driver's child caches; the objects each pass finds in a child's way are watched by the
+    /// controller, see [`crate::controller::blocked`]); see [`Controller::run`].
     ///
     /// # Errors
     /// [`ControllerError`] when the controller's configuration is invalid.
     pub async fn run(
-        self,
+        mut self,
         controller: Controller<K<R>>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<ShutdownReport, ControllerError> {
         let caches = self.caches.clone();
+        self.blocked = Some(controller.blocked_watches());
         controller
             .with_child_caches(caches)
             .run(Self::reconcile, Arc::new(self), shutdown)
@@ -219,7 +231,13 @@ where
         };
         let span = tracing::info_span!("reconcile", %object, %tenant, %reason);
         async move {
-            let pass = self.pass(client.clone(), recorder.clone(), Arc::clone(&obj), reason);
+            let pass = self.pass(
+                client.clone(),
+                recorder.clone(),
+                Arc::clone(&obj),
+                reason,
+                &tenant,
+            );
             let result = match self.config.timeout {
                 Some(limit) => tokio::time::timeout(limit, pass)
                     .await
@@ -282,6 +300,7 @@ where
         recorder: Option<Recorder>,
         obj: Arc<K<R>>,
         reason: Reason,
+        tenant: &str,
     ) -> Result<Action, ReconcileError> {
         let mut applier = Applier::new(client.clone()).with_caches(self.caches.clone());
         if let Some(drift) = &self.drift {
@@ -297,17 +316,29 @@ where
             if !obj.finalizers().iter().any(|f| f == finalizer) {
                 return Ok(Action::await_change());
             }
-            let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
+            let mut pass = Pass::new(
+                Arc::clone(&obj),
+                client,
+                applier,
+                recorder,
+                reason,
+                record,
+                Arc::clone(&self.noticed),
+            );
             let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
                 .await?;
             return match cleanup {
                 Cleanup::Done => {
+                    self.watch_blocking(&obj, &[], tenant);
                     writer.remove_finalizer(&obj, finalizer).await?;
                     Ok(Action::await_change())
                 }
-                Cleanup::Pending(outcome) => self.conclude(&writer, &pass, &obj, outcome).await,
+                Cleanup::Pending(outcome) => {
+                    let outcome = self.watch_blocking_of(&obj, &pass, tenant, outcome);
+                    self.conclude(&writer, &pass, &obj, outcome).await
+                }
             };
         }
         let obj = match R::FINALIZER {
@@ -317,12 +348,64 @@ where
             },
             None => obj,
         };
-        let mut pass = Pass::new(Arc::clone(&obj), client, applier, recorder, reason, record);
+        let mut pass = Pass::new(
+            Arc::clone(&obj),
+            client,
+            applier,
+            recorder,
+            reason,
+            record,
+            Arc::clone(&self.noticed),
+        );
         let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)
             .await?;
+        let outcome = self.watch_blocking_of(&obj, &pass, tenant, outcome);
         self.conclude(&writer, &pass, &obj, outcome).await
+    }
+
+    /// Watches the objects `pass` found in a child's way (and ends the watches of those it no
+    /// longer found), charged to the pass's tenant (else `queued_as`); polls the object every
+    /// [`BLOCKED_POLL`] when one cannot be watched (over a limit).
+    fn watch_blocking_of(
+        &self,
+        obj: &K<R>,
+        pass: &Pass<K<R>>,
+        queued_as: &str,
+        mut outcome: Outcome<K<R>>,
+    ) -> Outcome<K<R>> {
+        let tenant = pass
+            .tenant()
+            .cloned()
+            .unwrap_or_else(|| TenantKey::new(queued_as));
+        if !self.watch_blocking_as(obj, pass.blocking(), &tenant) {
+            outcome.requeue = Some(
+                outcome
+                    .requeue
+                    .map_or(BLOCKED_POLL, |r| r.min(BLOCKED_POLL)),
+            );
+        }
+        outcome
+    }
+
+    /// Ends `obj`'s watches of blocking objects (it is gone, or blocked by none).
+    fn watch_blocking(&self, obj: &K<R>, blocking: &[(ApiResource, ObjectKey)], tenant: &str) {
+        self.watch_blocking_as(obj, blocking, &TenantKey::new(tenant));
+    }
+
+    /// [`BlockedWatches::set`] for `obj`; `true` without a controller (nothing to watch with,
+    /// e.g. [`Driver::reconcile_once`]).
+    fn watch_blocking_as(
+        &self,
+        obj: &K<R>,
+        blocking: &[(ApiResource, ObjectKey)],
+        tenant: &TenantKey,
+    ) -> bool {
+        match &self.blocked {
+            Some(blocked) => blocked.set(&key_of(obj), tenant, blocking),
+            None => true,
+        }
     }
 
     /// The object's record of the children it created, when its kind keeps one

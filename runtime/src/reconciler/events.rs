@@ -35,8 +35,9 @@ fn child_reference(key: &ObjectKey) -> ObjectReference {
 }
 
 /// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
-/// per child pruned, `Warning` `NotPruned` per object that claims the owner without being in
-/// its record of created children (never deleted, see [`crate::apply::record`]); `Warning` `Recreated` per child deleted and created again (its apply was
+/// per child pruned, one `Warning` `NotPruned` for the objects that claim the owner without
+/// being in its record of created children (never deleted, see [`crate::apply::record`];
+/// [`not_pruned`]); `Warning` `Recreated` per child deleted and created again (its apply was
 /// rejected, e.g. an immutable field changed) and `DriftRepaired` per child whose fields another
 /// writer had changed, naming the fields and the field managers that changed them (e.g.
 /// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`),
@@ -86,16 +87,7 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
         };
         publish(recorder, reference, event).await;
     }
-    for key in &report.unrecorded {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "NotPruned".into(),
-            note: Some(format!(
-                "{key} claims this object as its controller but was not created by it (not in its status record): not deleted; remove its ownerReference or delete it yourself"
-            )),
-            action: "Prune".into(),
-            secondary: Some(child_reference(key)),
-        };
+    if let Some(event) = not_pruned(&report.unrecorded) {
         publish(recorder, reference, event).await;
     }
     for key in &report.pruned {
@@ -107,6 +99,104 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
             secondary: None,
         };
         publish(recorder, reference, event).await;
+    }
+}
+
+/// Most objects a `NotPruned` Warning names (it counts them all).
+pub const NOT_PRUNED_NAMED: usize = 5;
+
+/// Owners whose last `NotPruned` set is remembered ([`Noticed`]); at the cap the memory
+/// starts over, which costs at most one more Warning per owner, never one per object.
+pub const NOTICED_OWNERS_CAP: usize = 10_000;
+
+/// The `Warning` `NotPruned` about `unrecorded`, the objects that claim the owner without
+/// being in its record (none: `None`): one Event whatever their number, counting them and
+/// naming the first [`NOT_PRUNED_NAMED`]; its related object names the set (the first object,
+/// with the set's count and digest as `fieldPath`), so that another set is an Event of its own
+/// rather than a repeat of the first one's series.
+pub fn not_pruned(unrecorded: &[ObjectKey]) -> Option<Event> {
+    let (first, n) = (unrecorded.first()?, unrecorded.len());
+    let note = if n == 1 {
+        format!(
+            "{first} claims this object as its controller but was not created by it (not in its status record): not deleted; remove its ownerReference or delete it yourself"
+        )
+    } else {
+        let named: Vec<String> = unrecorded
+            .iter()
+            .take(NOT_PRUNED_NAMED)
+            .map(ToString::to_string)
+            .collect();
+        let more = match n.saturating_sub(NOT_PRUNED_NAMED) {
+            0 => String::new(),
+            rest => format!(" and {rest} more"),
+        };
+        format!(
+            "{n} objects claim this object as their controller but were not created by it (not in its status record): not deleted; remove their ownerReference or delete them yourself: {}{more}",
+            named.join(", ")
+        )
+    };
+    let mut related = child_reference(first);
+    if n > 1 {
+        related.field_path = Some(format!("{n} objects, set {:016x}", digest(unrecorded)));
+    }
+    Some(Event {
+        type_: EventType::Warning,
+        reason: "NotPruned".into(),
+        note: Some(note),
+        action: "Prune".into(),
+        secondary: Some(related),
+    })
+}
+
+/// A digest of a set of keys (order does not matter).
+fn digest(keys: &[ObjectKey]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut sorted: Vec<&ObjectKey> = keys.iter().collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sorted.hash(&mut h);
+    h.finish()
+}
+
+/// What was last reported as `NotPruned` per owner (by uid) and set of pruned kinds: one
+/// digest of the set, so the Warning is published again only when the set changes, in memory
+/// bounded per owner whatever the number of objects.
+#[derive(Debug, Default)]
+pub(crate) struct Noticed {
+    last: std::sync::Mutex<std::collections::HashMap<(String, u64), u64>>,
+}
+
+impl Noticed {
+    /// Whether `unrecorded`, found by an apply of the kinds `kinds` for owner `owner_uid`,
+    /// differs from what was last reported for them (then it is remembered: report it).
+    /// An empty set is never reported and forgets the last one.
+    pub(crate) fn changed(
+        &self,
+        owner_uid: &str,
+        kinds: &[&str],
+        unrecorded: &[ObjectKey],
+    ) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut kinds = kinds.to_vec();
+        kinds.sort_unstable();
+        kinds.hash(&mut h);
+        let at = (owner_uid.to_owned(), h.finish());
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if unrecorded.is_empty() {
+            last.remove(&at);
+            return false;
+        }
+        let now = digest(unrecorded);
+        if last.get(&at) == Some(&now) {
+            return false;
+        }
+        if last.len() >= NOTICED_OWNERS_CAP && !last.contains_key(&at) {
+            last.clear();
+        }
+        last.insert(at, now);
+        true
     }
 }
 

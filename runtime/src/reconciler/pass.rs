@@ -11,8 +11,9 @@ use super::{Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
 };
-use crate::key::TenantKey;
+use crate::key::{ObjectKey, TenantKey};
 use crate::resource::{IdempotentResource, TenantRef};
+use kube::core::ApiResource;
 
 /// One reconcile pass, given to [`Reconciler::reconcile`](super::Reconciler::reconcile) and
 /// [`Reconciler::cleanup`](super::Reconciler::cleanup).
@@ -29,6 +30,10 @@ pub struct Pass<K: IdempotentResource> {
     record: Option<Vec<CreatedChild>>,
     /// What this pass's applies change in the record.
     delta: RecordDelta,
+    /// What was last reported as `NotPruned`, per owner (the driver's).
+    noticed: Arc<super::events::Noticed>,
+    /// Objects found in a desired child's way (`ChildNotOwned`), with their kinds' resources.
+    blocking: Vec<(ApiResource, ObjectKey)>,
 }
 
 impl<K: IdempotentResource> Pass<K> {
@@ -39,6 +44,7 @@ impl<K: IdempotentResource> Pass<K> {
         recorder: Option<Recorder>,
         reason: Reason,
         record: Option<Vec<CreatedChild>>,
+        noticed: Arc<super::events::Noticed>,
     ) -> Self {
         let tenant = match obj.tenant() {
             Ok(TenantRef::Known(key)) => Some(key),
@@ -55,7 +61,17 @@ impl<K: IdempotentResource> Pass<K> {
             reason,
             record,
             delta: RecordDelta::default(),
+            noticed,
+            blocking: Vec::new(),
         }
+    }
+
+    /// The objects this pass's applies found in a desired child's way (the children
+    /// [`NotOwned`](crate::apply::ChildOutcome::NotOwned)), each with its kind's resource: the
+    /// driver watches them and reconciles the object again once one is gone
+    /// ([`crate::controller::blocked`]).
+    pub fn blocking(&self) -> &[(ApiResource, ObjectKey)] {
+        &self.blocking
     }
 
     /// The object's record of the children it created, as read at the start of the pass
@@ -143,8 +159,9 @@ impl<K: IdempotentResource> Pass<K> {
 
     /// Applies `desired` under [`Pass::owner`] (only what drifted; prunes children of the
     /// desired kinds no longer desired and recorded as created by the object) and publishes an
-    /// Event per child created, recreated, repaired or deleted, and one (`NotPruned`, once per
-    /// process) per object that claims the owner without being recorded. Children created are
+    /// Event per child created, recreated, repaired or deleted, and one `NotPruned` Warning for
+    /// the objects that claim the owner without being recorded, however many (published again
+    /// only when that set changes; see [`super::events::not_pruned`]). Children created are
     /// added to the pass's [`RecordDelta`] even when the apply fails; the driver writes it.
     ///
     /// # Errors
@@ -164,10 +181,26 @@ impl<K: IdempotentResource> Pass<K> {
             self.delta.add(&report, kinds, result.is_ok());
         }
         result?;
+        for (key, _) in report.not_owned() {
+            let resource = desired
+                .children
+                .iter()
+                .find(|c| *c.resource.kind == *key.kind)
+                .map(|c| c.resource.clone());
+            if let Some(resource) = resource
+                && !self.blocking.iter().any(|(_, k)| k == key)
+            {
+                self.blocking.push((resource, key.clone()));
+            }
+        }
         if let Some(recorder) = &self.recorder {
             let mut told = report.clone();
-            if let Some(c) = self.applier.caches() {
-                told.unrecorded.retain(|k| c.first_notice(owner.uid(), k));
+            let kinds: Vec<&str> = desired.kinds.iter().map(|(r, _)| r.kind.as_str()).collect();
+            if !self
+                .noticed
+                .changed(owner.uid(), &kinds, &report.unrecorded)
+            {
+                told.unrecorded.clear();
             }
             super::events::children(recorder, &self.reference, &told).await;
         }
