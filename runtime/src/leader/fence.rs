@@ -296,6 +296,8 @@ where
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use futures::future::Ready;
+
     use super::*;
 
     /// An inner service that answers 200 to everything and counts the calls.
