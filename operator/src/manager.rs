@@ -122,9 +122,10 @@ fn identity(options: &ManagerOptions) -> String {
 /// `shards`, a replica waiting for a ring is ready as a standby is, and one working on its
 /// share as a single replica is ([`Sharded::run`]).
 ///
-/// A replica outside the shard ring (without `shards`) refuses to work beside a live ring
-/// ([`crate::shard::guard`]), as a member does whose Lease another process renews: not ready,
-/// nothing reconciled, an error logged, until `shutdown`.
+/// A replica outside the shard ring (without `shards`) does not work beside a live ring
+/// ([`crate::shard::guard`]): at start it waits until the ring is gone, and a ring that comes
+/// alive while it works stops it until `shutdown`; a member whose Lease another process renews
+/// refuses until `shutdown`. Meanwhile: not ready, nothing reconciled, an error logged.
 ///
 /// # Errors
 /// When the client or endpoints cannot be set up, a controller's configuration is invalid, or
@@ -295,15 +296,27 @@ pub async fn run(
         .clone()
         .unwrap_or_else(|| "default".into());
     let mut guard = crate::shard::guard::start(lease_client.clone(), &ns);
-    let decided = async {
-        let ring = guard.wait_for(|r| *r != Ring::Unknown).await;
-        match ring.map(|r| r.clone()) {
-            Ok(Ring::Live(why)) => Some(why),
-            _ => None,
+    // At start, beside a live ring: not ready, nothing reconciled, until the ring is gone
+    // (e.g. the replicas of a Deployment switched away from `--shards` being replaced).
+    let clear = async {
+        let mut said = false;
+        loop {
+            let ring = guard.borrow_and_update().clone();
+            match ring {
+                Ring::None => return,
+                Ring::Live(why) if !said => {
+                    said = true;
+                    tracing::error!(problem = %why, "refusing to run while the shard ring is live: this replica reconciles nothing and is not ready");
+                }
+                _ => {}
+            }
+            if guard.changed().await.is_err() {
+                return;
+            }
         }
     };
-    let refusal = tokio::select! {
-        refusal = decided => refusal,
+    tokio::select! {
+        () = clear => {}
         () = &mut shutdown => {
             if let Some(lease) = leadership.take() {
                 lease.release().await;
@@ -311,7 +324,8 @@ pub async fn run(
             let _ = stop_tx.send(true);
             return Ok(());
         }
-    };
+    }
+    // Once working, a ring that comes alive stops it for good.
     let ring_live = async move {
         let ring = guard.wait_for(|r| matches!(r, Ring::Live(_))).await;
         match ring.map(|r| r.clone()) {
@@ -320,14 +334,6 @@ pub async fn run(
         }
     };
     tokio::pin!(ring_live);
-    if let Some(why) = refusal {
-        refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
-        let _ = stop_tx.send(true);
-        for (_, task) in servers {
-            let _ = task.await;
-        }
-        return Ok(());
-    }
 
     if let Some(lease) = leadership.as_mut() {
         // A standby is ready: readiness does not depend on leadership.

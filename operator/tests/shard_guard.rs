@@ -2,8 +2,8 @@
 //! `/readyz` of a sharded replica follows its controllers' watches (not ready while the Tenant
 //! CRD is deleted, ready again once it is back), and a replica that would reconcile what a
 //! running ring already does refuses to work — not ready, no reconcile, an error in its log
-//! naming the problem: one started without `--shards` beside a live ring, and a second one
-//! with the identity of a running member. One test at a time: one deletes a CRD, and each
+//! naming the problem: one started without `--shards` beside a live ring (until the ring is
+//! gone), and a second one with the identity of a running member. One test at a time: one deletes a CRD, and each
 //! runs a ring of its own (in a namespace of its own).
 
 mod common;
@@ -157,7 +157,7 @@ async fn a_sharded_replica_is_not_ready_while_a_watch_is_not_established() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_without_shards_beside_a_live_ring_refuses_to_work() {
+async fn a_replica_without_shards_waits_while_a_ring_is_live() {
     let _serial = SERIAL.lock().await;
     let client = shared().client();
     install_crds(&client).await;
@@ -177,6 +177,20 @@ async fn a_replica_without_shards_beside_a_live_ring_refuses_to_work() {
     )
     .await;
     assert!(member.ready().await, "the ring's member stays ready");
+    // Once the ring is gone (its member killed: its Lease is no longer renewed), the replica
+    // works.
+    drop(member);
+    eventually(
+        "the single replica working once the ring is gone",
+        TIMEOUT,
+        || async {
+            let (ready, reconciles) = (single.ready().await, single.reconciles("tenant").await);
+            (ready && reconciles > 0)
+                .then_some(())
+                .ok_or(format!("ready {ready}, {reconciles} reconciles"))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,12 +5,16 @@
 //! member Lease renewed (its `resourceVersion` changed, or it appeared) while it looks. A ring
 //! whose replicas are all gone leaves Leases nobody renews: they do not count.
 //!
+//! A replica that finds a live ring at start waits, not ready, until no member Lease has been
+//! renewed for a lease duration (say, the replicas of a Deployment switched from `--shards`
+//! being replaced by rolling update); one that finds a live ring while it works stops for good.
+//!
 //! At start it lists the Leases once; when one was renewed within a lease duration (by its
 //! `renewTime`), it looks again for two rounds to see whether it is still renewed. Then it
 //! lists every [`GUARD_POLL`].
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
@@ -35,14 +39,16 @@ pub enum Ring {
     Live(String),
 }
 
-/// Watches for a live shard ring in `namespace`; a [`Ring::Live`] is final.
+/// Watches for a live shard ring in `namespace`: [`Ring::Live`] while a member Lease changed
+/// (was renewed, or appeared) within a lease duration, [`Ring::None`] once none did.
 pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
     let (tx, rx) = watch::channel(Ring::Unknown);
     let api = Api::<Lease>::namespaced(client, namespace);
     let namespace = namespace.to_string();
     tokio::spawn(async move {
         let lp = ListParams::default().labels(MEMBER_LABEL);
-        let mut seen: Option<HashMap<String, Option<String>>> = None;
+        // Per member Lease: its resourceVersion, and when this replica saw it change.
+        let mut seen: Option<HashMap<String, (Option<String>, Option<Instant>)>> = None;
         // Looks left before Leases renewed just before the start count as not renewed.
         let mut looks_left = 2u32;
         loop {
@@ -63,41 +69,57 @@ pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
                     continue;
                 }
             };
-            let now: HashMap<String, Option<String>> = leases
+            let at = Instant::now();
+            let now: HashMap<String, (Option<String>, Option<Instant>)> = leases
                 .iter()
                 .filter(|l| holder(l).is_some())
-                .map(|l| (l.name_any(), l.resource_version()))
+                .map(|l| {
+                    let rv = l.resource_version();
+                    let changed = match seen.as_ref().map(|s| s.get(&l.name_any())) {
+                        // First list: not seen changing (yet).
+                        None => None,
+                        Some(Some((before, changed))) if *before == rv => *changed,
+                        // Renewed, or created, since the previous list.
+                        Some(_) => Some(at),
+                    };
+                    (l.name_any(), (rv, changed))
+                })
                 .collect();
-            let renewed: Vec<String> = match &seen {
-                Some(before) => leases
-                    .iter()
-                    .filter(|l| {
-                        let name = l.name_any();
-                        now.contains_key(&name) && before.get(&name) != Some(&l.resource_version())
-                    })
-                    .filter_map(|l| holder(l).map(str::to_owned))
-                    .collect(),
-                None => Vec::new(),
-            };
+            let renewed: Vec<String> = leases
+                .iter()
+                .filter(|l| {
+                    now.get(&l.name_any())
+                        .and_then(|(_, c)| *c)
+                        .is_some_and(|c| at.duration_since(c) < LEASE_DURATION)
+                })
+                .filter_map(|l| holder(l).map(str::to_owned))
+                .collect();
+            seen = Some(now);
             if !renewed.is_empty() {
                 let why = format!(
                     "the shard ring's members {renewed:?} renew their Leases (label {MEMBER_LABEL}) \
                      in namespace {namespace}: this replica was started without --shards beside a \
                      running ring and would reconcile every object a second time"
                 );
-                tx.send_replace(Ring::Live(why));
-                return;
-            }
-            seen = Some(now);
-            if *tx.borrow() == Ring::Unknown {
-                if looks_left > 0 && leases.iter().any(recently_renewed) {
-                    looks_left -= 1;
-                    tokio::time::sleep(RETRY_PERIOD + HANDSHAKE_POLL).await;
-                    continue;
+                if !matches!(*tx.borrow(), Ring::Live(_)) {
+                    tx.send_replace(Ring::Live(why));
                 }
+            } else if *tx.borrow() == Ring::Unknown
+                && looks_left > 0
+                && leases.iter().any(recently_renewed)
+            {
+                looks_left -= 1;
+                tokio::time::sleep(RETRY_PERIOD + HANDSHAKE_POLL).await;
+                continue;
+            } else if *tx.borrow() != Ring::None {
                 tx.send_replace(Ring::None);
             }
-            tokio::time::sleep(GUARD_POLL).await;
+            let poll = if *tx.borrow() == Ring::None {
+                GUARD_POLL
+            } else {
+                RETRY_PERIOD + HANDSHAKE_POLL
+            };
+            tokio::time::sleep(poll).await;
         }
     });
     rx
