@@ -47,8 +47,7 @@ pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
     let namespace = namespace.to_string();
     tokio::spawn(async move {
         let lp = ListParams::default().labels(MEMBER_LABEL);
-        // Per member Lease: its resourceVersion, and when this replica saw it change.
-        let mut seen: Option<HashMap<String, (Option<String>, Option<Instant>)>> = None;
+        let mut seen: Option<Seen> = None;
         // Looks left before Leases renewed just before the start count as not renewed.
         let mut looks_left = 2u32;
         loop {
@@ -70,7 +69,7 @@ pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
                 }
             };
             let at = Instant::now();
-            let now: HashMap<String, (Option<String>, Option<Instant>)> = leases
+            let now: Seen = leases
                 .iter()
                 .filter(|l| holder(l).is_some())
                 .map(|l| {
@@ -124,6 +123,9 @@ pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
     });
     rx
 }
+
+/// Per member Lease: its resourceVersion, and when this replica saw it change.
+type Seen = HashMap<String, (Option<String>, Option<Instant>)>;
 
 fn holder(lease: &Lease) -> Option<&str> {
     lease
