@@ -15,8 +15,8 @@
 //!   a member acknowledges another ring (it dropped this replica, or it restarted);
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
 //!   and the controllers are told to stop; once the manager reports them stopped — their
-//!   reconciles cancelled and ended, and every write they had sent before the fence closed
-//!   answered ([`Membership::stopped`], [`idem_runtime::leader::Fence::drained`]) — the replica
+//!   reconciles cancelled, their client refusing every write for good, and every write they
+//!   had sent before the fence closed answered ([`Membership::stopped`], [`idem_runtime::leader::Fence::drained`]) — the replica
 //!   acknowledges the new ring by writing its version in its Lease's [`APPLIED_ANNOTATION`]
 //!   (the handshake), so no write of the old ring can reach the server after the ack;
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
