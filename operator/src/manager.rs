@@ -25,11 +25,12 @@ use tokio::sync::watch;
 
 use crate::context::Context;
 use crate::resources::FIELD_MANAGER;
+use crate::shard::guard::Ring;
 use crate::shard::membership::{Membership, MembershipMetrics};
 use crate::shard::selector::{SelectorLayer, Selectors};
 use crate::{tenant, tenant_app};
 use idem_runtime::http;
-use idem_runtime::leader::{Fence, FenceLayer};
+use idem_runtime::leader::{Fence, FenceLayer, FenceMode};
 
 /// How the manager runs; see `idem-operator run --help`.
 #[derive(Debug, Clone)]
@@ -86,15 +87,20 @@ async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Config> 
 /// A client whose writes pass only while `fence` is valid ([`idem_runtime::leader::fence`]), with the
 /// operator's retry of transient failures ([`crate::client`]: a `POST` only on 429) outside
 /// the fence, so every attempt is fenced.
+///
+/// `gate` is a second fence every write must pass too (a shard ring's own, closed for good
+/// when the ring ends; [`Fence::open`] otherwise).
 fn fenced_client(
     mut config: Config,
     fence: Arc<Fence>,
+    gate: Arc<Fence>,
     selectors: Arc<Selectors>,
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&SelectorLayer(selectors))
         .with_layer(&FenceLayer::new(fence))
+        .with_layer(&FenceLayer::new(gate))
         .with_layer(&tower::buffer::BufferLayer::new(1024))
         .with_layer(&tower::retry::RetryLayer::new(
             crate::client::IdempotentRetry::default(),
@@ -111,8 +117,15 @@ fn identity(options: &ManagerOptions) -> String {
 ///
 /// `/readyz` does not depend on leadership (controller-runtime's convention): with
 /// `leader_elect` a standby is ready once it takes part in the election, so every replica of
-/// a Deployment is Ready; without it, while every controller's caches are synced and their
-/// watches established (not while, e.g., the Tenant CRD is missing).
+/// a Deployment is Ready; once it leads, and without it, while every controller's caches are
+/// synced and their watches established (not while, e.g., the Tenant CRD is missing). With
+/// `shards`, a replica waiting for a ring is ready as a standby is, and one working on its
+/// share as a single replica is ([`Sharded::run`]).
+///
+/// A replica outside the shard ring (without `shards`) does not work beside a live ring
+/// ([`crate::shard::guard`]): at start it waits until the ring is gone, and a ring that comes
+/// alive while it works stops it until `shutdown`; a member whose Lease another process renews
+/// refuses until `shutdown`. Meanwhile: not ready, nothing reconciled, an error logged.
 ///
 /// # Errors
 /// When the client or endpoints cannot be set up, a controller's configuration is invalid, or
@@ -232,7 +245,12 @@ pub async fn run(
         fence.refused.clone(),
     );
     let registry = Arc::new(registry);
-    let client = fenced_client(kube_config, Arc::clone(&fence), Arc::clone(&selectors))?;
+    let client = fenced_client(
+        kube_config.clone(),
+        Arc::clone(&fence),
+        Fence::open(),
+        Arc::clone(&selectors),
+    )?;
     let (ready_tx, ready_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     let servers = http::start(
@@ -250,10 +268,10 @@ pub async fn run(
     tokio::pin!(shutdown);
 
     if let Some(membership) = membership {
-        // A member waiting for a ring is ready, as a standby is.
-        let _ = ready_tx.send(true);
         let sharded = Sharded {
-            client: &client,
+            config: &kube_config,
+            fence: &fence,
+            ready: &ready_tx,
             identity: &identity,
             options: &options,
             metrics: &metrics,
@@ -271,6 +289,52 @@ pub async fn run(
         return Ok(());
     }
 
+    // Not a member of the shard ring: not beside a live one (it would reconcile everything
+    // a second time).
+    let ns = options
+        .leader_elect_namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let mut guard = crate::shard::guard::start(lease_client.clone(), &ns);
+    // At start, beside a live ring: not ready, nothing reconciled, until the ring is gone
+    // (e.g. the replicas of a Deployment switched away from `--shards` being replaced).
+    let clear = async {
+        let mut said = false;
+        loop {
+            let ring = guard.borrow_and_update().clone();
+            match ring {
+                Ring::None => return,
+                Ring::Live(why) if !said => {
+                    said = true;
+                    tracing::error!(problem = %why, "refusing to run while the shard ring is live: this replica reconciles nothing and is not ready");
+                }
+                _ => {}
+            }
+            if guard.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = clear => {}
+        () = &mut shutdown => {
+            if let Some(lease) = leadership.take() {
+                lease.release().await;
+            }
+            let _ = stop_tx.send(true);
+            return Ok(());
+        }
+    }
+    // Once working, a ring that comes alive stops it for good.
+    let ring_live = async move {
+        let ring = guard.wait_for(|r| matches!(r, Ring::Live(_))).await;
+        match ring.map(|r| r.clone()) {
+            Ok(Ring::Live(why)) => why,
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::pin!(ring_live);
+
     if let Some(lease) = leadership.as_mut() {
         // A standby is ready: readiness does not depend on leadership.
         let _ = ready_tx.send(true);
@@ -278,6 +342,14 @@ pub async fn run(
             acquired = lease.acquired() => {
                 acquired?;
                 tracing::info!(%identity, "became leader");
+            }
+            why = &mut ring_live => {
+                refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
+                let _ = stop_tx.send(true);
+                for (_, task) in servers {
+                    let _ = task.await;
+                }
+                return Ok(());
             }
             () = &mut shutdown => {
                 if let Some(lease) = leadership.take() {
@@ -304,11 +376,14 @@ pub async fn run(
         mut synced,
         ..
     } = epoch;
-    tokio::spawn(async move {
-        let _ = synced.wait_for(|s| *s).await;
-        tracing::info!("all caches synced");
-        // Not ready again while a watch is not established (e.g. the Tenant CRD deleted).
-        idem_runtime::controller::all_ready(vec![synced], ready_tx).await;
+    let readiness = tokio::spawn({
+        let ready_tx = ready_tx.clone();
+        async move {
+            let _ = synced.wait_for(|s| *s).await;
+            tracing::info!("all caches synced");
+            // Not ready again while a watch is not established (e.g. the Tenant CRD deleted).
+            idem_runtime::controller::all_ready(vec![synced], ready_tx).await;
+        }
     });
     let lost = async {
         match &leadership {
@@ -323,6 +398,18 @@ pub async fn run(
             let _ = stop_tx.send(true);
             controllers.await
         }
+        why = &mut ring_live => {
+            // Cancelled at once, as on lost leadership; then nothing more until shutdown.
+            drop(controllers);
+            ns_watch.abort();
+            readiness.abort();
+            refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
+            let _ = stop_tx.send(true);
+            for (_, task) in servers {
+                let _ = task.await;
+            }
+            return Ok(());
+        }
         () = lost => {
             // The fence already refuses writes; dropping the controllers aborts their
             // workers (in-flight reconciles included) and watches now, with no grace period.
@@ -336,6 +423,7 @@ pub async fn run(
             anyhow::bail!("lost leadership");
         }
     };
+    readiness.abort();
     let _ = stop_tx.send(true);
     ns_watch.abort();
     for (name, report) in [("tenant", tenant_report?), ("tenantapp", app_report?)] {
@@ -353,6 +441,22 @@ pub async fn run(
         let _ = task.await;
     }
     Ok(())
+}
+
+/// Refuses to work (another replica set reconciles the same objects): not ready, nothing
+/// reconciled, until `shutdown`.
+async fn refuse(
+    why: &str,
+    ready: &watch::Sender<bool>,
+    leadership: Option<idem_runtime::leader::Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let _ = ready.send(false);
+    tracing::error!(problem = %why, "refusing to run: this replica reconciles nothing and is not ready");
+    if let Some(lease) = leadership {
+        lease.release().await;
+    }
+    shutdown.await;
 }
 
 /// Whether the ring an epoch's controllers were started for is still the current one.
@@ -481,21 +585,37 @@ fn controllers(
 
 /// What the sharded manager loop needs.
 struct Sharded<'a> {
-    client: &'a Client,
+    /// To build each ring's client.
+    config: &'a Config,
+    /// The membership's write fence.
+    fence: &'a Arc<Fence>,
+    /// `/readyz`.
+    ready: &'a watch::Sender<bool>,
     identity: &'a str,
     options: &'a ManagerOptions,
     metrics: &'a Metrics,
     drift: &'a idem_runtime::apply::DriftMetrics,
-    selectors: &'a Selectors,
+    selectors: &'a Arc<Selectors>,
     owned: &'a Gauge,
     cached_children: &'a Gauge,
 }
 
 impl Sharded<'_> {
-    /// Runs the controllers on this replica's share of each ring the membership hands out:
-    /// a new ring cancels the running controllers at once (the fence is already closed) and
-    /// starts new ones, with new watches (and server-side selectors), once every member
-    /// acknowledged it. Returns on `shutdown`, after in-flight reconciles finished.
+    /// Runs the controllers on this replica's share of each ring the membership hands out,
+    /// each ring with a client of its own, and returns on `shutdown` after in-flight
+    /// reconciles finished.
+    ///
+    /// A new ring (the fence is already closed) ends the running one: its client's own fence
+    /// closes for good, its controllers are cancelled and joined, and every write they sent is
+    /// awaited ([`Fence::drained`]); only then is the membership told it stopped
+    /// ([`Membership::stopped`]), so the acknowledgement of the new ring comes after the last
+    /// write of the old one. The new controllers start, with new watches (and server-side
+    /// selectors), once every member acknowledged it.
+    ///
+    /// `/readyz`: ready while waiting for a ring (as a standby is); while working, ready
+    /// while every controller's caches are synced and their watches established (as a single
+    /// replica); not ready for good when the membership refuses (another process renews this
+    /// replica's Lease).
     async fn run(
         &self,
         membership: &Membership,
@@ -505,13 +625,22 @@ impl Sharded<'_> {
         use kube::Resource as _;
         let mut assignments = membership.assignments();
         loop {
-            let ring = tokio::select! {
-                ring = assignments.wait_for(Option::is_some) => match ring {
-                    Ok(ring) => ring.clone().unwrap_or_default(),
-                    Err(_) => return,
-                },
-                () = shutdown.as_mut() => return,
+            let assignment = assignments.borrow_and_update().clone();
+            if let Some(why) = assignment.refused {
+                refuse(&why, self.ready, None, shutdown.as_mut()).await;
+                return;
+            }
+            let Some(ring) = assignment.ring else {
+                // Nothing of an earlier ring runs or writes any more.
+                membership.stopped(assignment.seq);
+                let _ = self.ready.send(true);
+                tokio::select! {
+                    changed = assignments.changed() => if changed.is_err() { return },
+                    () = shutdown.as_mut() => return,
+                }
+                continue;
             };
+            let seq = assignment.seq;
             let ranges = ring.ranges_of(self.identity);
             tracing::info!(
                 members = ring.members().len(),
@@ -519,9 +648,25 @@ impl Sharded<'_> {
                 "starting the controllers on this replica's shard"
             );
             self.selectors.set(Some(ranges.clone()));
+            // This ring's own fence, closed for good when it ends: nothing of this ring writes
+            // once a later ring opens the membership's fence again.
+            let gate = Fence::counting_into(FenceMode::ShardMembership, self.fence.refused.clone());
+            gate.extend(std::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
+            let client = match fenced_client(
+                self.config.clone(),
+                Arc::clone(self.fence),
+                Arc::clone(&gate),
+                Arc::clone(self.selectors),
+            ) {
+                Ok(client) => client,
+                Err(e) => {
+                    tracing::error!(error = %e, "building the shard's client failed");
+                    return;
+                }
+            };
             let (stop_tx, stop_rx) = watch::channel(false);
             let epoch = controllers(
-                self.client,
+                &client,
                 self.identity,
                 self.options,
                 self.metrics,
@@ -530,18 +675,22 @@ impl Sharded<'_> {
                     // No reconcile of this epoch starts once the ring changed, even before the
                     // controllers are dropped (the fence already refuses their writes).
                     let now = membership.assignments();
-                    let ring = ring.clone();
-                    Arc::new(move || now.borrow().as_ref() == Some(&ring)) as CurrentFn
+                    Arc::new(move || now.borrow().seq == seq) as CurrentFn
                 })),
                 stop_rx,
             );
             let Epoch {
-                mut controllers,
+                controllers,
                 ns_watch,
+                synced,
                 tenants,
                 caches,
-                ..
             } = epoch;
+            let mut controllers = tokio::spawn(controllers);
+            let readiness = tokio::spawn(idem_runtime::controller::all_ready(
+                vec![synced],
+                self.ready.clone(),
+            ));
             let owned = self.owned.clone();
             let cached_children = self.cached_children.clone();
             let counter = tokio::spawn(async move {
@@ -557,26 +706,42 @@ impl Sharded<'_> {
                 }
             });
             let changed = async {
-                let _ = assignments.wait_for(|r| r.as_ref() != Some(&ring)).await;
+                let _ = assignments.wait_for(|a| a.seq != seq).await;
             };
-            let done = tokio::select! {
-                _ = &mut controllers => true,
+            let (done, joined) = tokio::select! {
+                _ = &mut controllers => (true, true),
                 () = changed => {
                     tracing::info!("shard ring changed: cancelling the controllers");
-                    drop(controllers);
-                    false
+                    (false, false)
                 }
                 () = shutdown.as_mut() => {
                     tracing::info!("shutdown requested: finishing in-flight reconciles");
                     let _ = stop_tx.send(true);
-                    let _ = controllers.await;
-                    true
+                    let _ = (&mut controllers).await;
+                    (true, true)
                 }
             };
+            // Nothing of this ring writes from now on; its reconciles are cancelled and
+            // joined, its watches stopped, and the writes it sent before are awaited.
+            gate.revoke();
+            if !joined {
+                controllers.abort();
+                let _ = controllers.await;
+            }
+            ns_watch.abort();
+            let _ = ns_watch.await;
+            readiness.abort();
             counter.abort();
+            if gate.writes_in_flight() > 0 {
+                tracing::info!(
+                    writes = gate.writes_in_flight(),
+                    "waiting for the writes of the previous ring to end"
+                );
+            }
+            gate.drained().await;
+            tracing::info!("the controllers of the previous ring stopped");
             self.owned.set(0);
             self.cached_children.set(0);
-            ns_watch.abort();
             self.selectors.set(None);
             if done {
                 return;

@@ -14,8 +14,11 @@
 //!   server does not make every replica relist; the next good round resumes, or hands over if
 //!   a member acknowledges another ring (it dropped this replica, or it restarted);
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
-//!   and the controllers are stopped; then the replica acknowledges the new ring by writing its
-//!   version in its Lease's [`APPLIED_ANNOTATION`] (the handshake);
+//!   and the controllers are told to stop; once the manager reports them stopped — their
+//!   reconciles cancelled, their client refusing every write for good, and every write they
+//!   had sent before the fence closed answered ([`Membership::stopped`], [`idem_runtime::leader::Fence::drained`]) — the replica
+//!   acknowledges the new ring by writing its version in its Lease's [`APPLIED_ANNOTATION`]
+//!   (the handshake), so no write of the old ring can reach the server after the ack;
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
 //!   version, polling every [`HANDSHAKE_POLL`] meanwhile. A member that crashed stops
 //!   counting once its Lease expires, and a replica wakes up for that instant rather than at
@@ -34,6 +37,12 @@
 //! sees the new ring before its next write. On shutdown it deletes its Lease, so the others
 //! take over its share at their next round. Leases whose holder has been gone for three lease
 //! durations are deleted by whichever member notices (guarded by `resourceVersion`).
+//!
+//! Each process writes an id of its own ([`INSTANCE_ANNOTATION`]) into its Lease. Two
+//! processes with the same identity would share one Lease and each work on the same share:
+//! a replica that finds its Lease renewed by another process — at start (renewed by another
+//! instance while it looks) or later (another instance's id in it) — refuses to work
+//! ([`Assignment::refused`]) and stops renewing, leaving the Lease to the other.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -60,6 +69,8 @@ pub const RING_NAME: &str = "idem-operator";
 /// Annotation of a member Lease: the version ([`Ring::version`]) of the last ring its holder
 /// stopped for and acknowledged.
 pub const APPLIED_ANNOTATION: &str = "tenancy.idem.dev/applied-ring";
+/// Annotation of a member Lease: the id of the process that renews it (one per start).
+pub const INSTANCE_ANNOTATION: &str = "tenancy.idem.dev/instance";
 /// Prefix of a member Lease's name; the rest is the identity, made a valid name.
 pub const LEASE_PREFIX: &str = "idem-operator-shard-";
 /// Longest wait for one Lease request.
@@ -102,9 +113,23 @@ pub fn lease_name(identity: &str) -> String {
     name.trim_end_matches(['-', '.']).to_string()
 }
 
+/// What the membership tells the manager: the ring to work on, or none (stop every
+/// controller now), numbered; see [`Membership::stopped`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Assignment {
+    /// The ring to work on; `None`: stop.
+    pub ring: Option<Ring>,
+    /// Increases with every new assignment.
+    pub seq: u64,
+    /// Why this replica must not work at all (another process renews its Lease); then `ring`
+    /// is `None` for good.
+    pub refused: Option<String>,
+}
+
 /// This replica's place in the ring; dropping it stops the loop without deleting the Lease.
 pub struct Membership {
-    assignment: watch::Receiver<Option<Ring>>,
+    assignment: watch::Receiver<Assignment>,
+    stopped: watch::Sender<u64>,
     fence: Arc<Fence>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -122,15 +147,19 @@ impl Membership {
     ) -> Self {
         let api = Api::<Lease>::namespaced(client, namespace);
         let fence = Fence::new(FenceMode::ShardMembership);
-        let (tx, assignment) = watch::channel(None);
+        let (tx, assignment) = watch::channel(Assignment::default());
+        let (stopped, stopped_rx) = watch::channel(0);
         let (stop, stop_rx) = watch::channel(false);
         let name = lease_name(identity);
         let member = Member {
             api: api.clone(),
             name: name.clone(),
             identity: identity.to_string(),
+            instance: instance_id(),
             fence: Arc::clone(&fence),
             assignment: tx,
+            stopped: stopped_rx,
+            claimed: false,
             metrics,
             observed: HashMap::new(),
             applied: String::new(),
@@ -142,6 +171,7 @@ impl Membership {
         let task = tokio::spawn(member.run(stop_rx));
         Self {
             assignment,
+            stopped,
             fence,
             stop,
             task,
@@ -157,16 +187,33 @@ impl Membership {
     }
 
     /// The ring to work on (`Some`) or none (`None`: stop every controller now).
-    pub fn assignments(&self) -> watch::Receiver<Option<Ring>> {
+    pub fn assignments(&self) -> watch::Receiver<Assignment> {
         self.assignment.clone()
     }
 
+    /// The manager reports that nothing handed out up to assignment `seq` runs any more: the
+    /// controllers of every ring before it have stopped, their reconciles ended, and no write
+    /// they sent is still in flight. Until then the replica does not acknowledge a new ring.
+    pub fn stopped(&self, seq: u64) {
+        self.stopped.send_if_modified(|s| {
+            let newer = seq > *s;
+            if newer {
+                *s = seq;
+            }
+            newer
+        });
+    }
+
     /// Leaves the ring: stops the loop, closes the fence and deletes this replica's Lease so
-    /// the other members take its share over at their next round.
+    /// the other members take its share over at their next round (not when it refused to
+    /// work: the Lease is then another process's).
     pub async fn leave(mut self) {
         let _ = self.stop.send(true);
         let _ = (&mut self.task).await;
         self.fence.revoke();
+        if self.assignment.borrow().refused.is_some() {
+            return;
+        }
         let deleted = tokio::time::timeout(
             REQUEST_TIMEOUT,
             self.api.delete(&self.name, &DeleteParams::default()),
@@ -191,8 +238,14 @@ struct Member {
     api: Api<Lease>,
     name: String,
     identity: String,
+    /// This process's id in its Lease ([`INSTANCE_ANNOTATION`]).
+    instance: String,
     fence: Arc<Fence>,
-    assignment: watch::Sender<Option<Ring>>,
+    assignment: watch::Sender<Assignment>,
+    /// The last assignment whose controllers the manager reports stopped.
+    stopped: watch::Receiver<u64>,
+    /// Whether this process has written its Lease (and its instance id) once.
+    claimed: bool,
     metrics: MembershipMetrics,
     /// Per Lease name: its last resourceVersion and when (this replica's clock) it changed.
     observed: HashMap<String, (Option<String>, Instant)>,
@@ -209,10 +262,25 @@ struct Member {
 
 impl Member {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let refused = tokio::select! {
+            refused = self.renewed_by_another() => refused,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Some(why) = refused {
+            self.refuse(why);
+            return;
+        }
+        let mut stopped = self.stopped.clone();
         loop {
-            self.round().await;
+            stopped.borrow_and_update();
+            if let Err(why) = self.round().await {
+                self.refuse(why);
+                return;
+            }
             tokio::select! {
                 () = tokio::time::sleep(self.next_wait()) => {}
+                // The manager stopped a ring: acknowledge the next one now.
+                Ok(()) = stopped.changed(), if self.running.is_none() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
@@ -229,6 +297,73 @@ impl Member {
             .map_or(RETRY_PERIOD, |d| d.min(RETRY_PERIOD))
     }
 
+    /// At start: `Some(why)` when this replica's Lease exists, carries another process's id
+    /// and is renewed while this one looks (another replica runs with the same identity).
+    /// A Lease left by a previous process of this identity (a restart) is not renewed any
+    /// more: it is taken over after at most a few rounds of looking.
+    async fn renewed_by_another(&self) -> Option<String> {
+        let get = || async {
+            match tokio::time::timeout(REQUEST_TIMEOUT, self.api.get_opt(&self.name)).await {
+                Ok(Ok(lease)) => Ok(lease),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("timed out".to_string()),
+            }
+        };
+        let first = loop {
+            match get().await {
+                Ok(lease) => break lease?,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the member Lease failed");
+                    tokio::time::sleep(HANDSHAKE_POLL).await;
+                }
+            }
+        };
+        if instance_of(&first) == Some(self.instance.as_str()) {
+            return None;
+        }
+        let fresh = first
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+            .is_none_or(|ago| ago < LEASE_DURATION);
+        if !fresh {
+            return None;
+        }
+        // A live holder renews every RETRY_PERIOD (every HANDSHAKE_POLL while it waits).
+        let deadline = Instant::now() + 2 * RETRY_PERIOD + HANDSHAKE_POLL;
+        while Instant::now() < deadline {
+            tokio::time::sleep(HANDSHAKE_POLL).await;
+            let Ok(Some(now)) = get().await else {
+                continue;
+            };
+            if now.metadata.resource_version != first.metadata.resource_version {
+                return Some(format!(
+                    "member Lease {} is renewed by another process with identity {} (instance {}): \
+                     two replicas have the same identity",
+                    self.name,
+                    self.identity,
+                    instance_of(&now).unwrap_or("unknown")
+                ));
+            }
+        }
+        None
+    }
+
+    /// Stops for good: the fence closes, the controllers stop, and the Lease is left alone.
+    fn refuse(&mut self, why: String) {
+        self.fence.revoke();
+        self.running = None;
+        self.metrics.working.set(0);
+        tracing::error!(identity = %self.identity, problem = %why,
+            "refusing to work on the shard ring: this replica reconciles nothing and is not ready");
+        self.assignment.send_modify(|a| {
+            a.ring = None;
+            a.seq += 1;
+            a.refused = Some(why);
+        });
+    }
+
     /// Stops working: the fence closes before the controllers are told to stop.
     fn stop_working(&mut self, why: &str) {
         if self.running.take().is_some() {
@@ -236,15 +371,27 @@ impl Member {
             self.metrics.handovers.inc();
             self.metrics.working.set(0);
             tracing::info!(identity = %self.identity, why, "stopping work on the shard ring");
-            let _ = self.assignment.send(None);
+            self.assignment.send_modify(|a| {
+                a.ring = None;
+                a.seq += 1;
+            });
         }
     }
 
-    async fn round(&mut self) {
+    /// Whether the manager reports stopped every ring handed out so far.
+    fn previous_ring_stopped(&self) -> bool {
+        *self.stopped.borrow() >= self.assignment.borrow().seq
+    }
+
+    /// One round; `Err(why)` when another process renews this replica's Lease.
+    async fn round(&mut self) -> Result<(), String> {
         let sent = Instant::now();
         match tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
             Ok(Ok(())) => self.last_renewal = Some(sent),
-            Ok(Err(e)) => tracing::warn!(error = %e, "renewing the member Lease failed"),
+            Ok(Err(Renewal::Taken(why))) => return Err(why),
+            Ok(Err(Renewal::Failed(e))) => {
+                tracing::warn!(error = %e, "renewing the member Lease failed")
+            }
             Err(_) => tracing::warn!("renewing the member Lease timed out"),
         }
         let renewed = self.last_renewal == Some(sent);
@@ -268,7 +415,7 @@ impl Member {
                     self.fence.revoke();
                     tracing::warn!(identity = %self.identity, "member Lease not renewed in time: writes fenced");
                 }
-                return;
+                return Ok(());
             }
         };
         let (ring, acks) = self.live(&leases, list_sent).await;
@@ -286,29 +433,44 @@ impl Member {
             // restarted or dropped this replica while its Lease was not renewed: hand over.
             if moved_on.is_empty() {
                 self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
-                return;
+                return Ok(());
             }
             self.stop_working("a member acknowledges another ring");
         }
         self.stop_working("ring membership changed");
         if self.applied != version {
+            // No write of the previous ring may reach the server after the acknowledgement.
+            if !self.previous_ring_stopped() {
+                tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
+                return Ok(());
+            }
             self.applied.clone_from(&version);
             tracing::info!(ring = %version, members = ?ring.members(), "acknowledging a new ring");
-            if let Ok(Err(e)) = tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
-                tracing::warn!(error = %e, "writing the ring acknowledgement failed");
+            match tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
+                Ok(Err(Renewal::Taken(why))) => return Err(why),
+                Ok(Err(Renewal::Failed(e))) => {
+                    tracing::warn!(error = %e, "writing the ring acknowledgement failed")
+                }
+                _ => {}
             }
-            return;
+            return Ok(());
         }
         let waiting = moved_on;
-        if waiting.is_empty() {
+        if waiting.is_empty() && !self.previous_ring_stopped() {
+            tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
+        } else if waiting.is_empty() {
             tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
             self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
             self.running = Some(version);
             self.metrics.working.set(1);
-            let _ = self.assignment.send(Some(ring));
+            self.assignment.send_modify(|a| {
+                a.ring = Some(ring);
+                a.seq += 1;
+            });
         } else {
             tracing::info!(ring = %version, ?waiting, "waiting for members to acknowledge the ring");
         }
+        Ok(())
     }
 
     /// The ring of live members (this replica included) and each member's acknowledged ring,
@@ -380,10 +542,23 @@ impl Member {
         (Ring::new(members), acks)
     }
 
-    /// Creates or renews this replica's Lease, carrying [`Member::applied`].
-    async fn renew(&self) -> Result<(), kube::Error> {
+    /// Creates or renews this replica's Lease, carrying [`Member::applied`] and this
+    /// process's id; [`Renewal::Taken`] once another process's id is in it.
+    async fn renew(&mut self) -> Result<(), Renewal> {
         let now = MicroTime(Timestamp::now());
         let existing = self.api.get_opt(&self.name).await?;
+        if self.claimed
+            && let Some(lease) = &existing
+            && instance_of(lease) != Some(self.instance.as_str())
+        {
+            return Err(Renewal::Taken(format!(
+                "member Lease {} was renewed by another process with identity {} (instance {}): \
+                 two replicas have the same identity",
+                self.name,
+                self.identity,
+                instance_of(lease).unwrap_or("unknown")
+            )));
+        }
         let mut lease = existing.clone().unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
@@ -401,6 +576,11 @@ impl Member {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(APPLIED_ANNOTATION.into(), self.applied.clone());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(INSTANCE_ANNOTATION.into(), self.instance.clone());
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
             spec.acquire_time = Some(now.clone());
@@ -409,18 +589,48 @@ impl Member {
         spec.lease_duration_seconds = Some(LEASE_SECONDS as i32);
         spec.renew_time = Some(now);
         match existing {
-            None => self
-                .api
-                .create(&PostParams::default(), &lease)
-                .await
-                .map(|_| ()),
-            Some(_) => self
-                .api
-                .replace(&self.name, &PostParams::default(), &lease)
-                .await
-                .map(|_| ()),
-        }
+            None => self.api.create(&PostParams::default(), &lease).await?,
+            Some(_) => {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await?
+            }
+        };
+        self.claimed = true;
+        Ok(())
     }
+}
+
+/// Why a renewal did not happen.
+enum Renewal {
+    /// Another process renews this replica's Lease.
+    Taken(String),
+    /// The request failed.
+    Failed(kube::Error),
+}
+
+impl From<kube::Error> for Renewal {
+    fn from(e: kube::Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// The process id in a member Lease ([`INSTANCE_ANNOTATION`]).
+fn instance_of(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(INSTANCE_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// An id of this process, different for every start: its pid and start time.
+fn instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos:x}", std::process::id())
 }
 
 /// When a Lease seen changed at `now` (answer to this list) changed, given that the previous

@@ -28,6 +28,7 @@
 //! by the same hash on their side in every case, because custom resources come back filtered
 //! but without `shardInfo` and an older server ignores the parameter.
 
+pub mod guard;
 pub mod membership;
 pub mod selector;
 

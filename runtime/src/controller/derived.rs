@@ -10,13 +10,23 @@ use kube::api::ObjectMeta;
 use kube::runtime::watcher;
 
 use super::Controller;
-use super::mapping::{default_tenant, fingerprint};
+use super::mapping::fingerprint;
 use super::watch::TenantFn;
+use crate::key::TenantKey;
 use crate::resource::{IdempotentResource, SpecDiff, TenantRef};
 
 /// Reads the labels of a namespace by name (e.g. from a reflector store); `None` when the
 /// namespace is unknown or must not be trusted to name a tenant.
 pub type NamespaceLabelsFn = Arc<dyn Fn(&str) -> Option<BTreeMap<String, String>> + Send + Sync>;
+
+/// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
+/// not cached yet or not trusted to name a tenant, or the object lacking what its rule reads:
+/// one tenant for all of them, never what the object says about itself (its own labels or
+/// namespace would let anyone who may create one charge its work to another tenant, or make
+/// tenants and metric series without bound). Not a valid object name, so no real tenant has
+/// it. The worker looks the tenant up again at every dispatch, so a key queued under it moves
+/// to its real tenant once the namespace is known.
+pub const UNRESOLVED_TENANT: &str = "(unresolved)";
 
 fn tenant_fn<K: IdempotentResource>(labels: Option<NamespaceLabelsFn>) -> TenantFn<K> {
     Arc::new(move |obj: &K| {
@@ -31,7 +41,7 @@ fn tenant_fn<K: IdempotentResource>(labels: Option<NamespaceLabelsFn>) -> Tenant
             }
             Err(_) => None,
         };
-        resolved.unwrap_or_else(|| default_tenant(obj.meta()))
+        resolved.unwrap_or_else(|| TenantKey::new(UNRESOLVED_TENANT))
     })
 }
 
@@ -55,7 +65,7 @@ where
     /// `#[idempotent(skip)]` fields does not reconcile (the status' `observedGeneration` then
     /// stays behind `metadata.generation` until the next reconcile). A `namespace_label`
     /// rule needs [`Controller::namespace_labels`]; until it resolves, and when the object lacks
-    /// what its rule reads, the tenant is [`default_tenant`].
+    /// what its rule reads, the tenant is [`UNRESOLVED_TENANT`].
     pub fn for_derived(api: Api<K>, watcher_config: watcher::Config) -> Self {
         let mut c = Self::new(api, watcher_config);
         c.tenant_of = tenant_fn::<K>(None);
@@ -77,7 +87,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::TenantKey;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use kube::CustomResource;
     use schemars::JsonSchema;
@@ -132,9 +141,16 @@ mod tests {
         assert_eq!(f(&thing("labelled", 1, "")), TenantKey::new("blue"));
         assert_eq!(
             f(&thing("other", 1, "")),
-            TenantKey::new("other"),
-            "unresolved: the default tenant"
+            TenantKey::new(UNRESOLVED_TENANT),
+            "unresolved: the one fallback tenant, not the namespace"
         );
+        // Nor the object's own tenant label.
+        let mut forged = thing("other", 1, "");
+        forged.metadata.labels = Some(BTreeMap::from([(
+            crate::apply::TENANT_LABEL.to_string(),
+            "blue".to_string(),
+        )]));
+        assert_eq!(f(&forged), TenantKey::new(UNRESOLVED_TENANT));
     }
 
     #[test]

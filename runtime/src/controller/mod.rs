@@ -52,7 +52,7 @@ use tokio::task::JoinSet;
 pub use self::action::{Action, Attempt};
 pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
-pub use self::derived::{NamespaceLabelsFn, change_fingerprint};
+pub use self::derived::{NamespaceLabelsFn, UNRESOLVED_TENANT, change_fingerprint};
 pub use self::reason::Reason;
 use self::reason::Reasons;
 use self::watch::{ChangeFn, Shared, TenantFn, WatchTask, WeightFn};
@@ -466,6 +466,7 @@ where
                     resync_period: c.resync_period,
                     resync_jitter: c.resync_jitter,
                     owns: self.shard.clone(),
+                    tenant_of: Arc::clone(&shared.tenant_of),
                     reasons,
                 });
                 let reconcile = Arc::new(reconcile);

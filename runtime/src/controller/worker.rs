@@ -32,6 +32,8 @@ pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
     pub resync_jitter: f64,
     /// Objects this replica reconciles ([`super::Controller::shard`]); others are skipped.
     pub owns: Option<super::OwnsFn<K>>,
+    /// An object's tenant, looked up again at every dispatch.
+    pub tenant_of: super::watch::TenantFn<K>,
     /// Why each key was queued.
     pub reasons: super::reason::Reasons,
 }
@@ -81,6 +83,18 @@ where
                 lease.done();
                 continue;
             };
+            // The queue keeps a key's tenant while the key waits; the tenant is looked up
+            // again now: a key queued under another one (its namespace not known yet, say)
+            // goes back to the queue under its tenant, not reconciled as the other's.
+            let current = (self.tenant_of)(&obj);
+            if current != tenant {
+                tracing::debug!(%key, from = %tenant, to = %current, "queued again under its tenant");
+                let priority = lease.priority();
+                lease.done();
+                self.queue.remove(&key);
+                self.queue.add(&key, &current, priority);
+                continue;
+            }
             let failures = self.backoff().failures(&key);
             let resync = lease.priority() == Priority::Resync;
             let attempt = Attempt {

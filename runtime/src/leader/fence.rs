@@ -7,6 +7,12 @@
 //! OPTIONS) always pass. A refused request fails with a [`FenceError`] naming the mode of the
 //! fence (kube reports it as `kube::Error::Service`) and counts in [`Fence::refused`].
 //!
+//! A write the fence lets through is driven to its end (its response, or the client's timeout)
+//! by a task of its own, even when the caller stops waiting for it (a cancelled reconcile):
+//! its request may already be on its way to the server. [`Fence::drained`] resolves once no
+//! write it let through is still in flight, so a replica can revoke the fence, wait, and only
+//! then tell others that nothing of it can still reach the server (a shard ring's handover).
+//!
 //! Put the layer *below* any retry layer (with kube's `ClientBuilder::with_layer`, add it
 //! before the retry layer), so that every attempt is checked; [`Fence::wrap`] fences a built
 //! `Client` as a whole, so a retry inside that client (kube's default `RetryPolicy`) is not
@@ -16,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::future::{BoxFuture, Either, MapErr, Ready, TryFutureExt as _, ready};
+use futures::future::{BoxFuture, FutureExt as _, ready};
 use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
@@ -70,6 +76,8 @@ pub enum FenceMode {
 pub struct Fence {
     mode: FenceMode,
     valid_until: Mutex<Option<Instant>>,
+    /// Writes let through whose request has not ended yet.
+    admitted: tokio::sync::watch::Sender<usize>,
     /// Writes refused because the lease was not valid (register it, e.g. as
     /// `idem_fenced_writes`).
     pub refused: Counter,
@@ -78,10 +86,17 @@ pub struct Fence {
 impl Fence {
     /// A closed fence (no write passes until [`Fence::extend`]) for `mode`.
     pub fn new(mode: FenceMode) -> Arc<Self> {
+        Self::counting_into(mode, Counter::default())
+    }
+
+    /// [`Fence::new`], counting its refusals in `refused` (e.g. another fence's
+    /// [`Fence::refused`], so one metric counts both).
+    pub fn counting_into(mode: FenceMode, refused: Counter) -> Arc<Self> {
         Arc::new(Self {
             mode,
             valid_until: Mutex::new(None),
-            refused: Counter::default(),
+            admitted: tokio::sync::watch::channel(0).0,
+            refused,
         })
     }
 
@@ -115,9 +130,37 @@ impl Fence {
         *self.lock() = Some(until);
     }
 
-    /// Closes the fence now: no write passes until the next [`Fence::extend`].
+    /// Closes the fence now: no write passes until the next [`Fence::extend`]. Writes it let
+    /// through before may still be in flight: see [`Fence::drained`].
     pub fn revoke(&self) {
         *self.lock() = None;
+    }
+
+    /// Writes this fence let through whose request has not ended (answered, failed or timed
+    /// out), whether or not their caller still waits for them.
+    pub fn writes_in_flight(&self) -> usize {
+        *self.admitted.borrow()
+    }
+
+    /// Resolves once no write this fence let through is in flight. After [`Fence::revoke`]
+    /// nothing more is let through, so once it resolves no write that passed this fence can
+    /// still reach the server.
+    pub async fn drained(&self) {
+        let mut rx = self.admitted.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// Lets a write through if the fence is valid, counting it in flight until the returned
+    /// guard is dropped; checked and counted under the lock, so a write let through before a
+    /// [`Fence::revoke`] is counted before it returns.
+    fn admit(self: &Arc<Self>) -> Option<InFlight> {
+        let guard = self.lock();
+        if !guard.is_some_and(|until| Instant::now() < until) {
+            return None;
+        }
+        self.admitted.send_modify(|n| *n += 1);
+        drop(guard);
+        Some(InFlight(Arc::clone(self)))
     }
 
     /// A layer that lets this fence's writes through only while it is valid.
@@ -145,6 +188,15 @@ impl Fence {
             FenceMode::LeaderElection => FenceError::NotLeader { method, path },
             FenceMode::ShardMembership => FenceError::NotShardMember { method, path },
         }
+    }
+}
+
+/// One write let through by a fence, in flight until dropped.
+struct InFlight(Arc<Fence>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.admitted.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -207,34 +259,44 @@ impl<S, B> Service<Request<Body>> for FenceService<S>
 where
     S: Service<Request<Body>, Response = Response<B>>,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
 {
     type Response = Response<B>;
     type Error = BoxError;
-    type Future =
-        Either<MapErr<S::Future, fn(S::Error) -> BoxError>, Ready<Result<Response<B>, BoxError>>>;
+    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        if is_write(req.method()) && !self.fence.is_valid() {
+        if !is_write(req.method()) {
+            return self.inner.call(req).map(|r| r.map_err(Into::into)).boxed();
+        }
+        let Some(in_flight) = self.fence.admit() else {
             self.fence.refused.inc();
             let err = self.fence.refusal(req.method(), req.uri().path());
             tracing::warn!(error = %err, "write fenced");
-            return Either::Right(ready(Err(Box::new(err))));
-        }
-        Either::Left(
-            self.inner
-                .call(req)
-                .map_err(Into::into as fn(S::Error) -> BoxError),
-        )
+            return ready(Err(Box::new(err) as BoxError)).boxed();
+        };
+        // Driven to its end by a task of its own, so that `drained` sees its end even when
+        // the caller is cancelled meanwhile.
+        let write = self.inner.call(req).map(|r| r.map_err(Into::into));
+        let task = tokio::spawn(async move {
+            let result = write.await;
+            drop(in_flight);
+            result
+        });
+        async move { task.await.unwrap_or_else(|e| Err(Box::new(e) as BoxError)) }.boxed()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::future::Ready;
 
     use super::*;
 
@@ -289,6 +351,66 @@ mod tests {
         assert!(svc.call(request(Method::DELETE)).await.is_err());
         assert_eq!(fence.refused.get(), 3);
         assert_eq!(inner.0.load(Ordering::SeqCst), 5);
+    }
+
+    /// An inner service whose writes take until `release` is notified; counts those ended.
+    #[derive(Clone, Default)]
+    struct Slow {
+        release: Arc<tokio::sync::Notify>,
+        ended: Arc<AtomicUsize>,
+    }
+
+    impl Service<Request<Body>> for Slow {
+        type Response = Response<Body>;
+        type Error = BoxError;
+        type Future = BoxFuture<'static, Result<Response<Body>, BoxError>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            let (release, ended) = (Arc::clone(&self.release), Arc::clone(&self.ended));
+            Box::pin(async move {
+                release.notified().await;
+                ended.fetch_add(1, Ordering::SeqCst);
+                Ok(Response::new(Body::empty()))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn drained_waits_for_a_write_let_through_before_the_revoke_even_if_its_caller_is_gone() {
+        let fence = Fence::new(FenceMode::ShardMembership);
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        let inner = Slow::default();
+        let mut svc = fence.layer().layer(inner.clone());
+        // A write in flight, then its caller cancelled (a reconcile dropped at a ring change).
+        let write = svc.call(request(Method::PUT));
+        assert_eq!(fence.writes_in_flight(), 1);
+        drop(write);
+        fence.revoke();
+        assert!(
+            svc.call(request(Method::PATCH)).await.is_err(),
+            "refused now"
+        );
+        let mut drained = Box::pin(fence.drained());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut drained)
+                .await
+                .is_err(),
+            "not drained while the write is in flight"
+        );
+        inner.release.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), drained)
+            .await
+            .expect("drained once the write ended");
+        assert_eq!(
+            inner.ended.load(Ordering::SeqCst),
+            1,
+            "the write ran to its end"
+        );
+        assert_eq!(fence.writes_in_flight(), 0);
+        // Reads are neither counted nor held.
+        fence.drained().await;
     }
 
     #[tokio::test]
