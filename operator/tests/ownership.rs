@@ -205,20 +205,24 @@ async fn a_namespace_an_admin_releases_keeps_what_idem_made_in_it() {
         "the released namespace is not adopted back: {:?}",
         ns.owner_references()
     );
-    eventually("the record to drop the released objects", TIMEOUT, || async {
-        let t: Tenant = tenants::api(&client).get(&name).await.map_err(why)?;
-        let record = t.status.map(|s| s.created_children).unwrap_or_default();
-        let left: Vec<String> = record
-            .iter()
-            .map(|c| c.key().to_string())
-            .filter(|k| k.contains(&keep))
-            .collect();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    })
+    eventually(
+        "the record to drop the released objects",
+        TIMEOUT,
+        || async {
+            let t: Tenant = tenants::api(&client).get(&name).await.map_err(why)?;
+            let record = t.status.map(|s| s.created_children).unwrap_or_default();
+            let left: Vec<String> = record
+                .iter()
+                .map(|c| c.key().to_string())
+                .filter(|k| k.contains(&keep))
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
     .await;
 
     // The Tenant goes (deletionPolicy Delete): its other namespace is deleted, the released
@@ -393,5 +397,57 @@ async fn a_tenant_owner_who_unclaims_idem_owners_cannot_keep_revoked_rights() {
     )
     .await;
     tenants::wait_ready(&client, &name).await;
+    delete_tenant(&client, &name).await;
+}
+
+#[tokio::test]
+async fn a_child_a_tenant_owner_unclaims_and_opens_up_is_repaired_at_once() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("unc");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    let tenant = tenants::wait_ready(&client, &name).await;
+    let uid = tenant.uid().unwrap();
+    let ns = format!("{name}-a");
+
+    // alice strips the isolation policy's ownerReference and owner-uid label and opens it to
+    // every namespace; no spec change follows: the edit itself must bring the repair.
+    Api::<NetworkPolicy>::namespaced(client_as("alice"), &ns)
+        .patch(
+            ISOLATION,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"ownerReferences": null, "labels": {OWNER_UID_LABEL: null}},
+                "spec": {"ingress": [{}]},
+            })),
+        )
+        .await
+        .expect("alice may edit idem-isolation");
+    let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &ns);
+    eventually("idem-isolation repaired", TIMEOUT, || async {
+        let p = policies.get(ISOLATION).await.map_err(why)?;
+        let owned = p
+            .owner_references()
+            .iter()
+            .any(|r| r.uid == uid && r.controller == Some(true));
+        let labelled = p.labels().get(OWNER_UID_LABEL) == Some(&uid);
+        let from = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress.as_ref())
+            .and_then(|i| i.first())
+            .and_then(|r| r.from.clone())
+            .unwrap_or_default();
+        if owned && labelled && from.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{:?} {:?} {from:?}",
+                p.owner_references(),
+                p.labels()
+            ))
+        }
+    })
+    .await;
     delete_tenant(&client, &name).await;
 }
