@@ -451,3 +451,71 @@ async fn a_child_a_tenant_owner_unclaims_and_opens_up_is_repaired_at_once() {
     .await;
     delete_tenant(&client, &name).await;
 }
+
+#[tokio::test]
+async fn a_recorded_child_a_tenant_owner_gives_another_controller_is_taken_back() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("ctl");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    let tenant = tenants::wait_ready(&client, &name).await;
+    let uid = tenant.uid().unwrap();
+    let ns = format!("{name}-a");
+
+    // alice makes a ConfigMap of hers the controller of idem-owners (an owner that exists,
+    // so the garbage collector leaves the RoleBinding alone), then the admin revokes her.
+    let alice = client_as("alice");
+    let mine: ConfigMap = Api::<ConfigMap>::namespaced(alice.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "alices"}})).unwrap(),
+        )
+        .await
+        .expect("alice creates a ConfigMap");
+    Api::<RoleBinding>::namespaced(alice, &ns)
+        .patch(
+            OWNERS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "alices",
+                "uid": mine.uid().unwrap(), "controller": true,
+            }]}})),
+        )
+        .await
+        .expect("alice may edit idem-owners");
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"owners": [{"kind": "User", "name": "bob"}]}})),
+        )
+        .await
+        .unwrap();
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    eventually("idem-owners taken back", TIMEOUT, || async {
+        let rb = bindings.get(OWNERS).await.map_err(why)?;
+        let controllers: Vec<&str> = rb
+            .owner_references()
+            .iter()
+            .filter(|r| r.controller == Some(true))
+            .map(|r| r.uid.as_str())
+            .collect();
+        let subjects: Vec<String> = rb
+            .subjects
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        if controllers == [uid.as_str()] && subjects == ["bob"] {
+            Ok(())
+        } else {
+            Err(format!(
+                "controllers {controllers:?}, subjects {subjects:?}"
+            ))
+        }
+    })
+    .await;
+    tenants::wait_ready(&client, &name).await;
+    delete_tenant(&client, &name).await;
+}
