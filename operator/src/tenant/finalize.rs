@@ -163,7 +163,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
         }
         Cleanup::Retain { why } => {
             let kept = release(&client, &owner, &record).await?;
-            let note = if kept.namespaces.is_empty() && kept.objects.is_empty() {
+            let note = if kept.is_empty() {
                 format!("Tenant deleted; {why}; it controlled no namespace")
             } else {
                 format!("Tenant deleted; {why}: {}", kept.describe())

@@ -194,6 +194,43 @@ mod tests {
     }
 
     #[test]
+    fn one_released_event_per_namespace_names_what_was_kept() {
+        let pass = NamespacePass {
+            released: vec!["a-dev".into()],
+            conflicts: vec![("a-dev".into(), "not controlled by any owner".into())],
+            ..NamespacePass::default()
+        };
+        let contents = ApplyReport {
+            released: vec![
+                ObjectKey::namespaced("ResourceQuota", "a-dev", "idem-quota"),
+                ObjectKey::namespaced("RoleBinding", "a-dev", "idem-owners"),
+                ObjectKey::namespaced("RoleBinding", "a-old", "idem-owners"),
+            ],
+            ..ApplyReport::default()
+        };
+        assert_eq!(pass.not_ours(), ["a-dev"]);
+        let events = released_events(&pass, &contents);
+        let notes: Vec<&str> = events.iter().filter_map(|e| e.note.as_deref()).collect();
+        assert_eq!(events.len(), 2, "{notes:?}");
+        let dev = events[0].note.as_deref().unwrap();
+        assert!(dev.starts_with("namespace a-dev was released"), "{dev}");
+        assert!(
+            dev.contains("ResourceQuota idem-quota, RoleBinding idem-owners"),
+            "{dev}"
+        );
+        let old = events[1].note.as_deref().unwrap();
+        assert!(
+            old.contains("a-old") && old.contains("RoleBinding idem-owners"),
+            "{old}"
+        );
+        assert_eq!(
+            events[1].secondary.as_ref().and_then(|r| r.name.as_deref()),
+            Some("a-old")
+        );
+        assert!(released_events(&NamespacePass::default(), &ApplyReport::default()).is_empty());
+    }
+
+    #[test]
     fn terminating_namespaces_mean_reconciling() {
         let pass = NamespacePass {
             terminating: vec!["a-old".into()],
