@@ -1,6 +1,7 @@
 //! Deleting and re-installing the TenantApp CRD (an uninstall, a botched upgrade) never
 //! deletes an app's ConfigMap, Deployment or Service: the garbage collector, once the CRD is
-//! back, finds no owner to delete them for. In a test binary of its own: the CRD is deleted.
+//! back, finds no owner to delete them for — nor a user's object the app owns without idem's
+//! labels. In a test binary of its own: the CRD is deleted.
 
 mod common;
 
@@ -36,6 +37,22 @@ async fn deleting_and_reinstalling_the_tenant_app_crd_keeps_every_app_child() {
     let ns = format!("{tenant}-apps");
     apps::create(&client, &ns, "web", apps::spec(1, "greeting = 'hi'")).await;
     let uid = apps::wait_ready(&client, &ns, "web").await.uid().unwrap();
+    // A user's ConfigMap the app owns (a plain ownerReference, no idem label): the garbage
+    // collector would delete it with the app, so uninstalling must keep it too.
+    let notes = json!({
+        "metadata": {"name": "notes", "ownerReferences": [{
+            "apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "TenantApp", "name": "web",
+            "uid": uid,
+        }]},
+        "data": {"k": "precious"},
+    });
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(notes).unwrap(),
+        )
+        .await
+        .unwrap();
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.delete(TenantApp::crd_name(), &DeleteParams::default())
@@ -59,6 +76,12 @@ async fn deleting_and_reinstalling_the_tenant_app_crd_keeps_every_app_child() {
         assert_released("Deployment", &deployment.metadata, &uid);
         let service = services.get("web").await.unwrap();
         assert_released("Service", &service.metadata, &uid);
+        let notes = config_maps
+            .get_opt("notes")
+            .await
+            .unwrap()
+            .expect("the user's ConfigMap owned by the app was deleted");
+        assert_released("the user's ConfigMap", &notes.metadata, &uid);
     };
     check().await;
     let note = eventually("a Retained event on the app", TIMEOUT, || async {

@@ -54,7 +54,7 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
     // A namespace holds the tenant's data and only administrators can edit it: one whose
     // ownerReference an administrator removed is released (kept, never adopted back), not
-    // repaired — issue-10 semantics of orphaning.
+    // repaired, and so is what the tenant made in it (the second pass releases it).
     desired
         .prune_kind::<Namespace>()
         .release_orphans::<Namespace>();
@@ -123,17 +123,26 @@ pub fn namespace_selector(namespaces: &[String]) -> LabelSelector {
 }
 
 /// Second pass: the objects inside each of `namespaces` (those the tenant really owns).
-/// Kinds that are not wanted any more (quota removed, isolation off) are pruned.
+/// Kinds that are not wanted any more (quota removed, isolation off) are pruned; what the
+/// tenant made in `released` (namespaces it no longer controls) is released, not deleted:
+/// it stays with the namespace.
 ///
 /// # Errors
 /// [`ApplyError`] when a child cannot be serialised.
-pub fn contents(tenant: &Tenant, namespaces: &[String]) -> Result<DesiredChildren, ApplyError> {
+pub fn contents(
+    tenant: &Tenant,
+    namespaces: &[String],
+    released: &[String],
+) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
     desired
         .prune_kind::<ResourceQuota>()
         .prune_kind::<LimitRange>()
         .prune_kind::<RoleBinding>()
         .prune_kind::<NetworkPolicy>();
+    for ns in released {
+        desired.release_in(ns);
+    }
     let spec = &tenant.spec;
     let own_namespaces = namespace_selector(namespaces);
     for ns in namespaces {

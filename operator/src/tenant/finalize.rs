@@ -2,22 +2,25 @@
 //! deleted or retained, but nothing is ever deleted while the Tenant CRD itself is being
 //! deleted or when the deletion asked to orphan; the finalizer always completes.
 //!
-//! Only objects the Tenant controls (its controller ownerReference, matched by uid) count: a
-//! namespace that merely carries the Tenant's labels is neither deleted nor waited for, and one
-//! whose ownerReference was removed (by hand, or by the garbage collector for
-//! `--cascade=orphan`) is kept.
+//! Only objects that refer to the Tenant (its ownerReference, matched by uid, as the garbage
+//! collector reads them) count, whatever their labels say: a namespace that merely carries the
+//! Tenant's labels is neither deleted nor waited for, one whose `owner-uid` label was removed
+//! is still found, and one whose ownerReference was removed (by hand, or by the garbage
+//! collector for `--cascade=orphan`) is kept, with what the Tenant made in it.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ApiResource;
 use kube::runtime::events::{Event, EventType};
-use kube::{CustomResourceExt, Resource, ResourceExt};
-use serde_json::json;
+use kube::{CustomResourceExt, ResourceExt};
 
-use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL, Owner};
+use idem_runtime::apply::{self, CreatedChild, DesiredChildren, Owner, refers_to};
 use idem_runtime::reconciler::{Cleanup as Done, Outcome, Pass};
 use idem_runtime::status::Readiness;
 use kube::Client;
@@ -109,23 +112,34 @@ async fn crd_terminating(client: &Client) -> Option<bool> {
 /// finalizer, [`Done::Pending`] (namespaces still being deleted) says `Reconciling` with reason
 /// `Deleting` and polls.
 ///
+/// What is the Tenant's is found as the garbage collector finds what to delete: by
+/// ownerReference (and the record in its status), never by a label anyone may remove.
+///
 /// # Errors
 /// [`Error`] from the API; the driver retries with backoff.
 pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<Tenant>, Error> {
     let client = pass.client().clone();
     let owner = pass.owner().await?;
+    let record = pass.record().unwrap_or_default().to_vec();
     match decide(tenant, crd_terminating(&client).await) {
         Cleanup::Delete => {
             let mut all = DesiredChildren::new();
-            all.prune_kind::<Namespace>();
+            // A recorded namespace an administrator released is kept, not deleted.
+            all.prune_kind::<Namespace>().release_orphans::<Namespace>();
             pass.apply(&all).await?;
-            // Only what the prune deletes is waited for: a namespace that claims the Tenant
-            // but is not in its record of created children is never deleted by us.
-            let left: Vec<String> = controlled::<Namespace>(&client, &owner)
+            // Only what the prune deletes is waited for, until it is gone: a namespace the
+            // Tenant controls that is being deleted (the prune's delete left the record at
+            // once), or one still in the record. A namespace that claims the Tenant but is not
+            // in its record of created children is never deleted by us, nor waited for.
+            let left: Vec<String> = namespaces_referring(&client, &owner)
                 .await?
                 .iter()
-                .filter(|n| owner.may_prune(n.uid().as_deref().unwrap_or_default()))
-                .map(|n| n.name_any())
+                .filter(|n| {
+                    owner.owns(n)
+                        && (n.deletion_timestamp.is_some()
+                            || owner.may_prune(n.uid.as_deref().unwrap_or_default()))
+                })
+                .filter_map(|n| n.name.clone())
                 .collect();
             if !left.is_empty() {
                 let readiness = Readiness::Reconciling {
@@ -136,16 +150,23 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
                     Outcome::new(readiness).requeue(TERMINATING_POLL),
                 ));
             }
+            // What is still the Tenant's outside the namespaces deleted (in a namespace an
+            // administrator released) is kept, not left to the garbage collector.
+            let kept = release(&client, &owner, &record).await?;
+            if !kept.is_empty() {
+                let note = format!(
+                    "Tenant deleted; its deletionPolicy is Delete: its namespaces were deleted; {}",
+                    kept.describe()
+                );
+                pass.publish(retained(note)).await;
+            }
         }
         Cleanup::Retain { why } => {
-            let kept = release(&client, &owner).await?;
+            let kept = release(&client, &owner, &record).await?;
             let note = if kept.is_empty() {
                 format!("Tenant deleted; {why}; it controlled no namespace")
             } else {
-                format!(
-                    "Tenant deleted; {why}: kept namespaces {} and everything in them, ownerReferences to the Tenant removed",
-                    kept.join(", ")
-                )
+                format!("Tenant deleted; {why}: {}", kept.describe())
             };
             pass.publish(retained(note)).await;
         }
@@ -153,64 +174,105 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
     Ok(Done::Done)
 }
 
-/// The objects of kind `K` labelled with the owner's uid that it really controls.
-async fn controlled<K>(client: &Client, owner: &Owner) -> Result<Vec<DynamicObject>, Error>
-where
-    K: Resource<DynamicType = ()>,
-{
-    let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
-    let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
-    let list = api.list(&lp).await?;
-    Ok(list
+/// The metadata of every namespace with an ownerReference to the owner (any, as the garbage
+/// collector reads them).
+async fn namespaces_referring(client: &Client, owner: &Owner) -> Result<Vec<ObjectMeta>, Error> {
+    let all = Api::<Namespace>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await?;
+    Ok(all
         .items
         .into_iter()
-        .filter(|o| owner.owns(&o.metadata))
+        .map(|n| n.metadata)
+        .filter(|m| refers_to(m, owner.uid()))
         .collect())
 }
 
-/// Removes the Tenant's ownerReference and its `owner-uid` label from every object it
-/// controls (namespaces and what it made in them, the namespaces last), so the garbage
-/// collector keeps them when the Tenant is gone. Returns the retained namespaces, sorted.
+/// What [`release`] kept.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Namespaces released, sorted.
+    namespaces: Vec<String>,
+    /// Objects released in other namespaces (that no longer refer to the Tenant), as
+    /// `Kind namespace/name`, sorted.
+    objects: Vec<String>,
+}
+
+impl Kept {
+    fn is_empty(&self) -> bool {
+        self.namespaces.is_empty() && self.objects.is_empty()
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.namespaces.is_empty() {
+            parts.push(format!(
+                "kept namespaces {} and everything in them",
+                self.namespaces.join(", ")
+            ));
+        }
+        if !self.objects.is_empty() {
+            parts.push(format!("kept {}", self.objects.join(", ")));
+        }
+        format!(
+            "{}, ownerReferences to the Tenant removed",
+            parts.join("; ")
+        )
+    }
+}
+
+/// Releases ([`idem_runtime::apply::release`]: removes the Tenant's ownerReferences and its
+/// `owner-uid` label) everything that refers to the Tenant — the namespaces and what is in
+/// them, the namespaces last — so the garbage collector keeps it when the Tenant is gone.
+///
+/// Found as the garbage collector finds what to delete, by ownerReference: the namespaces
+/// that refer to the Tenant, then, in those and in every namespace of the Tenant's record
+/// (one an administrator released still holds objects of the Tenant), each kind the Tenant
+/// makes, listed whole and kept if it refers to the Tenant.
 ///
 /// The `app.kubernetes.io/managed-by` label stays: the shipped admission policy lets the
 /// operator write only into namespaces that carry it and never remove it from a namespace.
-async fn release(client: &Client, owner: &Owner) -> Result<Vec<String>, Error> {
-    // Strategic merge patch: ownerReferences merge by uid, so only our reference goes.
-    let patch = json!({"metadata": {
-        "ownerReferences": [{"$patch": "delete", "uid": owner.uid()}],
-        "labels": {OWNER_UID_LABEL: null},
-    }});
-    let pp = PatchParams::default();
-    let mut kept = Vec::new();
+async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Result<Kept, Error> {
+    let uid = owner.uid();
+    let namespaces = namespaces_referring(client, owner).await?;
+    let mut scopes: BTreeSet<String> = namespaces.iter().filter_map(|n| n.name.clone()).collect();
+    for entry in record {
+        match (&entry.namespace, entry.kind.as_str()) {
+            (Some(ns), _) => scopes.insert(ns.clone()),
+            (None, "Namespace") => scopes.insert(entry.name.clone()),
+            _ => false,
+        };
+    }
+    let mut kept = Kept::default();
     for resource in [
         ApiResource::erase::<ResourceQuota>(&()),
         ApiResource::erase::<LimitRange>(&()),
         ApiResource::erase::<RoleBinding>(&()),
         ApiResource::erase::<NetworkPolicy>(&()),
-        ApiResource::erase::<Namespace>(&()),
     ] {
-        let all = Api::<DynamicObject>::all_with(client.clone(), &resource);
-        let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
-        for obj in all.list(&lp).await?.items {
-            if !owner.owns(&obj.metadata) {
-                continue;
-            }
-            let name = obj.name_any();
-            let api = match obj.namespace() {
-                Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
-                None => all.clone(),
-            };
-            match api.patch(&name, &pp, &Patch::Strategic(&patch)).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => continue,
-                Err(e) => return Err(e.into()),
-            }
-            if resource.kind == "Namespace" {
-                kept.push(name);
+        for ns in &scopes {
+            let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
+            for obj in api.list_metadata(&ListParams::default()).await?.items {
+                if !refers_to(&obj.metadata, uid) {
+                    continue;
+                }
+                let released = apply::release(client, &resource, &obj.metadata, uid).await?;
+                let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
+                if released && !referred {
+                    let name = obj.metadata.name.unwrap_or_default();
+                    kept.objects.push(format!("{} {ns}/{name}", resource.kind));
+                }
             }
         }
     }
-    kept.sort();
+    let resource = ApiResource::erase::<Namespace>(&());
+    for ns in &namespaces {
+        if apply::release(client, &resource, ns, uid).await? {
+            kept.namespaces.extend(ns.name.clone());
+        }
+    }
+    kept.namespaces.sort();
+    kept.objects.sort();
     Ok(kept)
 }
 

@@ -56,7 +56,13 @@ impl Reconciler for Tenants {
             }));
         }
         let ns = NamespacePass::from_report(&pass.apply(&desired::namespaces(tenant)?).await?);
-        let contents = pass.apply(&desired::contents(tenant, &ns.owned)?).await?;
+        let not_ours = ns.not_ours();
+        let contents = pass
+            .apply(&desired::contents(tenant, &ns.owned, &not_ours)?)
+            .await?;
+        for event in status::released_events(&ns, &contents) {
+            pass.publish(event).await;
+        }
         let requeue = if !ns.terminating.is_empty() {
             Some(TERMINATING_POLL)
         } else {

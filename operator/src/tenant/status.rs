@@ -5,6 +5,8 @@
 use idem_runtime::ObjectKey;
 use idem_runtime::apply::{ApplyReport, ChildOutcome};
 use idem_runtime::status::Readiness;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType};
 
 /// What the namespace pass found.
 #[derive(Debug, Default, PartialEq)]
@@ -15,6 +17,9 @@ pub struct NamespacePass {
     pub conflicts: Vec<(String, String)>,
     /// Namespaces being deleted (e.g. removed and re-added); their contents wait.
     pub terminating: Vec<String>,
+    /// Namespaces of the tenant's record whose ownerReference an administrator removed in
+    /// this pass (released): they and their contents are kept, no longer managed.
+    pub released: Vec<String>,
 }
 
 impl NamespacePass {
@@ -29,8 +34,25 @@ impl NamespacePass {
                 _ => pass.owned.push(name),
             }
         }
+        pass.released = report.released.iter().map(|k| k.name.to_string()).collect();
         pass.owned.sort();
+        pass.released.sort();
         pass
+    }
+
+    /// Namespaces the tenant does not control whose contents of ours, if any, are released
+    /// rather than pruned: the ones released in this pass, and the desired ones someone else
+    /// controls (never delete what we made in a namespace that is not ours any more).
+    pub fn not_ours(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .released
+            .iter()
+            .chain(self.conflicts.iter().map(|(ns, _)| ns))
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 }
 
@@ -76,6 +98,60 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
     }
 }
 
+/// One `Normal` Event `Released` (action `Release`) per namespace the tenant released in
+/// this reconcile (an administrator removed its ownerReference) or whose contents it released
+/// (it no longer controls the namespace), naming the namespace and the objects kept. The
+/// Event's related object is the namespace, so each namespace's Event is one of its own.
+pub fn released_events(pass: &NamespacePass, contents: &ApplyReport) -> Vec<Event> {
+    let mut namespaces: Vec<&str> = pass.released.iter().map(String::as_str).collect();
+    namespaces.extend(
+        contents
+            .released
+            .iter()
+            .filter_map(|k| k.namespace.as_deref()),
+    );
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    namespaces
+        .into_iter()
+        .map(|ns| {
+            let objects: Vec<String> = contents
+                .released
+                .iter()
+                .filter(|k| k.namespace.as_deref() == Some(ns))
+                .map(|k| format!("{} {}", k.kind, k.name))
+                .collect();
+            let inside = if objects.is_empty() {
+                String::new()
+            } else {
+                format!(" and, in it, {}", objects.join(", "))
+            };
+            let note = if pass.released.iter().any(|r| r == ns) {
+                format!(
+                    "namespace {ns} was released (its ownerReference to the Tenant was removed): kept it{inside}; ownerReferences to the Tenant and the owner-uid label removed, no longer managed"
+                )
+            } else {
+                format!(
+                    "namespace {ns} is not controlled by the Tenant: kept {}; ownerReferences to the Tenant and the owner-uid label removed, no longer managed",
+                    objects.join(", ")
+                )
+            };
+            Event {
+                type_: EventType::Normal,
+                reason: "Released".into(),
+                note: Some(note),
+                action: "Release".into(),
+                secondary: Some(ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Namespace".into()),
+                    name: Some(ns.to_owned()),
+                    ..ObjectReference::default()
+                }),
+            }
+        })
+        .collect()
+}
+
 /// The names in a list of keys.
 pub fn names(keys: &[ObjectKey]) -> Vec<String> {
     keys.iter().map(|k| k.name.to_string()).collect()
@@ -115,6 +191,43 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn one_released_event_per_namespace_names_what_was_kept() {
+        let pass = NamespacePass {
+            released: vec!["a-dev".into()],
+            conflicts: vec![("a-dev".into(), "not controlled by any owner".into())],
+            ..NamespacePass::default()
+        };
+        let contents = ApplyReport {
+            released: vec![
+                ObjectKey::namespaced("ResourceQuota", "a-dev", "idem-quota"),
+                ObjectKey::namespaced("RoleBinding", "a-dev", "idem-owners"),
+                ObjectKey::namespaced("RoleBinding", "a-old", "idem-owners"),
+            ],
+            ..ApplyReport::default()
+        };
+        assert_eq!(pass.not_ours(), ["a-dev"]);
+        let events = released_events(&pass, &contents);
+        let notes: Vec<&str> = events.iter().filter_map(|e| e.note.as_deref()).collect();
+        assert_eq!(events.len(), 2, "{notes:?}");
+        let dev = events[0].note.as_deref().unwrap();
+        assert!(dev.starts_with("namespace a-dev was released"), "{dev}");
+        assert!(
+            dev.contains("ResourceQuota idem-quota, RoleBinding idem-owners"),
+            "{dev}"
+        );
+        let old = events[1].note.as_deref().unwrap();
+        assert!(
+            old.contains("a-old") && old.contains("RoleBinding idem-owners"),
+            "{old}"
+        );
+        assert_eq!(
+            events[1].secondary.as_ref().and_then(|r| r.name.as_deref()),
+            Some("a-old")
+        );
+        assert!(released_events(&NamespacePass::default(), &ApplyReport::default()).is_empty());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Cleanup when a TenantApp is deleted: an ordinary deletion leaves its ConfigMap, Deployment
 //! and Service to the garbage collector (they carry its controller ownerReference), but while
 //! the TenantApp CRD is being deleted (an uninstall, a botched upgrade) — or when that cannot
-//! be ruled out — the app's ownerReference and `owner-uid` label are removed from them so that
-//! nothing of the app is deleted, and an Event `Retained` says so.
+//! be ruled out — the app's ownerReference and `owner-uid` label are removed from them (and
+//! from anything else of its namespace that refers to it) so that nothing of the app is
+//! deleted, and an Event `Retained` says so.
 //!
 //! Why: after `kubectl delete crd tenantapps.tenancy.idem.dev` the children would survive with
 //! ownerReferences to a uid that no longer exists; once the CRD is installed again the garbage
@@ -11,12 +12,11 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ApiResource;
 use kube::{Client, CustomResourceExt, ResourceExt};
-use serde_json::json;
 
-use idem_runtime::apply::OWNER_UID_LABEL;
+use idem_runtime::apply::{self, refers_to};
 use idem_runtime::reconciler::{Cleanup as Done, Pass};
 
 use crate::error::Error;
@@ -69,18 +69,14 @@ pub async fn finalize(
     Ok(Done::Done)
 }
 
-/// Removes the app's controller ownerReference and `owner-uid` label from every ConfigMap,
-/// Deployment and Service of its namespace it controls (matched by uid). Returns them as
-/// `Kind/name`, sorted.
+/// Releases ([`idem_runtime::apply::release`]: removes the app's ownerReferences and its
+/// `owner-uid` label) every ConfigMap, Deployment and Service of its namespace that refers to
+/// it: found as the garbage collector finds what to delete, by ownerReference (controller or
+/// not, matched by uid), never by a label anyone may remove — a user's object the app owns is
+/// kept too. Returns them as `Kind/name`, sorted.
 async fn release(client: &Client, app: &TenantApp) -> Result<Vec<String>, Error> {
     let uid = app.uid().unwrap_or_default();
     let namespace = app.namespace().unwrap_or_default();
-    // Strategic merge patch: ownerReferences merge by uid, so only the app's reference goes.
-    let patch = json!({"metadata": {
-        "ownerReferences": [{"$patch": "delete", "uid": uid}],
-        "labels": {OWNER_UID_LABEL: null},
-    }});
-    let lp = ListParams::default().labels(&format!("{OWNER_UID_LABEL}={uid}"));
     let mut kept = Vec::new();
     for resource in [
         ApiResource::erase::<ConfigMap>(&()),
@@ -88,24 +84,13 @@ async fn release(client: &Client, app: &TenantApp) -> Result<Vec<String>, Error>
         ApiResource::erase::<Service>(&()),
     ] {
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource);
-        for obj in api.list(&lp).await?.items {
-            let controlled = obj
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.uid == uid && r.controller == Some(true));
-            if !controlled {
+        for obj in api.list_metadata(&ListParams::default()).await?.items {
+            if !refers_to(&obj.metadata, &uid) {
                 continue;
             }
-            let name = obj.name_any();
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
-                .await
-            {
-                Ok(_) => kept.push(format!("{}/{name}", resource.kind)),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+            if apply::release(client, &resource, &obj.metadata, &uid).await? {
+                let name = obj.metadata.name.unwrap_or_default();
+                kept.push(format!("{}/{name}", resource.kind));
             }
         }
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::cache::ChildCaches;
 use super::owner::DesiredChild;
@@ -35,6 +35,10 @@ struct Applied {
     /// The uid to add to the owner's record: of the object this apply created, or of a desired
     /// child of ours the record lacks (its creating pass never saw the answer).
     created: Option<String>,
+    /// The uid to drop from the owner's record: a recorded child of a
+    /// [`release_orphans`](super::DesiredChildren::release_orphans) kind whose ownerReference
+    /// was removed (released).
+    released: Option<String>,
 }
 
 impl Applier {
@@ -150,6 +154,10 @@ impl Applier {
             if let Some(uid) = &applied.created {
                 report.created.push(super::CreatedChild::new(&key, uid));
             }
+            if let Some(uid) = applied.released {
+                report.released.push(key.clone());
+                report.released_uids.push(uid);
+            }
             if let Some((drift, resource_version)) = applied.repaired {
                 if let Some(m) = &self.metrics {
                     m.repaired(&key.kind);
@@ -166,8 +174,13 @@ impl Applier {
             return Err(e);
         }
         for (resource, namespaced) in &desired.kinds {
-            self.prune_kind(owner, resource, *namespaced, &keep, report)
-                .await?;
+            let kind = PruneKind {
+                resource,
+                namespaced: *namespaced,
+                release_orphans: desired.release_orphans.contains(resource),
+                release_in: &desired.release_in,
+            };
+            self.prune_kind(owner, &kind, &keep, report).await?;
         }
         Ok(())
     }
@@ -266,6 +279,7 @@ impl Applier {
                 outcome,
                 repaired: None,
                 created: None,
+                released: None,
             })
         };
         let created = |outcome, uid| {
@@ -273,6 +287,7 @@ impl Applier {
                 outcome,
                 repaired: None,
                 created: Some(uid),
+                released: None,
             })
         };
         let attempts = self.retry.attempts();
@@ -291,14 +306,26 @@ impl Applier {
             let meta: kube::api::ObjectMeta =
                 serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
                     .unwrap_or_default();
+            // Ours: controlled by the owner; or, unless the kind releases orphans, created by it
+            // (its uid, the live object's, is in the owner's record, which only we write) or
+            // evidently ours with its reference lost. Labels and ownerReferences anyone may
+            // edit never take a recorded child away from us: it is repaired.
+            let recorded = meta.uid.as_deref().is_some_and(|uid| owner.recorded(uid));
+            let controlled = owner.owns(&meta);
             let foreign =
-                !owner.owns(&meta) && (child.release_orphan || !owner.lost_reference(&meta));
+                !controlled && (child.release_orphan || !(recorded || owner.lost_reference(&meta)));
             if let Some(c) = &self.caches {
                 c.set_foreign(&key, foreign);
             }
             if foreign {
-                return done(ChildOutcome::NotOwned {
-                    reason: owner.describe_foreign(&meta),
+                return Ok(Applied {
+                    outcome: ChildOutcome::NotOwned {
+                        reason: owner.describe_foreign(&meta),
+                    },
+                    repaired: None,
+                    created: None,
+                    // An administrator released a recorded child of such a kind.
+                    released: meta.uid.clone().filter(|_| recorded),
                 });
             }
             if meta.deletion_timestamp.is_some() {
@@ -321,9 +348,29 @@ impl Applier {
                     outcome: ChildOutcome::Unchanged,
                     repaired: None,
                     created: record,
+                    released: None,
                 });
             }
             tracing::debug!(child = %key, drift = ?drift, "child drifted");
+            // A recorded child someone gave another controller: that reference goes first (the
+            // API server allows one controller, so the apply that restores ours would fail).
+            if !controlled && let Some(patch) = unclaim_patch(&live, owner.uid()) {
+                let _in_flight = self.begin_write(&key);
+                match api
+                    .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(patched) => {
+                        self.remember(&key, &patched);
+                        observed = Some(to_json(&patched));
+                    }
+                    Err(e) if is_conflict(&e) || is_not_found(&e) => {
+                        observed = self.get(&child.resource, &key).await?;
+                    }
+                    Err(e) => return Err(err("apply", e)),
+                }
+                continue;
+            }
             let result = self.apply(&api, owner, &key, &body, &live).await;
             let e = match result {
                 Ok(()) => {
@@ -343,6 +390,7 @@ impl Applier {
                             (drift, rv.and_then(Value::as_str).map(str::to_owned))
                         }),
                         created: record,
+                        released: None,
                     });
                 }
                 Err(e) => e,
@@ -354,6 +402,7 @@ impl Applier {
                     outcome: ChildOutcome::Recreated { reason },
                     repaired: None,
                     created: uid,
+                    released: None,
                 });
             }
             // 409: the fold's resourceVersion guard; 404: deleted since our read; 422 on
@@ -463,25 +512,34 @@ impl Applier {
         }
     }
 
-    /// Deletes the owner's children of kind `resource` that are not in `keep`.
+    /// Deletes the owner's children of kind `kind.resource` that are not in `keep` (or
+    /// releases them, see [`super::DesiredChildren::release_in`]).
     ///
-    /// Rule (see [`super::record`]): an object is deleted only when it carries the owner's
-    /// controller ownerReference (matched by uid) **and** its uid is in the owner's record of
-    /// children it created ([`Owner::may_prune`]). The reference and the labels the list is
-    /// made by can be forged by anyone who may create the kind there; the record, in the
-    /// owner's status, cannot. An object that claims the owner without being recorded is
-    /// reported in [`ApplyReport::unrecorded`] and left alone.
+    /// Rule (see [`super::record`]): an object is deleted only when its uid is in the owner's
+    /// record of children it created ([`Owner::may_prune`]) and it is still the owner's: it
+    /// carries the owner's controller ownerReference (matched by uid), or — for kinds that do
+    /// not release orphans — it lost that reference and its labels to someone's edit (found
+    /// by its recorded key and uid). The reference and the labels the list is made by can be
+    /// forged by anyone who may create the kind there; the record, in the owner's status,
+    /// cannot. An object that claims the owner without being recorded is reported in
+    /// [`ApplyReport::unrecorded`] and left alone. A recorded object of a kind that releases
+    /// orphans whose reference was removed is released ([`ApplyReport::released`]), never
+    /// deleted.
     async fn prune_kind(
         &self,
         owner: &Owner,
-        resource: &ApiResource,
-        namespaced: bool,
+        kind: &PruneKind<'_>,
         keep: &BTreeSet<ObjectKey>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
+        let resource = kind.resource;
         // A namespaced owner's children live in its namespace; a cluster-scoped owner's
         // namespaced children may be anywhere.
-        let scope = if namespaced { owner.namespace() } else { None };
+        let scope = if kind.namespaced {
+            owner.namespace()
+        } else {
+            None
+        };
         let kind_key = |ns: Option<&str>, name: &str| ObjectKey {
             kind: resource.kind.as_str().into(),
             namespace: ns.map(Into::into),
@@ -510,12 +568,14 @@ impl Applier {
                     .collect()
             }
         };
+        let mut listed = BTreeSet::new();
         for meta in items {
             let name = meta.name.clone().unwrap_or_default();
             let key = kind_key(meta.namespace.as_deref(), &name);
             if !owner.owns(&meta) {
                 continue;
             }
+            listed.insert(key.clone());
             report.claiming.push(key.clone());
             if keep.contains(&key) || meta.deletion_timestamp.is_some() {
                 continue;
@@ -526,36 +586,132 @@ impl Applier {
                 report.unrecorded.push(key);
                 continue;
             }
-            let api = self.api(resource, meta.namespace.as_deref());
-            let dp = DeleteParams {
-                preconditions: Some(kube::api::Preconditions {
-                    uid: meta.uid.clone(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::background()
+            self.remove(owner, kind, key, &meta, report).await?;
+        }
+        // Recorded children the list did not show: someone removed the labels it selects by
+        // (and perhaps the ownerReference). Each is looked up by its key: one read, from the
+        // cache when it holds the object, once (it then leaves the record, pruned, released
+        // or found gone).
+        let unlisted: Vec<(String, ObjectKey)> = owner
+            .recorded_of_kind(&resource.kind)
+            .filter(|(_, key)| !listed.contains(*key) && !keep.contains(*key))
+            .filter(|(_, key)| scope.is_none() || key.namespace.as_deref() == scope)
+            .map(|(uid, key)| (uid.to_owned(), key.clone()))
+            .collect();
+        for (uid, key) in unlisted {
+            let cached = self
+                .caches
+                .as_ref()
+                .and_then(|c| c.get(resource, &key))
+                .flatten();
+            let live = match cached {
+                Some(live) => Some(live),
+                None => self.get(resource, &key).await?,
             };
-            if let Some(c) = &self.caches {
-                c.forget(&key);
+            let Some(live) = live else { continue };
+            let meta: kube::api::ObjectMeta =
+                serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
+                    .unwrap_or_default();
+            // Replaced by another object of the same name: not ours.
+            if meta.uid.as_deref() != Some(uid.as_str()) || meta.deletion_timestamp.is_some() {
+                continue;
             }
-            match api.delete(&name, &dp).await {
-                Ok(_) => {
-                    report.pruned.push(key);
-                    report.pruned_uids.push(uid);
-                }
-                // Gone already, or replaced by a new object with another uid: not ours to
-                // delete either way (and our object is gone).
-                Err(e) if is_not_found(&e) || is_conflict(&e) => report.pruned_uids.push(uid),
-                Err(source) => {
-                    return Err(ApplyError::Api {
-                        child: key,
-                        action: "delete",
-                        source: Box::new(source),
-                    });
-                }
+            if kind.release_orphans && !owner.owns(&meta) {
+                // An administrator released it (see `DesiredChildren::release_orphans`).
+                report.released.push(key);
+                report.released_uids.push(uid);
+                continue;
+            }
+            self.remove(owner, kind, key, &meta, report).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the recorded child `key` (`meta` as read; uid precondition), or releases it
+    /// when it lives in a namespace whose children are released.
+    async fn remove(
+        &self,
+        owner: &Owner,
+        kind: &PruneKind<'_>,
+        key: ObjectKey,
+        meta: &kube::api::ObjectMeta,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let uid = meta.uid.clone().unwrap_or_default();
+        if let Some(c) = &self.caches {
+            c.forget(&key);
+        }
+        if meta
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| kind.release_in.contains(ns))
+        {
+            let _in_flight = self.begin_write(&key);
+            super::release(&self.client, kind.resource, meta, owner.uid())
+                .await
+                .map_err(|source| ApplyError::Api {
+                    child: key.clone(),
+                    action: "release",
+                    source: Box::new(source),
+                })?;
+            report.released.push(key);
+            report.released_uids.push(uid);
+            return Ok(());
+        }
+        let api = self.api(kind.resource, meta.namespace.as_deref());
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: meta.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&key.name, &dp).await {
+            Ok(_) => {
+                report.pruned.push(key);
+                report.pruned_uids.push(uid);
+            }
+            // Gone already, or replaced by a new object with another uid: not ours to
+            // delete either way (and our object is gone).
+            Err(e) if is_not_found(&e) || is_conflict(&e) => report.pruned_uids.push(uid),
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    child: key,
+                    action: "delete",
+                    source: Box::new(source),
+                });
             }
         }
         Ok(())
     }
+}
+
+/// One pruned kind and how its undesired children go.
+struct PruneKind<'a> {
+    resource: &'a ApiResource,
+    namespaced: bool,
+    /// The kind releases orphans ([`super::DesiredChildren::release_orphans`]).
+    release_orphans: bool,
+    /// Namespaces whose children are released instead of deleted.
+    release_in: &'a BTreeSet<String>,
+}
+
+/// A JSON merge patch (guarded by the `resourceVersion`) removing from `live` the controller
+/// ownerReferences to owners other than `owner_uid`; `None` when there is none.
+fn unclaim_patch(live: &Value, owner_uid: &str) -> Option<Value> {
+    let refs = live.pointer("/metadata/ownerReferences")?.as_array()?;
+    let foreign = |r: &&Value| {
+        r.get("controller") == Some(&Value::Bool(true))
+            && r.get("uid").and_then(Value::as_str) != Some(owner_uid)
+    };
+    if !refs.iter().any(|r| foreign(&r)) {
+        return None;
+    }
+    let kept: Vec<Value> = refs.iter().filter(|r| !foreign(r)).cloned().collect();
+    Some(json!({"metadata": {
+        "resourceVersion": live.pointer("/metadata/resourceVersion"),
+        "ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) },
+    }}))
 }
 
 /// A dynamic object as JSON (`apiVersion`, `kind`, `metadata`, and its other fields).

@@ -59,8 +59,8 @@ pub struct Owner {
     namespace: Option<String>,
     tenant: Option<TenantKey>,
     field_manager: String,
-    /// Uids of the children the owner's reconciles created (see [`super::record`]).
-    created: Option<std::sync::Arc<std::collections::BTreeSet<String>>>,
+    /// The children the owner's reconciles created, by uid (see [`super::record`]).
+    created: Option<std::sync::Arc<BTreeMap<String, ObjectKey>>>,
 }
 
 impl Owner {
@@ -103,7 +103,10 @@ impl Owner {
         record: impl IntoIterator<Item = &'a super::CreatedChild>,
     ) -> Self {
         self.created = Some(std::sync::Arc::new(
-            record.into_iter().map(|c| c.uid.clone()).collect(),
+            record
+                .into_iter()
+                .map(|c| (c.uid.clone(), c.key()))
+                .collect(),
         ));
         self
     }
@@ -111,7 +114,26 @@ impl Owner {
     /// Whether the prune may delete the child with `uid`: `true` when it is in the record, or
     /// when the owner has no record (ownerReference trusted, see [`Owner::with_record`]).
     pub fn may_prune(&self, uid: &str) -> bool {
-        self.created.as_ref().is_none_or(|r| r.contains(uid))
+        self.created.as_ref().is_none_or(|r| r.contains_key(uid))
+    }
+
+    /// Whether the owner's record holds `uid`: the object was created by the owner's
+    /// reconciles, so it is the owner's whatever its labels and ownerReferences say now
+    /// (`false` without a record).
+    pub fn recorded(&self, uid: &str) -> bool {
+        self.created.as_ref().is_some_and(|r| r.contains_key(uid))
+    }
+
+    /// The record's entries of kind `kind`, as `(uid, key)`.
+    pub(crate) fn recorded_of_kind<'a>(
+        &'a self,
+        kind: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a ObjectKey)> + 'a {
+        self.created
+            .iter()
+            .flat_map(|r| r.iter())
+            .filter(move |(_, key)| key.kind.as_ref() == kind)
+            .map(|(uid, key)| (uid.as_str(), key))
     }
 
     /// Whether the owner carries a record of its created children.
@@ -236,6 +258,8 @@ pub struct DesiredChildren {
     pub(crate) recreate: Vec<ApiResource>,
     /// Kinds whose children are released, not repaired, when their ownerReference is removed.
     pub(crate) release_orphans: Vec<ApiResource>,
+    /// Namespaces whose undesired children are released, not pruned.
+    pub(crate) release_in: std::collections::BTreeSet<String>,
 }
 
 impl DesiredChildren {
@@ -337,9 +361,12 @@ impl DesiredChildren {
     /// Opts kind `K` out of restoring a removed ownerReference: by default a child of ours
     /// whose controller ownerReference someone removed (it still carries our owner-uid label
     /// and our `Apply` entry, see [`Owner::lost_reference`]) is applied again, which restores
-    /// the reference — a tenant owner cannot switch off repair that way. For `K`, removing the
-    /// reference instead releases the child, as `kubectl delete --cascade=orphan` does: it is
-    /// reported [`ChildOutcome::NotOwned`] and never adopted again or pruned. Meant for kinds
+    /// the reference — a tenant owner cannot switch off repair that way (nor by removing the
+    /// label too: a child in the owner's record is the owner's, see [`Owner::recorded`]). For
+    /// `K`, removing the reference instead releases the child, as `kubectl delete
+    /// --cascade=orphan` does: it is reported [`ChildOutcome::NotOwned`] (and, while it is in
+    /// the owner's record, in [`ApplyReport::released`](super::ApplyReport::released), which
+    /// drops it from the record), and never adopted again or pruned. Meant for kinds
     /// only administrators can edit and that hold user data (a tenant's Namespaces). Applies to
     /// children of `K` added before and after this call.
     ///
@@ -357,6 +384,18 @@ impl DesiredChildren {
         if !self.release_orphans.contains(&ar) {
             self.release_orphans.push(ar);
         }
+        self
+    }
+
+    /// Releases instead of pruning: an undesired child of the owner in namespace `namespace`
+    /// (found by the prune: claiming the owner, or in its record) gets the owner's
+    /// ownerReferences and [`OWNER_UID_LABEL`] removed ([`super::release`]) and leaves the
+    /// record, instead of being deleted; it is reported in
+    /// [`ApplyReport::released`](super::ApplyReport::released). For the contents of a
+    /// namespace the owner no longer controls (an administrator released it, see
+    /// [`DesiredChildren::release_orphans`]): they stay with the namespace.
+    pub fn release_in(&mut self, namespace: &str) -> &mut Self {
+        self.release_in.insert(namespace.to_owned());
         self
     }
 

@@ -70,6 +70,10 @@ pub struct RecordDelta {
     pub created: Vec<CreatedChild>,
     /// Uids of children deleted by the prune (or found gone).
     pub pruned: BTreeSet<String>,
+    /// Uids of children released ([`super::ApplyReport::released`]); they leave the record
+    /// only when every apply of the reconcile succeeded, so that a released namespace stays
+    /// recorded (and released again) until the release of its contents has completed.
+    pub released: BTreeSet<String>,
     /// The kinds whose children were all looked at, with the keys that may keep their entry
     /// (desired, or still listed as claiming the owner); `None` when an apply failed, so the
     /// look was not complete and no entry is dropped for being unseen.
@@ -80,17 +84,22 @@ pub struct RecordDelta {
 
 impl RecordDelta {
     /// Whether applying this delta to any record changes nothing but the garbage collection of
-    /// unseen entries.
+    /// unseen entries and the leaving of released ones (dropped only by a successful
+    /// reconcile's status write).
     pub fn is_empty(&self) -> bool {
         self.created.is_empty() && self.pruned.is_empty()
     }
 
-    /// Applies the delta to `record`: pruned uids go; a created child replaces any entry of the
+    /// Applies the delta to `record`: pruned uids go, released ones too unless an apply
+    /// failed; a created child replaces any entry of the
     /// same key (the old object is gone, a key holds one object); entries of a kind that was
     /// looked at completely whose key was neither desired nor listed go (their object was
     /// deleted by someone else, or no longer claims the owner). The result is sorted.
     pub fn apply_to(&self, record: &mut Vec<CreatedChild>) {
         record.retain(|c| !self.pruned.contains(&c.uid));
+        if !self.failed {
+            record.retain(|c| !self.released.contains(&c.uid));
+        }
         for new in &self.created {
             record.retain(|c| c.key() != new.key());
             record.push(new.clone());
@@ -111,6 +120,7 @@ impl RecordDelta {
     ) {
         self.created.extend(report.created.iter().cloned());
         self.pruned.extend(report.pruned_uids.iter().cloned());
+        self.released.extend(report.released_uids.iter().cloned());
         if !complete || self.failed {
             self.failed = true;
             self.seen = None;
@@ -156,6 +166,32 @@ mod tests {
         };
         delta.apply_to(&mut record);
         assert_eq!(record, vec![ns, child("a", "1")]);
+    }
+
+    #[test]
+    fn released_entries_leave_the_record_only_after_a_reconcile_without_failure() {
+        let report = crate::apply::ApplyReport {
+            released_uids: vec!["1".to_owned()],
+            ..crate::apply::ApplyReport::default()
+        };
+        let mut ok = RecordDelta::default();
+        ok.add(&report, Vec::<String>::new(), true);
+        let mut record = vec![child("a", "1"), child("b", "2")];
+        ok.apply_to(&mut record);
+        assert_eq!(record, vec![child("b", "2")]);
+
+        // An apply after the release failed: the released entry stays, so the next
+        // reconcile releases again (e.g. a released namespace's contents).
+        let mut failed = RecordDelta::default();
+        failed.add(&report, Vec::<String>::new(), true);
+        failed.add(
+            &crate::apply::ApplyReport::default(),
+            Vec::<String>::new(),
+            false,
+        );
+        let mut record = vec![child("a", "1")];
+        failed.apply_to(&mut record);
+        assert_eq!(record, vec![child("a", "1")]);
     }
 
     #[test]

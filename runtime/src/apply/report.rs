@@ -93,6 +93,15 @@ pub struct ApplyReport {
     /// Objects of the pruned kinds that claim the owner (controller ownerReference and
     /// owner-uid label), desired or not, as listed for pruning.
     pub claiming: Vec<ObjectKey>,
+    /// Children released instead of pruned or repaired: a child of a
+    /// [`release_orphans`](super::DesiredChildren::release_orphans) kind in the owner's record
+    /// whose ownerReference was removed, and undesired children in a namespace named by
+    /// [`release_in`](super::DesiredChildren::release_in), from which the owner's
+    /// ownerReferences and owner-uid label were removed. Kept, no longer the owner's: they
+    /// leave its record.
+    pub released: Vec<ObjectKey>,
+    /// Uids of the children in [`ApplyReport::released`].
+    pub released_uids: Vec<String>,
     /// Objects that claim the owner, are not desired, and are not in the owner's record of
     /// children it created: left alone, never deleted (anyone who can create them can forge
     /// the claim; see [`super::record`]).

@@ -351,7 +351,7 @@ where
             };
             let replay = !deleted && first_list;
             let key = key_of(&obj);
-            let owners: Vec<(ObjectKey, TenantKey)> =
+            let mut owners: Vec<(ObjectKey, TenantKey)> =
                 owners_of::<K>(obj.meta(), |o| shared.owner_uid(o))
                     .into_iter()
                     .map(|owner| {
@@ -359,6 +359,14 @@ where
                         (owner, tenant)
                     })
                     .collect();
+            if owners.is_empty() {
+                // A child that mapped to owners before and maps to none now (someone removed
+                // its ownerReference and labels): its former owners look at it (an owner that
+                // created it repairs it, see `Owner::recorded`).
+                if let Some((_, before)) = versions.get(&key) {
+                    owners.clone_from(before);
+                }
+            }
             let mut origin = Origin::Other;
             let changed = if deleted {
                 versions.remove(&key);
