@@ -572,9 +572,30 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         wrong.join("\n")
     );
 
-    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label.
+    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label; meanwhile
+    // the account may still write into it (its owner-uid label stands for the reference, which
+    // the policy cannot see on a namespace it writes into).
     let out = kubectl(&["label", "namespace", &prod, "app.kubernetes.io/managed-by-"]);
     assert!(out.status.success(), "{}", text(&out));
+    let create_in_prod = || {
+        as_operator(&[
+            "create",
+            "configmap",
+            "x",
+            "--from-literal=a=b",
+            "-n",
+            &prod,
+        ])
+    };
+    eventually(
+        "a write into the unlabelled tenant namespace",
+        TIMEOUT,
+        || async {
+            let out = create_in_prod();
+            out.status.success().then_some(()).ok_or_else(|| text(&out))
+        },
+    )
+    .await;
     tenants::api(&client)
         .delete(&name, &Default::default())
         .await

@@ -69,6 +69,15 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         )
     };
     let ours = |obj: &str| format!("({}) || ({})", managed(obj), controlled(obj));
+    // `namespaceObject` carries no ownerReferences (the API server gives policies a subset of
+    // its metadata): for writes into a namespace, the owner-uid label the operator puts on the
+    // namespaces it controls stands in for the reference (again only namespace updaters can set
+    // it, and the operator only on namespaces already its own).
+    let owner_uid = idem_runtime::apply::OWNER_UID_LABEL;
+    let ours_inside = format!(
+        "({}) || (has(namespaceObject.metadata.labels) && '{owner_uid}' in namespaceObject.metadata.labels)",
+        managed("namespaceObject")
+    );
     let system: Vec<String> = SYSTEM_NAMESPACES.iter().map(|n| format!("'{n}'")).collect();
     let system = format!("[{}]", system.join(", "));
     let operations = json!(["CREATE", "UPDATE", "DELETE"]);
@@ -101,8 +110,8 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || !({}) || ({})", managed("oldObject"), managed("object")),
              "message": format!("idem-operator may not remove the label {label} from a namespace"),
              "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({}))", ours("namespaceObject")),
-             "message": format!("idem-operator may only write into namespaces {owned}"),
+            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({ours_inside}))"),
+             "message": format!("idem-operator may only write into namespaces labelled {label} or {owner_uid}"),
              "reason": "Forbidden"},
         ],
     }});
