@@ -221,12 +221,8 @@ mod tests {
             code,
             reason: reason.into(),
             message: message.into(),
-            details: field.map(|f| kube::core::response::StatusDetails {
-                causes: vec![kube::core::response::StatusCause {
-                    field: f.into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
+            details: field.map(|f| {
+                serde_json::from_value(serde_json::json!({"causes": [{"field": f}]})).unwrap()
             }),
             ..kube::core::Status::default()
         }
