@@ -572,9 +572,11 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         wrong.join("\n")
     );
 
-    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label; meanwhile
-    // the account may still write into it (its owner-uid label stands for the reference, which
-    // the policy cannot see on a namespace it writes into).
+    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label (paused
+    // first, so the label is not put back before); meanwhile the account may still write into
+    // it (its owner-uid label stands for the reference, which the policy cannot see on a
+    // namespace it writes into).
+    pause(&client, &name).await;
     let out = kubectl(&["label", "namespace", &prod, "app.kubernetes.io/managed-by-"]);
     assert!(out.status.success(), "{}", text(&out));
     let create_in_prod = || {
@@ -601,5 +603,56 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         .await
         .unwrap();
     tenants::wait_gone(&client, &name).await;
+
+    // deletionPolicy Retain, a namespace without the label: released (the Tenant's references
+    // removed from it and from what idem made in it), and the Tenant goes.
+    let kept = unique_name("unlab-r");
+    let mut spec = tenants::full_spec(&["dev"]);
+    spec.deletion_policy = idem_operator::resources::tenant::DeletionPolicy::Retain;
+    let retained = tenants::create(&client, &kept, spec).await;
+    tenants::wait_ready(&client, &kept).await;
+    pause(&client, &kept).await;
+    let kept_ns = format!("{kept}-dev");
+    let out = kubectl(&[
+        "label",
+        "namespace",
+        &kept_ns,
+        "app.kubernetes.io/managed-by-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    tenants::api(&client)
+        .delete(&kept, &Default::default())
+        .await
+        .unwrap();
+    tenants::wait_tenant_object_gone(&client, &kept).await;
+    let uid = retained.metadata.uid.as_deref().unwrap();
+    tenants::assert_retained(&client, &kept_ns, uid).await;
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &kept_ns)
+        .get(QUOTA)
+        .await
+        .unwrap();
+    assert!(
+        quota
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .all(|r| r.uid != uid),
+        "the quota still refers to the deleted tenant"
+    );
     drop(operator);
+}
+
+/// Pauses tenant `name` and waits until the operator says so (`Stalled`, reason `Paused`).
+async fn pause(client: &kube::Client, name: &str) {
+    use kube::api::{Patch, PatchParams};
+    common::tenants::api(client)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    common::tenants::wait_condition(client, name, "Stalled", "Paused").await;
 }
