@@ -159,6 +159,21 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             "container resource",
         ),
         (
+            "lim-req-gt-def",
+            json!({"limits": {"default": {"cpu": "1"}, "defaultRequest": {"cpu": "1500m"}}}),
+            "at most the default",
+        ),
+        (
+            "lim-ext-over",
+            json!({"limits": {"default": {"example.com/dongle": "2"}, "defaultRequest": {"example.com/dongle": "1"}}}),
+            "cannot be overcommitted",
+        ),
+        (
+            "lim-huge-over",
+            json!({"limits": {"default": {"hugepages-2Mi": "1Gi"}, "defaultRequest": {"hugepages-2Mi": "512Mi"}}}),
+            "cannot be overcommitted",
+        ),
+        (
             "limits-huge",
             json!({"limits": {"default": many(24_000, "k")}}),
             "must have at most 16",
@@ -286,6 +301,41 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
             "Too long",
         ),
         (
+            "config-dotdot",
+            json!({"image": "x", "config": {"..": "v"}}),
+            "config keys",
+        ),
+        (
+            "config-dot",
+            json!({"image": "x", "config": {".": "v"}}),
+            "config keys",
+        ),
+        (
+            "config-dotdot-prefix",
+            json!({"image": "x", "config": {"..data": "v"}}),
+            "config keys",
+        ),
+        (
+            "config-key-long",
+            json!({"image": "x", "config": many_of(1, &"k".repeat(253), "v")}),
+            "config keys",
+        ),
+        (
+            "env-dotdot",
+            json!({"image": "x", "env": {"..": "v"}}),
+            "environment variable names",
+        ),
+        (
+            "env-dot",
+            json!({"image": "x", "env": {".": "v"}}),
+            "environment variable names",
+        ),
+        (
+            "env-dotdot-prefix",
+            json!({"image": "x", "env": {"..E": "v"}}),
+            "environment variable names",
+        ),
+        (
             "config-many",
             json!({"image": "x", "config": many(65, "f")}),
             "must have at most 64",
@@ -307,6 +357,95 @@ async fn tenant_app_admission_rejects_negative_replicas_and_bad_ports() {
             .await
             .unwrap_or_else(|| panic!("{name}: accepted"));
         assert!(message.contains(expect), "{name}: {message}");
+    }
+    // The name names the Service, a DNS-1035 label: at most 63 characters, no dots, starting
+    // with a letter.
+    for name in ["my.app".to_string(), "1app".to_string(), "a".repeat(64)] {
+        let message = try_create(&apps, app(&name, json!({"image": "x"})))
+            .await
+            .unwrap_or_else(|| panic!("{name}: accepted"));
+        assert!(message.contains("DNS-1035 label"), "{name}: {message}");
+    }
+}
+
+/// What the TenantApp CRD admits, the children made from it pass too: each accepted app's
+/// ConfigMap, Deployment and Service are created with `dryRun=All` (the API server's own
+/// validation as the oracle), so an app can never be admitted and then loop on 422s.
+#[tokio::test]
+async fn every_tenant_app_the_crd_admits_makes_children_the_api_server_accepts() {
+    use idem_operator::resources::TenantApp;
+    use idem_operator::tenant_app::desired;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+
+    let client = shared().client();
+    install(&client).await;
+    let ns = unique_name("dry-apps");
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let apps = api(&client, "TenantApp", Some(&ns));
+    let mut config = many_of(58, "f", "x");
+    for key in ["a.b", ".hidden", "x..y", "-", "_", "k".repeat(253).as_str()] {
+        config[key] = json!("v");
+    }
+    let mut env = many(50, "E");
+    for key in [
+        "my.var-1",
+        "_X",
+        "-",
+        ".x",
+        "a..b",
+        "E".repeat(256).as_str(),
+    ] {
+        env[key] = json!("v");
+    }
+    let cases = [
+        (
+            "a".repeat(63),
+            json!({"image": "nginx:1.27", "port": 65535, "replicas": 1000}),
+        ),
+        (
+            "x".into(),
+            json!({"image": "x", "port": 1, "replicas": 0, "config": config, "env": env}),
+        ),
+        (
+            "web-1".into(),
+            json!({"image": "[::1]:5000/app@sha256:0123456789abcdef0123456789abcdef"}),
+        ),
+    ];
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for (name, spec) in cases {
+        let obj: DynamicObject =
+            serde_json::from_value(json!({"apiVersion": "tenancy.idem.dev/v1alpha1",
+            "kind": "TenantApp", "metadata": {"name": name}, "spec": spec}))
+            .unwrap();
+        let created = apps
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let typed: TenantApp =
+            serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+        let (config_map, deployment, service) = desired::objects(&typed);
+        Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .create(&pp, &config_map)
+            .await
+            .unwrap_or_else(|e| panic!("admitted {name} but its ConfigMap is not: {e}"));
+        Api::<Deployment>::namespaced(client.clone(), &ns)
+            .create(&pp, &deployment)
+            .await
+            .unwrap_or_else(|e| panic!("admitted {name} but its Deployment is not: {e}"));
+        Api::<Service>::namespaced(client.clone(), &ns)
+            .create(&pp, &service)
+            .await
+            .unwrap_or_else(|e| panic!("admitted {name} but its Service is not: {e}"));
     }
 }
 
@@ -354,6 +493,10 @@ async fn every_quota_and_limits_the_crd_admits_makes_children_the_api_server_acc
         json!({"limits": {"default": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi",
                                        "hugepages-2Mi": "0", "example.com/dongle": "1"},
                           "defaultRequest": {"cpu": "0", "memory": "128Mi"}}}),
+        json!({"limits": {"default": {"cpu": "1", "memory": "1Gi", "hugepages-2Mi": "2Mi",
+                                       "example.com/dongle": "1"},
+                          "defaultRequest": {"cpu": "1000m", "memory": "1Gi", "hugepages-2Mi": "2Mi",
+                                             "example.com/dongle": "1", "ephemeral-storage": "1Gi"}}}),
     ];
     let pp = PostParams {
         dry_run: true,
@@ -387,5 +530,31 @@ async fn every_quota_and_limits_the_crd_admits_makes_children_the_api_server_acc
             checked += 1;
         }
         assert_eq!(checked, 1, "{spec}");
+    }
+    // The other way round for the rules between limits: the LimitRange of each spec those
+    // rules refuse is refused by the API server too.
+    for (default, request) in [
+        (json!({"cpu": "1"}), json!({"cpu": "1500m"})),
+        (
+            json!({"example.com/dongle": "2"}),
+            json!({"example.com/dongle": "1"}),
+        ),
+        (
+            json!({"hugepages-2Mi": "1Gi"}),
+            json!({"hugepages-2Mi": "512Mi"}),
+        ),
+    ] {
+        let limits: LimitRange = serde_json::from_value(json!({
+            "metadata": {"name": "idem-limits"},
+            "spec": {"limits": [{"type": "Container", "default": default, "defaultRequest": request}]},
+        }))
+        .unwrap();
+        match Api::<LimitRange>::namespaced(client.clone(), &ns)
+            .create(&pp, &limits)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 => {}
+            other => panic!("{default} / {request}: the API server says {other:?}"),
+        }
     }
 }

@@ -396,3 +396,263 @@ async fn only_the_operator_may_write_the_shard_rings_member_leases() {
     )
     .await;
 }
+
+/// A kubeconfig of the shared control plane that acts as the operator's ServiceAccount: the
+/// admin impersonates it, so the API server authorises and admits every request as the account
+/// (its ClusterRole, Role and the shipped admission policies), as in the Deployment.
+fn operator_kubeconfig() -> std::path::PathBuf {
+    let mut config = kube::config::Kubeconfig::read_from(shared().kubeconfig_path()).unwrap();
+    for user in &mut config.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.impersonate = Some(OPERATOR.into());
+        }
+    }
+    let path = std::env::temp_dir().join(format!("idem-as-operator-{}.yaml", std::process::id()));
+    idem_tests::kubeconfig::write(&config, &path).unwrap();
+    path
+}
+
+/// A Tenant namespace whose `app.kubernetes.io/managed-by` label an admin removed is still
+/// the Tenant's (its controller ownerReference says so): the operator, running as its
+/// ServiceAccount under the shipped RBAC and admission policy with the shipped flags, puts the
+/// label back and repairs what is in the namespace, the Tenant is `Ready` again, and deleting
+/// the Tenant while another namespace lacks the label deletes its namespaces. The account still
+/// cannot write a system namespace, even one an admin labelled as managed, nor make a namespace
+/// its own by adding the label or a Tenant ownerReference.
+#[tokio::test]
+async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_removed() {
+    use common::process::OperatorProcess;
+    use common::tenants;
+    use idem_operator::tenant::desired::QUOTA;
+    use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+    use kube::api::Api;
+
+    install().await;
+    let client = shared().client();
+    let kubeconfig = operator_kubeconfig();
+    let operator =
+        OperatorProcess::spawn_with(&kubeconfig, "idem-system", &unique_name("op"), |a| a);
+    let as_operator = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--dry-run=server", "--as", OPERATOR]);
+        kubectl(&all)
+    };
+    let refused_by_policy = |out: &Output| {
+        !out.status.success() && text(out).contains("idem-operator-managed-namespaces")
+    };
+    // A new policy takes effect once the API server has loaded it: without it in force, the
+    // repair below would prove nothing.
+    eventually("the admission policy in force", TIMEOUT, || async {
+        let out = as_operator(&["label", "namespace", "kube-system", MANAGED]);
+        refused_by_policy(&out)
+            .then_some(())
+            .ok_or_else(|| text(&out))
+    })
+    .await;
+    let name = unique_name("unlab");
+    let created = tenants::create(&client, &name, tenants::full_spec(&["dev", "prod"])).await;
+    let tenant = tenants::wait_ready(&client, &name).await;
+    let (dev, prod) = (format!("{name}-dev"), format!("{name}-prod"));
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let managed_by = |ns: &Namespace| {
+        ns.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .cloned()
+    };
+
+    // An admin removes the label (and, to see the namespace's contents repaired, the quota).
+    let out = kubectl(&["label", "namespace", &dev, "app.kubernetes.io/managed-by-"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = kubectl(&["delete", "resourcequota", QUOTA, "-n", &dev]);
+    assert!(out.status.success(), "{}", text(&out));
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &dev);
+    eventually("the label and the quota repaired", TIMEOUT, || async {
+        let ns = namespaces.get(&dev).await.map_err(common::why)?;
+        let quota = quotas.get_opt(QUOTA).await.map_err(common::why)?;
+        let t = tenants::api(&client)
+            .get(&name)
+            .await
+            .map_err(common::why)?;
+        (managed_by(&ns).as_deref() == Some("idem-operator") && quota.is_some())
+            .then_some(())
+            .ok_or_else(|| {
+                format!(
+                    "label {:?}, quota {}, status {:?}; operator log:\n{}",
+                    managed_by(&ns),
+                    quota.is_some(),
+                    t.status,
+                    operator.log_tail()
+                )
+            })
+    })
+    .await;
+    let ready = tenants::wait_ready(&client, &name).await;
+    let dev_ns = namespaces.get(&dev).await.unwrap();
+    tenants::assert_owned(&dev_ns.metadata, &ready);
+    assert_eq!(ready.metadata.uid, tenant.metadata.uid);
+
+    // What the account still may not do, with a real Tenant's namespace beside it.
+    let other = create_namespace(&client, "unowned").await.unwrap();
+    let reference = format!(
+        r#"{{"metadata":{{"ownerReferences":[{{"apiVersion":"tenancy.idem.dev/v1alpha1","kind":"Tenant","name":"{name}","uid":"{}","controller":true}}]}}}}"#,
+        created.metadata.uid.as_deref().unwrap()
+    );
+    // An admin's mistake: a system namespace labelled as managed stays out of the account's reach.
+    let out = kubectl(&["label", "namespace", "kube-public", MANAGED]);
+    assert!(out.status.success(), "{}", text(&out));
+    let refused = [
+        (
+            "label kube-system as managed",
+            as_operator(&["label", "namespace", "kube-system", MANAGED]),
+        ),
+        (
+            "bind admin in kube-system",
+            as_operator(&[
+                "create",
+                "rolebinding",
+                "owners",
+                "--clusterrole=admin",
+                "--user=mallory",
+                "-n",
+                "kube-system",
+            ]),
+        ),
+        (
+            "create a ConfigMap in kube-public labelled as managed",
+            as_operator(&[
+                "create",
+                "configmap",
+                "x",
+                "--from-literal=a=b",
+                "-n",
+                "kube-public",
+            ]),
+        ),
+        (
+            "annotate kube-public labelled as managed",
+            as_operator(&["annotate", "namespace", "kube-public", "x=y"]),
+        ),
+        (
+            "label an unowned namespace as managed",
+            as_operator(&["label", "namespace", &other, MANAGED]),
+        ),
+        (
+            "give an unowned namespace a Tenant ownerReference",
+            as_operator(&[
+                "patch",
+                "namespace",
+                &other,
+                "--type=merge",
+                "-p",
+                &reference,
+            ]),
+        ),
+        (
+            "remove the label from a managed namespace",
+            as_operator(&["label", "namespace", &prod, "app.kubernetes.io/managed-by-"]),
+        ),
+    ];
+    let wrong: Vec<String> = refused
+        .iter()
+        .filter(|(_, out)| !refused_by_policy(out))
+        .map(|(what, out)| format!("{what}: {}", text(out)))
+        .collect();
+    let out = kubectl(&[
+        "label",
+        "namespace",
+        "kube-public",
+        "app.kubernetes.io/managed-by-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        wrong.is_empty(),
+        "not refused by the policy:\n{}",
+        wrong.join("\n")
+    );
+
+    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label (paused
+    // first, so the label is not put back before); meanwhile the account may still write into
+    // it (its owner-uid label stands for the reference, which the policy cannot see on a
+    // namespace it writes into).
+    pause(&client, &name).await;
+    let out = kubectl(&["label", "namespace", &prod, "app.kubernetes.io/managed-by-"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let create_in_prod = || {
+        as_operator(&[
+            "create",
+            "configmap",
+            "x",
+            "--from-literal=a=b",
+            "-n",
+            &prod,
+        ])
+    };
+    eventually(
+        "a write into the unlabelled tenant namespace",
+        TIMEOUT,
+        || async {
+            let out = create_in_prod();
+            out.status.success().then_some(()).ok_or_else(|| text(&out))
+        },
+    )
+    .await;
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .unwrap();
+    tenants::wait_gone(&client, &name).await;
+
+    // deletionPolicy Retain, a namespace without the label: released (the Tenant's references
+    // removed from it and from what idem made in it), and the Tenant goes.
+    let kept = unique_name("unlab-r");
+    let mut spec = tenants::full_spec(&["dev"]);
+    spec.deletion_policy = idem_operator::resources::tenant::DeletionPolicy::Retain;
+    let retained = tenants::create(&client, &kept, spec).await;
+    tenants::wait_ready(&client, &kept).await;
+    pause(&client, &kept).await;
+    let kept_ns = format!("{kept}-dev");
+    let out = kubectl(&[
+        "label",
+        "namespace",
+        &kept_ns,
+        "app.kubernetes.io/managed-by-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    tenants::api(&client)
+        .delete(&kept, &Default::default())
+        .await
+        .unwrap();
+    tenants::wait_tenant_object_gone(&client, &kept).await;
+    let uid = retained.metadata.uid.as_deref().unwrap();
+    tenants::assert_retained(&client, &kept_ns, uid).await;
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &kept_ns)
+        .get(QUOTA)
+        .await
+        .unwrap();
+    assert!(
+        quota
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .all(|r| r.uid != uid),
+        "the quota still refers to the deleted tenant"
+    );
+    drop(operator);
+}
+
+/// Pauses tenant `name` and waits until the operator says so (`Stalled`, reason `Paused`).
+async fn pause(client: &kube::Client, name: &str) {
+    use kube::api::{Patch, PatchParams};
+    common::tenants::api(client)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    common::tenants::wait_condition(client, name, "Stalled", "Paused").await;
+}

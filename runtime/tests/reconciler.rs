@@ -300,3 +300,104 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The BaseTenant reconciler, counting its passes per object name.
+struct Counting(Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>);
+
+impl Counting {
+    fn passes(&self, name: &str) -> u32 {
+        self.0.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Reconciler for Counting {
+    type Resource = BaseTenant;
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        *self.0.lock().unwrap().entry(tenant.name_any()).or_default() += 1;
+        base_tenant::desired(tenant)
+    }
+}
+
+/// A child the API server's validation refuses (422 Invalid: a negative memory quota, which the
+/// BaseTenant schema does not forbid) stalls its owner at once with reason `ChildInvalid` and
+/// the server's message on one line, is not retried while the spec stays (a handful of passes,
+/// where retries with backoff would make one after another), and converges once the spec
+/// changes.
+#[tokio::test]
+async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
+    let client = client().await;
+    let passes = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let counting = Counting(Arc::clone(&passes));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        Driver::new(client.clone(), Counting(Arc::clone(&passes))).run(
+            base_tenant::controller(&client),
+            async {
+                let _ = stopped.await;
+            },
+        ),
+    );
+    let mut bad = spec(&["erin"]);
+    bad.memory = "-1Gi".into();
+    let tenant = create(&client, "bt-inv", bad).await;
+    let name = tenant.name_any();
+    let stalled = |t: &BaseTenant| {
+        t.status.is_some() && {
+            let (status, reason, _) = condition(t, "Stalled");
+            status == "True" && reason == "ChildInvalid"
+        }
+    };
+    wait("Stalled with ChildInvalid", || async {
+        stalled(&get(&client, &name).await)
+    })
+    .await;
+    let stored = get(&client, &name).await;
+    let (_, _, message) = condition(&stored, "Stalled");
+    assert!(
+        message.contains("ResourceQuota") && message.contains("422 Invalid"),
+        "{message}"
+    );
+    assert!(
+        message.contains("must be greater than or equal to 0"),
+        "the server's reason: {message}"
+    );
+    assert!(!message.contains('\n'), "one line: {message:?}");
+    assert_eq!(condition(&stored, "Ready").0, "False");
+
+    // Another object converging meanwhile: the workers are busy, the stalled one is not retried.
+    let good = create(&client, "bt-inv-ok", spec(&["erin"])).await;
+    wait("the other BaseTenant Ready", || async {
+        let t = get(&client, &good.name_any()).await;
+        t.status.is_some() && condition(&t, "Ready").0 == "True"
+    })
+    .await;
+    let before_fix = counting.passes(&name);
+    // The first pass, and one for the namespace it created (a child event).
+    assert!(
+        (1..=3).contains(&before_fix),
+        "{before_fix} passes for a spec that cannot work"
+    );
+    assert!(stalled(&get(&client, &name).await), "still stalled");
+
+    // The spec changes: the object converges.
+    let api: Api<BaseTenant> = Api::all(client.clone());
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"memory": "4Gi"}})),
+    )
+    .await
+    .unwrap();
+    wait("Ready after the fix", || async {
+        let t = get(&client, &name).await;
+        t.status.is_some() && condition(&t, "Ready").0 == "True"
+    })
+    .await;
+    assert!(counting.passes(&name) > before_fix);
+    stop.send(()).unwrap();
+    let report = run.await.unwrap().expect("run");
+    assert!(report.drained(), "{report:?}");
+}

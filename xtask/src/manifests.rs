@@ -23,6 +23,15 @@ pub const POLICY: &str = "idem-operator-managed-namespaces";
 /// The ValidatingAdmissionPolicy (and its binding) that lets only the operator's
 /// ServiceAccount write the shard ring's member Leases.
 pub const RING_POLICY: &str = "idem-operator-shard-ring";
+/// Namespaces the operator never writes nor writes into, whatever their labels and
+/// ownerReferences: Kubernetes' own and the operator's.
+pub const SYSTEM_NAMESPACES: &[&str] = &[
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "default",
+    NAMESPACE,
+];
 
 /// The manifests, one file per object kind, in apply order.
 pub fn files() -> anyhow::Result<Vec<File>> {
@@ -47,6 +56,30 @@ pub fn files() -> anyhow::Result<Vec<File>> {
              && {obj}.metadata.labels['{MANAGED_BY_LABEL}'] == '{FIELD_MANAGER}'"
         )
     };
+    // A namespace is the operator's when it carries the label, or when a Tenant is its
+    // controller: only those who may update Namespaces (cluster admins, and the operator on
+    // namespaces already its own) can set either, so removing the label alone (one field, as
+    // easy to drop by mistake as any other) does not take a Tenant's namespace from its repair.
+    let tenant_api_version = format!("{}/v1alpha1", idem_operator::resources::GROUP);
+    let controlled = |obj: &str| {
+        format!(
+            "has({obj}.metadata.ownerReferences) && {obj}.metadata.ownerReferences.exists(r, \
+             r.apiVersion == '{tenant_api_version}' && r.kind == 'Tenant' \
+             && has(r.controller) && r.controller)"
+        )
+    };
+    let ours = |obj: &str| format!("({}) || ({})", managed(obj), controlled(obj));
+    // `namespaceObject` carries no ownerReferences (the API server gives policies a subset of
+    // its metadata): for writes into a namespace, the owner-uid label the operator puts on the
+    // namespaces it controls stands in for the reference (again only namespace updaters can set
+    // it, and the operator only on namespaces already its own).
+    let owner_uid = idem_runtime::apply::OWNER_UID_LABEL;
+    let ours_inside = format!(
+        "({}) || (has(namespaceObject.metadata.labels) && '{owner_uid}' in namespaceObject.metadata.labels)",
+        managed("namespaceObject")
+    );
+    let system: Vec<String> = SYSTEM_NAMESPACES.iter().map(|n| format!("'{n}'")).collect();
+    let system = format!("[{}]", system.join(", "));
     let operations = json!(["CREATE", "UPDATE", "DELETE"]);
     let mut resource_rules = vec![json!({"apiGroups": [""], "apiVersions": ["*"],
         "resources": ["namespaces"], "operations": operations})];
@@ -55,6 +88,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             "resources": resources, "operations": operations}));
     }
     let label = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
+    let owned = format!("labelled {label} or controlled by a Tenant");
     let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
     "kind": "ValidatingAdmissionPolicy",
     "metadata": {"name": POLICY, "labels": labels},
@@ -64,17 +98,20 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "matchConditions": [{"name": "the-operator-only",
             "expression": format!("request.userInfo.username == '{service_account}'")}],
         "validations": [
+            {"expression": format!("!((request.resource.resource == 'namespaces' ? request.name : request.namespace) in {system})"),
+             "message": format!("idem-operator may never write the system namespaces {} or anything in them", SYSTEM_NAMESPACES.join(", ")),
+             "reason": "Forbidden"},
             {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'CREATE' || ({})", managed("object")),
              "message": format!("idem-operator may only create namespaces labelled {label}"),
              "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource != 'namespaces' || request.operation == 'CREATE' || ({})", managed("oldObject")),
-             "message": format!("idem-operator may only change or delete namespaces labelled {label}"),
+            {"expression": format!("request.resource.resource != 'namespaces' || request.operation == 'CREATE' || {}", ours("oldObject")),
+             "message": format!("idem-operator may only change or delete namespaces {owned}"),
              "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || ({})", managed("object")),
+            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || !({}) || ({})", managed("oldObject"), managed("object")),
              "message": format!("idem-operator may not remove the label {label} from a namespace"),
              "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && {})", managed("namespaceObject")),
-             "message": format!("idem-operator may only write into namespaces labelled {label}"),
+            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({ours_inside}))"),
+             "message": format!("idem-operator may only write into namespaces labelled {label} or {owner_uid}"),
              "reason": "Forbidden"},
         ],
     }});

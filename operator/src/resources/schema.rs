@@ -144,15 +144,15 @@ pub fn limit_map(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// `env` of a TenantApp: at most 64 variables, names `[-._a-zA-Z][-._a-zA-Z0-9]*` of at most
-/// 256 characters, values of at most 4096.
+/// 256 characters, not `.` and not starting with `..` (`IsEnvVarName`), values of at most 4096.
 pub fn env(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "maxProperties": 64,
         "additionalProperties": {"type": "string", "maxLength": 4096},
         "x-kubernetes-validations": [{
-            "rule": "self.all(k, size(k) <= 256 && k.matches(r'^[-._a-zA-Z][-._a-zA-Z0-9]*$'))",
-            "message": "environment variable names consist of letters, digits, '_', '-' and '.', and do not start with a digit",
+            "rule": "self.all(k, size(k) <= 256 && k.matches(r'^[-._a-zA-Z][-._a-zA-Z0-9]*$') && k != '.' && !k.startsWith('..'))",
+            "message": "environment variable names consist of letters, digits, '_', '-' and '.', do not start with a digit, and are not '.' nor start with '..'",
         }],
     })
 }
@@ -162,7 +162,7 @@ pub fn env(_: &mut SchemaGenerator) -> Schema {
 pub const MAX_CONFIG_MAP_BYTES: usize = 1024 * 1024;
 
 /// `config` of a TenantApp: at most 64 files, keys ConfigMap keys (`[-._a-zA-Z0-9]+`, at most
-/// 253 characters), contents of at most 16000 characters, and keys plus contents of at most
+/// 253 characters, not `.` and not starting with `..`: `IsConfigMapKey`), contents of at most 16000 characters, and keys plus contents of at most
 /// [`MAX_CONFIG_MAP_BYTES`] bytes in UTF-8 — the ConfigMap idem makes from them must pass the
 /// API server's own size check (`maxLength` counts characters, and one character may take 4
 /// bytes), or the app would be admitted and then fail on every reconcile.
@@ -172,8 +172,8 @@ pub fn config(_: &mut SchemaGenerator) -> Schema {
         "maxProperties": 64,
         "additionalProperties": {"type": "string", "maxLength": 16000},
         "x-kubernetes-validations": [{
-            "rule": "self.all(k, size(k) <= 253 && k.matches(r'^[-._a-zA-Z0-9]+$'))",
-            "message": "config keys may hold only letters, digits, '-', '_' and '.' (ConfigMap key rules)",
+            "rule": "self.all(k, size(k) <= 253 && k.matches(r'^[-._a-zA-Z0-9]+$') && k != '.' && !k.startsWith('..'))",
+            "message": "config keys may hold only letters, digits, '-', '_' and '.', are not '.' nor start with '..', and have at most 253 characters (ConfigMap key rules)",
         }, {
             "rule": format!("self.map(k, size(k) + size(bytes(self[k]))).sum() <= {MAX_CONFIG_MAP_BYTES}"),
             "message": format!("config keys and contents may take at most {MAX_CONFIG_MAP_BYTES} bytes in UTF-8 (the size limit of a ConfigMap)"),

@@ -182,9 +182,14 @@ pub struct Quota {
     pub hard: BTreeMap<String, Quantity>,
 }
 
-/// The LimitRange (container defaults) of each tenant namespace.
+/// The LimitRange (container defaults) of each tenant namespace. As the API server checks a
+/// LimitRange (`ValidateLimitRange`): a default request is at most the default limit of the
+/// same resource, and equals it for resources that cannot be overcommitted (hugepages,
+/// extended resources).
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.defaultRequest) || !has(self.default) || self.defaultRequest.all(k, !(k in self.default) || !isQuantity(string(self.defaultRequest[k])) || !isQuantity(string(self.default[k])) || !quantity(string(self.default[k])).isLessThan(quantity(string(self.defaultRequest[k]))))").message("a defaultRequest must be at most the default of the same resource"))]
+#[x_kube(validation = Rule::new("!has(self.defaultRequest) || !has(self.default) || self.defaultRequest.all(k, !(k in self.default) || !(k.startsWith('hugepages-') || (k.contains('/') && !k.contains('kubernetes.io/'))) || !isQuantity(string(self.defaultRequest[k])) || !isQuantity(string(self.default[k])) || quantity(string(self.default[k])).compareTo(quantity(string(self.defaultRequest[k]))) == 0)").message("hugepages and extended resources cannot be overcommitted: their defaultRequest must equal their default"))]
 pub struct Limits {
     /// Default requests of containers that set none, e.g. `{cpu: 100m, memory: 128Mi}`: at
     /// most 16 container resources, quantities ≥ 0 (see [`super::schema::limit_map`]).

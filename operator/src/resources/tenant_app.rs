@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-/// Desired state of an application.
+/// Desired state of an application. Its name is a DNS-1035 label (at most 63 lower case
+/// letters, digits and `-`, starting with a letter): it names the Service.
 ///
 /// ```yaml
 /// apiVersion: tenancy.idem.dev/v1alpha1
@@ -42,7 +43,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a TenantApp name must be a DNS-1035 label (at most 63 lower case letters, digits and '-', starting with a letter), because it names the app's Service and labels its pods"),
 )]
 #[idempotent(
     tenant = namespace_label("tenancy.idem.dev/tenant"),
@@ -65,14 +67,14 @@ pub struct TenantAppSpec {
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
     /// Environment variables of the container: at most 64; names are C identifiers with `-`
-    /// and `.` allowed (`[-._a-zA-Z][-._a-zA-Z0-9]*`, at most 256 characters), values at most
-    /// 4096 characters.
+    /// and `.` allowed (`[-._a-zA-Z][-._a-zA-Z0-9]*`, at most 256 characters, not `.` and not
+    /// starting with `..`), values at most 4096 characters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::schema::env")]
     pub env: BTreeMap<String, String>,
     /// Files of the ConfigMap `<app>-config`, mounted at `/etc/<app>`; a change rolls the pods
     /// (the pod template carries a hash of it). Keys are ConfigMap keys: letters, digits, `-`,
-    /// `_` and `.`, at most 253 characters; at most 64 files of at most 16000 characters each
+    /// `_` and `.`, at most 253 characters, not `.` and not starting with `..`; at most 64 files of at most 16000 characters each
     /// (so the ConfigMap stays under its 1 MiB limit).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::schema::config")]

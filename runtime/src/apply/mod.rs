@@ -162,6 +162,35 @@ pub(crate) fn api_reason(err: &kube::Error) -> Option<(u16, &str)> {
     }
 }
 
+impl ApplyError {
+    /// Whether the API server refused the desired child itself: 422 Invalid on its create or
+    /// apply, from the server's validation of the body, which the same desired body meets again
+    /// on every retry. Not the 422 of an apply carrying the live `metadata.uid` when the child
+    /// was replaced since the read (the engine reads again and never returns it for that), nor
+    /// a denial by an admission webhook or a ValidatingAdmissionPolicy (an admin may lift it).
+    pub fn is_invalid_child(&self) -> bool {
+        let Self::Api {
+            action: "create" | "apply",
+            source,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        let kube::Error::Api(status) = source.as_ref() else {
+            return false;
+        };
+        status.code == 422
+            && status.reason == "Invalid"
+            && !status
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+            && !status.message.contains("admission webhook")
+            && !status.message.contains("ValidatingAdmissionPolicy")
+    }
+}
+
 /// Whether `err` is 409 Conflict on a write guarded by `resourceVersion` (not AlreadyExists).
 pub(crate) fn is_conflict(err: &kube::Error) -> bool {
     matches!(api_reason(err), Some((409, reason)) if reason != "AlreadyExists")
@@ -180,6 +209,64 @@ pub(crate) fn is_not_found(err: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rejected(action: &'static str, status: kube::core::Status) -> ApplyError {
+        ApplyError::Api {
+            child: ObjectKey::namespaced("Service", "ns", "my.app"),
+            action,
+            source: Box::new(kube::Error::Api(Box::new(status))),
+        }
+    }
+
+    fn status(code: u16, reason: &str, message: &str, field: Option<&str>) -> kube::core::Status {
+        kube::core::Status {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            details: field.map(|f| {
+                serde_json::from_value(serde_json::json!({"causes": [{"field": f}]})).unwrap()
+            }),
+            ..kube::core::Status::default()
+        }
+    }
+
+    #[test]
+    fn only_the_servers_422_on_the_desired_body_is_an_invalid_child() {
+        let invalid = status(
+            422,
+            "Invalid",
+            r#"Service "my.app" is invalid: metadata.name: Invalid value: "my.app": a DNS-1035 label must consist of lower case alphanumeric characters or '-'"#,
+            Some("metadata.name"),
+        );
+        assert!(rejected("create", invalid.clone()).is_invalid_child());
+        assert!(rejected("apply", invalid.clone()).is_invalid_child());
+        assert!(!rejected("delete", invalid).is_invalid_child());
+        let replaced = status(
+            422,
+            "Invalid",
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+            Some("metadata.uid"),
+        );
+        assert!(!rejected("apply", replaced).is_invalid_child());
+        let webhook = status(
+            422,
+            "Invalid",
+            r#"admission webhook "check.example.com" denied the request: no"#,
+            None,
+        );
+        assert!(!rejected("apply", webhook).is_invalid_child());
+        let policy = status(
+            422,
+            "Invalid",
+            "services \"x\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no",
+            None,
+        );
+        assert!(!rejected("create", policy).is_invalid_child());
+        let forbidden = status(403, "Forbidden", "forbidden", None);
+        assert!(!rejected("create", forbidden).is_invalid_child());
+        let missing = ApplyError::Duplicate(ObjectKey::namespaced("Service", "ns", "a"));
+        assert!(!missing.is_invalid_child());
+    }
 
     #[test]
     fn api_error_displays_the_status_message() {

@@ -251,9 +251,14 @@ where
             let writer = Self::writer(&client, &obj);
             if error.is_terminal() {
                 tracing::warn!(%error, "terminal reconcile error: stalled until the object changes");
+                // One line: a server's message may hold several causes.
+                let mut message = error.to_string().replace(['\n', '\r'], " ");
+                if matches!(&error, ReconcileError::Apply(e) if e.is_invalid_child()) {
+                    message.push_str("; not retried until the object changes");
+                }
                 let readiness = Readiness::Stalled {
                     reason: error.terminal_reason().to_owned(),
-                    message: shorten(&error.to_string(), MAX_MESSAGE_BYTES),
+                    message: shorten(&message, MAX_MESSAGE_BYTES),
                 };
                 let fill: StatusFill<K<R>> = Box::new(|_| {});
                 self.write_status(&writer, recorder.as_ref(), &obj, &readiness, &fill)

@@ -98,29 +98,35 @@ impl ReconcileError {
         }
     }
 
-    /// Whether retrying cannot fix it: [`ReconcileError::Terminal`], and apply errors the
+    /// Whether retrying cannot fix it: [`ReconcileError::Terminal`]; apply errors the
     /// desired state itself causes before any request (a child listed twice, without a name,
-    /// not serialisable, or in a scope the owner cannot own: API conventions on ownership).
-    /// Errors the API server returns are never terminal: a 422 may come from an admission
-    /// policy an admin fixes, so those retry with backoff and stall after N failures.
+    /// not serialisable, or in a scope the owner cannot own: API conventions on ownership);
+    /// and a child the API server's validation refuses as 422 Invalid
+    /// ([`ApplyError::is_invalid_child`]): the same spec makes the same body, refused again on
+    /// every retry. Other errors the API server returns retry with backoff and stall after N
+    /// failures — among them denials by admission webhooks and policies, which an admin may
+    /// lift, and the 422 the engine meets when a child was replaced since its read.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Terminal { .. }
-                | Self::Apply(
-                    ApplyError::Duplicate(_)
-                        | ApplyError::MissingName { .. }
-                        | ApplyError::Serialize { .. }
-                        | ApplyError::InvalidScope { .. }
-                )
-        )
+            | Self::Apply(
+                ApplyError::Duplicate(_)
+                | ApplyError::MissingName { .. }
+                | ApplyError::Serialize { .. }
+                | ApplyError::InvalidScope { .. },
+            ) => true,
+            Self::Apply(e) => e.is_invalid_child(),
+            _ => false,
+        }
     }
 
     /// The condition reason of a terminal error: its own for [`ReconcileError::Terminal`],
-    /// `InvalidDesiredState` for the apply errors [`ReconcileError::is_terminal`] names.
+    /// `ChildInvalid` for a child the API server refused as invalid, `InvalidDesiredState` for
+    /// the other apply errors [`ReconcileError::is_terminal`] names.
     pub fn terminal_reason(&self) -> &str {
         match self {
             Self::Terminal { reason, .. } => reason,
+            Self::Apply(e) if e.is_invalid_child() => "ChildInvalid",
             _ => "InvalidDesiredState",
         }
     }
