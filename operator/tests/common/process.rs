@@ -166,6 +166,20 @@ impl OperatorProcess {
         kill(Pid::from_raw(self.child.id() as i32), signal).expect("signalling the operator");
     }
 
+    /// Its resident memory (`VmRSS` of `/proc/<pid>/status`), in KiB.
+    ///
+    /// # Panics
+    /// When the process is gone.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the operator's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
     /// The end of its log, for failure messages.
     pub fn log_tail(&self) -> String {
         idem_tests::process::tail(&self.log, 40)
