@@ -295,6 +295,11 @@ impl Applier {
                 !owner.owns(&meta) && (child.release_orphan || !owner.lost_reference(&meta));
             if let Some(c) = &self.caches {
                 c.set_foreign(&key, foreign);
+                if !foreign {
+                    // Ours at a desired name (read from the API server when the cache held
+                    // only a stub of it): cached whole from now on.
+                    c.ours(&key, &live);
+                }
             }
             if foreign {
                 return done(ChildOutcome::NotOwned {
