@@ -12,7 +12,6 @@
 
 mod common;
 
-
 use common::process::OperatorProcess;
 use common::{TIMEOUT, apps, eventually, install_crds, tenants, why};
 use futures::{StreamExt, TryStreamExt};
@@ -202,7 +201,10 @@ async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
             .await
             .map_err(why)
             .unwrap();
-        assert!(got.is_some(), "the operator deleted forged-{cm}, alice's own");
+        assert!(
+            got.is_some(),
+            "the operator deleted forged-{cm}, alice's own"
+        );
     }
 
     // Started again with the forged objects present: its first lists bring them all at once.

@@ -106,9 +106,17 @@ impl OperatorProcess {
             std::env::temp_dir().join(format!("idem-operator-{name}-{}.log", std::process::id()));
         let out = File::create(&log).expect("creating the operator's log");
         let err = out.try_clone().expect("duplicating a log handle");
+        // The manifest's literal values (e.g. the allocator's tunables), as the kubelet sets them.
+        let literal: Vec<(String, String)> = container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some((v["name"].as_str()?.into(), v["value"].as_str()?.into())))
+            .collect();
         let program = Path::new(env!("CARGO_BIN_EXE_idem-operator"));
         let child = idem_tests::process::dying_with_parent(program, "KILL")
             .args(&args)
+            .envs(literal)
             .env("POD_NAME", name)
             .env("POD_NAMESPACE", namespace)
             .env("KUBECONFIG", kubeconfig)

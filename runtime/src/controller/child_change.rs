@@ -1,8 +1,8 @@
 //! Which changes of an owned child are worth reconciling its owner for: what the reconcile
 //! owns or reads, not the status churn and metadata other controllers add.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 use serde_json::value::RawValue;

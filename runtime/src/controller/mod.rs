@@ -33,6 +33,7 @@ mod action;
 mod child_change;
 mod derived;
 pub mod mapping;
+mod raw;
 mod reason;
 mod watch;
 mod worker;
@@ -423,8 +424,8 @@ where
         let primary = watch::primary(self.api, self.watcher_config, writer, Arc::clone(&shared));
         // With records, the children are watched once the owners (and their records) are
         // listed: a child that arrives before its owner's record would be kept as a stub.
-        let after_primary = (self.record_of.is_some() && self.caches.is_some())
-            .then(|| primary.synced.clone());
+        let after_primary =
+            (self.record_of.is_some() && self.caches.is_some()).then(|| primary.synced.clone());
         let mut tasks = vec![primary];
         tasks.extend(self.children.into_iter().map(|f| {
             let task = f(Arc::clone(&shared));

@@ -302,7 +302,9 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = relisting(api, config).default_backoff();
+        // Decoded as metadata plus text: the content of an object that is not ours is never
+        // decoded (see `Raw`).
+        let stream = relisting(super::raw::raw_api(api), config).default_backoff();
         let mut first_list = true;
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
@@ -416,17 +418,11 @@ where
                 // the metadata is converted: its content, however large, is never copied.
                 let meta = serde_json::to_value(obj.meta()).unwrap_or_default();
                 let print = match &store {
-                    Some(store) if !store.keeps_whole(&meta) => {
-                        child_print_meta(&meta, &managers)
-                    }
-                    _ => child_print_text(
-                        &serde_json::to_string(&obj).unwrap_or_default(),
-                        &managers,
-                        options,
-                    ),
+                    Some(store) if !store.keeps_whole(&meta) => child_print_meta(&meta, &managers),
+                    _ => child_print_text(obj.text(), &managers, options),
                 };
                 if let Some(store) = &store {
-                    store.put(&meta, || serde_json::to_value(&obj).ok(), initial);
+                    store.put(&meta, || serde_json::from_str(obj.text()).ok(), initial);
                     if let (Some(caches), Some(rv), false) =
                         (&shared.caches, obj.resource_version(), initial)
                     {

@@ -139,7 +139,10 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
             );
         }
         kept.insert("controller".into(), Value::Bool(true));
-        m.insert("ownerReferences".into(), Value::Array(vec![Value::Object(kept)]));
+        m.insert(
+            "ownerReferences".into(),
+            Value::Array(vec![Value::Object(kept)]),
+        );
     }
     serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": m})
 }

@@ -84,7 +84,12 @@ impl Trust {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        let gone: Vec<ObjectKey> = inner.records.keys().filter(|k| !listed(k)).cloned().collect();
+        let gone: Vec<ObjectKey> = inner
+            .records
+            .keys()
+            .filter(|k| !listed(k))
+            .cloned()
+            .collect();
         for owner in gone {
             if let Some(old) = inner.records.remove(&owner) {
                 inner.unrecord(old);
@@ -144,7 +149,10 @@ mod tests {
     #[test]
     fn a_uid_is_trusted_while_a_record_holds_it() {
         let trust = Trust::default();
-        let (a, b) = (ObjectKey::cluster("Tenant", "a"), ObjectKey::cluster("Tenant", "b"));
+        let (a, b) = (
+            ObjectKey::cluster("Tenant", "a"),
+            ObjectKey::cluster("Tenant", "b"),
+        );
         trust.set_record(&a, vec!["u1".into(), "u2".into()]);
         trust.set_record(&b, vec!["u2".into()]);
         assert!(trust.is_ours(&key("x"), "u1") && trust.is_ours(&key("y"), "u2"));
@@ -162,7 +170,10 @@ mod tests {
         let trust = Trust::default();
         trust.own(&key("x"), "u1");
         assert!(trust.is_ours(&key("x"), "u1"));
-        assert!(!trust.is_ours(&key("x"), "u2"), "another object at that name");
+        assert!(
+            !trust.is_ours(&key("x"), "u2"),
+            "another object at that name"
+        );
         trust.deleted(&key("x"), "u2"); // an older object's delete event
         assert!(trust.is_ours(&key("x"), "u1"));
         trust.deleted(&key("x"), "u1");

@@ -31,7 +31,12 @@ fn child(apply_owns_last_applied: bool) -> Value {
 }
 
 fn store(keep_status: bool) -> CompactStore {
-    let s = CompactStore::new("rbac.authorization.k8s.io/v1", "RoleBinding", keep_status, None);
+    let s = CompactStore::new(
+        "rbac.authorization.k8s.io/v1",
+        "RoleBinding",
+        keep_status,
+        None,
+    );
     s.apply(child(false));
     s
 }
