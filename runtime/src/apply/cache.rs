@@ -281,12 +281,12 @@ impl ChildCaches {
         let Some(uid) = obj.pointer("/metadata/uid").and_then(Value::as_str) else {
             return;
         };
-        if self.trust.is_ours(key, uid) {
-            return;
-        }
         // Trusted first: a watch event of it that is being stored now is then kept whole, or
-        // its stub is replaced below (see `CompactStore::upgrade`).
-        self.trust.own(key, uid);
+        // its stub is replaced below (see `CompactStore::upgrade`). Already trusted (by a
+        // record that came after its watch event), a stub of it is replaced all the same.
+        if !self.trust.is_ours(key, uid) {
+            self.trust.own(key, uid);
+        }
         let kind = |field: &str| obj.get(field).and_then(Value::as_str).map(str::to_owned);
         if let (Some(api_version), Some(kind)) = (kind("apiVersion"), kind("kind"))
             && let Some(view) = self
@@ -440,6 +440,30 @@ mod tests {
         tokio::time::advance(OVERLAY_TRUST + Duration::from_secs(1)).await;
         assert_eq!(caches.get(&resource, &key()), Some(None));
         assert_eq!(caches.get(&resource, &key()), Some(None));
+    }
+
+    #[test]
+    fn a_stub_is_read_from_the_api_server_until_the_engine_judged_the_object_its_own() {
+        let caches = ChildCaches::new();
+        let store = Arc::new(CompactStore::new(
+            "v1",
+            "ConfigMap",
+            false,
+            Some(caches.trust()),
+        ));
+        caches.register_compact(Arc::clone(&store));
+        let resource = ApiResource::erase::<ConfigMap>(&());
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+            "data": {"k": "v"}});
+        // Seen before any record held it (e.g. created by a pass that crashed before its
+        // status write): a stub, which the engine must read from the API server.
+        store.apply(obj.clone());
+        assert_eq!(caches.get(&resource, &key()), None);
+        // Recorded since, and judged the owner's own at a desired name after a GET: whole.
+        caches.set_record(&ObjectKey::cluster("Tenant", "t"), Some(vec!["u1".into()]));
+        caches.ours(&key(), &obj);
+        assert_eq!(caches.get(&resource, &key()), Some(Some(obj)));
     }
 
     #[test]

@@ -347,6 +347,15 @@ impl CompactStore {
             })
         };
         let whole = || self.entry(obj.clone(), true).map(|(_, e)| e);
+        let stubbed = |map: &HashMap<Name, Entry>| map.get(&name).is_some_and(|e| e.stub);
+        let in_live = self.live.read().is_ok_and(|live| stubbed(&live));
+        let in_relist = self
+            .relist
+            .lock()
+            .is_ok_and(|r| r.as_ref().is_some_and(|listed| stubbed(listed)));
+        if !in_live && !in_relist {
+            return; // the common case: nothing to replace, no write lock taken
+        }
         if let Ok(mut live) = self.live.write()
             && live.get(&name).is_some_and(replaces)
             && let Some(e) = whole()
