@@ -60,8 +60,10 @@ pub(crate) fn child_print_text(
         .and_then(|m| serde_json::from_str(m.get()).ok())
         .unwrap_or_default();
     let mut h = DefaultHasher::new();
+    // `apiVersion` and `kind` are the kind's own, and absent from the items of a list.
     for (k, v) in top.iter().filter(|(k, _)| {
-        k.as_str() != "metadata" && (options.reads_status || k.as_str() != "status")
+        !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
+            && (options.reads_status || k.as_str() != "status")
     }) {
         k.hash(&mut h);
         v.get().hash(&mut h);
@@ -181,6 +183,15 @@ mod tests {
 
     fn print(v: &Value) -> u64 {
         child_print(v, &managers(), OwnsOptions::default())
+    }
+
+    #[test]
+    fn a_list_item_without_api_version_and_kind_prints_as_its_watch_event() {
+        let mut item = deployment();
+        let map = item.as_object_mut().unwrap();
+        map.remove("apiVersion");
+        map.remove("kind");
+        assert_eq!(print(&deployment()), print(&item));
     }
 
     #[test]
