@@ -352,7 +352,7 @@ impl CompactStore {
         let in_relist = self
             .relist
             .lock()
-            .is_ok_and(|r| r.as_ref().is_some_and(|listed| stubbed(listed)));
+            .is_ok_and(|r| r.as_ref().is_some_and(stubbed));
         if !in_live && !in_relist {
             return; // the common case: nothing to replace, no write lock taken
         }
