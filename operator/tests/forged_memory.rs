@@ -90,6 +90,16 @@ async fn cached_at_least(op: &OperatorProcess, objects: f64) -> String {
     .await
 }
 
+/// GET requests (reads of one object; lists and watches are counted apart) the API server
+/// served on ConfigMaps and Services, two of the TenantApp's child kinds. RoleBindings are left
+/// out: their counter also grows by reads that are not the operator's (seen while the forged
+/// ones were created, before any reconcile could read them).
+async fn child_gets() -> [u64; 2] {
+    let text = shared().metrics().await.expect("apiserver /metrics");
+    [("", "configmaps"), ("", "services")]
+        .map(|(group, resource)| idem_tests::metrics::requests(&text, "GET", group, resource))
+}
+
 /// Changes the app's replicas and the tenant's quota, and waits until both are Ready at their
 /// new generation.
 async fn both_converge(client: &kube::Client, tenant: &str, ns: &str, app: &str, round: i32) {
@@ -209,9 +219,17 @@ async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
 
     // Started again with the forged objects present: its first lists bring them all at once.
     drop(op);
+    let gets_before = child_gets().await;
     let op = OperatorProcess::spawn(&lease_ns, "idem-operator-mem-b");
     cached_at_least(&op, genuine + forged).await;
     both_converge(&client, &name, &ns, "web", 3).await;
+    // Its own children came whole from its first lists (the records were listed first), and
+    // the forged objects, at names it does not desire, are never read.
+    assert_eq!(
+        child_gets().await,
+        gets_before,
+        "GETs of ConfigMaps and Services by the restarted operator"
+    );
     let rss_restarted = op.rss_kib();
     println!(
         "restarted with them present: operator RSS {rss_restarted} KiB ({:+} KiB against the first operator's {rss_before} KiB)",
