@@ -213,8 +213,13 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                             "name": "operator",
                             "image": image,
                             "args": ["run", "--shards=auto", "--metrics-addr=0.0.0.0:8080", "--health-addr=0.0.0.0:8081"],
+                            // glibc's malloc: a fixed mmap threshold (setting it turns off the
+                            // dynamic one, which rises to the largest block freed) gives each
+                            // block of 128 KiB or more back to the system when it is freed, so a
+                            // watch event of a large object does not stay in the resident set.
                             "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                    {"name": "GLIBC_TUNABLES", "value": "glibc.malloc.mmap_threshold=131072"}],
                             "ports": [{"name": "metrics", "containerPort": 8080}, {"name": "health", "containerPort": 8081}],
                             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10},
                             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "health"}, "periodSeconds": 5},

@@ -13,9 +13,25 @@ use kube::{Api, Client};
 
 use crate::resources::{FIELD_MANAGER, Tenant};
 
+/// Objects per page when an API server without streaming lists makes a child watch list by
+/// pages: children are read one page at a time (a page of objects near etcd's 1.5 MB limit is
+/// ~15 MB), never a whole kind at once.
+pub const CHILD_LIST_PAGE: u32 = 10;
+
+/// A child watch selecting `labels`: its lists stream (`sendInitialEvents`, Kubernetes' watch
+/// lists, on by default since 1.34), so each object is decoded and judged on its own as it
+/// arrives rather than as part of a whole list; by pages of [`CHILD_LIST_PAGE`] where the API
+/// server refuses that.
+fn child_watch(labels: &str) -> watcher::Config {
+    watcher::Config::default()
+        .labels(labels)
+        .streaming_lists()
+        .page_size(CHILD_LIST_PAGE)
+}
+
 /// The watch config of every child kind: only what the operator manages.
 pub fn children_config() -> watcher::Config {
-    watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
+    child_watch(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
 }
 
 /// The watch config of the Tenant's child kinds on a replica that owns `shard` (`None`: not
@@ -32,7 +48,7 @@ pub fn sharded_children_config(shard: Option<&Ranges>) -> watcher::Config {
         Some(buckets) => format!("{base},{buckets}"),
         None => base,
     };
-    watcher::Config::default().labels(&labels)
+    child_watch(&labels)
 }
 
 /// A Tenant's weight in the operator's fair queues: `spec.weight`, clamped to 1–100 (the

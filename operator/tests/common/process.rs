@@ -106,9 +106,17 @@ impl OperatorProcess {
             std::env::temp_dir().join(format!("idem-operator-{name}-{}.log", std::process::id()));
         let out = File::create(&log).expect("creating the operator's log");
         let err = out.try_clone().expect("duplicating a log handle");
+        // The manifest's literal values (e.g. the allocator's tunables), as the kubelet sets them.
+        let literal: Vec<(String, String)> = container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some((v["name"].as_str()?.into(), v["value"].as_str()?.into())))
+            .collect();
         let program = Path::new(env!("CARGO_BIN_EXE_idem-operator"));
         let child = idem_tests::process::dying_with_parent(program, "KILL")
             .args(&args)
+            .envs(literal)
             .env("POD_NAME", name)
             .env("POD_NAMESPACE", namespace)
             .env("KUBECONFIG", kubeconfig)
@@ -164,6 +172,20 @@ impl OperatorProcess {
     /// Sends `signal` to it (SIGSTOP pauses it, SIGCONT resumes it, SIGKILL kills it).
     pub fn signal(&self, signal: Signal) {
         kill(Pid::from_raw(self.child.id() as i32), signal).expect("signalling the operator");
+    }
+
+    /// Its resident memory (`VmRSS` of `/proc/<pid>/status`), in KiB.
+    ///
+    /// # Panics
+    /// When the process is gone.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the operator's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
     }
 
     /// The end of its log, for failure messages.

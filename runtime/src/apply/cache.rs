@@ -19,7 +19,9 @@ use super::own_writes::{InFlight, Origin, OwnWrites};
 use crate::key::ObjectKey;
 
 mod compact;
+mod trust;
 pub(crate) use compact::CompactStore;
+pub(crate) use trust::Trust;
 
 /// More own-write results than this are dropped at once (they only save a redundant apply).
 const OVERLAY_CAP: usize = 10_000;
@@ -31,8 +33,14 @@ const OVERLAY_TRUST: Duration = super::own_writes::SETTLE_TIMEOUT;
 
 /// One kind's store, seen as JSON.
 trait KindView: Send + Sync {
-    /// The object `namespace/name`, as JSON (with `metadata.managedFields`).
-    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Value>;
+    /// The object `namespace/name`, as JSON (with `metadata.managedFields`), and whether that
+    /// is only a stub of it (see [`CompactStore`]).
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<(Value, bool)>;
+    /// Replaces a stub of `obj` with `obj` (the engine's own copy); see
+    /// [`CompactStore::upgrade`].
+    fn upgrade(&self, obj: &Value) {
+        let _ = obj;
+    }
     /// Metadata of the objects labelled [`OWNER_UID_LABEL`]`=uid`, in `namespace` when given.
     fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta>;
     /// Objects stored.
@@ -43,7 +51,7 @@ impl<C> KindView for Store<C>
 where
     C: Resource<DynamicType = ()> + Serialize + Clone + Send + Sync + 'static,
 {
-    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Value> {
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<(Value, bool)> {
         let mut r = ObjectRef::<C>::new(name);
         if let Some(ns) = namespace {
             r = r.within(ns);
@@ -53,7 +61,7 @@ where
         // Typed objects serialise without apiVersion/kind.
         v["apiVersion"] = Value::String(C::api_version(&()).into_owned());
         v["kind"] = Value::String(C::kind(&()).into_owned());
-        Some(v)
+        Some((v, false))
     }
 
     fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta> {
@@ -91,6 +99,16 @@ where
 /// engine returned is remembered until the child's watch delivers it, and the watch does not
 /// enqueue the owner for that event (an event that arrives while a write of the same child is
 /// still in flight waits for the write's answer, at most 30 s).
+///
+/// Memory (for the watches of a controller whose owners keep a record of the children they
+/// created, [`Controller::with_child_records`]): only idem's children are kept whole — an
+/// object whose uid is in an owner's record, or that the engine created (or judged its own at
+/// a desired name) in this process. Any other object the label-selected watches deliver, such
+/// as one a tenant owner labelled and referenced as an owner's child, is kept as a stub of a
+/// few hundred bytes whatever its size (its identity, the labels idem selects on, its
+/// controller ownerReference); the engine reads it from the API server when it must judge it.
+///
+/// [`Controller::with_child_records`]: crate::controller::Controller::with_child_records
 #[derive(Clone, Default)]
 pub struct ChildCaches {
     kinds: Arc<RwLock<HashMap<KindKey, Arc<dyn KindView>>>>,
@@ -101,6 +119,8 @@ pub struct ChildCaches {
     foreign: Arc<Mutex<std::collections::HashSet<ObjectKey>>>,
     /// The `resourceVersion`s our writes returned, for the child watches.
     own: Arc<OwnWrites>,
+    /// Which children are idem's (kept whole by the stores that ask).
+    trust: Arc<Trust>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -174,14 +194,23 @@ impl ChildCaches {
         self.kinds.read().ok()?.get(&kind_key(resource)).cloned()
     }
 
-    /// The child `key` of kind `resource`: `None` when the kind is not cached; `Some(None)`
-    /// when the cache says it does not exist.
+    /// The trust the stores of children of owners with a record ask.
+    pub(crate) fn trust(&self) -> Arc<Trust> {
+        Arc::clone(&self.trust)
+    }
+
+    /// The child `key` of kind `resource`: `None` when the kind is not cached, or the cache
+    /// holds only a stub of the object (read it from the API server); `Some(None)` when the
+    /// cache says it does not exist.
     pub(crate) fn get(&self, resource: &ApiResource, key: &ObjectKey) -> Option<Option<Value>> {
         let view = self.view(resource)?;
-        let cached = view.get(key.namespace.as_deref(), &key.name);
+        let (cached, stub) = match view.get(key.namespace.as_deref(), &key.name) {
+            Some((v, stub)) => (Some(v), stub),
+            None => (None, false),
+        };
         let mut overlay = self.overlay.lock().ok()?;
         let Some((written, ours)) = overlay.get(key) else {
-            return Some(cached);
+            return (!stub).then_some(cached);
         };
         if cached.is_none() && written.elapsed() > OVERLAY_TRUST {
             // The store never showed our write, or showed it and lost the object since (a
@@ -194,7 +223,7 @@ impl ChildCaches {
         match (&cached, rv_of(ours)) {
             (Some(c), Some(mine)) if rv_of(c).is_some_and(|rv| rv >= mine) => {
                 overlay.remove(key);
-                Some(cached)
+                (!stub).then_some(cached)
             }
             _ => Some(Some(ours.clone())),
         }
@@ -228,17 +257,64 @@ impl ChildCaches {
         Some(self.view(resource)?.owned_by(namespace, uid))
     }
 
-    /// Remembers the server's answer to our write of `key`.
+    /// Remembers the server's answer to our write of `key`: that object is ours (kept whole).
     pub(crate) fn wrote(&self, key: &ObjectKey, obj: Value) {
         if let Some(rv) = rv_of(&obj) {
             self.own.wrote(key, rv);
         }
+        self.ours(key, &obj);
         if let Ok(mut overlay) = self.overlay.lock() {
             if overlay.len() >= OVERLAY_CAP {
                 overlay.clear();
             }
             overlay.insert(key.clone(), (Instant::now(), obj));
         }
+    }
+
+    /// `obj` at `key` is one of idem's children (the engine wrote it, or read it and judged it
+    /// its own at a desired name): it is trusted from now on, and a stub of it in its store is
+    /// replaced with `obj`.
+    pub(crate) fn ours(&self, key: &ObjectKey, obj: &Value) {
+        let Some(uid) = obj.pointer("/metadata/uid").and_then(Value::as_str) else {
+            return;
+        };
+        // Trusted first: a watch event of it that is being stored now is then kept whole, or
+        // its stub is replaced below (see `CompactStore::upgrade`). Already trusted (by a
+        // record that came after its watch event), a stub of it is replaced all the same.
+        if !self.trust.is_ours(key, uid) {
+            self.trust.own(key, uid);
+        }
+        let kind = |field: &str| obj.get(field).and_then(Value::as_str).map(str::to_owned);
+        if let (Some(api_version), Some(kind)) = (kind("apiVersion"), kind("kind"))
+            && let Some(view) = self
+                .kinds
+                .read()
+                .ok()
+                .and_then(|k| k.get(&(api_version, kind)).cloned())
+        {
+            view.upgrade(obj);
+        }
+    }
+
+    /// The object `uid` at `key` was deleted (its watch's Delete event).
+    pub(crate) fn deleted(&self, key: &ObjectKey, uid: &str) {
+        self.trust.deleted(key, uid);
+    }
+
+    /// Owner `owner`'s record of the children it created now holds `uids` (`None`: the owner is
+    /// gone); see [`Controller::with_child_records`](crate::controller::Controller::with_child_records).
+    pub(crate) fn set_record(&self, owner: &ObjectKey, uids: Option<Vec<String>>) {
+        match uids {
+            Some(uids) => self.trust.set_record(owner, uids),
+            None => self.trust.drop_record(owner),
+        }
+    }
+
+    /// Keeps the records of the owners of kind `kind` for which `listed` holds, and of every
+    /// other kind (after a relist of `kind`).
+    pub(crate) fn retain_records(&self, kind: &str, listed: impl Fn(&ObjectKey) -> bool) {
+        self.trust
+            .retain_records(|owner| &*owner.kind != kind || listed(owner));
     }
 
     /// Marks `key` as taken by an object we do not own (`true`) or not (`false`).
@@ -349,6 +425,30 @@ mod tests {
         tokio::time::advance(OVERLAY_TRUST + Duration::from_secs(1)).await;
         assert_eq!(caches.get(&resource, &key()), Some(None));
         assert_eq!(caches.get(&resource, &key()), Some(None));
+    }
+
+    #[test]
+    fn a_stub_is_read_from_the_api_server_until_the_engine_judged_the_object_its_own() {
+        let caches = ChildCaches::new();
+        let store = Arc::new(CompactStore::new(
+            "v1",
+            "ConfigMap",
+            false,
+            Some(caches.trust()),
+        ));
+        caches.register_compact(Arc::clone(&store));
+        let resource = ApiResource::erase::<ConfigMap>(&());
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+            "data": {"k": "v"}});
+        // Seen before any record held it (e.g. created by a pass that crashed before its
+        // status write): a stub, which the engine must read from the API server.
+        store.apply(obj.clone());
+        assert_eq!(caches.get(&resource, &key()), None);
+        // Recorded since, and judged the owner's own at a desired name after a GET: whole.
+        caches.set_record(&ObjectKey::cluster("Tenant", "t"), Some(vec!["u1".into()]));
+        caches.ours(&key(), &obj);
+        assert_eq!(caches.get(&resource, &key()), Some(Some(obj)));
     }
 
     #[test]

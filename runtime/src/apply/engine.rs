@@ -316,6 +316,11 @@ impl Applier {
                 !controlled && (child.release_orphan || !(recorded || owner.lost_reference(&meta)));
             if let Some(c) = &self.caches {
                 c.set_foreign(&key, foreign);
+                if !foreign {
+                    // Ours at a desired name (read from the API server when the cache held
+                    // only a stub of it): cached whole from now on.
+                    c.ours(&key, &live);
+                }
             }
             if foreign {
                 return Ok(Applied {

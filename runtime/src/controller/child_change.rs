@@ -1,10 +1,11 @@
 //! Which changes of an owned child are worth reconciling its owner for: what the reconcile
 //! owns or reads, not the status churn and metadata other controllers add.
 
-use std::collections::BTreeSet;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 /// How changes of an owned child kind reach its owner ([`Controller::owns_with`]).
@@ -33,18 +34,58 @@ impl OwnsOptions {
     }
 }
 
-/// A hash of what of `child` (as JSON) matters to its owner's reconcile, see [`OwnsOptions`].
+/// A hash of what of `child` (as JSON) matters to its owner's reconcile, see [`OwnsOptions`]
+/// and [`child_print_text`].
+#[cfg(test)]
+pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: OwnsOptions) -> u64 {
+    child_print_text(&child.to_string(), managers, options)
+}
+
+/// A hash of what of the child serialised as `text` (JSON) matters to its owner's reconcile,
+/// see [`OwnsOptions`]. Only the metadata is parsed; the rest is hashed as the text it is, so
+/// a large child costs no copy of its content (the same object always serialises to the same
+/// text).
 ///
 /// `managers` are the field managers the reconcile writes as; while none is known (before the
 /// engine's first reconcile) every label, annotation and main-resource `managedFields` entry
 /// counts.
-pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: OwnsOptions) -> u64 {
-    let empty = Map::new();
-    let obj = child.as_object().unwrap_or(&empty);
-    let meta = obj
+pub(crate) fn child_print_text(
+    text: &str,
+    managers: &BTreeSet<String>,
+    options: OwnsOptions,
+) -> u64 {
+    let top: BTreeMap<String, &RawValue> = serde_json::from_str(text).unwrap_or_default();
+    let meta: Value = top
         .get("metadata")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
+        .and_then(|m| serde_json::from_str(m.get()).ok())
+        .unwrap_or_default();
+    let mut h = DefaultHasher::new();
+    // `apiVersion` and `kind` are the kind's own, and absent from the items of a list.
+    for (k, v) in top.iter().filter(|(k, _)| {
+        !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
+            && (options.reads_status || k.as_str() != "status")
+    }) {
+        k.hash(&mut h);
+        v.get().hash(&mut h);
+    }
+    meta_print(&meta, managers, &mut h);
+    h.finish()
+}
+
+/// As [`child_print_text`] for a child of which only the metadata `meta` (as JSON) counts: an
+/// object the child caches keep as a stub, not one of the owner's children, whose content the
+/// reconcile never acts on (it may act on who it claims to belong to, its labels, its deletion).
+pub(crate) fn child_print_meta(meta: &Value, managers: &BTreeSet<String>) -> u64 {
+    let mut h = DefaultHasher::new();
+    "stub".hash(&mut h);
+    meta_print(meta, managers, &mut h);
+    h.finish()
+}
+
+/// Feeds what of `meta` matters into `h` (see [`OwnsOptions`]).
+fn meta_print(meta: &Value, managers: &BTreeSet<String>, h: &mut DefaultHasher) {
+    let empty = Map::new();
+    let meta = meta.as_object().unwrap_or(&empty);
     let entries: Vec<&Map<String, Value>> = meta
         .get("managedFields")
         .and_then(Value::as_array)
@@ -92,15 +133,7 @@ pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: O
             .collect();
         Value::Object(kept)
     };
-    let rest: Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| {
-            k.as_str() != "metadata" && (options.reads_status || k.as_str() != "status")
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
     let print = json!([
-        rest,
         meta.get("uid"),
         meta.get("deletionTimestamp"),
         meta.get("finalizers"),
@@ -109,9 +142,7 @@ pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: O
         relevant("annotations"),
         ours,
     ]);
-    let mut h = DefaultHasher::new();
-    print.to_string().hash(&mut h);
-    h.finish()
+    print.to_string().hash(h);
 }
 
 #[cfg(test)]
@@ -152,6 +183,15 @@ mod tests {
 
     fn print(v: &Value) -> u64 {
         child_print(v, &managers(), OwnsOptions::default())
+    }
+
+    #[test]
+    fn a_list_item_without_api_version_and_kind_prints_as_its_watch_event() {
+        let mut item = deployment();
+        let map = item.as_object_mut().unwrap();
+        map.remove("apiVersion");
+        map.remove("kind");
+        assert_eq!(print(&deployment()), print(&item));
     }
 
     #[test]

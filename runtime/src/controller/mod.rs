@@ -34,6 +34,7 @@ pub mod blocked;
 mod child_change;
 mod derived;
 pub mod mapping;
+mod raw;
 mod reason;
 mod watch;
 mod worker;
@@ -55,7 +56,7 @@ pub use self::child_change::OwnsOptions;
 pub use self::derived::{NamespaceLabelsFn, UNRESOLVED_TENANT, change_fingerprint};
 pub use self::reason::Reason;
 use self::reason::Reasons;
-use self::watch::{ChangeFn, Shared, TenantFn, WatchTask, WeightFn};
+use self::watch::{ChangeFn, RecordFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
 use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
@@ -169,6 +170,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
     caches: Option<crate::apply::ChildCaches>,
+    record_of: Option<RecordFn<K>>,
     shard: Option<OwnsFn<K>>,
     blocked: BlockedWatches,
     blocked_triggers: blocked::Triggers,
@@ -198,6 +200,7 @@ where
             store,
             writer,
             caches: None,
+            record_of: None,
             shard: None,
             blocked,
             blocked_triggers,
@@ -347,6 +350,27 @@ where
         self
     }
 
+    /// Tells the child caches ([`Controller::with_child_caches`]) which children are the
+    /// owners' own: `record_of` gives the uids of the children a primary object recorded as
+    /// created (its status' record, see [`crate::apply::record`]; the
+    /// [`Driver`](crate::reconciler::Driver) passes [`Reconciler::child_record`]'s). The child
+    /// stores then keep whole only the children in a record or written by the apply engine in
+    /// this process; any other object the child watches deliver (whatever its labels and
+    /// ownerReferences say: a tenant owner can write both) costs a stub of a few hundred bytes
+    /// (see [`ChildCaches`](crate::apply::ChildCaches)). The child watches start once the
+    /// primary objects are listed, so that the records are known before the children arrive.
+    /// Without it every watched child is kept whole.
+    ///
+    /// [`Reconciler::child_record`]: crate::reconciler::Reconciler::child_record
+    #[must_use]
+    pub fn with_child_records(
+        mut self,
+        record_of: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.record_of = Some(Arc::new(record_of));
+        self
+    }
+
     /// Keeps `synced` `true` while every watch (primary and children) has listed and is
     /// established: `true` once the caches first synced (the workers start then), `false`
     /// again while a watch is not established — its list failed, or its resource is no longer
@@ -413,6 +437,7 @@ where
             change_of: self.change_of,
             caches: self.caches.clone(),
             blocked: self.blocked.clone(),
+            record_of: self.record_of.clone(),
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).
@@ -424,13 +449,25 @@ where
         let triggers = futures::stream::unfold(self.blocked_triggers, |mut rx| async move {
             rx.recv().await.map(|key| (key, rx))
         });
-        let mut tasks = vec![watch::primary(
-            self.api,
-            self.watcher_config,
-            writer,
-            Arc::clone(&shared),
-        )];
-        tasks.extend(self.children.into_iter().map(|f| f(Arc::clone(&shared))));
+        let primary = watch::primary(self.api, self.watcher_config, writer, Arc::clone(&shared));
+        // With records, the children are watched once the owners (and their records) are
+        // listed: a child that arrives before its owner's record would be kept as a stub.
+        let after_primary =
+            (self.record_of.is_some() && self.caches.is_some()).then(|| primary.synced.clone());
+        let mut tasks = vec![primary];
+        tasks.extend(self.children.into_iter().map(|f| {
+            let task = f(Arc::clone(&shared));
+            match after_primary.clone() {
+                Some(mut listed) => WatchTask {
+                    run: Box::pin(async move {
+                        let _ = listed.wait_for(|s| *s).await;
+                        task.run.await;
+                    }),
+                    synced: task.synced,
+                },
+                None => task,
+            }
+        }));
         tasks.push(watch::external::<K>(triggers, Arc::clone(&shared)));
         let mut watches = JoinSet::new();
         let mut synced = Vec::new();

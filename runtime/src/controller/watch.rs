@@ -14,7 +14,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::child_change::{OwnsOptions, child_print};
+use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
 use crate::apply::{ChildCaches, CompactStore, Origin};
 use crate::key::{ObjectKey, TenantKey};
@@ -27,6 +27,8 @@ pub(crate) type TenantFn<K> = Arc<dyn Fn(&K) -> TenantKey + Send + Sync>;
 pub(crate) type ChangeFn<K> = Arc<dyn Fn(&K) -> u64 + Send + Sync>;
 /// Maps a primary object to its tenant's weight.
 pub(crate) type WeightFn<K> = Arc<dyn Fn(&K) -> u32 + Send + Sync>;
+/// The uids of the children a primary object recorded as created (its status' record).
+pub(crate) type RecordFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
 /// What the watch tasks share.
 pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
@@ -37,6 +39,9 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub change_of: Option<ChangeFn<K>>,
     /// Where child watches publish their stores for the apply engine.
     pub caches: Option<ChildCaches>,
+    /// The record of each primary object (with `caches`: the child stores keep only recorded
+    /// children, and those the engine wrote, whole).
+    pub record_of: Option<RecordFn<K>>,
     /// Why each key was queued, for the reconcile's [`super::Reason`].
     pub reasons: super::reason::Reasons,
     /// The watches of objects blocking an owner's children (ended when the owner is deleted).
@@ -94,10 +99,21 @@ fn not_established(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether `e` is an API server refusing a streaming list (`sendInitialEvents`): one without
+/// the `WatchList` feature (off by default before Kubernetes 1.34, except in 1.32) rejects the
+/// parameter as invalid.
+fn streaming_refused(config: &watcher::Config, e: &watcher::Error) -> bool {
+    config.initial_list_strategy == watcher::InitialListStrategy::StreamingList
+        && matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            if s.code == 400 || s.code == 422)
+}
+
 /// kube-runtime's `watcher`, started over (with a list) after an error that says the resource
 /// is not served or not allowed any more. The watcher itself would keep resuming its watch
 /// from the last resourceVersion: once the resource is back, that may succeed without a list,
 /// and nothing would tell that the watch is established again. With the list, `InitDone` does.
+/// A config asking for streaming lists falls back to paged lists (its `page_size`) for good
+/// when the API server refuses them ([`streaming_refused`]).
 /// Give it `default_backoff()`: every error then waits before the next attempt.
 fn relisting<C>(
     api: Api<C>,
@@ -107,15 +123,23 @@ where
     C: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     type Inner<C> = futures::stream::BoxStream<'static, watcher::Result<Event<C>>>;
-    futures::stream::unfold(None::<Inner<C>>, move |inner| {
-        let (api, config) = (api.clone(), config.clone());
+    futures::stream::unfold((None::<Inner<C>>, config), move |(inner, mut config)| {
+        let api = api.clone();
         async move {
-            let mut inner = inner.unwrap_or_else(|| watch_fn(api, config).boxed());
+            let mut inner = inner.unwrap_or_else(|| watch_fn(api, config.clone()).boxed());
             let item = inner.next().await?;
+            if let Err(e) = &item
+                && streaming_refused(&config, e)
+            {
+                tracing::info!(error = %e, kind = std::any::type_name::<C>(),
+                    "streaming lists refused; listing by pages");
+                config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                return Some((item, (None, config)));
+            }
             // After a failed list the watcher lists again by itself.
             let start_over = matches!(&item, Err(e)
                 if !matches!(e, watcher::Error::InitialListFailed(_)) && not_established(e));
-            Some((item, (!start_over).then_some(inner)))
+            Some((item, ((!start_over).then_some(inner), config)))
         }
     })
 }
@@ -170,6 +194,16 @@ where
             // the same with its initial list).
             let listing = matches!(event, Event::InitApply(_));
             let replay = listing && first_list;
+            if let (Some(caches), Some(record_of)) = (&shared.caches, &shared.record_of) {
+                match &event {
+                    Event::Apply(obj) | Event::InitApply(obj) => {
+                        caches.set_record(&key_of(obj), Some(record_of(obj)));
+                    }
+                    Event::Delete(obj) => caches.set_record(&key_of(obj), None),
+                    Event::Init => {}
+                    Event::InitDone => caches.retain_records(&K::kind(&()), |k| listed.contains(k)),
+                }
+            }
             match event {
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
@@ -238,12 +272,12 @@ fn add(queue: &WorkQueue, key: &ObjectKey, tenant: &TenantKey, priority: Priorit
     }
 }
 
-/// What a child watch remembers of a child: its [`child_print`] and the owners (with their
+/// What a child watch remembers of a child: its [`child_print_text`] and the owners (with their
 /// tenants) it mapped to.
 type Seen = (u64, Vec<(ObjectKey, TenantKey)>);
 
 /// Drive a child watch: enqueue the owner of every child that changed in a way its reconcile
-/// cares about ([`child_print`] under `options`, so a relist of unchanged children, status
+/// cares about ([`child_print_text`] under `options`, so a relist of unchanged children, status
 /// churn and other controllers' metadata enqueue nothing), except for the events of the apply
 /// engine's own writes (with [`ChildCaches`]: controller-runtime's "expectations"); and the
 /// owners of children that vanished between two lists (a delete missed while the watch was
@@ -271,15 +305,18 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = relisting(api, config).default_backoff();
+        // Decoded as metadata plus text: the content of an object that is not ours is never
+        // decoded (see `Raw`).
+        let stream = relisting(super::raw::raw_api(api), config).default_backoff();
         let mut first_list = true;
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
-        let store = shared.caches.as_ref().map(|_| {
+        let store = shared.caches.as_ref().map(|caches| {
             Arc::new(CompactStore::new(
                 &C::api_version(&()),
                 &C::kind(&()),
                 options.reads_status,
+                shared.record_of.as_ref().map(|_| caches.trust()),
             ))
         });
         let mut registered = false;
@@ -376,6 +413,9 @@ where
                 // The engine's memory of its own write of this child is stale now.
                 if let Some(caches) = &shared.caches {
                     caches.forget(&key);
+                    if let Some(uid) = obj.uid() {
+                        caches.deleted(&key, &uid);
+                    }
                 }
                 true
             } else {
@@ -385,17 +425,20 @@ where
                     .as_ref()
                     .map(ChildCaches::managers)
                     .unwrap_or_default();
-                let json = serde_json::to_value(&obj).unwrap_or_default();
-                let print = child_print(&json, &managers, options);
-                match &store {
-                    Some(store) if initial => store.init_apply(json),
-                    Some(store) => {
-                        store.apply(json);
-                        if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
-                            caches.stored(&key, &rv);
-                        }
+                // Of an object the store keeps as a stub (not one of idem's children), only
+                // the metadata is converted: its content, however large, is never copied.
+                let meta = serde_json::to_value(obj.meta()).unwrap_or_default();
+                let print = match &store {
+                    Some(store) if !store.keeps_whole(&meta) => child_print_meta(&meta, &managers),
+                    _ => child_print_text(obj.text(), &managers, options),
+                };
+                if let Some(store) = &store {
+                    store.put(&meta, || serde_json::from_str(obj.text()).ok(), initial);
+                    if let (Some(caches), Some(rv), false) =
+                        (&shared.caches, obj.resource_version(), initial)
+                    {
+                        caches.stored(&key, &rv);
                     }
-                    None => {}
                 }
                 if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
                     origin = caches.observe(&key, &rv);

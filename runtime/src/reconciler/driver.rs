@@ -144,8 +144,11 @@ where
     }
 
     /// Runs `controller` with this driver until `shutdown` resolves (the controller gets the
-    /// driver's child caches; the objects each pass finds in a child's way are watched by the
-    /// controller, see [`crate::controller::blocked`]); see [`Controller::run`].
+    /// driver's child caches and, when the kind keeps a record of the children it created
+    /// ([`Reconciler::child_record`]), those records: then only recorded children, and those
+    /// this process wrote, are cached whole, see [`Controller::with_child_records`]; the
+    /// objects each pass finds in a child's way are watched by the controller, see
+    /// [`crate::controller::blocked`]); see [`Controller::run`].
     ///
     /// # Errors
     /// [`ControllerError`] when the controller's configuration is invalid.
@@ -156,8 +159,18 @@ where
     ) -> Result<ShutdownReport, ControllerError> {
         let caches = self.caches.clone();
         self.blocked = Some(controller.blocked_watches());
+        let mut controller = controller.with_child_caches(caches);
+        let mut blank = <K<R> as IdempotentResource>::Status::default();
+        if R::child_record(&mut blank).is_some() {
+            controller = controller.with_child_records(|obj: &K<R>| {
+                Self::record_of(obj)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| c.uid)
+                    .collect()
+            });
+        }
         controller
-            .with_child_caches(caches)
             .run(Self::reconcile, Arc::new(self), shutdown)
             .await
     }

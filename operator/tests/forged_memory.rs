@@ -1,0 +1,254 @@
+//! What objects that merely claim to be idem's children cost the operator: a tenant owner (who
+//! holds `admin` in the tenant's namespaces) creates more than 100 MB of ConfigMaps and
+//! RoleBindings labelled `app.kubernetes.io/managed-by=idem-operator`, with the owner-uid
+//! label and the controller ownerReference of a TenantApp or of the Tenant (the strongest
+//! forgery: everything but the owner's record of what it created). The operator runs as the
+//! Deployment runs it (`--shards=auto`), as a process of its own, so its resident memory
+//! (`VmRSS`) can be read: it must grow by less than [`BOUND_KIB`] once it has received them
+//! all, the tenant and its app must keep converging, and an operator started again with those
+//! objects present must stay under the same bound.
+//!
+//! Run: `cargo test -p idem-operator --test forged_memory -- --nocapture` (prints the figures).
+
+mod common;
+
+use common::process::OperatorProcess;
+use common::{TIMEOUT, apps, eventually, install_crds, tenants, why};
+use futures::{StreamExt, TryStreamExt};
+use idem_operator::resources::{Tenant, TenantApp};
+use idem_runtime::apply::{MANAGED_BY_LABEL, OWNER_UID_LABEL, TENANT_LABEL};
+use idem_tests::{create_namespace, shared, unique_name};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+/// Forged ConfigMaps (a TenantApp's child kind) and the size of each one's data; etcd takes
+/// requests of up to about 1.5 MB.
+const CONFIGMAPS: usize = 110;
+const CONFIGMAP_BYTES: usize = 950_000;
+/// Forged RoleBindings (a Tenant's child kind), each with this many subjects of ~230 bytes.
+const ROLEBINDINGS: usize = 4;
+const SUBJECTS: usize = 3_500;
+/// The most the operator's resident memory may grow by for all of them.
+const BOUND_KIB: u64 = 5 * 1024;
+
+/// A client acting as user `user` (impersonated by the admin client).
+fn client_as(user: &str) -> kube::Client {
+    let mut config = shared().config();
+    config.auth_info.impersonate = Some(user.into());
+    kube::Client::try_from(config).expect("an impersonating client")
+}
+
+/// Metadata claiming `owner` as idem would: its controller ownerReference and idem's labels.
+fn claiming<K: Resource<DynamicType = ()>>(owner: &K, name: &str, tenant: &str) -> Value {
+    json!({
+        "name": name,
+        "labels": {
+            MANAGED_BY_LABEL: "idem-operator",
+            OWNER_UID_LABEL: owner.uid().unwrap(),
+            TENANT_LABEL: tenant,
+        },
+        "ownerReferences": [{
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "name": owner.name_any(),
+            "uid": owner.uid().unwrap(),
+            "controller": true,
+        }],
+    })
+}
+
+/// The value of metric `name` (summed over its series) in an operator's `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `op`'s child caches hold at least `objects` objects (the gauge is refreshed
+/// every 2 s), and returns its metrics then.
+async fn cached_at_least(op: &OperatorProcess, objects: f64) -> String {
+    eventually(
+        &format!("{objects} objects in the operator's child caches"),
+        TIMEOUT,
+        || async {
+            let text = op.metrics().await.ok_or("no /metrics")?;
+            let cached = metric(&text, "idem_shard_child_cache_objects");
+            if cached >= objects {
+                Ok(text)
+            } else {
+                Err(format!("{cached} cached\n{}", op.log_tail()))
+            }
+        },
+    )
+    .await
+}
+
+/// GET requests (reads of one object; lists and watches are counted apart) the API server
+/// served on ConfigMaps and Services, two of the TenantApp's child kinds. RoleBindings are left
+/// out: their counter also grows by reads that are not the operator's (seen while the forged
+/// ones were created, before any reconcile could read them).
+async fn child_gets() -> [u64; 2] {
+    let text = shared().metrics().await.expect("apiserver /metrics");
+    [("", "configmaps"), ("", "services")]
+        .map(|(group, resource)| idem_tests::metrics::requests(&text, "GET", group, resource))
+}
+
+/// Changes the app's replicas and the tenant's quota, and waits until both are Ready at their
+/// new generation.
+async fn both_converge(client: &kube::Client, tenant: &str, ns: &str, app: &str, round: i32) {
+    let pods = (20 + round).to_string();
+    let patch = json!({"spec": {"quota": {"hard": {"pods": pods}}}});
+    tenants::api(client)
+        .patch(tenant, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patching the tenant");
+    let patch = json!({"spec": {"replicas": 1 + round % 2}});
+    Api::<TenantApp>::namespaced(client.clone(), ns)
+        .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patching the app");
+    tenants::wait_ready(client, tenant).await;
+    apps::wait_ready(client, ns, app).await;
+}
+
+/// Creates the forged objects as the tenant owner `alice`; returns their bytes of payload.
+async fn forge(tenant: &Tenant, app: &TenantApp, ns: &str) -> usize {
+    let owner = client_as("alice");
+    let pp = PostParams {
+        field_manager: Some("idem-operator".into()),
+        ..PostParams::default()
+    };
+    let name = tenant.name_any();
+    let configmaps: Api<ConfigMap> = Api::namespaced(owner.clone(), ns);
+    let blob = "x".repeat(CONFIGMAP_BYTES);
+    futures::stream::iter(0..CONFIGMAPS)
+        .map(|i| {
+            let obj = json!({
+                "metadata": claiming(app, &format!("forged-{i}"), &name),
+                "data": {"blob": blob},
+            });
+            let (configmaps, pp) = (&configmaps, &pp);
+            async move {
+                let cm: ConfigMap = serde_json::from_value(obj).unwrap();
+                configmaps.create(pp, &cm).await.map(|_| ())
+            }
+        })
+        .buffer_unordered(4)
+        .try_collect::<Vec<()>>()
+        .await
+        .unwrap_or_else(|e| panic!("alice creates a ConfigMap: {e}"));
+    let bindings: Api<RoleBinding> = Api::namespaced(owner, ns);
+    let subjects: Vec<Value> = (0..SUBJECTS)
+        .map(|i| json!({"kind": "User", "name": format!("u{i:05}-{}", "y".repeat(200))}))
+        .collect();
+    for i in 0..ROLEBINDINGS {
+        let obj = json!({
+            "metadata": claiming(tenant, &format!("forged-{i}"), &name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": subjects,
+        });
+        let rb: RoleBinding = serde_json::from_value(obj).unwrap();
+        bindings
+            .create(&pp, &rb)
+            .await
+            .unwrap_or_else(|e| panic!("alice creates a RoleBinding: {e}"));
+    }
+    CONFIGMAPS * CONFIGMAP_BYTES + ROLEBINDINGS * serde_json::to_vec(&subjects).unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, "memlease").await.unwrap();
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-mem-a");
+
+    let name = unique_name("mem");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    let tenant = tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    apps::create(&client, &ns, "web", apps::spec(1, "x = 1")).await;
+    let app = apps::wait_ready(&client, &ns, "web").await;
+    // The tenant's five children and the app's three.
+    let genuine = 8.0;
+    let before = cached_at_least(&op, genuine).await;
+    both_converge(&client, &name, &ns, "web", 1).await;
+    let rss_before = op.rss_kib();
+    let received_before = metric(&before, "idem_received_bytes_total");
+
+    let payload = forge(&tenant, &app, &ns).await;
+    let forged = (CONFIGMAPS + ROLEBINDINGS) as f64;
+    let after = cached_at_least(&op, genuine + forged).await;
+    let received = metric(&after, "idem_received_bytes_total") - received_before;
+    assert!(
+        received >= payload as f64,
+        "the operator received the forged objects: {received} B of {payload} B"
+    );
+    let rss_after = op.rss_kib();
+    println!(
+        "forged {} objects, {:.1} MB of payload ({:.1} MB received): operator RSS {rss_before} KiB → {rss_after} KiB ({:+} KiB)",
+        CONFIGMAPS + ROLEBINDINGS,
+        payload as f64 / 1e6,
+        received / 1e6,
+        rss_after as i64 - rss_before as i64,
+    );
+    assert!(
+        rss_after < rss_before + BOUND_KIB,
+        "{:.1} MB of forged children grew the operator's RSS from {rss_before} KiB to {rss_after} KiB",
+        payload as f64 / 1e6
+    );
+    both_converge(&client, &name, &ns, "web", 2).await;
+    for cm in 0..CONFIGMAPS {
+        let got = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get_opt(&format!("forged-{cm}"))
+            .await
+            .map_err(why)
+            .unwrap();
+        assert!(
+            got.is_some(),
+            "the operator deleted forged-{cm}, alice's own"
+        );
+    }
+
+    // Started again with the forged objects present: its first lists bring them all at once.
+    drop(op);
+    let gets_before = child_gets().await;
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-mem-b");
+    cached_at_least(&op, genuine + forged).await;
+    both_converge(&client, &name, &ns, "web", 3).await;
+    // Its own children came whole from its first lists (the records were listed first), and
+    // the forged objects, at names it does not desire, are never read.
+    assert_eq!(
+        child_gets().await,
+        gets_before,
+        "GETs of ConfigMaps and Services by the restarted operator"
+    );
+    let rss_restarted = op.rss_kib();
+    println!(
+        "restarted with them present: operator RSS {rss_restarted} KiB ({:+} KiB against the first operator's {rss_before} KiB)",
+        rss_restarted as i64 - rss_before as i64
+    );
+    assert!(
+        rss_restarted < rss_before + BOUND_KIB,
+        "restarted with {:.1} MB of forged children present, the operator's RSS is {rss_restarted} KiB (first operator: {rss_before} KiB)",
+        payload as f64 / 1e6
+    );
+    // Its child watches streamed their lists (the server serves them): no list was held whole.
+    let log = std::fs::read_to_string(&op.log).unwrap_or_default();
+    assert!(
+        !log.contains("streaming lists refused"),
+        "{}",
+        op.log_tail()
+    );
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+}

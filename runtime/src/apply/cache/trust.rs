@@ -1,0 +1,193 @@
+//! Which objects the child caches keep whole: those idem made, known from what only idem
+//! writes.
+//!
+//! A child watch selects by label, and labels, ownerReferences and `managedFields` can be
+//! written by anyone allowed to create the kind where the children live (a tenant owner in the
+//! tenant's namespaces; the owner's uid is visible on every child). What only idem writes is
+//! the record of the children each owner's reconciles created, in the owner's status
+//! ([`crate::apply::record`]), and the answers the API server gives to the engine's own
+//! writes. So an object is trusted when its uid is in the record of an owner in the
+//! controller's primary cache, or when the engine created it (or judged it its own at a
+//! desired name, where it applies to it and records it) in this process.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::key::ObjectKey;
+
+/// Most process-local entries (children created or judged ours by this process and not yet
+/// seen in a record); past it those already recorded are dropped, then all (a child that
+/// loses its entry is read once from the API server and trusted again).
+const OWN_CAP: usize = 10_000;
+
+/// The uids of idem's children; shared by a controller's primary watch (the records), the
+/// apply engine (its writes) and the child stores (which ask).
+#[derive(Debug, Default)]
+pub(crate) struct Trust {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Per owner, the uids in its record.
+    records: HashMap<ObjectKey, Vec<Box<str>>>,
+    /// The uids of every record, with the number of records holding each.
+    recorded: HashMap<Box<str>, usize>,
+    /// Children this process created or judged its own, by key, with their uid.
+    own: HashMap<ObjectKey, Box<str>>,
+}
+
+impl Inner {
+    fn unrecord(&mut self, uids: Vec<Box<str>>) {
+        for uid in uids {
+            if let Some(n) = self.recorded.get_mut(&uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.recorded.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
+impl Trust {
+    /// `owner`'s record now holds `uids`.
+    pub(crate) fn set_record(&self, owner: &ObjectKey, uids: Vec<String>) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let mut uids: Vec<Box<str>> = uids.into_iter().map(Into::into).collect();
+        uids.sort();
+        uids.dedup();
+        if inner.records.get(owner) == Some(&uids) {
+            return;
+        }
+        for uid in &uids {
+            *inner.recorded.entry(uid.clone()).or_default() += 1;
+        }
+        if let Some(old) = inner.records.insert(owner.clone(), uids) {
+            inner.unrecord(old);
+        }
+    }
+
+    /// `owner` is gone (its record with it).
+    pub(crate) fn drop_record(&self, owner: &ObjectKey) {
+        if let Ok(mut inner) = self.inner.lock()
+            && let Some(old) = inner.records.remove(owner)
+        {
+            inner.unrecord(old);
+        }
+    }
+
+    /// Keeps the records of the owners for which `listed` holds (after a relist of the owners).
+    pub(crate) fn retain_records(&self, listed: impl Fn(&ObjectKey) -> bool) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let gone: Vec<ObjectKey> = inner
+            .records
+            .keys()
+            .filter(|k| !listed(k))
+            .cloned()
+            .collect();
+        for owner in gone {
+            if let Some(old) = inner.records.remove(&owner) {
+                inner.unrecord(old);
+            }
+        }
+    }
+
+    /// The engine created `child` with `uid`, or judged the object `uid` at `child` its own.
+    pub(crate) fn own(&self, child: &ObjectKey, uid: &str) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        if inner.own.len() >= OWN_CAP && !inner.own.contains_key(child) {
+            let Inner { recorded, own, .. } = &mut *inner;
+            own.retain(|_, u| !recorded.contains_key(u));
+            if own.len() >= OWN_CAP {
+                own.clear();
+            }
+        }
+        inner.own.insert(child.clone(), uid.into());
+    }
+
+    /// The object `uid` at `child` was deleted.
+    pub(crate) fn deleted(&self, child: &ObjectKey, uid: &str) {
+        if let Ok(mut inner) = self.inner.lock()
+            && inner.own.get(child).is_some_and(|u| &**u == uid)
+        {
+            inner.own.remove(child);
+        }
+    }
+
+    /// Whether the object `uid` at `child` is one of idem's children.
+    pub(crate) fn is_ours(&self, child: &ObjectKey, uid: &str) -> bool {
+        self.inner.lock().is_ok_and(|inner| {
+            inner.recorded.contains_key(uid) || inner.own.get(child).is_some_and(|u| &**u == uid)
+        })
+    }
+
+    /// Uids held (in records and process-local entries), for tests.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .map(|i| i.recorded.len() + i.own.len())
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::namespaced("ConfigMap", "ns", name)
+    }
+
+    #[test]
+    fn a_uid_is_trusted_while_a_record_holds_it() {
+        let trust = Trust::default();
+        let (a, b) = (
+            ObjectKey::cluster("Tenant", "a"),
+            ObjectKey::cluster("Tenant", "b"),
+        );
+        trust.set_record(&a, vec!["u1".into(), "u2".into()]);
+        trust.set_record(&b, vec!["u2".into()]);
+        assert!(trust.is_ours(&key("x"), "u1") && trust.is_ours(&key("y"), "u2"));
+        trust.set_record(&a, vec!["u2".into()]);
+        assert!(!trust.is_ours(&key("x"), "u1"), "dropped from a's record");
+        trust.drop_record(&b);
+        assert!(trust.is_ours(&key("y"), "u2"), "a's record still holds it");
+        trust.retain_records(|k| k != &a);
+        assert!(!trust.is_ours(&key("y"), "u2"));
+        assert_eq!(trust.len(), 0);
+    }
+
+    #[test]
+    fn an_own_uid_is_trusted_at_its_key_until_that_object_is_deleted() {
+        let trust = Trust::default();
+        trust.own(&key("x"), "u1");
+        assert!(trust.is_ours(&key("x"), "u1"));
+        assert!(
+            !trust.is_ours(&key("x"), "u2"),
+            "another object at that name"
+        );
+        trust.deleted(&key("x"), "u2"); // an older object's delete event
+        assert!(trust.is_ours(&key("x"), "u1"));
+        trust.deleted(&key("x"), "u1");
+        assert!(!trust.is_ours(&key("x"), "u1"));
+    }
+
+    #[test]
+    fn own_entries_are_bounded() {
+        let trust = Trust::default();
+        trust.set_record(&ObjectKey::cluster("Tenant", "a"), vec!["u0".into()]);
+        for i in 0..OWN_CAP + 10 {
+            trust.own(&key(&format!("c{i}")), &format!("u{i}"));
+        }
+        assert!(trust.len() <= OWN_CAP + 1, "{}", trust.len());
+        assert!(trust.is_ours(&key("other"), "u0"), "records are kept");
+    }
+}

@@ -1,0 +1,144 @@
+//! A child as a watch delivers it, without decoding its content: its metadata parsed, the
+//! rest kept as the one JSON text it came as.
+//!
+//! Why: a typed object (or a `serde_json::Value`) of a large child is a tree of many small
+//! allocations (a RoleBinding with thousands of subjects, a ConfigMap with many keys), and an
+//! allocator keeps much of what such a tree used after it is freed. The child watches decode
+//! each event into this instead, and parse the content only for the children the caches keep
+//! whole (idem's own, see [`crate::apply::ChildCaches`]).
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::DynamicResourceScope;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+/// An object of kind `C`: its metadata, and the whole object as JSON text.
+pub(crate) struct Raw<C> {
+    meta: ObjectMeta,
+    text: Box<RawValue>,
+    kind: PhantomData<fn() -> C>,
+}
+
+impl<C> Raw<C> {
+    /// The whole object as the API server sent it (JSON).
+    pub(crate) fn text(&self) -> &str {
+        self.text.get()
+    }
+}
+
+impl<C> Clone for Raw<C> {
+    fn clone(&self) -> Self {
+        Self {
+            meta: self.meta.clone(),
+            text: self.text.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<C> std::fmt::Debug for Raw<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Raw")
+            .field("namespace", &self.meta.namespace)
+            .field("name", &self.meta.name)
+            .field("bytes", &self.text.get().len())
+            .finish()
+    }
+}
+
+impl<'de, C> Deserialize<'de> for Raw<C> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// The metadata alone; every other field is skipped without being decoded.
+        #[derive(Deserialize)]
+        struct MetaOnly {
+            #[serde(default)]
+            metadata: ObjectMeta,
+        }
+        let text = Box::<RawValue>::deserialize(d)?;
+        let meta = serde_json::from_str::<MetaOnly>(text.get())
+            .map_err(serde::de::Error::custom)?
+            .metadata;
+        Ok(Self {
+            meta,
+            text,
+            kind: PhantomData,
+        })
+    }
+}
+
+impl<C: Resource<DynamicType = ()>> Resource for Raw<C> {
+    type DynamicType = ();
+    /// Either: the [`kube::Api`] of a `Raw<C>` is built from the caller's `Api<C>`.
+    type Scope = DynamicResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        C::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        C::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        C::version(dt)
+    }
+
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        C::api_version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        C::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+/// The same collection as `api`, decoding objects as [`Raw`].
+pub(crate) fn raw_api<C: Resource<DynamicType = ()>>(api: kube::Api<C>) -> kube::Api<Raw<C>> {
+    let namespace = api.namespace().map(str::to_owned);
+    let client = api.into_client();
+    match namespace {
+        Some(ns) => kube::Api::namespaced_with(client, &ns, &()),
+        None => kube::Api::all_with(client, &()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::core::ObjectList;
+    use kube::core::WatchEvent;
+
+    use super::*;
+
+    #[test]
+    fn a_watch_event_and_a_list_decode_to_metadata_and_text() {
+        let obj = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding","metadata":{"name":"b","namespace":"ns","uid":"u1","resourceVersion":"7"},"subjects":[{"kind":"User","name":"alice"}],"roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"view"}}"#;
+        let line = format!(r#"{{"type":"ADDED","object":{obj}}}"#);
+        let WatchEvent::Added(raw) =
+            serde_json::from_str::<WatchEvent<Raw<RoleBinding>>>(&line).expect("decodes")
+        else {
+            panic!("an ADDED event");
+        };
+        assert_eq!(raw.meta().uid.as_deref(), Some("u1"));
+        assert_eq!(raw.text(), obj);
+        let list = format!(r#"{{"metadata":{{"resourceVersion":"9"}},"items":[{obj}]}}"#);
+        let list: ObjectList<Raw<RoleBinding>> = serde_json::from_str(&list).expect("decodes");
+        assert_eq!(list.items[0].meta().name.as_deref(), Some("b"));
+        assert_eq!(
+            Raw::<RoleBinding>::url_path(&(), Some("ns")),
+            RoleBinding::url_path(&(), Some("ns"))
+        );
+    }
+}
