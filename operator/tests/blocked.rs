@@ -9,6 +9,7 @@
 //! 10 min resync, so only a watch can bring an owner back within the waits).
 
 mod common;
+use common::users::client_as;
 
 use std::time::Duration;
 
@@ -32,13 +33,6 @@ static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// The resync of the operators of these tests: longer than any wait.
 const RESYNC: Duration = Duration::from_secs(600);
-
-/// A client acting as user `user` (impersonated by the admin client).
-fn client_as(user: &str) -> kube::Client {
-    let mut config = shared().config();
-    config.auth_info.impersonate = Some(user.into());
-    kube::Client::try_from(config).expect("an impersonating client")
-}
 
 /// Sets `spec.paused` of tenant `name` and waits until the operator has seen it.
 async fn set_paused(client: &kube::Client, name: &str, paused: bool) -> Tenant {

@@ -4,39 +4,17 @@
 //! (`--cascade=orphan`, or an ownerReference removed by hand) keeps what it says.
 
 mod common;
+use common::users::{assert_user_data, user_data};
 
 use common::{TIMEOUT, eventually, shared_operator, tenants, why};
 use idem_operator::resources::TENANT_LABEL;
 use idem_operator::resources::tenant::DeletionPolicy;
 use idem_runtime::apply::OWNER_UID_LABEL;
 use idem_tests::{shared, unique_name};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-/// A user's ConfigMap `data` in namespace `ns`: the user data that must survive.
-async fn user_data(client: &kube::Client, ns: &str) {
-    Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": "data"}, "data": {"k": "precious"}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-}
-
-async fn assert_user_data(client: &kube::Client, ns: &str) {
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .get_opt("data")
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("the user's ConfigMap in {ns} was deleted"));
-    assert_eq!(cm.data.unwrap_or_default()["k"], "precious");
-}
 
 #[tokio::test]
 async fn deleting_a_tenant_with_the_default_policy_retains_its_namespaces_and_data() {

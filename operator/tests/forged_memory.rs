@@ -11,6 +11,7 @@
 //! Run: `cargo test -p idem-operator --test forged_memory -- --nocapture` (prints the figures).
 
 mod common;
+use common::users::client_as;
 
 use common::process::OperatorProcess;
 use common::{TIMEOUT, apps, eventually, install_crds, tenants, why};
@@ -33,13 +34,6 @@ const ROLEBINDINGS: usize = 4;
 const SUBJECTS: usize = 3_500;
 /// The most the operator's resident memory may grow by for all of them.
 const BOUND_KIB: u64 = 5 * 1024;
-
-/// A client acting as user `user` (impersonated by the admin client).
-fn client_as(user: &str) -> kube::Client {
-    let mut config = shared().config();
-    config.auth_info.impersonate = Some(user.into());
-    kube::Client::try_from(config).expect("an impersonating client")
-}
 
 /// Metadata claiming `owner` as idem would: its controller ownerReference and idem's labels.
 fn claiming<K: Resource<DynamicType = ()>>(owner: &K, name: &str, tenant: &str) -> Value {

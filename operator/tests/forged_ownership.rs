@@ -8,6 +8,7 @@
 //! The tests of this binary run one at a time: each starts and stops its own operator.
 
 mod common;
+use common::users::client_as;
 
 use std::time::Duration;
 
@@ -23,13 +24,6 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
-
-/// A client acting as user `user` (impersonated by the admin client).
-fn client_as(user: &str) -> kube::Client {
-    let mut config = shared().config();
-    config.auth_info.impersonate = Some(user.into());
-    kube::Client::try_from(config).expect("an impersonating client")
-}
 
 /// Metadata claiming `owner` as idem would: its controller ownerReference and idem's labels.
 fn claiming<K: Resource<DynamicType = ()>>(owner: &K, name: &str, tenant: &str) -> Value {

@@ -14,6 +14,7 @@
 //! collector deleted a canary owned by the same deleted Tenant: the collector had its chance.
 
 mod common;
+use common::users::{assert_user_data, client_as, user_data};
 
 use common::{TIMEOUT, eventually, shared_operator, tenants, why};
 use idem_operator::resources::Tenant;
@@ -28,36 +29,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-
-/// A client acting as user `user` (impersonated by the admin client), as a tenant owner.
-fn client_as(user: &str) -> kube::Client {
-    let mut config = shared().config();
-    config.auth_info.impersonate = Some(user.into());
-    kube::Client::try_from(config).expect("an impersonating client")
-}
-
-/// A user's ConfigMap `data` in namespace `ns`: the user data that must survive.
-async fn user_data(client: &kube::Client, ns: &str) {
-    Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": "data"}, "data": {"k": "precious"}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-}
-
-async fn assert_user_data(client: &kube::Client, ns: &str) {
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .get_opt("data")
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("the user's ConfigMap in {ns} was deleted"));
-    assert_eq!(cm.data.unwrap_or_default()["k"], "precious");
-}
 
 /// Metadata of the object `name` of kind `K` in `ns`, `None` when it does not exist.
 async fn meta_of<K>(client: &kube::Client, ns: &str, name: &str) -> Option<ObjectMeta>

@@ -8,6 +8,7 @@
 pub mod apps;
 pub mod process;
 pub mod tenants;
+pub mod users;
 
 use std::fmt::Debug;
 use std::future::Future;
