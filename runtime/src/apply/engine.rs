@@ -336,6 +336,19 @@ impl Applier {
             if meta.deletion_timestamp.is_some() {
                 return done(ChildOutcome::Terminating);
             }
+            // A child of ours that lost its ownerReference: put it back only if the owner, read
+            // now, is not being deleted (see `Owner::is_being_deleted`: an orphaning deletion
+            // removes the references, and the garbage collector would otherwise delete the
+            // children it was told to keep). One read, only when a reference is missing.
+            if !controlled
+                && owner
+                    .is_being_deleted(&self.client)
+                    .await
+                    .map_err(|source| err("get", source))?
+            {
+                tracing::info!(child = %key, "owner is being deleted: its removed ownerReference stays removed");
+                return done(ChildOutcome::Unchanged);
+            }
             // A desired child of ours missing from the owner's record: created by a pass that
             // never saw the POST's answer (a crash, a timeout), or taken over at a desired
             // name. It is recorded now, so that it is pruned once no longer desired. An object

@@ -61,6 +61,8 @@ pub struct Owner {
     field_manager: String,
     /// The children the owner's reconciles created, by uid (see [`super::record`]).
     created: Option<std::sync::Arc<BTreeMap<String, ObjectKey>>>,
+    /// The owner's kind as the dynamic API knows it (to read the owner itself).
+    resource: ApiResource,
 }
 
 impl Owner {
@@ -88,6 +90,7 @@ impl Owner {
             tenant,
             field_manager: field_manager.to_owned(),
             created: None,
+            resource: ApiResource::erase::<K>(&()),
         })
     }
 
@@ -149,6 +152,28 @@ impl Owner {
     /// The owner's `metadata.uid`.
     pub fn uid(&self) -> &str {
         &self.uid
+    }
+
+    /// Whether the owner, read from the API server now (not from a cache), is being deleted or
+    /// is gone (or replaced by another object of its name). The garbage collector orphans the
+    /// children of an owner deleted with `propagationPolicy: Orphan` by removing their
+    /// ownerReferences; a reconcile working from a cache that has not seen the deletion yet
+    /// must not put them back, or the collector deletes them with the owner after all.
+    ///
+    /// # Errors
+    /// The API server's, other than 404 (which means gone).
+    pub async fn is_being_deleted(&self, client: &kube::Client) -> Result<bool, kube::Error> {
+        let api: kube::Api<kube::api::DynamicObject> = match &self.namespace {
+            Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &self.resource),
+            None => kube::Api::all_with(client.clone(), &self.resource),
+        };
+        Ok(match api.get_metadata_opt(&self.name).await? {
+            Some(live) => {
+                live.metadata.deletion_timestamp.is_some()
+                    || live.metadata.uid.as_deref() != Some(self.uid.as_str())
+            }
+            None => true,
+        })
     }
 
     /// The owner's namespace, `None` when cluster-scoped.

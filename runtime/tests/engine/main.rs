@@ -5,6 +5,7 @@ mod apply;
 mod common;
 mod drift;
 mod oracle;
+mod orphan;
 mod race;
 mod replace;
 mod status;
