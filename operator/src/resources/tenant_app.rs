@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a TenantApp name must be a DNS-1035 label (at most 63 lower case letters, digits and '-', starting with a letter), because it names the app's Service and labels its pods"),
+    validation = Rule::new("oldSelf.hasValue() || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))").optional_old_self(true).message("a TenantApp name must be a DNS-1035 label (at most 63 lower case letters, digits and '-', starting with a letter), because it names the app's Service and labels its pods"),
 )]
 #[idempotent(
     tenant = namespace_label("tenancy.idem.dev/tenant"),
