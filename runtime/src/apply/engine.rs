@@ -413,6 +413,29 @@ impl Applier {
                 }
                 Err(e) => e,
             };
+            // An object at a desired name that claims the owner by its ownerReference but is
+            // not in the owner's record (a tenant owner's, with a copied reference), and that
+            // the server refuses to make as desired (an immutable field differs): not ours
+            // after all. It stays theirs, reported as not owned (and watched, so that its
+            // deletion brings ours back) — never recreated, and not a terminal error that
+            // nothing would end.
+            if is_invalid(&e) && !uid_mismatch(&e) && owner.has_record() && !recorded {
+                if let Some(c) = &self.caches {
+                    c.set_foreign(&key, true);
+                }
+                return Ok(Applied {
+                    outcome: ChildOutcome::NotOwned {
+                        reason: format!(
+                            "{}, but was not created by it (its uid is not in the owner's record) and the API server refuses to make it as desired: {}",
+                            owner.describe_foreign(&meta),
+                            super::describe(&e)
+                        ),
+                    },
+                    repaired: None,
+                    created: None,
+                    released: None,
+                });
+            }
             if is_invalid(&e) && child.recreate && !uid_mismatch(&e) {
                 let reason = super::describe(&e);
                 let uid = self.recreate(&api, owner, &key, &body, &meta).await?;

@@ -1,7 +1,9 @@
-//! An owner deleted with `propagationPolicy: Orphan`: the garbage collector removes the
-//! ownerReferences of its children so that they stay; a reconcile working from a cache that
-//! has not seen the deletion yet must not put them back (the collector would then delete the
-//! children with the owner after all).
+//! Children whose claim on their owner is not what it seems. An owner deleted with
+//! `propagationPolicy: Orphan`: the garbage collector removes the ownerReferences of its
+//! children so that they stay, and a reconcile working from a cache that has not seen the
+//! deletion yet must not put them back (the collector would then delete the children with the
+//! owner after all). And an object that copies the owner's controller ownerReference without
+//! being in its record, which the server refuses to make as desired: not the owner's.
 
 use std::time::{Duration, Instant};
 
@@ -94,4 +96,50 @@ async fn a_removed_owner_reference_is_not_restored_while_the_owner_is_being_orph
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(configmaps.get_opt("data").await.expect("get").is_some());
+}
+
+/// A tenant owner's object at a desired name, with the owner's controller ownerReference
+/// copied onto it but not in the owner's record, that the server refuses to change (an
+/// immutable ConfigMap): it stays theirs and is reported as not owned — not a terminal error
+/// that would keep the owner from ever creating its own once the object is deleted.
+#[tokio::test]
+async fn an_unrecorded_object_claiming_the_owner_that_cannot_be_made_as_desired_is_not_owned() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "claim").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let forged: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "data", "ownerReferences": [{
+            "apiVersion": "test.idem.dev/v1", "kind": "Widget", "name": "w",
+            "uid": w.metadata.uid.clone().unwrap(), "controller": true,
+        }]},
+        "immutable": true,
+        "data": {"k": "theirs"},
+    }))
+    .unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    configmaps
+        .create(&Default::default(), &forged)
+        .await
+        .expect("the forged ConfigMap");
+    let mut desired = DesiredChildren::new();
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "data"},
+        "data": {"k": "v"}}))
+    .unwrap();
+    desired.add(&cm).expect("add");
+    let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(TenantKey::new(&ns)))
+        .unwrap()
+        .with_record(&[]);
+    let report = Applier::new(client.clone())
+        .reconcile(&owner, &desired)
+        .await
+        .expect("an object that is not ours is not an error");
+    assert!(
+        matches!(&report.children[0].1, ChildOutcome::NotOwned { reason } if reason.contains("not created by it")),
+        "{report:?}"
+    );
+    assert!(report.created.is_empty(), "{report:?}");
+    let live = configmaps.get("data").await.expect("get");
+    assert_eq!(live.data.unwrap_or_default()["k"], "theirs");
 }
