@@ -40,6 +40,7 @@
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
+mod answers;
 mod cache;
 mod engine;
 mod metrics;
