@@ -441,9 +441,15 @@ impl Applier {
                         judged.as_ref().unwrap_or(&applied),
                         owner.field_manager(),
                     );
+                    // A field another manager took is always theirs to report; a value that
+                    // differs where the server's own form differs too is that form.
                     let mut drift: Vec<Drift> = drift
                         .into_iter()
-                        .filter(|d| !own_form.contains(d))
+                        .filter(|d| {
+                            !own_form.contains(d)
+                                && !(server_may_explain(d)
+                                    && own_form.iter().any(|o| o.path == d.path))
+                        })
                         .collect();
                     if drift.is_empty() && !own_form.is_empty() {
                         // What the check could not name: what the apply restored.
@@ -453,6 +459,10 @@ impl Applier {
                     // The desired body is the one applied last (same fingerprint): every
                     // difference was made by someone else.
                     let same_desired = same_desired(&live, &body);
+                    // A field we own that the desired body lacks (`Stale`) is left by our own
+                    // writes (an earlier desired body, the fold before an apply the server
+                    // refused), never by another manager: not drift to report.
+                    drift.retain(|d| d.kind != DriftKind::Stale);
                     let by_others = !drift.is_empty()
                         && !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
                     return Ok(Applied {

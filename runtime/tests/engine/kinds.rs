@@ -84,7 +84,8 @@ struct Case {
     immutable: Option<Value>,
 }
 
-/// Requests on one resource counted by the API server: (dry-run applies, other requests).
+/// Requests on one resource counted by the API server: (dry-run applies, other requests), but
+/// for lists, watches and subresources.
 async fn requests(group: &str, resource: &str) -> (u64, u64) {
     let text = idem_tests::shared().metrics().await.expect("metrics");
     let (mut dry, mut other) = (0, 0);
@@ -102,7 +103,13 @@ async fn requests(group: &str, resource: &str) -> (u64, u64) {
                 .find(|(key, _)| *key == k)
                 .map(|(_, v)| v.trim_end_matches('"'))
         };
-        if label("group") != Some(group) || label("resource") != Some(resource) {
+        // The kinds' own controllers (in the controller-manager) watch them and write their
+        // status: those requests are not the engine's.
+        if label("group") != Some(group)
+            || label("resource") != Some(resource)
+            || label("subresource").is_some_and(|s| !s.is_empty())
+            || matches!(label("verb"), Some("LIST" | "WATCH"))
+        {
             continue;
         }
         let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
@@ -269,10 +276,15 @@ where
             !reason.contains('\n'),
             "{kind}: a one-line reason: {reason}"
         );
+        // The revert: no drift report. (Where the refused apply was preceded by moving our
+        // create's record into our apply's, one apply gives up the server's defaults that
+        // record held.)
         let report = applier.reconcile(&owner, &desired).await.expect("revert");
-        assert_eq!(
-            report.children[0].1,
-            ChildOutcome::Unchanged,
+        assert!(
+            matches!(
+                report.children[0].1,
+                ChildOutcome::Unchanged | ChildOutcome::Applied
+            ),
             "{kind}: {report:?}"
         );
         assert!(report.repaired.is_empty(), "{kind}: {:?}", report.repaired);
@@ -490,7 +502,8 @@ async fn headless_service_with_port_defaults() {
         Case {
             desired: svc("None"),
             tamper: json!({"spec": {"selector": {"app": "other"}}}),
-            tampered_path: ".spec.selector.app",
+            // A Service's selector is an atomic map: taken and restored whole.
+            tampered_path: ".spec.selector",
             immutable: Some(svc("10.0.0.77")),
         },
     )
@@ -506,7 +519,8 @@ async fn service_with_a_server_assigned_cluster_ip() {
                 "selector": {"app": "web"},
                 "ports": [{"port": 80, "targetPort": 8080}]}}),
             tamper: json!({"spec": {"selector": {"app": "other"}}}),
-            tampered_path: ".spec.selector.app",
+            // A Service's selector is an atomic map: taken and restored whole.
+            tampered_path: ".spec.selector",
             immutable: None,
         },
     )
