@@ -7,6 +7,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
+use super::answers::Answers;
 use super::cache::ChildCaches;
 use super::owner::DesiredChild;
 use super::report::{ApplyReport, ChildOutcome, Repair};
@@ -15,7 +16,7 @@ use super::{
     ApplyError, FINGERPRINT_ANNOTATION, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists,
     is_conflict, is_not_found,
 };
-use crate::compare::{Drift, DriftKind, check};
+use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
 
 /// Applies desired children for an owner; cheap to clone.
@@ -25,6 +26,8 @@ pub struct Applier {
     retry: RetryPolicy,
     caches: Option<ChildCaches>,
     metrics: Option<super::DriftMetrics>,
+    /// The server's answers for children the convergence check cannot judge alone.
+    answers: Answers,
 }
 
 /// What one child's apply did, plus the drift it repaired.
@@ -50,6 +53,7 @@ impl Applier {
             retry: RetryPolicy::default(),
             caches: None,
             metrics: None,
+            answers: Answers::default(),
         }
     }
 
@@ -323,6 +327,7 @@ impl Applier {
                 }
             }
             if foreign {
+                self.answers.forget(&key);
                 return Ok(Applied {
                     outcome: ChildOutcome::NotOwned {
                         reason: owner.describe_foreign(&meta),
@@ -361,13 +366,45 @@ impl Applier {
                 judged.as_ref().unwrap_or(&live),
                 owner.field_manager(),
             );
-            if drift.is_empty() {
-                return Ok(Applied {
+            let unchanged = |record| {
+                Ok(Applied {
                     outcome: ChildOutcome::Unchanged,
                     repaired: None,
                     created: record,
                     released: None,
-                });
+                })
+            };
+            if drift.is_empty() {
+                return unchanged(record);
+            }
+            // What the check cannot judge alone (a default inside a value we own whole, a
+            // canonical form it does not know): the server's answer for this desired body,
+            // kept from an earlier write or asked once with a dry-run apply.
+            let desired_fp = fingerprint(&body);
+            let mut asked = None;
+            if same_desired(&live, &body) && drift.iter().all(server_may_explain) {
+                let uid = meta.uid.as_deref().unwrap_or_default();
+                let answer = match self.answers.get(&key, uid, desired_fp) {
+                    Some(answer) => Some(answer),
+                    None => match self.dry_run(&api, owner, &key, &body, &live).await {
+                        Ok(answer) => Some(self.answers.learn(
+                            &key,
+                            desired_fp,
+                            &answer,
+                            owner.field_manager(),
+                        )),
+                        Err(e) => {
+                            asked = Some(e);
+                            None
+                        }
+                    },
+                };
+                if let Some(answer) = answer
+                    && answer.is_some()
+                    && answer == settled(&live, owner.field_manager())
+                {
+                    return unchanged(record);
+                }
             }
             tracing::debug!(child = %key, drift = ?drift, "child drifted");
             // A recorded child someone gave another controller: that reference goes first (the
@@ -389,18 +426,45 @@ impl Applier {
                 }
                 continue;
             }
-            let result = self.apply(&api, owner, &key, &body, &live).await;
+            // A dry-run the server refused is the apply's answer too (no write to learn it).
+            let result = match asked {
+                Some(e) => Err(e),
+                None => self.apply(&api, owner, &key, &body, &live).await,
+            };
             let e = match result {
-                Ok(()) => {
+                Ok(applied) => {
+                    // What the server's own form of the desired body differs in from it
+                    // (its defaults, its canonical forms) was never drift.
+                    let judged = super::as_applied(&applied, owner.field_manager(), &body);
+                    let own_form = check(
+                        &body,
+                        judged.as_ref().unwrap_or(&applied),
+                        owner.field_manager(),
+                    );
+                    // A field another manager took is always theirs to report; a value that
+                    // differs where the server's own form differs too is that form.
+                    let mut drift: Vec<Drift> = drift
+                        .into_iter()
+                        .filter(|d| {
+                            !own_form.contains(d)
+                                && !(server_may_explain(d)
+                                    && own_form.iter().any(|o| o.path == d.path))
+                        })
+                        .collect();
+                    if drift.is_empty() && !own_form.is_empty() {
+                        // What the check could not name: what the apply restored.
+                        drift = differences(&live, &applied, owner.field_manager());
+                    }
+                    self.keep_answer(&key, desired_fp, &applied, owner, &own_form);
                     // The desired body is the one applied last (same fingerprint): every
                     // difference was made by someone else.
-                    let same_desired = live
-                        .pointer("/metadata/annotations")
-                        .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
-                        == body
-                            .pointer("/metadata/annotations")
-                            .and_then(|a| a.get(FINGERPRINT_ANNOTATION));
-                    let by_others = !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
+                    let same_desired = same_desired(&live, &body);
+                    // A field we own that the desired body lacks (`Stale`) is left by our own
+                    // writes (an earlier desired body, the fold before an apply the server
+                    // refused), never by another manager: not drift to report.
+                    drift.retain(|d| d.kind != DriftKind::Stale);
+                    let by_others = !drift.is_empty()
+                        && !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
                     return Ok(Applied {
                         outcome: ChildOutcome::Applied,
                         repaired: (same_desired && by_others).then(|| {
@@ -481,7 +545,57 @@ impl Applier {
         let _in_flight = self.begin_write(key);
         let created = api.create(&pp, &obj).await?;
         self.remember(key, &created);
+        let created_json = to_json(&created);
+        let judged = super::as_applied(&created_json, owner.field_manager(), body);
+        let own_form = check(
+            body,
+            judged.as_ref().unwrap_or(&created_json),
+            owner.field_manager(),
+        );
+        self.keep_answer(key, fingerprint(body), &created_json, owner, &own_form);
         Ok(created.metadata.uid.unwrap_or_default())
+    }
+
+    /// Keeps the server's answer `written` (the object our write of the desired body with
+    /// fingerprint `desired` left) when the convergence check cannot judge it alone
+    /// (`own_form`: what the check finds between the desired body and that answer), so the
+    /// next pass decides without asking; forgets it otherwise.
+    fn keep_answer(
+        &self,
+        key: &ObjectKey,
+        desired: crate::compare::Fingerprint,
+        written: &Value,
+        owner: &Owner,
+        own_form: &[Drift],
+    ) {
+        if own_form.is_empty() {
+            self.answers.forget(key);
+        } else {
+            tracing::debug!(child = %key, differs = ?own_form, "the server's form of the desired body differs from it: its answer is kept");
+            self.answers
+                .learn(key, desired, written, owner.field_manager());
+        }
+    }
+
+    /// A `dryRun=All` forced apply of `body` (guarded by the live uid): the object the apply
+    /// would leave, without writing it.
+    async fn dry_run(
+        &self,
+        api: &Api<DynamicObject>,
+        owner: &Owner,
+        key: &ObjectKey,
+        body: &Value,
+        live: &Value,
+    ) -> Result<Value, kube::Error> {
+        let mut guarded = body.clone();
+        guarded["metadata"]["uid"] = live
+            .pointer("/metadata/uid")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let pp = PatchParams::apply(owner.field_manager()).force().dry_run();
+        tracing::debug!(child = %key, "asking the server how it would store the desired body (dry-run apply)");
+        let answer = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
+        Ok(to_json(&answer))
     }
 
     /// One server-side apply of `body` with force, without a `resourceVersion` (status churn
@@ -496,7 +610,7 @@ impl Applier {
         key: &ObjectKey,
         body: &Value,
         live: &Value,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Value, kube::Error> {
         let _in_flight = self.begin_write(key);
         if let Some(patch) = fold_patch(live, owner.field_manager(), body) {
             let folded = api
@@ -512,7 +626,7 @@ impl Applier {
         let pp = PatchParams::apply(owner.field_manager()).force();
         let applied = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
         self.remember(key, &applied);
-        Ok(())
+        Ok(to_json(&applied))
     }
 
     /// Deletes the child (uid precondition) and creates it again; the new uid, `None` when the
@@ -679,6 +793,7 @@ impl Applier {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let uid = meta.uid.clone().unwrap_or_default();
+        self.answers.forget(&key);
         if let Some(c) = &self.caches {
             c.forget(&key);
         }
@@ -753,6 +868,27 @@ fn unclaim_patch(live: &Value, owner_uid: &str) -> Option<Value> {
         "resourceVersion": live.pointer("/metadata/resourceVersion"),
         "ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) },
     }}))
+}
+
+/// Whether `live` was last applied from the desired body `body` (same fingerprint annotation).
+fn same_desired(live: &Value, body: &Value) -> bool {
+    let fp = |v: &Value| {
+        v.pointer("/metadata/annotations")
+            .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
+            .cloned()
+    };
+    fp(live) == fp(body)
+}
+
+/// Whether the server's own form of the desired body may explain `drift`: a value that differs
+/// in a field we still own, or a field no manager owns. A field another manager took, or an
+/// object never applied, is drift the server cannot explain away.
+fn server_may_explain(drift: &Drift) -> bool {
+    match &drift.kind {
+        DriftKind::Changed | DriftKind::Stale => true,
+        DriftKind::NotOwned { managers } => managers.is_empty(),
+        DriftKind::NeverApplied => false,
+    }
 }
 
 /// A dynamic object as JSON (`apiVersion`, `kind`, `metadata`, and its other fields).

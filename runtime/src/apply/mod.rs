@@ -40,6 +40,7 @@
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
+mod answers;
 mod cache;
 mod engine;
 mod metrics;
@@ -148,7 +149,10 @@ pub enum ApplyError {
 pub(crate) fn describe(err: &kube::Error) -> String {
     match err {
         kube::Error::Api(status) => {
-            format!("{} {}: {}", status.code, status.reason, status.message)
+            // One line: some refusals go on with a diff of the object (a PersistentVolumeClaim's
+            // immutable spec), which a condition message and an Event do not need.
+            let message = status.message.lines().next().unwrap_or_default().trim_end();
+            format!("{} {}: {}", status.code, status.reason, message)
         }
         other => other.to_string(),
     }

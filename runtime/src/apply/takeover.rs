@@ -54,7 +54,7 @@ pub(crate) fn fold_update_into_apply(
             Some(apply) => {
                 let mut fields = apply.fields_v1.take().map_or(Value::Null, |f| f.0);
                 if let Some(more) = &update.fields_v1 {
-                    unite(&mut fields, &more.0);
+                    crate::compare::unite_fields(&mut fields, &more.0);
                 }
                 apply.fields_v1 = Some(FieldsV1(fields));
                 apply.time = None;
@@ -74,19 +74,6 @@ pub(crate) fn fold_update_into_apply(
         }
     }
     out
-}
-
-/// Unites the `fieldsV1` set `more` into `into` (both nested JSON objects of field paths).
-fn unite(into: &mut Value, more: &Value) {
-    match (into, more) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                unite(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (slot @ Value::Null, v) => *slot = v.clone(),
-        _ => {}
-    }
 }
 
 /// `manager`'s main-resource entries of `entries` with operation `op`.
@@ -163,7 +150,7 @@ pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value>
         .filter(|e| e.subresource.as_deref().unwrap_or("").is_empty())
     {
         if let Some(f) = &e.fields_v1 {
-            unite(&mut all, &f.0);
+            crate::compare::unite_fields(&mut all, &f.0);
         }
     }
     let recorded = crate::compare::restrict_to_desired(desired, &all);
@@ -174,7 +161,7 @@ pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value>
             let mut mine = Value::Null;
             for e in &record {
                 if let Some(f) = &e.fields_v1 {
-                    unite(&mut mine, &f.0);
+                    crate::compare::unite_fields(&mut mine, &f.0);
                 }
             }
             let mut moved = record[0].clone();

@@ -28,16 +28,25 @@
 //! 5. an associative-list item we own matches exactly one live item (a duplicate added by
 //!    someone else is drift).
 //!
+//! # When the rule cannot decide alone
+//! Rule (4) knows the server's canonical forms only where this module has them (quantities of
+//! the built-in kinds), and a value owned as a whole is compared as a whole, so a default the
+//! server adds inside it (`volumeMode` in a StatefulSet's `volumeClaimTemplates`, defaults of a
+//! custom resource's atomic list), a canonical form of a field it does not know, or a field the
+//! server moves (a Secret's `stringData` into `data`) reads as drift. The engine then asks the
+//! server: a `dryRun=All` apply of the desired body returns the object as the apply would
+//! leave it, and an apply changes nothing exactly when that equals the live object in every
+//! field the apply could change ([`settled`]). The answer is kept per child and desired body
+//! as a fingerprint (and learned for free from each create's and apply's response), so a
+//! later pass decides with no request. The tables here are only a fast path: the property
+//! test `runtime/tests/engine/oracle.rs` checks them against the server, and
+//! `runtime/tests/engine/kinds.rs` shows the kinds they do not cover converging.
+//!
 //! Anything another manager changed in a field of ours moves that field to their entry (an
 //! `Update` takes ownership of what it changes; a forced apply takes it over), so it fails (2)
 //! and is reported with the manager's name ([`DriftKind::NotOwned`]). Fields other managers own
 //! and we never set stay theirs: a forced apply would not touch them either.
 //!
-//! Sources: server-side apply (KEP-555, "Server-Side Apply", and the Kubernetes documentation
-//! "Server-Side Apply: field management, merge strategy"), the `fieldsV1` encoding of
-//! sigs.k8s.io/structured-merge-diff (`fieldpath` path elements `f:`, `k:`, `v:`, `i:` and the
-//! `.` marker), apimachinery's field manager (fields it strips from every entry; `Update`
-//! operations take ownership of changed fields and drop removed fields from every manager).
 //! The property test `runtime/tests/engine/oracle.rs` checks the rule against the real API
 //! server: "`dryRun=All` forced apply would change the object" ⇔ "not converged".
 
@@ -46,12 +55,14 @@ mod fingerprint;
 mod quantity;
 mod restrict;
 mod schema;
+mod settled;
 mod spec_diff;
 
 pub use fields::{Drift, DriftKind, check, is_converged};
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use quantity::Quantity;
 pub(crate) use restrict::restrict_to_desired;
+pub(crate) use settled::{differences, settled, unite_fields};
 #[doc(hidden)]
 pub use spec_diff::{__field_diff, __to_value};
 

@@ -4,6 +4,7 @@
 mod apply;
 mod common;
 mod drift;
+mod kinds;
 mod oracle;
 mod orphan;
 mod race;
