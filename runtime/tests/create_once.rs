@@ -18,14 +18,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use idem_runtime::IdempotentResource;
-use idem_runtime::apply::{CreatedChild, DesiredChildren, OWNER_UID_LABEL, MANAGED_BY_LABEL};
+use idem_runtime::apply::{CreatedChild, DesiredChildren, MANAGED_BY_LABEL, OWNER_UID_LABEL};
 use idem_runtime::controller::Action;
 use idem_runtime::reconciler::{Driver, Outcome, Pass, ReconcileError, Reconciler};
 use idem_tests::kit::{BoxError, Check, Children, Kit, Subject};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, CustomResource, CustomResourceExt, Resource, ResourceExt};
 use schemars::JsonSchema;
@@ -54,7 +56,9 @@ pub struct VaultSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VaultStatus {
+    /// The generation the conditions describe.
     pub observed_generation: Option<i64>,
+    /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The children its reconciles created.
@@ -299,10 +303,13 @@ impl<R: Reconciler<Resource = Vault>> Session<R> {
     }
 }
 
+/// One watch event of a Secret: its type, uid, resourceVersion and password.
+type Seen = (String, String, u64, String);
+
 /// Every version of the Secrets of one namespace, watched from before the test's writes.
 struct Versions {
     task: tokio::task::JoinHandle<()>,
-    seen: Arc<Mutex<Vec<(String, String, u64, String)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Drop for Versions {
@@ -324,7 +331,7 @@ impl Versions {
             .await
             .expect("watch")
             .boxed();
-        let seen: Arc<Mutex<Vec<(String, String, u64, String)>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let store = Arc::clone(&seen);
         let task = tokio::spawn(async move {
             while let Some(Ok(event)) = stream.next().await {
@@ -334,7 +341,11 @@ impl Versions {
                     WatchEvent::Deleted(s) => ("DELETED", s),
                     _ => continue,
                 };
-                let rv = s.resource_version().unwrap_or_default().parse().unwrap_or(0);
+                let rv = s
+                    .resource_version()
+                    .unwrap_or_default()
+                    .parse()
+                    .unwrap_or(0);
                 store.lock().unwrap().push((
                     what.to_owned(),
                     s.uid().unwrap_or_default(),
@@ -347,7 +358,7 @@ impl Versions {
     }
 
     /// The versions seen, once the watch has delivered `secret`'s current version.
-    async fn until(&self, secret: &Secret) -> Vec<(String, String, u64, String)> {
+    async fn until(&self, secret: &Secret) -> Vec<Seen> {
         let rv: u64 = secret.resource_version().unwrap().parse().unwrap();
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
@@ -355,7 +366,10 @@ impl Versions {
             if seen.iter().any(|(_, _, at, _)| *at >= rv) {
                 return seen;
             }
-            assert!(tokio::time::Instant::now() < deadline, "watch behind: {seen:?}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "watch behind: {seen:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -384,8 +398,7 @@ async fn four_concurrent_reconciles_agree_on_one_password_in_five_rounds() {
     for round in 1..=5 {
         let versions = Versions::follow(&client, &ns).await;
         let v = create_vault(&client, &ns, false).await;
-        let results =
-            futures::future::join_all(sessions.iter().map(|s| s.reconcile(&v))).await;
+        let results = futures::future::join_all(sessions.iter().map(|s| s.reconcile(&v))).await;
         for r in &results {
             assert!(r.is_ok(), "round {round}: {results:?}");
         }
@@ -427,7 +440,10 @@ async fn four_concurrent_reconciles_agree_on_one_password_in_five_rounds() {
                 .any(|c| Some(&c.uid) == secret.uid().as_ref() && c.kind == "Secret"),
             "round {round}: recorded: {record:?}"
         );
-        assert_eq!(password(&secrets.get(&secret_name(&v)).await.unwrap()), value);
+        assert_eq!(
+            password(&secrets.get(&secret_name(&v)).await.unwrap()),
+            value
+        );
         eprintln!("round {round}: one password, created once, 4 racers agreed");
     }
 }
@@ -468,7 +484,11 @@ async fn a_secret_whose_labels_were_changed_keeps_its_password_and_gets_them_bac
 
     let counted = requests().await;
     assert_eq!(s.reconcile(&v).await.unwrap(), Action::await_change());
-    assert_eq!(requests().await - counted, 0, "a converged pass makes no request");
+    assert_eq!(
+        requests().await - counted,
+        0,
+        "a converged pass makes no request"
+    );
 
     // Someone removes the label the caches select by and changes the owner's uid label: the
     // Secret leaves the label-selected cache.
@@ -570,7 +590,11 @@ async fn a_deleted_secret_stalls_with_child_deleted_and_no_new_password() {
     let old = delete_secret(&client, &s, &v).await;
 
     let action = s.reconcile(&v).await.expect("a terminal error is handled");
-    assert_eq!(action, Action::terminal(), "not retried until the Vault changes");
+    assert_eq!(
+        action,
+        Action::terminal(),
+        "not retried until the Vault changes"
+    );
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     assert!(
         secrets.get_opt(&secret_name(&v)).await.unwrap().is_none(),

@@ -191,9 +191,9 @@ impl DesiredChildren {
 
     /// The create-once child of kind `kind` named `name`, if one was added.
     pub(crate) fn once_child(&self, kind: &str, name: &str) -> Option<&DesiredChild> {
-        self.children
-            .iter()
-            .find(|c| c.once.is_some() && c.key.kind.as_ref() == kind && c.key.name.as_ref() == name)
+        self.children.iter().find(|c| {
+            c.once.is_some() && c.key.kind.as_ref() == kind && c.key.name.as_ref() == name
+        })
     }
 }
 
@@ -236,11 +236,25 @@ mod tests {
     fn regenerating_is_an_opt_in_of_the_kind_before_or_after_the_child() {
         let mut d = DesiredChildren::new();
         d.create_once::<Secret, _>("a", Secret::default);
-        assert!(!d.once_child("Secret", "a").unwrap().once.as_ref().unwrap().regenerate);
+        assert!(
+            !d.once_child("Secret", "a")
+                .unwrap()
+                .once
+                .as_ref()
+                .unwrap()
+                .regenerate
+        );
         d.regenerate_deleted::<Secret>();
         d.create_once::<Secret, _>("b", Secret::default);
         for name in ["a", "b"] {
-            assert!(d.once_child("Secret", name).unwrap().once.as_ref().unwrap().regenerate);
+            assert!(
+                d.once_child("Secret", name)
+                    .unwrap()
+                    .once
+                    .as_ref()
+                    .unwrap()
+                    .regenerate
+            );
         }
     }
 
@@ -249,6 +263,9 @@ mod tests {
         let body = json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "1"}}});
         assert_eq!(unprinted(body), json!({"metadata": {}}));
         let body = json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "1", "a": "b"}}});
-        assert_eq!(unprinted(body), json!({"metadata": {"annotations": {"a": "b"}}}));
+        assert_eq!(
+            unprinted(body),
+            json!({"metadata": {"annotations": {"a": "b"}}})
+        );
     }
 }

@@ -258,7 +258,9 @@ impl<K: IdempotentResource> Pass<K> {
         let Some(child) = desired.once_child(&kind, name) else {
             return Err(ReconcileError::terminal(
                 "CreateOnceNotDeclared",
-                format!("no create-once {kind} named {name} is desired (DesiredChildren::create_once)"),
+                format!(
+                    "no create-once {kind} named {name} is desired (DesiredChildren::create_once)"
+                ),
             ));
         };
         let owner = self.owner().await?;

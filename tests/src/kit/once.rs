@@ -325,7 +325,10 @@ mod tests {
         assert!(judge("s", &[version("a", 1, "x"), version("a", 2, "x")]).is_empty());
         let changed = judge("s", &[version("a", 1, "x"), version("a", 2, "y")]);
         assert_eq!(changed.len(), 1, "{changed:?}");
-        assert!(changed[0].contains("changed after its creation"), "{changed:?}");
+        assert!(
+            changed[0].contains("changed after its creation"),
+            "{changed:?}"
+        );
         let twice = judge("s", &[version("a", 1, "x"), version("b", 3, "x")]);
         assert!(twice[0].contains("created 2 times"), "{twice:?}");
     }

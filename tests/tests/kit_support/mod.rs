@@ -259,7 +259,7 @@ impl Widgets {
                 // Only the labels and the owner reference are kept up to date.
                 let mut desired = child(w, GENERATED_ITEM, "", &name);
                 desired.data = None;
-                let mut have = cur.clone();
+                let mut have = (*cur).clone();
                 have.data = None;
                 if !matches(&have, &desired) {
                     api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
@@ -417,7 +417,10 @@ impl Subject for Widgets {
     }
 
     fn created_once(&self, child: &serde_json::Value) -> Vec<String> {
-        let item = child.pointer(&format!("/metadata/labels/{}", ITEM_LABEL.replace('/', "~1")));
+        let item = child.pointer(&format!(
+            "/metadata/labels/{}",
+            ITEM_LABEL.replace('/', "~1")
+        ));
         if item.and_then(serde_json::Value::as_str) == Some(GENERATED_ITEM) {
             vec!["/data".to_owned()]
         } else {

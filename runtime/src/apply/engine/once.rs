@@ -43,7 +43,10 @@ impl Applier {
         owner: &Owner,
         child: &DesiredChild,
     ) -> Result<Ensured, ApplyError> {
-        let once = child.once.as_ref().expect("ensure_once is for create-once children");
+        let once = child
+            .once
+            .as_ref()
+            .expect("ensure_once is for create-once children");
         let (key, stamp) = child.stamped(owner)?;
         let stamp = unprinted(stamp);
         if let Some(c) = &self.caches {
@@ -248,9 +251,7 @@ impl Applier {
 
 /// Whether `live` carries every label of the stamped body (the owner's).
 fn carries_labels(live: &Value, stamp: &Value) -> bool {
-    let want = stamp
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object);
+    let want = stamp.pointer("/metadata/labels").and_then(Value::as_object);
     let have = live.pointer("/metadata/labels").and_then(Value::as_object);
     want.into_iter()
         .flatten()
