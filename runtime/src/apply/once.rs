@@ -98,7 +98,18 @@ impl DesiredChildren {
     /// kept up to date. A deleted one is a terminal error (`Stalled`, reason `ChildDeleted`)
     /// unless `K` is opted in with [`DesiredChildren::regenerate_deleted`]. Its kind is pruned
     /// like any child's. `make` is called only when the child is created (its name and
-    /// namespace are set from `name`). See the [module docs](self).
+    /// namespace are set from `name`).
+    ///
+    /// Absent (the cache shows none and the owner's record holds none at its key), it is
+    /// created with one `POST`; a create that meets AlreadyExists takes what is there. Present,
+    /// it is never written, except that idem's labels and controller ownerReference are put
+    /// back (one apply of just those fields) when someone removed or changed them; one the
+    /// label-selected cache no longer shows but the record holds is read by name (one GET,
+    /// only then). A converged pass makes no request. Telling deleted from never created needs
+    /// the owner's record
+    /// ([`Reconciler::child_record`](crate::reconciler::Reconciler::child_record)): without
+    /// one, a deleted create-once child is created again. An object at its name the owner does
+    /// not own is [`NotOwned`](super::ChildOutcome::NotOwned): its value is never taken.
     ///
     /// To use the live child's value in other children, read it with
     /// [`Pass::ensure_once`](crate::reconciler::Pass::ensure_once) before adding them.
