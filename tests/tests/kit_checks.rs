@@ -308,3 +308,34 @@ async fn a_failing_clean_convergence_is_one_cause_and_no_check_runs() {
     assert_eq!(text.matches("no clean convergence").count(), 1, "{text}");
     assert!(std::panic::catch_unwind(|| report.assert_idempotent()).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn race_catches_a_generated_value_a_racing_reconcile_wrote_over() {
+    // Read from the cache first, generated when absent: serially it converges, and once the
+    // value is normalised away (or compared by presence only) every end state looks alike.
+    let report = run(Flaw::GeneratedRacy, &[Check::Repeat, Check::Race]).await;
+    assert!(
+        !report.caught(Check::Repeat),
+        "serially it converges\n{report}"
+    );
+    assert!(report.caught(Check::Race), "{report}");
+    let evidence = report.get(Check::Race).unwrap().evidence.join("\n");
+    assert!(
+        evidence.contains("/data is created once, yet changed after its creation"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_value_created_once_passes_every_check() {
+    // Its value differs in every instance: compared by presence across instances, followed
+    // within each.
+    let report = run(Flaw::GeneratedOnce, &Check::ALL).await;
+    report.assert_idempotent();
+    let tamper = report.get(Check::Tamper).unwrap();
+    assert_eq!(
+        tamper.figure_value("created-once values left alone"),
+        Some("1"),
+        "{report}"
+    );
+}

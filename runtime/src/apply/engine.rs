@@ -19,6 +19,8 @@ use super::{
 use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
 
+mod once;
+
 /// Applies desired children for an owner; cheap to clone.
 #[derive(Clone)]
 pub struct Applier {
@@ -143,9 +145,13 @@ impl Applier {
         let mut first_error = None;
         for child in &desired.children {
             let (key, _) = child.stamped(owner)?;
-            let applied = match self.read(&child.resource, &key).await {
-                Ok(live) => self.apply_live(owner, child, live).await,
-                Err(e) => Err(e),
+            let applied = if child.once.is_some() {
+                self.ensure_once_into(owner, child, report).await
+            } else {
+                match self.read(&child.resource, &key).await {
+                    Ok(live) => self.apply_live(owner, child, live).await,
+                    Err(e) => Err(e),
+                }
             };
             let applied = match applied {
                 Ok(applied) => applied,

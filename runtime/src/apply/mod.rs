@@ -44,6 +44,7 @@ mod answers;
 mod cache;
 mod engine;
 mod metrics;
+mod once;
 mod own_writes;
 mod owner;
 pub mod record;
@@ -133,6 +134,25 @@ pub enum ApplyError {
         /// The client error.
         #[source]
         source: Box<kube::Error>,
+    },
+    /// A create-once child ([`DesiredChildren::create_once`]) the owner created, by its record,
+    /// is gone: deleted, or replaced by another object at its name. Not created again with a
+    /// new value (its users hold the old one) unless its kind is opted in with
+    /// [`DesiredChildren::regenerate_deleted`]; a terminal error (reason `ChildDeleted`).
+    #[error(
+        "{child} was created once by its owner (uid {uid}) and {}: it is not created again with a new value its users do not know; restore it (from a backup, with the owner's controller ownerReference), or opt in to regenerating it",
+        match replaced_by {
+            Some(other) => format!("was deleted; its name now holds another object (uid {other})"),
+            None => "was deleted".to_owned(),
+        }
+    )]
+    ChildDeleted {
+        /// The child.
+        child: ObjectKey,
+        /// The uid the owner's record holds.
+        uid: String,
+        /// The uid of the object now at its name, if any.
+        replaced_by: Option<String>,
     },
     /// Every attempt met 409 Conflict (someone else kept changing the child).
     #[error("{child}: still conflicting after {attempts} attempts")]

@@ -272,6 +272,8 @@ pub struct DesiredChild {
     /// Whether a lost ownerReference means "released" (see [`DesiredChildren::release_orphans`])
     /// rather than tampering to repair.
     pub(crate) release_orphan: bool,
+    /// Created once and never changed afterwards (see [`DesiredChildren::create_once`]).
+    pub(crate) once: Option<super::once::CreateOnce>,
 }
 
 /// The children an owner desires, plus the kinds whose undesired children get pruned.
@@ -285,6 +287,9 @@ pub struct DesiredChildren {
     pub(crate) release_orphans: Vec<ApiResource>,
     /// Namespaces whose undesired children are released, not pruned.
     pub(crate) release_in: std::collections::BTreeSet<String>,
+    /// Kinds whose deleted create-once children are created anew
+    /// ([`DesiredChildren::regenerate_deleted`]).
+    pub(crate) regenerate: Vec<ApiResource>,
 }
 
 impl DesiredChildren {
@@ -355,6 +360,7 @@ impl DesiredChildren {
             body,
             recreate,
             release_orphan,
+            once: None,
         });
         Ok(self)
     }

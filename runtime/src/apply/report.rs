@@ -102,6 +102,11 @@ pub struct ApplyReport {
     pub released: Vec<ObjectKey>,
     /// Uids of the children in [`ApplyReport::released`].
     pub released_uids: Vec<String>,
+    /// Create-once children that were deleted and created anew with a new value, their kind
+    /// being opted in with
+    /// [`DesiredChildren::regenerate_deleted`](super::DesiredChildren::regenerate_deleted)
+    /// (also in [`ApplyReport::children`] as [`ChildOutcome::Created`]).
+    pub regenerated: Vec<ObjectKey>,
     /// Objects that claim the owner, are not desired, and are not in the owner's record of
     /// children it created: left alone, never deleted (anyone who can create them can forge
     /// the claim; see [`super::record`]).

@@ -225,3 +225,24 @@ pub async fn readiness(
     };
     publish(recorder, reference, event).await;
 }
+
+/// A `Warning` `Regenerated` per create-once child that was deleted and created anew with a
+/// new value (its kind opted in with
+/// [`DesiredChildren::regenerate_deleted`](crate::apply::DesiredChildren::regenerate_deleted)),
+/// the child as related object: whoever used the old value must pick up the new one. (A
+/// deleted create-once child of any other kind stalls the owner with reason `ChildDeleted`,
+/// which the `Ready` change reports as a Warning of that reason.)
+pub async fn regenerated(recorder: &Recorder, reference: &ObjectReference, keys: &[ObjectKey]) {
+    for key in keys {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "Regenerated".into(),
+            note: Some(format!(
+                "created {key} anew with a new value: it was deleted, and its kind regenerates deleted create-once children"
+            )),
+            action: "Create".into(),
+            secondary: Some(child_reference(key)),
+        };
+        publish(recorder, reference, event).await;
+    }
+}

@@ -100,7 +100,9 @@ impl ReconcileError {
 
     /// Whether retrying cannot fix it: [`ReconcileError::Terminal`]; apply errors the
     /// desired state itself causes before any request (a child listed twice, without a name,
-    /// not serialisable, or in a scope the owner cannot own: API conventions on ownership);
+    /// not serialisable, or in a scope the owner cannot own: API conventions on ownership); a
+    /// deleted create-once child ([`ApplyError::ChildDeleted`]: it needs a restore or an
+    /// explicit opt-in to a new value);
     /// and a child the API server's validation refuses as 422 Invalid
     /// ([`ApplyError::is_invalid_child`]): the same spec makes the same body, refused again on
     /// every retry. Other errors the API server returns retry with backoff and stall after N
@@ -113,7 +115,8 @@ impl ReconcileError {
                 ApplyError::Duplicate(_)
                 | ApplyError::MissingName { .. }
                 | ApplyError::Serialize { .. }
-                | ApplyError::InvalidScope { .. },
+                | ApplyError::InvalidScope { .. }
+                | ApplyError::ChildDeleted { .. },
             ) => true,
             Self::Apply(e) => e.is_invalid_child(),
             _ => false,
@@ -121,12 +124,14 @@ impl ReconcileError {
     }
 
     /// The condition reason of a terminal error: its own for [`ReconcileError::Terminal`],
-    /// `ChildInvalid` for a child the API server refused as invalid, `InvalidDesiredState` for
+    /// `ChildInvalid` for a child the API server refused as invalid, `ChildDeleted` for a
+    /// deleted create-once child, `InvalidDesiredState` for
     /// the other apply errors [`ReconcileError::is_terminal`] names.
     pub fn terminal_reason(&self) -> &str {
         match self {
             Self::Terminal { reason, .. } => reason,
             Self::Apply(e) if e.is_invalid_child() => "ChildInvalid",
+            Self::Apply(ApplyError::ChildDeleted { .. }) => "ChildDeleted",
             _ => "InvalidDesiredState",
         }
     }

@@ -180,6 +180,9 @@ impl<K: IdempotentResource> Pass<K> {
             let kinds = desired.kinds.iter().map(|(r, _)| r.kind.clone());
             self.delta.add(&report, kinds, result.is_ok());
         }
+        if let Some(recorder) = &self.recorder {
+            super::events::regenerated(recorder, &self.reference, &report.regenerated).await;
+        }
         result?;
         for (key, _) in report.not_owned() {
             let resource = desired
@@ -205,6 +208,85 @@ impl<K: IdempotentResource> Pass<K> {
             super::events::children(recorder, &self.reference, &told).await;
         }
         Ok(report)
+    }
+
+    /// Ensures now the create-once child of kind `C` named `name` that `desired` declares
+    /// ([`DesiredChildren::create_once`]) and returns it as it is live — the one object every
+    /// concurrent reconcile agrees on — so that other children can be made from its value
+    /// (say, a connection string holding a generated password). Once it exists it comes from
+    /// the controller's child cache, without a request. Add the other children to `desired`
+    /// and [`Pass::apply`] it as usual: the child is judged again there (from the cache), so
+    /// it is kept and pruned with its kind. `None` when its name is taken by an object the
+    /// owner does not own, or it is being deleted: `apply` then reports that
+    /// (`ChildNotOwned`, `ChildTerminating`). A child it creates is recorded and announced
+    /// (`Created`) as `apply` does.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::apply::DesiredChildren;
+    /// # use idem_runtime::reconciler::{Pass, ReconcileError};
+    /// # use idem_runtime::resource::IdempotentResource;
+    /// # use k8s_openapi::api::core::v1::Secret;
+    /// # async fn demo<K: IdempotentResource>(pass: &mut Pass<K>) -> Result<(), ReconcileError> {
+    /// # let generated = || Secret::default();
+    /// let mut children = DesiredChildren::new();
+    /// children.create_once::<Secret, _>("db-password", generated);
+    /// if let Some(secret) = pass.ensure_once::<Secret>(&children, "db-password").await? {
+    ///     // children.add(&config_with(&secret))?;
+    /// #   let _ = secret;
+    /// }
+    /// let report = pass.apply(&children).await?;
+    /// # let _ = report; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ApplyError::ChildDeleted`](crate::apply::ApplyError::ChildDeleted) (terminal: the
+    /// owner goes `Stalled` with reason `ChildDeleted`) when the owner's record holds it and
+    /// it is gone, unless its kind regenerates deleted children; a terminal error when
+    /// `desired` declares no such child; otherwise as [`Pass::apply`].
+    ///
+    /// # Cancel safety
+    /// As [`Pass::apply`]: its one create is idempotent (a later pass takes what it made).
+    pub async fn ensure_once<C>(
+        &mut self,
+        desired: &DesiredChildren,
+        name: &str,
+    ) -> Result<Option<C>, ReconcileError>
+    where
+        C: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        let kind = C::kind(&());
+        let Some(child) = desired.once_child(&kind, name) else {
+            return Err(ReconcileError::terminal(
+                "CreateOnceNotDeclared",
+                format!(
+                    "no create-once {kind} named {name} is desired (DesiredChildren::create_once)"
+                ),
+            ));
+        };
+        let owner = self.owner().await?;
+        let ensured = self.applier.ensure_once(&owner, child).await?;
+        let (key, _) = child.stamped(&owner)?;
+        let mut report = ApplyReport::default();
+        if let Some(uid) = &ensured.created {
+            report.created.push(CreatedChild::new(&key, uid));
+        }
+        if ensured.regenerated {
+            report.regenerated.push(key.clone());
+        }
+        report.children.push((key, ensured.outcome.clone()));
+        if self.record.is_some() {
+            self.delta.created.extend(report.created.iter().cloned());
+        }
+        if let Some(recorder) = &self.recorder {
+            super::events::regenerated(recorder, &self.reference, &report.regenerated).await;
+            super::events::children(recorder, &self.reference, &report).await;
+        }
+        let Some(live) = ensured.live else {
+            return Ok(None);
+        };
+        serde_json::from_value(live)
+            .map(Some)
+            .map_err(|e| ReconcileError::Other(Box::new(e)))
     }
 
     /// Publishes `event` about the object (best effort; nothing without a recorder).

@@ -25,6 +25,7 @@ pub(crate) async fn run<S: Subject>(
     let mut not_reached = 0;
     for k in 1..=points {
         let instance = h.instance().await?;
+        let follow = h.follow(reference, &instance).await?;
         let probe = Probe::tripping_after(k);
         let session = match h.session(probe.clone()).await? {
             Ok(s) => s,
@@ -51,7 +52,8 @@ pub(crate) async fn run<S: Subject>(
         let outcome = match h.converge_fresh(&instance).await? {
             Err(why) => Some(format!("crash {point}: not converged afterwards: {why}")),
             Ok(_) => {
-                let diffs = h.anonymized(&instance).await?.diff(&reference.state);
+                let mut diffs = h.anonymized(&instance).await?.diff(&reference.state);
+                diffs.extend(follow.finish(h, &instance).await?);
                 (!diffs.is_empty()).then(|| {
                     format!(
                         "crash {point}: the end state differs from the clean one:\n{}",

@@ -43,6 +43,7 @@ pub(crate) async fn run<S: Subject>(
     let baseline = reference.server_requests;
     r.figure("fault-free requests", baseline);
     let instance = h.instance().await?;
+    let follow = h.follow(reference, &instance).await?;
     let faults = Faults::new();
     let probe = Probe::new();
     let client = h.identity.faulty_client(probe.clone(), &faults)?;
@@ -102,7 +103,8 @@ pub(crate) async fn run<S: Subject>(
         )),
         Ok(conv) => {
             r.figure("passes", conv.passes.len() + first.len());
-            let diffs = h.anonymized(&instance).await?.diff(&reference.state);
+            let mut diffs = h.anonymized(&instance).await?.diff(&reference.state);
+            diffs.extend(follow.finish(h, &instance).await?);
             if !diffs.is_empty() {
                 r.fail(format!(
                     "under faults it ends elsewhere than the clean convergence:\n{}",

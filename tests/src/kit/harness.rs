@@ -65,6 +65,8 @@ pub(crate) struct Reference<S: Subject> {
     pub(crate) state: EndState,
     /// Requests the API server carried out for the kit's user while it converged.
     pub(crate) server_requests: u64,
+    /// The kinds of its children with created-once values ([`Subject::created_once`]).
+    pub(crate) once_kinds: Vec<ApiResource>,
 }
 
 /// Equal end states after this many passes in a row that wrote count as converged.
@@ -332,6 +334,13 @@ impl<'a, S: Subject> Harness<'a, S> {
             ));
         }
         let state = self.anonymized(&instance).await?;
+        let mut once_kinds: Vec<ApiResource> = Vec::new();
+        for (ar, child) in self.children(&instance).await? {
+            let value = serde_json::to_value(&child).map_err(|e| Error::Setup(e.to_string()))?;
+            if !self.subject.created_once(&value).is_empty() && !once_kinds.contains(&ar) {
+                once_kinds.push(ar);
+            }
+        }
         Ok(Ok(Reference {
             instance,
             probe,
@@ -339,6 +348,7 @@ impl<'a, S: Subject> Harness<'a, S> {
             convergence,
             state,
             server_requests,
+            once_kinds,
         }))
     }
 
@@ -399,12 +409,25 @@ impl<'a, S: Subject> Harness<'a, S> {
         Ok(state)
     }
 
-    /// [`Harness::state`], anonymised by the instance's name and uid.
+    /// [`Harness::state`], anonymised by the instance's name and uid, with its created-once
+    /// values masked ([`Subject::created_once`]): for comparing different instances.
     pub(crate) async fn anonymized(&self, instance: &Instance) -> Result<EndState, Error> {
-        Ok(self
-            .state(instance)
-            .await?
-            .anonymized(&instance.name, &instance.uid))
+        let mut state = self.state(instance).await?;
+        for child in state.children.values_mut() {
+            for pointer in self.subject.created_once(child) {
+                super::once::mask(child, &pointer);
+            }
+        }
+        Ok(state.anonymized(&instance.name, &instance.uid))
+    }
+
+    /// Starts following `instance`'s created-once values ([`super::once::Follow`]).
+    pub(crate) async fn follow(
+        &self,
+        reference: &Reference<S>,
+        instance: &Instance,
+    ) -> Result<super::once::Follow, Error> {
+        super::once::Follow::start(self, &reference.once_kinds, instance).await
     }
 
     /// Deletes `instance` and its children now (best effort, not waited for): finalizers

@@ -27,6 +27,7 @@ mod crash;
 mod faults;
 mod harness;
 mod identity;
+mod once;
 mod probe;
 mod race;
 mod repeat;
@@ -103,8 +104,27 @@ pub trait Subject: Send + Sync {
 
     /// Removes from a child (as JSON, after the kit dropped its volatile metadata, status and
     /// idem's own bookkeeping annotation `tenancy.idem.dev/applied-fingerprint`) what other
-    /// controllers change on their own, if anything. Default: nothing.
+    /// controllers change on their own, if anything. Default: nothing. Not for values the
+    /// reconcile generates once per instance: declare those with [`Subject::created_once`]
+    /// (normalised away, a value a racing reconcile overwrote would go unnoticed).
     fn normalize(&self, _child: &mut Value) {}
+
+    /// The values of `child` (as JSON) that the reconcile generates once, when it creates the
+    /// child, and must keep from then on — a generated password, a key pair, a random suffix:
+    /// JSON pointers into the child, e.g. `["/data"]` for a Secret whose keys hold generated
+    /// values. Default: none.
+    ///
+    /// They differ between instances by design, so end states of different instances compare
+    /// them by presence only (every leaf under a pointer reads `{created once}`; keys are
+    /// still compared). Instead, race, crash and faults follow every version of such a child
+    /// of their instance (a watch from before their first reconcile): a value that changes
+    /// after the child was created fails the check — a reconcile that wrote over the value
+    /// another created, or a resume that generated another — and so does the child being
+    /// created more than once. Tamper leaves these values alone (a reconcile that creates once
+    /// never restores them).
+    fn created_once(&self, _child: &Value) -> Vec<String> {
+        Vec::new()
+    }
 
     /// Whether `primary` (as read after a pass that wrote nothing) is done, e.g. its `Ready`
     /// condition is true: until then the kit keeps reconciling (a pass every 100 ms, as the

@@ -1,7 +1,9 @@
 //! Concurrency-safe: [`Options::racers`](super::Options::racers) reconciles of one fresh
 //! instance, each with a session and client of its own (as replicas or workers would have),
 //! started at once; then a clean client converges it. The end state must equal the serial
-//! reference: same children (no duplicate, none missing), same status (no error left in it).
+//! reference: same children (no duplicate, none missing), same status (no error left in it);
+//! and a value created once ([`Subject::created_once`]) must be the one the winning create
+//! made, never changed by another racer.
 
 use std::sync::Arc;
 
@@ -22,6 +24,7 @@ pub(crate) async fn run<S: Subject>(
     let racers = h.options.racers.max(2);
     r.figure("racers", racers);
     let instance = h.instance().await?;
+    let follow = h.follow(reference, &instance).await?;
     let mut sessions = Vec::new();
     for _ in 0..racers {
         let probe = Probe::new();
@@ -65,6 +68,11 @@ pub(crate) async fn run<S: Subject>(
                 ));
             }
         }
+    }
+    for evidence in follow.finish(h, &instance).await? {
+        r.fail(format!(
+            "after {racers} concurrent reconciles (errors: {errors:?}) and convergence: {evidence}"
+        ));
     }
     h.discard(&instance).await;
     Ok(())

@@ -3,7 +3,9 @@
 //! with a JSON merge patch and, in the same write, sets a field of its own (an annotation);
 //! reconciling again must restore the field and leave the other manager's field alone. Fields
 //! holding the server's default (a dry-run create without them gets them back alike) are left
-//! out: a create's `Update` entry owns them, yet no reconcile asked for them.
+//! out: a create's `Update` entry owns them, yet no reconcile asked for them; so are values
+//! created once ([`Subject::created_once`](super::Subject::created_once)), which a reconcile
+//! that creates once never writes again.
 
 use std::time::Instant;
 
@@ -53,13 +55,22 @@ pub(crate) async fn run<S: Subject>(
     let mut refused = Vec::new();
     let mut failures = 0usize;
     let mut defaults = 0usize;
+    let mut left_once = 0usize;
     'children: for (ar, child) in h.children(instance).await? {
         let value = serde_json::to_value(&child).map_err(|e| Error::Setup(e.to_string()))?;
         let child_key = key(&value);
+        let created_once = h.subject.created_once(&value);
         for path in owned_paths(&value) {
             let Some(pointer) = resolve(&value, &path) else {
                 continue;
             };
+            if created_once
+                .iter()
+                .any(|once| super::once::within(&pointer, once))
+            {
+                left_once += 1;
+                continue;
+            }
             let Some(new) = value.pointer(&pointer).and_then(tampered_value) else {
                 continue;
             };
@@ -152,6 +163,7 @@ pub(crate) async fn run<S: Subject>(
     r.figure("fields tampered", tampered);
     r.figure("tampers the API server refused", refused.len());
     r.figure("server defaults left alone", defaults);
+    r.figure("created-once values left alone", left_once);
     if tampered == 0 {
         r.fail(format!(
             "no field of any child could be tampered with (refused: {refused:?}): nothing proves \

@@ -97,7 +97,17 @@ pub enum Flaw {
     NeverSettles,
     /// Never returns from a reconcile.
     Hangs,
+    /// Not a flaw: also a child `<widget>-secret` whose value is generated when it is created
+    /// (POST; on AlreadyExists it takes what is there), never written again but for its labels.
+    GeneratedOnce,
+    /// Also a child `<widget>-secret` with a generated value, read from the cache first and
+    /// applied (forced) with a new value when the cache has none: racing reconciles write over
+    /// each other's value.
+    GeneratedRacy,
 }
+
+/// The item label of the generated child ([`Flaw::GeneratedOnce`], [`Flaw::GeneratedRacy`]).
+pub const GENERATED_ITEM: &str = "generated";
 
 /// The Widget resource with one [`Flaw`], in namespace `ns`.
 pub struct Widgets {
@@ -217,7 +227,52 @@ impl Widgets {
         Ok(())
     }
 
+    /// The child with a generated value, first (so that racers reach it together).
+    async fn generated(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
+        let apply = PatchParams::apply(MANAGER).force();
+        let name = format!("{}-secret", w.name_any());
+        let cached = c.store.get(&ObjectRef::new(&name).within(&self.ns));
+        let fresh = || format!("{:016x}", rand::random::<u64>());
+        match (self.flaw, cached) {
+            (Flaw::GeneratedRacy, None) => {
+                let desired = child(w, GENERATED_ITEM, &fresh(), &name);
+                api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
+            }
+            (Flaw::GeneratedRacy, Some(cur)) => {
+                let value = cur.data.as_ref().and_then(|d| d.get("value")).cloned();
+                let desired = child(w, GENERATED_ITEM, &value.unwrap_or_else(fresh), &name);
+                if !matches(&cur, &desired) {
+                    api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
+                }
+            }
+            (_, None) => {
+                let desired = child(w, GENERATED_ITEM, &fresh(), &name);
+                match api.create(&PostParams::default(), &desired).await {
+                    Err(kube::Error::Api(e)) if e.reason == "AlreadyExists" => {}
+                    other => {
+                        other?;
+                    }
+                }
+            }
+            (_, Some(cur)) => {
+                // Only the labels and the owner reference are kept up to date.
+                let mut desired = child(w, GENERATED_ITEM, "", &name);
+                desired.data = None;
+                let mut have = (*cur).clone();
+                have.data = None;
+                if !matches(&have, &desired) {
+                    api.patch(&name, &apply, &Patch::Apply(&desired)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn reconcile_children(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        if matches!(self.flaw, Flaw::GeneratedOnce | Flaw::GeneratedRacy) {
+            self.generated(c, w).await?;
+        }
         let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
         let apply = PatchParams::apply(MANAGER).force();
         let redo = self.flaw == Flaw::RedoAllAfterError && c.failed.swap(false, Ordering::SeqCst);
@@ -359,6 +414,18 @@ impl Subject for Widgets {
             task,
             failed: AtomicBool::new(false),
         })
+    }
+
+    fn created_once(&self, child: &serde_json::Value) -> Vec<String> {
+        let item = child.pointer(&format!(
+            "/metadata/labels/{}",
+            ITEM_LABEL.replace('/', "~1")
+        ));
+        if item.and_then(serde_json::Value::as_str) == Some(GENERATED_ITEM) {
+            vec!["/data".to_owned()]
+        } else {
+            Vec::new()
+        }
     }
 
     fn settled(&self, _w: &Widget) -> bool {
