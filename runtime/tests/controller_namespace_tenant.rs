@@ -94,12 +94,11 @@ fn value(text: &str, series: &str) -> f64 {
 }
 
 fn is_ready(nb: Option<&Notebook>) -> bool {
-    nb.and_then(|n| n.status.as_ref())
-        .is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+    nb.and_then(|n| n.status.as_ref()).is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,9 +152,11 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         ..ControllerConfig::default()
     });
     let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn(Driver::new(client.clone(), Notebooks).run(controller, async {
-        let _ = stopped.await;
-    }));
+    let running = tokio::spawn(
+        Driver::new(client.clone(), Notebooks).run(controller, async {
+            let _ = stopped.await;
+        }),
+    );
 
     let ready = await_condition(notebooks.clone(), "nb", is_ready);
     tokio::time::timeout(WAIT, ready)
@@ -183,7 +184,11 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         scrape(&registry)
     );
     assert_eq!(dispatched(&ns), 0.0, "never under the namespace's name");
-    assert_eq!(dispatched("team-blue"), 0.0, "never under the object's own label");
+    assert_eq!(
+        dispatched("team-blue"),
+        0.0,
+        "never under the object's own label"
+    );
 
     // Converged passes: every request the controller's user makes counts, from before a whole
     // pass started until after it ended (the passes of one key run one after the other).
