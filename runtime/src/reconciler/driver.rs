@@ -354,9 +354,9 @@ where
                 reason,
                 record,
                 Arc::clone(&self.noticed),
-                self.namespaces.clone(),
-                R::reads_status(),
-            );
+            )
+            .with_namespaces(self.namespaces.clone())
+            .reading_status(R::reads_status());
             let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
@@ -388,9 +388,9 @@ where
             reason,
             record,
             Arc::clone(&self.noticed),
-            self.namespaces.clone(),
-            R::reads_status(),
-        );
+        )
+        .with_namespaces(self.namespaces.clone())
+        .reading_status(R::reads_status());
         let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)

@@ -50,15 +50,10 @@ impl<K: IdempotentResource> Pass<K> {
         reason: Reason,
         record: Option<Vec<CreatedChild>>,
         noticed: Arc<super::events::Noticed>,
-        namespaces: Option<NamespaceTenants>,
-        reads_status: ChildKinds,
     ) -> Self {
         let tenant = match obj.tenant() {
             Ok(TenantRef::Known(key)) => Some(key),
-            Ok(TenantRef::NamespaceLabel { namespace, .. }) => {
-                namespaces.as_ref().and_then(|n| n.get(&namespace))
-            }
-            Err(_) => None,
+            _ => None,
         };
         let reference = obj.object_ref(&());
         Self {
@@ -73,9 +68,27 @@ impl<K: IdempotentResource> Pass<K> {
             delta: RecordDelta::default(),
             noticed,
             blocking: Vec::new(),
-            namespaces,
-            reads_status,
+            namespaces: None,
+            reads_status: ChildKinds::none(),
         }
+    }
+
+    /// Reads a `namespace_label` rule's tenant from `namespaces` (the controller's).
+    pub(crate) fn with_namespaces(mut self, namespaces: Option<NamespaceTenants>) -> Self {
+        if self.tenant.is_none()
+            && let (Ok(TenantRef::NamespaceLabel { namespace, .. }), Some(n)) =
+                (self.obj.tenant(), &namespaces)
+        {
+            self.tenant = n.get(&namespace);
+        }
+        self.namespaces = namespaces;
+        self
+    }
+
+    /// Reads the children of `kinds` with their status ([`Pass::children`]).
+    pub(crate) fn reading_status(mut self, kinds: ChildKinds) -> Self {
+        self.reads_status = kinds;
+        self
     }
 
     /// The objects this pass's applies found in a desired child's way (the children
