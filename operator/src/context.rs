@@ -7,6 +7,7 @@ use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
+use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::resources::GROUP;
@@ -121,8 +122,13 @@ pub enum NotTenantNamespace {
 /// a tenant); an ownerReference to a Tenant that does not exist would get the namespace
 /// garbage-collected.
 pub fn tenant_of(ns: &Namespace) -> Option<TenantKey> {
-    let tenant = ns.metadata.labels.as_ref()?.get(TENANT_LABEL)?;
-    let owned = ns.metadata.owner_references.iter().flatten().any(|r| {
+    tenant_of_meta(&ns.metadata)
+}
+
+/// [`tenant_of`] a namespace by its metadata (all it reads).
+pub fn tenant_of_meta(meta: &ObjectMeta) -> Option<TenantKey> {
+    let tenant = meta.labels.as_ref()?.get(TENANT_LABEL)?;
+    let owned = meta.owner_references.iter().flatten().any(|r| {
         r.controller == Some(true)
             && r.kind == "Tenant"
             && r.api_version == format!("{GROUP}/v1alpha1")

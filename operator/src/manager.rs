@@ -506,7 +506,7 @@ fn controllers(
         ns_buckets.unwrap_or_default()
     ));
     let ns_watch = tokio::spawn(
-        watcher(Api::<Namespace>::all(client.clone()), ns_config)
+        watcher(Api::<Namespace>::all(client.clone()), ns_config.clone())
             .default_backoff()
             .reflect(writer)
             .for_each(|_| futures::future::ready(())),
@@ -550,7 +550,7 @@ fn controllers(
             .with_synced_signal(tenant_synced);
     let tenant_store = tenants.store();
     let mut apps =
-        tenant_app::source::controller(client, &ctx, config("tenantapp"), tenants.store())
+        tenant_app::source::controller(client, ns_config, config("tenantapp"), tenants.store())
             .with_metrics(metrics.clone())
             .with_synced_signal(app_synced);
     if let Some((ranges, current)) = shard {

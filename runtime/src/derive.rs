@@ -104,8 +104,9 @@
 //!
 //! The runtime uses the rule: [`Controller::for_derived`](crate::controller::Controller::for_derived)
 //! puts each object in its tenant's fair queue by [`IdempotentResource::tenant`](crate::resource::IdempotentResource::tenant)
-//! (a `namespace_label` rule reads the labels given to
-//! [`Controller::namespace_labels`](crate::controller::Controller::namespace_labels)).
+//! (a `namespace_label` rule reads the label on the object's namespace from a metadata-only
+//! watch of Namespaces the controller runs by itself, see
+//! [`NamespaceTenants`](crate::controller::NamespaceTenants)).
 //!
 //! # `#[idempotent(skip)]` on a field
 //!

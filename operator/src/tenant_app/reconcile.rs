@@ -5,10 +5,9 @@
 use std::sync::Arc;
 
 use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Cleanup, Outcome, Pass, Reconciler};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
-use kube::api::Api;
 
 use super::{desired, status};
 use crate::context::Context;
@@ -30,6 +29,11 @@ pub struct TenantApps {
 impl Reconciler for TenantApps {
     type Resource = TenantApp;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    /// The Deployment's status makes the app's readiness.
+    fn reads_status() -> ChildKinds {
+        ChildKinds::of::<Deployment>()
+    }
 
     fn child_record(status: &mut TenantAppStatus) -> Option<&mut Vec<CreatedChild>> {
         Some(&mut status.created_children)
@@ -59,20 +63,14 @@ impl Reconciler for TenantApps {
             }
         };
         pass.set_tenant(tenant.clone());
-        let report = pass.apply(&desired::children(app)?).await?;
-        // A Deployment of the app's name that is not the app's says nothing about the app.
-        let deployment = if report.not_owned().any(|(k, _)| &*k.kind == "Deployment") {
-            None
-        } else if let Some(cached) = pass
-            .caches()
-            .and_then(|c| c.lookup::<Deployment>(Some(&namespace), &app.name_any()))
-        {
-            cached // From the controller's cache of Deployments (with our own write of this reconcile).
-        } else {
-            Api::<Deployment>::namespaced(pass.client().clone(), &namespace)
-                .get_opt(&app.name_any())
-                .await?
-        };
+        let desired = desired::children(app)?;
+        let report = pass.apply(&desired).await?;
+        // From the controller's cache of Deployments (with our own write of this reconcile);
+        // a Deployment of the app's name that is not the app's is not among the children.
+        let deployment = pass
+            .children(&desired, &report)
+            .await?
+            .get::<Deployment>(&app.name_any())?;
         let available = status::available(deployment.as_ref());
         // The Deployment is watched: its status changes bring the app back; a foreign object in
         // a child's way is watched by the runtime until it is gone or replaced (polled only past

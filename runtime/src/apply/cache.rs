@@ -45,6 +45,10 @@ trait KindView: Send + Sync {
     fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta>;
     /// Objects stored.
     fn len(&self) -> usize;
+    /// Whether the objects keep their `status` (a kind watched to read it).
+    fn keeps_status(&self) -> bool {
+        true
+    }
 }
 
 impl<C> KindView for Store<C>
@@ -182,6 +186,12 @@ impl ChildCaches {
         self.view(resource).is_some()
     }
 
+    /// Whether kind `resource`'s store keeps the objects' `status`; `None` when the kind is not
+    /// served from a store.
+    pub(crate) fn keeps_status(&self, resource: &ApiResource) -> Option<bool> {
+        Some(self.view(resource)?.keeps_status())
+    }
+
     /// Objects held in all stores.
     pub fn objects(&self) -> usize {
         self.kinds
@@ -231,7 +241,9 @@ impl ChildCaches {
 
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
     /// `None` when kind `K` is not cached, `Some(None)` when the cache says it does not exist.
-    /// A kind cached by a controller's child watch has no `status` unless it is owned with
+    /// A kind cached by a controller's child watch has no `status` unless the reconciler names
+    /// it in [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status) (read it
+    /// with [`Pass::children`](crate::reconciler::Pass::children)) or it is owned with
     /// [`OwnsOptions::reading_status`](crate::controller::OwnsOptions::reading_status); see
     /// [`Controller::with_child_caches`](crate::controller::Controller::with_child_caches).
     pub fn lookup<K>(&self, namespace: Option<&str>, name: &str) -> Option<Option<K>>

@@ -21,9 +21,11 @@ use serde_json::{Map, Value, json};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OwnsOptions {
     /// The reconcile reads this kind's `status` (as the TenantApp reconcile reads its
-    /// Deployment's ready replicas): a change of the child's `status` enqueues the owner too.
-    /// Default `false`: status-only changes (a ResourceQuota's usage, a Deployment's rollout
-    /// progress) do not.
+    /// Deployment's ready replicas): the child cache keeps it, and a change of the child's
+    /// `status` enqueues the owner too. Default `false`: status-only changes (a ResourceQuota's
+    /// usage, a Deployment's rollout progress) do not. A
+    /// [`Driver`](crate::reconciler::Driver) sets it for the kinds its reconciler names in
+    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status).
     pub reads_status: bool,
 }
 

@@ -2,7 +2,6 @@
 //! derive's `#[idempotent(tenant = ...)]` rule and the change predicate ignores
 //! `#[idempotent(skip)]` fields.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::Api;
@@ -11,13 +10,10 @@ use kube::runtime::watcher;
 
 use super::Controller;
 use super::mapping::fingerprint;
+use super::namespaces::NamespaceTenants;
 use super::watch::TenantFn;
 use crate::key::TenantKey;
-use crate::resource::{IdempotentResource, SpecDiff, TenantRef};
-
-/// Reads the labels of a namespace by name (e.g. from a reflector store); `None` when the
-/// namespace is unknown or must not be trusted to name a tenant.
-pub type NamespaceLabelsFn = Arc<dyn Fn(&str) -> Option<BTreeMap<String, String>> + Send + Sync>;
+use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
 
 /// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
 /// not cached yet or not trusted to name a tenant, or the object lacking what its rule reads:
@@ -28,16 +24,12 @@ pub type NamespaceLabelsFn = Arc<dyn Fn(&str) -> Option<BTreeMap<String, String>
 /// to its real tenant once the namespace is known.
 pub const UNRESOLVED_TENANT: &str = "(unresolved)";
 
-fn tenant_fn<K: IdempotentResource>(labels: Option<NamespaceLabelsFn>) -> TenantFn<K> {
+fn tenant_fn<K: IdempotentResource>(namespaces: Option<NamespaceTenants>) -> TenantFn<K> {
     Arc::new(move |obj: &K| {
         let resolved = match obj.tenant() {
             Ok(TenantRef::Known(key)) => Some(key),
-            Ok(TenantRef::NamespaceLabel { namespace, label }) => {
-                labels.as_ref().and_then(|f| f(&namespace)).and_then(|l| {
-                    TenantRef::NamespaceLabel { namespace, label }
-                        .resolve_with_labels(&l)
-                        .ok()
-                })
+            Ok(TenantRef::NamespaceLabel { namespace, .. }) => {
+                namespaces.as_ref().and_then(|n| n.get(&namespace))
             }
             Err(_) => None,
         };
@@ -63,23 +55,43 @@ where
     /// A controller for a derived kind: like [`Controller::new`], but an object's tenant is
     /// what [`IdempotentResource::tenant`] says (`#[idempotent(tenant = ...)]`), and editing only
     /// `#[idempotent(skip)]` fields does not reconcile (the status' `observedGeneration` then
-    /// stays behind `metadata.generation` until the next reconcile). A `namespace_label`
-    /// rule needs [`Controller::namespace_labels`]; until it resolves, and when the object lacks
-    /// what its rule reads, the tenant is [`UNRESOLVED_TENANT`].
+    /// stays behind `metadata.generation` until the next reconcile).
+    ///
+    /// A `tenant = namespace_label("...")` rule needs no wiring: the controller watches the
+    /// metadata of every Namespace and keeps the label's value of each
+    /// ([`NamespaceTenants`]; its client needs `list` and `watch` on namespaces), its workers
+    /// start once those are listed, and an object's tenant is its namespace's label value —
+    /// never the namespace's name nor a label of the object itself. Until it resolves (the
+    /// namespace unknown or unlabelled), and when the object lacks what its rule reads, the
+    /// tenant is [`UNRESOLVED_TENANT`]. A [`Driver`](crate::reconciler::Driver) running the
+    /// controller reads the tenant its children are labelled with there too, so a converged
+    /// reconcile makes no request for it.
     pub fn for_derived(api: Api<K>, watcher_config: watcher::Config) -> Self {
         let mut c = Self::new(api, watcher_config);
-        c.tenant_of = tenant_fn::<K>(None);
+        if let TenantRule::NamespaceLabel(label) = K::TENANT_RULE {
+            c.namespaces = Some((NamespaceTenants::new(label), watcher::Config::default()));
+        }
+        c.tenant_of = tenant_fn::<K>(c.namespaces.as_ref().map(|(n, _)| n.clone()));
         c.change_of = Some(Arc::new(change_fingerprint::<K>));
         c
     }
 
-    /// How a `tenant = namespace_label("...")` rule reads a namespace's labels.
+    /// For a `tenant = namespace_label("...")` kind: watch only the namespaces `config`
+    /// selects (e.g. by a label of the namespaces your own controller creates), and let only
+    /// those whose metadata `trust` accepts name a tenant (e.g. those a tenant object
+    /// controls by ownerReference: a label alone can be set by whoever may label a
+    /// namespace). A no-op for kinds with another tenant rule.
     #[must_use]
-    pub fn namespace_labels(
+    pub fn namespace_tenants_with(
         mut self,
-        f: impl Fn(&str) -> Option<BTreeMap<String, String>> + Send + Sync + 'static,
+        config: watcher::Config,
+        trust: impl Fn(&ObjectMeta) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.tenant_of = tenant_fn::<K>(Some(Arc::new(f)));
+        if let Some((tenants, _)) = self.namespaces.take() {
+            let tenants = tenants.trusting(Arc::new(trust));
+            self.tenant_of = tenant_fn::<K>(Some(tenants.clone()));
+            self.namespaces = Some((tenants, config));
+        }
         self
     }
 }
@@ -135,9 +147,9 @@ mod tests {
 
     #[test]
     fn the_tenant_comes_from_the_rule_and_the_namespace_labels() {
-        let f = tenant_fn::<Thing>(Some(Arc::new(|ns: &str| {
-            (ns == "labelled").then(|| BTreeMap::from([("team".to_string(), "blue".to_string())]))
-        })));
+        let namespaces = NamespaceTenants::new("team");
+        namespaces.insert_for_test("labelled", "blue");
+        let f = tenant_fn::<Thing>(Some(namespaces));
         assert_eq!(f(&thing("labelled", 1, "")), TenantKey::new("blue"));
         assert_eq!(
             f(&thing("other", 1, "")),
@@ -146,7 +158,7 @@ mod tests {
         );
         // Nor the object's own tenant label.
         let mut forged = thing("other", 1, "");
-        forged.metadata.labels = Some(BTreeMap::from([(
+        forged.metadata.labels = Some(std::collections::BTreeMap::from([(
             crate::apply::TENANT_LABEL.to_string(),
             "blue".to_string(),
         )]));

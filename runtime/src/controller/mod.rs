@@ -34,6 +34,7 @@ pub mod blocked;
 mod child_change;
 mod derived;
 pub mod mapping;
+pub mod namespaces;
 mod raw;
 mod reason;
 mod watch;
@@ -53,7 +54,8 @@ use tokio::task::JoinSet;
 pub use self::action::{Action, Attempt};
 pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
-pub use self::derived::{NamespaceLabelsFn, UNRESOLVED_TENANT, change_fingerprint};
+pub use self::derived::{UNRESOLVED_TENANT, change_fingerprint};
+pub use self::namespaces::NamespaceTenants;
 pub use self::reason::Reason;
 use self::reason::Reasons;
 use self::watch::{ChangeFn, RecordFn, Shared, TenantFn, WatchTask, WeightFn};
@@ -62,6 +64,7 @@ use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
+use crate::reconciler::ChildKinds;
 
 /// Keeps `out` equal to the conjunction of `inputs` (e.g. several controllers' synced signals,
 /// [`Controller::with_synced_signal`]) until the task is dropped or every input's sender is
@@ -103,6 +106,16 @@ pub enum ControllerError {
     /// `resync_jitter` was negative or not finite.
     #[error("resync jitter {0} must be a finite number ≥ 0")]
     ResyncJitter(f64),
+    /// The reconciler reads the status of a child kind the controller does not watch.
+    #[error(
+        "Reconciler::reads_status names {kind}, which the controller does not own: add \
+         .owns(Api::<{kind}>::all(client), Driver::<YourReconciler>::children_config()) to the \
+         controller"
+    )]
+    StatusKindNotOwned {
+        /// The kind.
+        kind: String,
+    },
 }
 
 /// Tunables of a [`Controller`].
@@ -174,6 +187,12 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     shard: Option<OwnsFn<K>>,
     blocked: BlockedWatches,
     blocked_triggers: blocked::Triggers,
+    /// The namespace tenants a `namespace_label` rule reads, and how to watch them.
+    namespaces: Option<(NamespaceTenants, watcher::Config)>,
+    /// The child kinds owned (watched), by `(apiVersion, kind)`.
+    owned: Vec<(String, String)>,
+    /// The child kinds whose status the reconcile reads (their watches keep it).
+    reads_status: ChildKinds,
 }
 
 impl<K> Controller<K>
@@ -204,7 +223,17 @@ where
             shard: None,
             blocked,
             blocked_triggers,
+            namespaces: None,
+            owned: Vec::new(),
+            reads_status: ChildKinds::none(),
         }
+    }
+
+    /// A read handle on the tenants of namespaces this controller will watch once it runs,
+    /// for a kind whose derive says `tenant = namespace_label("...")` (see
+    /// [`Controller::for_derived`]); `None` for other kinds.
+    pub fn namespace_tenants(&self) -> Option<NamespaceTenants> {
+        self.namespaces.as_ref().map(|(n, _)| n.clone())
     }
 
     /// The watches of objects that block its owners' children ([`blocked`]): while the
@@ -263,10 +292,34 @@ where
             + Sync
             + 'static,
     {
+        self.owned
+            .push((C::api_version(&()).into_owned(), C::kind(&()).into_owned()));
         self.children.push(Box::new(move |shared| {
             watch::child::<K, C>(api, watcher_config, options, shared)
         }));
         self
+    }
+
+    /// Owns `kinds` as read by the reconcile's status checks: their watches keep `status` and a
+    /// change of it reconciles the owner ([`OwnsOptions::reading_status`]); what
+    /// [`Driver::run`](crate::reconciler::Driver::run) does with
+    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status).
+    ///
+    /// # Errors
+    /// [`ControllerError::StatusKindNotOwned`] for a kind the controller does not own.
+    pub(crate) fn reading_status_of(mut self, kinds: ChildKinds) -> Result<Self, ControllerError> {
+        if let Some(missing) = kinds.iter().find(|r| {
+            !self
+                .owned
+                .iter()
+                .any(|(v, k)| *v == r.api_version && *k == r.kind)
+        }) {
+            return Err(ControllerError::StatusKindNotOwned {
+                kind: missing.kind.clone(),
+            });
+        }
+        self.reads_status = kinds;
+        Ok(self)
     }
 
     /// Also reconcile the primary objects whose keys `keys` yields (kube-runtime's
@@ -341,7 +394,9 @@ where
     /// [`with_caches`](crate::apply::Applier::with_caches) on the same `caches` reads and
     /// prunes children without requests. Memory: one copy of every watched child (as selected
     /// by its watcher config), kept as compact JSON without its `status` (unless the kind is
-    /// owned with [`OwnsOptions::reading_status`]), the `kubectl.kubernetes.io/last-applied-
+    /// owned with [`OwnsOptions::reading_status`] or named by the
+    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status) of the
+    /// driver that runs the controller), the `kubectl.kubernetes.io/last-applied-
     /// configuration` annotation and the `managedFields` timestamps, which the apply engine
     /// never reads.
     #[must_use]
@@ -438,6 +493,7 @@ where
             caches: self.caches.clone(),
             blocked: self.blocked.clone(),
             record_of: self.record_of.clone(),
+            reads_status: self.reads_status.clone(),
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).
@@ -449,12 +505,16 @@ where
         let triggers = futures::stream::unfold(self.blocked_triggers, |mut rx| async move {
             rx.recv().await.map(|key| (key, rx))
         });
+        let client = self.api.clone().into_client();
         let primary = watch::primary(self.api, self.watcher_config, writer, Arc::clone(&shared));
         // With records, the children are watched once the owners (and their records) are
         // listed: a child that arrives before its owner's record would be kept as a stub.
         let after_primary =
             (self.record_of.is_some() && self.caches.is_some()).then(|| primary.synced.clone());
         let mut tasks = vec![primary];
+        if let Some((namespaces, config)) = self.namespaces.take() {
+            tasks.push(namespaces.watch(client, config));
+        }
         tasks.extend(self.children.into_iter().map(|f| {
             let task = f(Arc::clone(&shared));
             match after_primary.clone() {

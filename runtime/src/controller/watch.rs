@@ -46,6 +46,9 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub reasons: super::reason::Reasons,
     /// The watches of objects blocking an owner's children (ended when the owner is deleted).
     pub blocked: super::BlockedWatches,
+    /// The child kinds whose status the reconcile reads (as if owned
+    /// [`OwnsOptions::reading_status`]).
+    pub reads_status: crate::reconciler::ChildKinds,
 }
 
 impl<K> Shared<K>
@@ -88,7 +91,7 @@ where
 /// Whether a watch error says the watch is not established: the list failed (the watcher
 /// lists again), or the resource is not served (404: its CustomResourceDefinition is gone)
 /// or not allowed (403) — then [`relisting`] starts over with a list.
-fn not_established(e: &watcher::Error) -> bool {
+pub(crate) fn not_established(e: &watcher::Error) -> bool {
     let refused = |code: u16| code == 404 || code == 403;
     match e {
         watcher::Error::InitialListFailed(_) => true,
@@ -304,6 +307,12 @@ where
         + 'static,
 {
     let (tx, synced) = watch::channel(false);
+    let options = OwnsOptions {
+        reads_status: options.reads_status
+            || shared
+                .reads_status
+                .has_kind(&C::api_version(&()), &C::kind(&())),
+    };
     let run = async move {
         // Decoded as metadata plus text: the content of an object that is not ours is never
         // decoded (see `Raw`).

@@ -13,7 +13,9 @@ use super::{Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler, StatusFi
 use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
 use crate::controller::blocked::BLOCKED_POLL;
 use crate::controller::mapping::key_of;
-use crate::controller::{Action, Attempt, BlockedWatches, Controller, ControllerError};
+use crate::controller::{
+    Action, Attempt, BlockedWatches, Controller, ControllerError, NamespaceTenants,
+};
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::ShutdownReport;
 use crate::resource::IdempotentResource;
@@ -55,6 +57,8 @@ pub struct Driver<R: Reconciler> {
     blocked: Option<BlockedWatches>,
     /// What each owner's passes last reported as `NotPruned`.
     noticed: Arc<super::events::Noticed>,
+    /// The controller's namespace tenants, once it runs (a `namespace_label` rule).
+    namespaces: Option<NamespaceTenants>,
 }
 
 type K<R> = <R as Reconciler>::Resource;
@@ -81,6 +85,7 @@ where
             config: DriverConfig::default(),
             blocked: None,
             noticed: Arc::default(),
+            namespaces: None,
         }
     }
 
@@ -148,10 +153,14 @@ where
     /// ([`Reconciler::child_record`]), those records: then only recorded children, and those
     /// this process wrote, are cached whole, see [`Controller::with_child_records`]; the
     /// objects each pass finds in a child's way are watched by the controller, see
-    /// [`crate::controller::blocked`]); see [`Controller::run`].
+    /// [`crate::controller::blocked`]; the child kinds [`Reconciler::reads_status`] names are
+    /// cached with their status, and a change of it reconciles the owner); see
+    /// [`Controller::run`].
     ///
     /// # Errors
-    /// [`ControllerError`] when the controller's configuration is invalid.
+    /// [`ControllerError`] when the controller's configuration is invalid, and
+    /// [`ControllerError::StatusKindNotOwned`] when [`Reconciler::reads_status`] names a kind
+    /// the controller does not own.
     pub async fn run(
         mut self,
         controller: Controller<K<R>>,
@@ -159,7 +168,10 @@ where
     ) -> Result<ShutdownReport, ControllerError> {
         let caches = self.caches.clone();
         self.blocked = Some(controller.blocked_watches());
-        let mut controller = controller.with_child_caches(caches);
+        self.namespaces = controller.namespace_tenants();
+        let mut controller = controller
+            .with_child_caches(caches)
+            .reading_status_of(R::reads_status())?;
         let mut blank = <K<R> as IdempotentResource>::Status::default();
         if R::child_record(&mut blank).is_some() {
             controller = controller.with_child_records(|obj: &K<R>| {
@@ -342,7 +354,9 @@ where
                 reason,
                 record,
                 Arc::clone(&self.noticed),
-            );
+            )
+            .with_namespaces(self.namespaces.clone())
+            .reading_status(R::reads_status());
             let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
@@ -374,7 +388,9 @@ where
             reason,
             record,
             Arc::clone(&self.noticed),
-        );
+        )
+        .with_namespaces(self.namespaces.clone())
+        .reading_status(R::reads_status());
         let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)

@@ -41,6 +41,7 @@
 //! // Then: Driver::new(client, Widgets).run(controller, shutdown).await
 //! ```
 
+mod children;
 mod driver;
 pub mod events;
 mod pass;
@@ -48,11 +49,12 @@ mod pass;
 use std::future::Future;
 use std::time::Duration;
 
+pub use self::children::{ChildKinds, Children, STATUS_NOT_DECLARED};
 pub use self::driver::{Driver, DriverConfig};
 pub use self::pass::Pass;
 pub use crate::controller::Reason;
 
-use crate::apply::{ApplyError, ApplyReport, CreatedChild, DesiredChildren};
+use crate::apply::{ApplyError, CreatedChild, DesiredChildren};
 use crate::resource::{IdempotentResource, TenantError};
 use crate::status::{Readiness, StatusError};
 
@@ -232,15 +234,56 @@ pub trait Reconciler: Send + Sync + 'static {
         ))
     }
 
-    /// What "ready" means, given the apply report of [`Reconciler::desired`]'s children.
-    /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
-    /// when a child's name is taken, `Reconciling` while a child is being deleted).
-    fn ready(&self, obj: &Self::Resource, report: &ApplyReport) -> Outcome<Self::Resource> {
-        let _ = obj;
-        Outcome::new(report.readiness())
+    /// The child kinds whose `status` [`Reconciler::ready`] reads, e.g.
+    /// `ChildKinds::of::<StatefulSet>()` for its `readyReplicas`. [`Driver::run`] makes the
+    /// controller's watches of these kinds keep their status and reconcile the owner when it
+    /// changes (and refuses to start when the controller does not own one of them), and
+    /// [`Children::get`] gives [`Reconciler::ready`] the live children of these kinds, from the
+    /// caches; reading a kind not named here is a terminal error naming this fix. Default:
+    /// none (status-only changes of children do not reconcile their owner).
+    fn reads_status() -> ChildKinds {
+        ChildKinds::none()
     }
 
-    /// One pass: by default apply [`Reconciler::desired`] and conclude with
+    /// What "ready" means, given the pass's [`Children`]: its apply report and the live
+    /// children (status included) of the kinds [`Reconciler::reads_status`] names.
+    /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
+    /// when a child's name is taken, `Reconciling` while a child is being deleted).
+    ///
+    /// ```
+    /// # use idem_runtime::reconciler::{Children, Outcome, ReconcileError};
+    /// # use idem_runtime::status::Readiness;
+    /// # use k8s_openapi::api::apps::v1::StatefulSet;
+    /// # fn ready(children: &Children<'_>, replicas: i32) -> Result<Readiness, ReconcileError> {
+    /// // In `impl Reconciler`, with `fn reads_status() -> ChildKinds { ChildKinds::of::<StatefulSet>() }`:
+    /// let applied = children.report().readiness();
+    /// if !matches!(applied, Readiness::Ready { .. }) {
+    ///     return Ok(applied);
+    /// }
+    /// let sts = children.get::<StatefulSet>("db")?;
+    /// let ready = sts.and_then(|s| s.status).and_then(|s| s.ready_replicas).unwrap_or(0);
+    /// let message = format!("{ready}/{replicas} replicas ready");
+    /// Ok(if ready >= replicas {
+    ///     Readiness::Ready { reason: "Available".into(), message }
+    /// } else {
+    ///     Readiness::Reconciling { reason: "Progressing".into(), message }
+    /// })
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`ReconcileError`], e.g. from [`Children::get`].
+    fn ready(
+        &self,
+        obj: &Self::Resource,
+        children: &Children<'_>,
+    ) -> Result<Outcome<Self::Resource>, ReconcileError> {
+        let _ = obj;
+        Ok(Outcome::new(children.report().readiness()))
+    }
+
+    /// One pass: by default apply [`Reconciler::desired`], read the children of the kinds
+    /// [`Reconciler::reads_status`] names ([`Pass::children`]) and conclude with
     /// [`Reconciler::ready`].
     ///
     /// # Errors
@@ -253,7 +296,8 @@ pub trait Reconciler: Send + Sync + 'static {
         async move {
             let desired = self.desired(obj)?;
             let report = pass.apply(&desired).await?;
-            Ok(self.ready(obj, &report))
+            let children = pass.children(&desired, &report).await?;
+            self.ready(obj, &children)
         }
     }
 

@@ -7,10 +7,11 @@ use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, Recorder};
 
-use super::{Reason, ReconcileError};
+use super::{ChildKinds, Children, Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
 };
+use crate::controller::NamespaceTenants;
 use crate::key::{ObjectKey, TenantKey};
 use crate::resource::{IdempotentResource, TenantRef};
 use kube::core::ApiResource;
@@ -34,6 +35,10 @@ pub struct Pass<K: IdempotentResource> {
     noticed: Arc<super::events::Noticed>,
     /// Objects found in a desired child's way (`ChildNotOwned`), with their kinds' resources.
     blocking: Vec<(ApiResource, ObjectKey)>,
+    /// The tenants of namespaces, for a `namespace_label` rule (the controller's).
+    namespaces: Option<NamespaceTenants>,
+    /// The child kinds whose status the reconciler reads.
+    reads_status: ChildKinds,
 }
 
 impl<K: IdempotentResource> Pass<K> {
@@ -63,7 +68,27 @@ impl<K: IdempotentResource> Pass<K> {
             delta: RecordDelta::default(),
             noticed,
             blocking: Vec::new(),
+            namespaces: None,
+            reads_status: ChildKinds::none(),
         }
+    }
+
+    /// Reads a `namespace_label` rule's tenant from `namespaces` (the controller's).
+    pub(crate) fn with_namespaces(mut self, namespaces: Option<NamespaceTenants>) -> Self {
+        if self.tenant.is_none()
+            && let (Ok(TenantRef::NamespaceLabel { namespace, .. }), Some(n)) =
+                (self.obj.tenant(), &namespaces)
+        {
+            self.tenant = n.get(&namespace);
+        }
+        self.namespaces = namespaces;
+        self
+    }
+
+    /// Reads the children of `kinds` with their status ([`Pass::children`]).
+    pub(crate) fn reading_status(mut self, kinds: ChildKinds) -> Self {
+        self.reads_status = kinds;
+        self
     }
 
     /// The objects this pass's applies found in a desired child's way (the children
@@ -112,7 +137,9 @@ impl<K: IdempotentResource> Pass<K> {
     }
 
     /// The tenant children are labelled with, once known (from the derive's rule, or
-    /// [`Pass::set_tenant`]).
+    /// [`Pass::set_tenant`]; for a `namespace_label` rule run by a controller, the label's
+    /// value on the object's namespace from the start of the pass, see
+    /// [`Controller::for_derived`](crate::controller::Controller::for_derived)).
     pub fn tenant(&self) -> Option<&TenantKey> {
         self.tenant.as_ref()
     }
@@ -125,17 +152,22 @@ impl<K: IdempotentResource> Pass<K> {
 
     /// The owner children are applied under: the object, the derive's `FIELD_MANAGER`, its
     /// tenant and, when the kind keeps one, its record of the children it created (the prune
-    /// deletes nothing else, see [`crate::apply::record`]). A tenant named by a namespace label is read from the child caches when they
-    /// hold Namespaces, else with one GET.
+    /// deletes nothing else, see [`crate::apply::record`]). A tenant named by a namespace
+    /// label is read from the controller's namespace cache ([`NamespaceTenants`]), else (no
+    /// controller, e.g. [`Driver::reconcile_once`](super::Driver::reconcile_once)) from the
+    /// child caches when they hold Namespaces; a namespace neither knows is read with one GET.
     ///
     /// # Errors
     /// [`ReconcileError::Tenant`] when the tenant cannot be found,
     /// [`ReconcileError::Apply`] when the object was not read from the API server.
     pub async fn owner(&mut self) -> Result<Owner, ReconcileError> {
         if self.tenant.is_none() {
-            let tenant = match self.obj.tenant()? {
-                TenantRef::Known(key) => key,
-                TenantRef::NamespaceLabel { namespace, label } => {
+            let tenant = match (self.obj.tenant()?, &self.namespaces) {
+                (TenantRef::Known(key), _) => key,
+                (TenantRef::NamespaceLabel { namespace, .. }, Some(namespaces)) => {
+                    namespaces.resolve(&self.client, &namespace).await?
+                }
+                (TenantRef::NamespaceLabel { namespace, label }, None) => {
                     let cached = self
                         .caches()
                         .and_then(|c| c.lookup::<Namespace>(None, &namespace))
@@ -287,6 +319,33 @@ impl<K: IdempotentResource> Pass<K> {
         serde_json::from_value(live)
             .map(Some)
             .map_err(|e| ReconcileError::Other(Box::new(e)))
+    }
+
+    /// The live children of `report` (the apply of `desired`) whose kinds
+    /// [`Reconciler::reads_status`](super::Reconciler::reads_status) names, status included,
+    /// for a readiness to judge: from the controller's caches (no request), else (no cache of
+    /// the kind, e.g. a reconcile without a controller) with one GET per child.
+    ///
+    /// # Errors
+    /// [`ReconcileError::Kube`] when a GET fails; a terminal error when the cache of such a
+    /// kind keeps no status (the controller was not run by [`Driver::run`](super::Driver::run)).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn children<'r>(
+        &self,
+        desired: &DesiredChildren,
+        report: &'r ApplyReport,
+    ) -> Result<Children<'r>, ReconcileError> {
+        Children::read(
+            report,
+            desired,
+            self.reads_status.clone(),
+            self.obj.meta().namespace.as_deref(),
+            self.caches(),
+            &self.client,
+        )
+        .await
     }
 
     /// Publishes `event` about the object (best effort; nothing without a recorder).

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
+pub mod user;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;

@@ -418,6 +418,10 @@ impl KindView for CompactStore {
         CompactStore::upgrade(self, obj);
     }
 
+    fn keeps_status(&self) -> bool {
+        self.keep_status
+    }
+
     fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta> {
         let Ok(live) = self.live.read() else {
             return Vec::new();

@@ -1,0 +1,259 @@
+//! The tenants of namespaces for kinds whose derive says `tenant = namespace_label("...")`: a
+//! metadata-only watch of Namespaces that keeps, of each, only the value of that label.
+//!
+//! [`Controller::for_derived`](super::Controller::for_derived) runs one for such a kind by
+//! itself: the queue's tenant of an object and the tenant its children are labelled with are
+//! read here, so a converged reconcile makes no request for them. Memory: one short string
+//! per labelled namespace (the watch receives only metadata, and keeps none of it beyond the
+//! label's value).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ObjectMeta, PartialObjectMeta};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use super::watch::{WatchTask, not_established};
+use crate::key::TenantKey;
+use crate::resource::TenantError;
+
+/// Whether a namespace, by its metadata, may name a tenant at all (e.g. only namespaces
+/// created by a tenant's own controller); see [`super::Controller::namespace_tenants_with`].
+pub type TrustFn = Arc<dyn Fn(&ObjectMeta) -> bool + Send + Sync>;
+
+/// The tenant of each watched namespace that carries the label (and that the controller
+/// trusts): a cheap handle on the cache a controller fills, see the [module docs](self).
+#[derive(Clone)]
+pub struct NamespaceTenants {
+    label: &'static str,
+    tenants: Arc<RwLock<HashMap<String, TenantKey>>>,
+    trust: Option<TrustFn>,
+    synced: watch::Receiver<bool>,
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl std::fmt::Debug for NamespaceTenants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceTenants")
+            .field("label", &self.label)
+            .field("namespaces", &self.len())
+            .field("synced", &self.is_synced())
+            .finish()
+    }
+}
+
+impl NamespaceTenants {
+    /// An empty cache of the tenants named by label `label`, filled once a controller watches
+    /// for it.
+    pub(crate) fn new(label: &'static str) -> Self {
+        let (tx, synced) = watch::channel(false);
+        Self {
+            label,
+            tenants: Arc::default(),
+            trust: None,
+            synced,
+            tx: Arc::new(tx),
+        }
+    }
+
+    /// Only namespaces whose metadata `trust` accepts name a tenant.
+    pub(crate) fn trusting(mut self, trust: TrustFn) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// The label that names a namespace's tenant.
+    pub fn label(&self) -> &'static str {
+        self.label
+    }
+
+    /// The tenant namespace `namespace` belongs to: its label's value, when the namespace is
+    /// known, carries the label and is trusted; `None` otherwise.
+    pub fn get(&self, namespace: &str) -> Option<TenantKey> {
+        self.tenants.read().ok()?.get(namespace).cloned()
+    }
+
+    /// Every known namespace with its tenant.
+    pub fn all(&self) -> Vec<(String, TenantKey)> {
+        self.tenants
+            .read()
+            .map(|t| t.iter().map(|(n, k)| (n.clone(), k.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Namespaces known to belong to a tenant.
+    pub fn len(&self) -> usize {
+        self.tenants.read().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// Whether no namespace is known to belong to a tenant.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the watch has listed the namespaces and is established.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Records `namespace` as tenant `tenant`'s (for unit tests).
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&self, namespace: &str, tenant: &str) {
+        if let Ok(mut tenants) = self.tenants.write() {
+            tenants.insert(namespace.to_owned(), TenantKey::new(tenant));
+        }
+    }
+
+    /// The tenant of namespace `meta` by its label, if it has it and is trusted.
+    fn tenant_of(&self, meta: &ObjectMeta) -> Option<TenantKey> {
+        let value = meta.labels.as_ref()?.get(self.label)?;
+        if value.is_empty() || self.trust.as_ref().is_some_and(|trust| !trust(meta)) {
+            return None;
+        }
+        Some(TenantKey::new(value))
+    }
+
+    /// The tenant of `namespace`: from the cache, or (a namespace the cache does not know as a
+    /// tenant's: not synced yet, just created, or not labelled) read with one GET through
+    /// `client`.
+    ///
+    /// # Errors
+    /// [`TenantError::Api`] when the read fails, [`TenantError::MissingLabel`] when the
+    /// namespace lacks the label (or is not trusted to name a tenant).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn resolve(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> Result<TenantKey, TenantError> {
+        if let Some(tenant) = self.get(namespace) {
+            return Ok(tenant);
+        }
+        let ns = Api::<Namespace>::all(client.clone())
+            .get_metadata(namespace)
+            .await
+            .map_err(|source| TenantError::Api {
+                namespace: namespace.to_owned(),
+                source: Box::new(source),
+            })?;
+        self.tenant_of(&ns.metadata)
+            .ok_or_else(|| TenantError::MissingLabel {
+                namespace: namespace.to_owned(),
+                label: self.label,
+            })
+    }
+
+    /// The watch that fills the cache: every namespace `config` selects, metadata only.
+    pub(crate) fn watch(&self, client: Client, config: watcher::Config) -> WatchTask {
+        let this = self.clone();
+        let synced = self.synced.clone();
+        let run = async move {
+            // Metadata-only requests (`PartialObjectMetadata`).
+            let api = Api::<PartialObjectMeta<Namespace>>::all(client);
+            let stream = watcher(api, config).default_backoff();
+            futures::pin_mut!(stream);
+            // A relist's namespaces, swapped in at its end (one missing from it is gone).
+            let mut listing: Option<HashMap<String, TenantKey>> = None;
+            while let Some(event) = stream.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "namespace watch error");
+                        if not_established(&e) {
+                            this.tx.send_replace(false);
+                        }
+                        continue;
+                    }
+                };
+                match event {
+                    Event::Init => listing = Some(HashMap::new()),
+                    Event::InitApply(ns) => {
+                        if let (Some(list), Some(name), Some(tenant)) = (
+                            listing.as_mut(),
+                            ns.metadata.name.clone(),
+                            this.tenant_of(&ns.metadata),
+                        ) {
+                            list.insert(name, tenant);
+                        }
+                    }
+                    Event::InitDone => {
+                        if let (Some(list), Ok(mut tenants)) =
+                            (listing.take(), this.tenants.write())
+                        {
+                            *tenants = list;
+                        }
+                        this.tx.send_replace(true);
+                    }
+                    Event::Apply(ns) => {
+                        let Some(name) = ns.metadata.name.clone() else {
+                            continue;
+                        };
+                        if let Ok(mut tenants) = this.tenants.write() {
+                            match this.tenant_of(&ns.metadata) {
+                                Some(tenant) => tenants.insert(name, tenant),
+                                None => tenants.remove(&name),
+                            };
+                        }
+                    }
+                    Event::Delete(ns) => {
+                        if let (Some(name), Ok(mut tenants)) =
+                            (ns.metadata.name.as_deref(), this.tenants.write())
+                        {
+                            tenants.remove(name);
+                        }
+                    }
+                }
+            }
+        };
+        WatchTask {
+            run: Box::pin(run),
+            synced,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn meta(labels: &[(&str, &str)], owned: bool) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("ns".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            annotations: owned.then(|| BTreeMap::from([("owned".into(), "yes".into())])),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn the_tenant_is_the_labels_value_of_a_trusted_namespace() {
+        let plain = NamespaceTenants::new("team");
+        assert_eq!(
+            plain.tenant_of(&meta(&[("team", "red")], false)),
+            Some(TenantKey::new("red"))
+        );
+        assert_eq!(plain.tenant_of(&meta(&[("team", "")], false)), None);
+        assert_eq!(plain.tenant_of(&meta(&[("other", "red")], false)), None);
+        let strict = NamespaceTenants::new("team")
+            .trusting(Arc::new(|m: &ObjectMeta| m.annotations.is_some()));
+        assert_eq!(strict.tenant_of(&meta(&[("team", "red")], false)), None);
+        assert_eq!(
+            strict.tenant_of(&meta(&[("team", "red")], true)),
+            Some(TenantKey::new("red"))
+        );
+    }
+}

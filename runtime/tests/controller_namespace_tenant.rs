@@ -1,0 +1,211 @@
+//! Against the real control plane: a kind whose derive says
+//! `tenant = namespace_label("...")`, run with `Controller::for_derived` and `Driver::run` and no
+//! namespace wiring at all, is queued under the tenant its namespace's label names (never the
+//! namespace's name nor the object's own label), its children are labelled with that tenant,
+//! and once converged a pass makes no request: none is dispatched for the controller's user,
+//! counted by the API server under a FlowSchema of that user's own, while whole passes run.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::user::CountedUser;
+use idem_runtime::IdempotentResource;
+use idem_runtime::apply::{DesiredChildren, TENANT_LABEL};
+use idem_runtime::controller::{Controller, ControllerConfig};
+use idem_runtime::metrics::Metrics;
+use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::watcher;
+use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(60);
+/// The label on a namespace naming its tenant.
+const LABEL: &str = "test.idem.dev/team";
+
+/// A namespaced kind whose tenant is its namespace's `test.idem.dev/team` label.
+#[derive(CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
+#[kube(
+    group = "test.idem.dev",
+    version = "v1",
+    kind = "Notebook",
+    namespaced,
+    status = "NotebookStatus"
+)]
+#[idempotent(tenant = namespace_label("test.idem.dev/team"))]
+pub struct NotebookSpec {
+    /// Written into the child ConfigMap.
+    pub text: String,
+}
+
+/// Status of a [`Notebook`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotebookStatus {
+    /// The generation the conditions describe.
+    pub observed_generation: Option<i64>,
+    /// Ready, Reconciling, Stalled.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One ConfigMap per notebook.
+struct Notebooks;
+
+impl Reconciler for Notebooks {
+    type Resource = Notebook;
+    fn desired(&self, nb: &Notebook) -> Result<DesiredChildren, ReconcileError> {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": nb.name_any(), "namespace": nb.namespace()},
+            "data": {"text": nb.spec.text},
+        }))
+        .map_err(|e| ReconcileError::terminal("InvalidSpec", e.to_string()))?;
+        let mut children = DesiredChildren::new();
+        children.add(&cm)?;
+        Ok(children)
+    }
+}
+
+fn scrape(registry: &Registry) -> String {
+    let mut text = String::new();
+    encode(&mut text, registry).unwrap();
+    text
+}
+
+/// The value of the sample `series` (name and labels, exactly); 0 when absent.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .map(|v| v.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+fn is_ready(nb: Option<&Notebook>) -> bool {
+    nb.and_then(|n| n.status.as_ref()).is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_request() {
+    let admin = idem_tests::shared().client();
+    common::install_crd(&admin, Notebook::crd()).await;
+    // The tenant is the label's value, distinct from the namespace's name.
+    let ns = idem_tests::unique_name("nb-team");
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(LABEL.into(), "team-red".into())])),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let notebooks: Api<Notebook> = Api::namespaced(admin.clone(), &ns);
+    let mut nb = Notebook::new(
+        "nb",
+        NotebookSpec {
+            text: "hello".into(),
+        },
+    );
+    // The object's own tenant label says nothing about its tenant.
+    nb.metadata.labels = Some(BTreeMap::from([(TENANT_LABEL.into(), "team-blue".into())]));
+    notebooks.create(&PostParams::default(), &nb).await.unwrap();
+
+    // The controller runs as a user of its own, whose requests the API server counts apart.
+    let user = CountedUser::create(&admin, "nb-ctl").await;
+    let client = user.client();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    // No namespace wiring: only the primary kind and its child kind.
+    let controller = Controller::for_derived(
+        Api::<Notebook>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<ConfigMap>::namespaced(client.clone(), &ns),
+        Driver::<Notebooks>::children_config(),
+    )
+    .with_metrics(metrics)
+    .with_config(ControllerConfig {
+        workers: 1,
+        // Resyncs: a pass of the converged object every ~200 ms.
+        resync_period: Duration::from_millis(200),
+        ..ControllerConfig::default()
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(
+        Driver::new(client.clone(), Notebooks).run(controller, async {
+            let _ = stopped.await;
+        }),
+    );
+
+    let ready = await_condition(notebooks.clone(), "nb", is_ready);
+    tokio::time::timeout(WAIT, ready)
+        .await
+        .expect("Ready in time")
+        .unwrap();
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+        .get("nb")
+        .await
+        .unwrap();
+    assert_eq!(
+        cm.labels().get(TENANT_LABEL).map(String::as_str),
+        Some("team-red"),
+        "the child is labelled with the namespace label's tenant"
+    );
+    let dispatched = |tenant: &str| {
+        value(
+            &scrape(&registry),
+            &format!(r#"idem_tenant_dispatches_total{{name="notebook",tenant="{tenant}"}}"#),
+        )
+    };
+    assert!(
+        dispatched("team-red") >= 1.0,
+        "queued under the namespace label's tenant: {}",
+        scrape(&registry)
+    );
+    assert_eq!(dispatched(&ns), 0.0, "never under the namespace's name");
+    assert_eq!(
+        dispatched("team-blue"),
+        0.0,
+        "never under the object's own label"
+    );
+
+    // Converged passes: every request the controller's user makes counts, from before a whole
+    // pass started until after it ended (the passes of one key run one after the other).
+    let passes = r#"controller_runtime_reconcile_total{controller="notebook",result="success"}"#;
+    let before = user.requests().await;
+    let done = value(&scrape(&registry), passes);
+    common::wait_until("two more converged passes", WAIT, || {
+        value(&scrape(&registry), passes) >= done + 2.0
+    })
+    .await;
+    let after = user.requests().await;
+    assert_eq!(
+        after - before,
+        0,
+        "converged passes made requests (e.g. a GET of the namespace to find the tenant)"
+    );
+
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}

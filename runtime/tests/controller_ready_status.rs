@@ -1,0 +1,286 @@
+//! Against the real control plane (kube-controller-manager runs the StatefulSet controller and
+//! kwok's fake nodes make the pods Ready): a readiness that reads a child's status.
+//!
+//! A `Database` owns a StatefulSet; its reconciler names StatefulSet in
+//! `Reconciler::reads_status` and its `ready()` reads `status.readyReplicas` from the
+//! `Children` it is given — no `reconcile()` override, no `OwnsOptions`. The first pass
+//! creates the StatefulSet (no status yet: `Reconciling`); with no resync and no requeue, only
+//! the StatefulSet's status changes can reconcile the Database again, so reaching `Ready`
+//! proves the child's watch keeps the status and its changes reconcile the owner. Reading a
+//! kind `reads_status` does not name is a terminal `StatusNotDeclared` error naming the fix,
+//! and `Driver::run` refuses a named kind the controller does not own.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use idem_runtime::IdempotentResource;
+use idem_runtime::apply::DesiredChildren;
+use idem_runtime::controller::{Action, Controller, ControllerConfig, ControllerError};
+use idem_runtime::reconciler::{
+    ChildKinds, Children, Driver, Outcome, ReconcileError, Reconciler, STATUS_NOT_DECLARED,
+};
+use idem_runtime::status::Readiness;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::PostParams;
+use kube::runtime::watcher;
+use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A database: a StatefulSet of `replicas` pods.
+#[derive(CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
+#[kube(
+    group = "test.idem.dev",
+    version = "v1",
+    kind = "Database",
+    namespaced,
+    status = "DatabaseStatus"
+)]
+#[idempotent(tenant = namespace)]
+pub struct DatabaseSpec {
+    /// Pods wanted.
+    pub replicas: i32,
+}
+
+/// Status of a [`Database`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStatus {
+    /// The generation the conditions describe.
+    pub observed_generation: Option<i64>,
+    /// Ready, Reconciling, Stalled.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+fn statefulset(db: &Database) -> Result<DesiredChildren, ReconcileError> {
+    let name = db.name_any();
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": db.namespace()},
+        "spec": {
+            "replicas": db.spec.replicas,
+            "selector": {"matchLabels": {"db": name}},
+            "template": {
+                "metadata": {"labels": {"db": name}},
+                "spec": {"containers": [{"name": "db", "image": "example.invalid/db:1"}]},
+            },
+        },
+    }))
+    .map_err(|e| ReconcileError::terminal("InvalidSpec", e.to_string()))?;
+    let mut children = DesiredChildren::new();
+    children.add(&sts)?;
+    Ok(children)
+}
+
+/// Ready once the StatefulSet has as many ready replicas as the Database wants.
+fn readiness(db: &Database, children: &Children<'_>) -> Result<Readiness, ReconcileError> {
+    let applied = children.report().readiness();
+    if !matches!(applied, Readiness::Ready { .. }) {
+        return Ok(applied);
+    }
+    let sts = children.get::<StatefulSet>(&db.name_any())?;
+    let ready = sts
+        .and_then(|s| s.status)
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let message = format!("{ready}/{} replicas ready", db.spec.replicas);
+    Ok(if ready >= db.spec.replicas {
+        Readiness::Ready {
+            reason: "Available".into(),
+            message,
+        }
+    } else {
+        Readiness::Reconciling {
+            reason: "Progressing".into(),
+            message,
+        }
+    })
+}
+
+/// Reads the StatefulSet's status, as it says it does.
+struct Databases;
+
+impl Reconciler for Databases {
+    type Resource = Database;
+    fn desired(&self, db: &Database) -> Result<DesiredChildren, ReconcileError> {
+        statefulset(db)
+    }
+    fn reads_status() -> ChildKinds {
+        ChildKinds::of::<StatefulSet>()
+    }
+    fn ready(
+        &self,
+        db: &Database,
+        children: &Children<'_>,
+    ) -> Result<Outcome<Database>, ReconcileError> {
+        Ok(Outcome::new(readiness(db, children)?))
+    }
+}
+
+/// Reads the StatefulSet's status without saying so.
+struct Forgetful;
+
+impl Reconciler for Forgetful {
+    type Resource = Database;
+    fn desired(&self, db: &Database) -> Result<DesiredChildren, ReconcileError> {
+        statefulset(db)
+    }
+    fn ready(
+        &self,
+        db: &Database,
+        children: &Children<'_>,
+    ) -> Result<Outcome<Database>, ReconcileError> {
+        Ok(Outcome::new(readiness(db, children)?))
+    }
+}
+
+fn condition<'a>(db: &'a Database, type_: &str) -> Option<&'a Condition> {
+    db.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+async fn setup(prefix: &str) -> (kube::Client, String) {
+    let client = idem_tests::shared().client();
+    common::install_crd(&client, Database::crd()).await;
+    let ns = common::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_follows_the_child_status_without_a_reconcile_override() {
+    let (client, ns) = setup("db-ready").await;
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
+    let controller = Controller::for_derived(dbs.clone(), watcher::Config::default())
+        .owns(
+            Api::<StatefulSet>::namespaced(client.clone(), &ns),
+            Driver::<Databases>::children_config(),
+        )
+        .with_config(ControllerConfig {
+            // Only events reconcile: no resync.
+            resync_period: Duration::ZERO,
+            ..ControllerConfig::default()
+        });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(
+        Driver::new(client.clone(), Databases).run(controller, async {
+            let _ = stopped.await;
+        }),
+    );
+    // Every status the Database goes through, from a watch established before it exists.
+    let (listed, is_listed) = oneshot::channel::<()>();
+    let seen = tokio::spawn({
+        let dbs = dbs.clone();
+        async move {
+            let events = watcher(dbs, watcher::Config::default().fields("metadata.name=db"));
+            futures::pin_mut!(events);
+            let mut listed = Some(listed);
+            let mut seen = Vec::new();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = listed.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok(watcher::Event::Apply(db) | watcher::Event::InitApply(db)) => {
+                        let ready = condition(&db, "Ready").is_some_and(|c| c.status == "True");
+                        seen.push(db);
+                        if ready {
+                            return seen;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            seen
+        }
+    });
+    is_listed.await.expect("the Database watch listed");
+    dbs.create(
+        &PostParams::default(),
+        &Database::new("db", DatabaseSpec { replicas: 2 }),
+    )
+    .await
+    .unwrap();
+    let before = tokio::time::timeout(WAIT, seen)
+        .await
+        .unwrap_or_else(|_| panic!("the Database did not become Ready within {WAIT:?}"))
+        .unwrap();
+    let progressing: Vec<String> = before
+        .iter()
+        .filter_map(|d| condition(d, "Reconciling"))
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone())
+        .collect();
+    assert!(
+        !progressing.is_empty(),
+        "Reconciling before Ready (the first pass saw no status): {before:?}"
+    );
+    let ready = dbs.get("db").await.unwrap();
+    let c = condition(&ready, "Ready").expect("Ready");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+        ("True", "Available", "2/2 replicas ready"),
+        "after {progressing:?}"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn reading_an_undeclared_kind_stalls_with_the_fix() {
+    let (client, ns) = setup("db-forgot").await;
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
+    let db = dbs
+        .create(
+            &PostParams::default(),
+            &Database::new("db", DatabaseSpec { replicas: 1 }),
+        )
+        .await
+        .unwrap();
+    let action = Driver::new(client.clone(), Forgetful)
+        .reconcile_once(client.clone(), Arc::new(db))
+        .await
+        .expect("a terminal error is handled");
+    assert_eq!(action, Action::terminal());
+    let stored = dbs.get("db").await.unwrap();
+    let c = condition(&stored, "Stalled").expect("Stalled");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", STATUS_NOT_DECLARED)
+    );
+    assert!(
+        c.message.contains("ChildKinds::of::<StatefulSet>()"),
+        "{}",
+        c.message
+    );
+}
+
+#[tokio::test]
+async fn the_driver_refuses_a_status_kind_the_controller_does_not_own() {
+    let client = idem_tests::shared().client();
+    let controller = Controller::for_derived(
+        Api::<Database>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let result = Driver::new(client, Databases)
+        .run(controller, futures::future::pending())
+        .await;
+    match result {
+        Err(e @ ControllerError::StatusKindNotOwned { .. }) => {
+            assert!(e.to_string().contains("StatefulSet"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
