@@ -8,4 +8,5 @@ mod oracle;
 mod orphan;
 mod race;
 mod replace;
+mod stale;
 mod status;
