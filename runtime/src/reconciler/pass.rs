@@ -177,8 +177,7 @@ impl<K: IdempotentResource> Pass<K> {
             .reconcile_into(&owner, desired, &mut report)
             .await;
         if self.record.is_some() {
-            let kinds = desired.kinds.iter().map(|(r, _)| r.kind.clone());
-            self.delta.add(&report, kinds, result.is_ok());
+            self.delta.add(&report, result.is_ok());
         }
         result?;
         for (key, _) in report.not_owned() {
