@@ -18,7 +18,6 @@ use idem_operator::tenant::reconcile::Tenants;
 use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::ControllerConfig;
 use idem_runtime::reconciler::Driver;
-use idem_runtime::resource::IdempotentResource;
 use idem_tests::faults::Faults;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
