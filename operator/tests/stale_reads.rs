@@ -100,7 +100,14 @@ async fn namespaces_flipped_while_watch_events_arrive_late_leak_nothing() {
     let of_y: Vec<String> = record
         .iter()
         .filter(|c| c.name == y || c.namespace.as_deref() == Some(y.as_str()))
-        .map(|c| format!("{} {}/{}", c.kind, c.namespace.as_deref().unwrap_or(""), c.name))
+        .map(|c| {
+            format!(
+                "{} {}/{}",
+                c.kind,
+                c.namespace.as_deref().unwrap_or(""),
+                c.name
+            )
+        })
         .collect();
     eprintln!(
         "Ready at generation 3; namespace {y}: {}; record entries of it: {of_y:?}",

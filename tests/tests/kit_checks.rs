@@ -48,7 +48,11 @@ async fn a_correct_reconcile_passes_every_check() {
         "eight children and a status: nine requests to crash after\n{report}"
     );
     let stale = report.get(Check::Stale).unwrap();
-    assert_eq!(stale.figure_value("flips"), None, "the stale check ran\n{report}");
+    assert_eq!(
+        stale.figure_value("flips"),
+        None,
+        "the stale check ran\n{report}"
+    );
     let tamper = report.get(Check::Tamper).unwrap();
     assert!(
         tamper

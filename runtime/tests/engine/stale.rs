@@ -162,7 +162,10 @@ async fn a_flip_seen_late_leaks_no_child_and_keeps_the_record_whole() {
     // Ready at the last generation: by then the pass of [x] has pruned what a stale pass made.
     let rack = wait_ready_at(&racks, name, generation).await;
     let x = cms.get(&format!("{name}-x")).await.expect("child x");
-    let y = cms.get_opt(&format!("{name}-y")).await.expect("get child y");
+    let y = cms
+        .get_opt(&format!("{name}-y"))
+        .await
+        .expect("get child y");
     let status = rack.status.clone().unwrap_or_default();
     let recorded: Vec<(String, String)> = status
         .created_children

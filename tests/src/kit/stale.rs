@@ -45,7 +45,10 @@ pub(crate) async fn run<S: Subject>(
     r.figure("watch delay", format!("{} s", DELAY.as_secs()));
     let probe_instance = h.subject.primary("kit-probe");
     if h.subject.flipped(&probe_instance).is_none() {
-        r.figure("flips", "none: the subject gives no `Subject::flipped` spec");
+        r.figure(
+            "flips",
+            "none: the subject gives no `Subject::flipped` spec",
+        );
         return Ok(());
     }
     let serial = match serial(h).await? {
@@ -68,7 +71,9 @@ pub(crate) async fn run<S: Subject>(
         }
     };
     if let Err(why) = h.converge(&session, &probe, &instance).await? {
-        r.fail(format!("the instance does not converge before the flips: {why}"));
+        r.fail(format!(
+            "the instance does not converge before the flips: {why}"
+        ));
         h.discard(&instance).await;
         return Ok(());
     }
@@ -188,7 +193,10 @@ async fn set_spec<S: Subject>(
             .await
             .map_err(|e| Error::Setup(format!("reading the primary object: {e}")))?;
         obj.data["spec"] = spec.clone();
-        match api.replace(&instance.name, &PostParams::default(), &obj).await {
+        match api
+            .replace(&instance.name, &PostParams::default(), &obj)
+            .await
+        {
             Ok(stored) => return Ok(stored),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(Error::Setup(format!("changing the spec: {e}"))),
