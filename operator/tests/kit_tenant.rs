@@ -1,5 +1,6 @@
 //! The idempotence test kit on the operator's Tenant and TenantApp: repeat, race, crash,
-//! faults and tamper on a tenant with two namespaces and every kind of child, and on an app
+//! faults, tamper and stale reads (a third namespace, or another config, flipped in and out
+//! while watch events arrive late) on a tenant with two namespaces and every kind of child, and on an app
 //! (ConfigMap, Deployment, Service) in a tenant namespace, each reconciled the way the operator
 //! does it: the operator's `Driver` of `Tenants`, one `reconcile_once` per pass, children read
 //! from watch caches filled by the session's own watches.
@@ -133,6 +134,13 @@ impl Subject for TenantKind {
         session(client, |ctx| Tenants { ctx }).await
     }
 
+    /// One namespace more (`extra`), with all that goes in it.
+    fn flipped(&self, tenant: &Tenant) -> Option<Tenant> {
+        let mut flipped = tenant.clone();
+        flipped.spec.namespaces.push("extra".into());
+        Some(flipped)
+    }
+
     async fn reconcile(
         &self,
         session: &Session<Tenants>,
@@ -221,6 +229,16 @@ impl Subject for AppKind {
 
     async fn session(&self, client: Client) -> Result<Session<TenantApps>, BoxError> {
         session(client, |ctx| TenantApps { ctx }).await
+    }
+
+    /// Another config file (its ConfigMap and the Deployment's template change).
+    fn flipped(&self, app: &TenantApp) -> Option<TenantApp> {
+        let mut flipped = app.clone();
+        flipped
+            .spec
+            .config
+            .insert("extra.toml".into(), "flipped = true".into());
+        Some(flipped)
     }
 
     async fn reconcile(

@@ -1,6 +1,6 @@
 //! The example `BaseTenant` (runtime/examples/base_tenant.rs), reconciled by idem-runtime's
 //! [`Driver`] one pass at a time, passes idem-tests' idempotence kit: repeat, race, crash,
-//! faults and tamper, against the real control plane.
+//! faults, tamper and stale reads, against the real control plane.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -102,6 +102,13 @@ impl Subject for BaseTenantSubject {
     async fn reconcile(&self, s: &Session, primary: Arc<BaseTenant>) -> Result<(), BoxError> {
         s.driver.reconcile_once(s.client.clone(), primary).await?;
         Ok(())
+    }
+
+    /// One owner more (the RoleBinding's subjects change).
+    fn flipped(&self, primary: &BaseTenant) -> Option<BaseTenant> {
+        let mut flipped = primary.clone();
+        flipped.spec.owners.push("carol".into());
+        Some(flipped)
     }
 
     fn settled(&self, primary: &BaseTenant) -> bool {

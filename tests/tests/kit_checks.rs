@@ -47,6 +47,12 @@ async fn a_correct_reconcile_passes_every_check() {
             >= 9,
         "eight children and a status: nine requests to crash after\n{report}"
     );
+    let stale = report.get(Check::Stale).unwrap();
+    assert_eq!(
+        stale.figure_value("flips"),
+        None,
+        "the stale check ran\n{report}"
+    );
     let tamper = report.get(Check::Tamper).unwrap();
     assert!(
         tamper
@@ -56,6 +62,21 @@ async fn a_correct_reconcile_passes_every_check() {
             .unwrap()
             >= 24,
         "eight children with two labels and one data key each\n{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_catches_a_record_written_from_a_stale_copy() {
+    let report = run(Flaw::StaleRecord, &[Check::Repeat, Check::Stale]).await;
+    assert!(report.caught(Check::Stale), "{report}");
+    let evidence = report.get(Check::Stale).unwrap().evidence.join("\n");
+    assert!(
+        evidence.contains("extra child") && evidence.contains("-i2"),
+        "the child of the flipped spec leaked: {evidence}"
+    );
+    assert!(
+        !report.caught(Check::Repeat),
+        "only stale reads are broken\n{report}"
     );
 }
 

@@ -750,9 +750,10 @@ impl Applier {
             self.remove(owner, kind, key, &meta, report).await?;
         }
         // Recorded children the list did not show: someone removed the labels it selects by
-        // (and perhaps the ownerReference). Each is looked up by its key: one read, from the
-        // cache when it holds the object, once (it then leaves the record, pruned, released
-        // or found gone).
+        // (and perhaps the ownerReference), or they are gone. Each is looked up by its key:
+        // one read, from the cache when it holds the object (else from the API server, so
+        // that a cache that does not show a child yet never makes it gone), once (it then
+        // leaves the record, pruned, released or found gone).
         let unlisted: Vec<(String, ObjectKey)> = owner
             .recorded_of_kind(&resource.kind)
             .filter(|(_, key)| !listed.contains(*key) && !keep.contains(*key))
@@ -769,12 +770,21 @@ impl Applier {
                 Some(live) => Some(live),
                 None => self.get(resource, &key).await?,
             };
-            let Some(live) = live else { continue };
+            let Some(live) = live else {
+                // Gone (the API server says so): it leaves the record.
+                report.pruned_uids.push(uid);
+                continue;
+            };
             let meta: kube::api::ObjectMeta =
                 serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
                     .unwrap_or_default();
-            // Replaced by another object of the same name: not ours.
-            if meta.uid.as_deref() != Some(uid.as_str()) || meta.deletion_timestamp.is_some() {
+            // Replaced by another object of the same name (not ours; ours is gone).
+            if meta.uid.as_deref() != Some(uid.as_str()) {
+                report.pruned_uids.push(uid);
+                continue;
+            }
+            // Being deleted: it stays recorded until it is gone.
+            if meta.deletion_timestamp.is_some() {
                 continue;
             }
             if kind.release_orphans && !owner.owns(&meta) {

@@ -16,6 +16,12 @@
 //! controller ownerReference but is missing from the record is recorded when the engine judges
 //! or applies it (it holds our desired state at a name we chose). An object at a name that is
 //! not desired is never applied to, so never recorded.
+//!
+//! The record grows only by creates and shrinks only by prunes (deleted, released, or found
+//! gone by the API server), each applied to the record as stored when the status is written
+//! (a conflict re-reads it and applies them again), never by writing back a copy: a pass
+//! that read an older record, or whose caches do not show a child yet, cannot drop the entry
+//! another pass added. An entry is never dropped for being unseen.
 
 use std::collections::BTreeSet;
 
@@ -62,39 +68,33 @@ impl CreatedChild {
     }
 }
 
-/// What the passes of one reconcile change in the record: children created, children pruned,
-/// and — once every apply of the reconcile succeeded — the keys that may stay.
+/// What the passes of one reconcile change in the record: children created, children pruned
+/// (or found gone) and children released.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecordDelta {
     /// Children created (their uids from the create's answer).
     pub created: Vec<CreatedChild>,
-    /// Uids of children deleted by the prune (or found gone).
+    /// Uids of children deleted by the prune (or found gone by the API server).
     pub pruned: BTreeSet<String>,
     /// Uids of children released ([`super::ApplyReport::released`]); they leave the record
     /// only when every apply of the reconcile succeeded, so that a released namespace stays
     /// recorded (and released again) until the release of its contents has completed.
     pub released: BTreeSet<String>,
-    /// The kinds whose children were all looked at, with the keys that may keep their entry
-    /// (desired, or still listed as claiming the owner); `None` when an apply failed, so the
-    /// look was not complete and no entry is dropped for being unseen.
-    pub seen: Option<(BTreeSet<String>, BTreeSet<ObjectKey>)>,
-    /// An apply of this reconcile failed: `seen` stays `None`.
+    /// An apply of this reconcile failed: released entries stay.
     failed: bool,
 }
 
 impl RecordDelta {
-    /// Whether applying this delta to any record changes nothing but the garbage collection of
-    /// unseen entries and the leaving of released ones (dropped only by a successful
-    /// reconcile's status write).
+    /// Whether applying this delta to any record changes nothing but the leaving of released
+    /// entries (dropped only by a successful reconcile's status write).
     pub fn is_empty(&self) -> bool {
         self.created.is_empty() && self.pruned.is_empty()
     }
 
-    /// Applies the delta to `record`: pruned uids go, released ones too unless an apply
-    /// failed; a created child replaces any entry of the
-    /// same key (the old object is gone, a key holds one object); entries of a kind that was
-    /// looked at completely whose key was neither desired nor listed go (their object was
-    /// deleted by someone else, or no longer claims the owner). The result is sorted.
+    /// Applies the delta to `record` (the record as stored now): pruned uids go, released ones
+    /// too unless an apply failed; a created child replaces any entry of the same key (the
+    /// server accepted its create, so the old object is gone: a key holds one object). No
+    /// other entry goes, whatever the pass saw. The result is sorted.
     pub fn apply_to(&self, record: &mut Vec<CreatedChild>) {
         record.retain(|c| !self.pruned.contains(&c.uid));
         if !self.failed {
@@ -104,32 +104,18 @@ impl RecordDelta {
             record.retain(|c| c.key() != new.key());
             record.push(new.clone());
         }
-        if let Some((kinds, keep)) = &self.seen {
-            record.retain(|c| !kinds.contains(&c.kind) || keep.contains(&c.key()));
-        }
         record.sort();
         record.dedup();
     }
 
     /// Adds what one apply found (see [`super::ApplyReport`]); `complete` when it succeeded.
-    pub(crate) fn add(
-        &mut self,
-        report: &super::ApplyReport,
-        kinds: impl IntoIterator<Item = String>,
-        complete: bool,
-    ) {
+    pub(crate) fn add(&mut self, report: &super::ApplyReport, complete: bool) {
         self.created.extend(report.created.iter().cloned());
         self.pruned.extend(report.pruned_uids.iter().cloned());
         self.released.extend(report.released_uids.iter().cloned());
-        if !complete || self.failed {
+        if !complete {
             self.failed = true;
-            self.seen = None;
-            return;
         }
-        let (k, keep) = self.seen.get_or_insert_with(Default::default);
-        k.extend(kinds);
-        keep.extend(report.children.iter().map(|(key, _)| key.clone()));
-        keep.extend(report.claiming.iter().cloned());
     }
 }
 
@@ -154,16 +140,13 @@ mod tests {
     }
 
     #[test]
-    fn unseen_entries_go_only_for_kinds_looked_at_completely() {
-        let ns = CreatedChild::new(&ObjectKey::cluster("Namespace", "t-a"), "9");
-        let mut record = vec![child("a", "1"), child("gone", "2"), ns.clone()];
-        let delta = RecordDelta {
-            seen: Some((
-                ["RoleBinding".to_owned()].into(),
-                [ObjectKey::namespaced("RoleBinding", "ns", "a")].into(),
-            )),
-            ..RecordDelta::default()
-        };
+    fn an_entry_is_never_dropped_for_being_unseen() {
+        // A pass whose caches do not show a child yet (or that read an older record) reports
+        // neither it nor a prune of it: its entry, added by another pass, stays.
+        let ns = CreatedChild::new(&ObjectKey::cluster("Namespace", "t-y"), "9");
+        let mut record = vec![child("a", "1"), ns.clone()];
+        let mut delta = RecordDelta::default();
+        delta.add(&crate::apply::ApplyReport::default(), true);
         delta.apply_to(&mut record);
         assert_eq!(record, vec![ns, child("a", "1")]);
     }
@@ -175,7 +158,7 @@ mod tests {
             ..crate::apply::ApplyReport::default()
         };
         let mut ok = RecordDelta::default();
-        ok.add(&report, Vec::<String>::new(), true);
+        ok.add(&report, true);
         let mut record = vec![child("a", "1"), child("b", "2")];
         ok.apply_to(&mut record);
         assert_eq!(record, vec![child("b", "2")]);
@@ -183,12 +166,8 @@ mod tests {
         // An apply after the release failed: the released entry stays, so the next
         // reconcile releases again (e.g. a released namespace's contents).
         let mut failed = RecordDelta::default();
-        failed.add(&report, Vec::<String>::new(), true);
-        failed.add(
-            &crate::apply::ApplyReport::default(),
-            Vec::<String>::new(),
-            false,
-        );
+        failed.add(&report, true);
+        failed.add(&crate::apply::ApplyReport::default(), false);
         let mut record = vec![child("a", "1")];
         failed.apply_to(&mut record);
         assert_eq!(record, vec![child("a", "1")]);
@@ -198,8 +177,8 @@ mod tests {
     fn after_a_failed_apply_nothing_is_dropped_for_being_unseen() {
         let report = crate::apply::ApplyReport::default();
         let mut delta = RecordDelta::default();
-        delta.add(&report, ["RoleBinding".to_owned()], false);
-        delta.add(&report, ["RoleBinding".to_owned()], true);
+        delta.add(&report, false);
+        delta.add(&report, true);
         let mut record = vec![child("a", "1")];
         delta.apply_to(&mut record);
         assert_eq!(record, vec![child("a", "1")]);

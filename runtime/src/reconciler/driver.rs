@@ -9,6 +9,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
 
+use super::seen::{Freshness, Seen};
 use super::{Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler, StatusFill};
 use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
 use crate::controller::blocked::BLOCKED_POLL;
@@ -19,7 +20,7 @@ use crate::controller::{
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::ShutdownReport;
 use crate::resource::IdempotentResource;
-use crate::status::{MAX_MESSAGE_BYTES, Readiness, StatusWriter, shorten};
+use crate::status::{MAX_MESSAGE_BYTES, Readiness, StatusOutcome, StatusWriter, shorten};
 use kube::core::ApiResource;
 
 /// Tunables of a [`Driver`].
@@ -59,6 +60,8 @@ pub struct Driver<R: Reconciler> {
     noticed: Arc<super::events::Noticed>,
     /// The controller's namespace tenants, once it runs (a `namespace_label` rule).
     namespaces: Option<NamespaceTenants>,
+    /// The newest version of each object seen or written, see [`super::seen`].
+    seen: Arc<Seen>,
 }
 
 type K<R> = <R as Reconciler>::Resource;
@@ -86,6 +89,7 @@ where
             blocked: None,
             noticed: Arc::default(),
             namespaces: None,
+            seen: Arc::default(),
         }
     }
 
@@ -256,6 +260,14 @@ where
         };
         let span = tracing::info_span!("reconcile", %object, %tenant, %reason);
         async move {
+            let obj = match self.seen.given(obj.as_ref()) {
+                Freshness::Current => obj,
+                Freshness::Stale => match self.read_again(&client, &obj).await? {
+                    Some(fresh) => fresh,
+                    // Gone, or replaced by another object of that name (its own events follow).
+                    None => return Ok(Action::await_change()),
+                },
+            };
             let pass = self.pass(
                 client.clone(),
                 recorder.clone(),
@@ -315,6 +327,37 @@ where
         .await
     }
 
+    /// `obj` as the API server has it now (`None`: gone, or another object of its name): the
+    /// version a pass was given is older than one this driver wrote or read.
+    async fn read_again(
+        &self,
+        client: &Client,
+        obj: &K<R>,
+    ) -> Result<Option<Arc<K<R>>>, ReconcileError> {
+        tracing::debug!(
+            resource_version = ?obj.meta().resource_version,
+            "the cached object is older than one this driver wrote or read: reading it again"
+        );
+        let api = <<K<R> as Resource>::Scope as ChildScope>::api::<K<R>>(
+            client.clone(),
+            obj.namespace().as_deref(),
+        );
+        let fresh = api.get_opt(&obj.name_any()).await?;
+        let uid = obj.meta().uid.clone();
+        match fresh {
+            Some(fresh) if fresh.meta().uid == uid => {
+                self.seen.stored(&fresh);
+                Ok(Some(Arc::new(fresh)))
+            }
+            _ => {
+                if let Some(uid) = uid {
+                    self.seen.forget(&uid);
+                }
+                Ok(None)
+            }
+        }
+    }
+
     /// The status writer of `obj`'s kind, in its namespace when namespaced.
     fn writer(client: &Client, obj: &K<R>) -> StatusWriter<K<R>> {
         StatusWriter::new(<<K<R> as Resource>::Scope as ChildScope>::api::<K<R>>(
@@ -365,6 +408,9 @@ where
                 Cleanup::Done => {
                     self.watch_blocking(&obj, &[], tenant);
                     writer.remove_finalizer(&obj, finalizer).await?;
+                    if let Some(uid) = &obj.meta().uid {
+                        self.seen.forget(uid);
+                    }
                     Ok(Action::await_change())
                 }
                 Cleanup::Pending(outcome) => {
@@ -375,7 +421,10 @@ where
         }
         let obj = match R::FINALIZER {
             Some(finalizer) => match writer.add_finalizer(&obj, finalizer).await? {
-                Some(updated) => Arc::new(updated),
+                Some(updated) => {
+                    self.seen.stored(&updated);
+                    Arc::new(updated)
+                }
                 None => obj,
             },
             None => obj,
@@ -462,6 +511,18 @@ where
         if result.is_ok() || delta.is_empty() {
             return result;
         }
+        self.write_record(writer, obj, delta).await;
+        result
+    }
+
+    /// Writes `delta` into the record as stored (only that field, `observedGeneration` left
+    /// alone); a failure is logged.
+    async fn write_record(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        obj: &K<R>,
+        delta: &crate::apply::RecordDelta,
+    ) {
         let written = writer
             .write_fields(obj, |_, draft| {
                 if let Some(record) = R::child_record(draft.status_mut()) {
@@ -469,10 +530,13 @@ where
                 }
             })
             .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "could not record the children this failed reconcile created");
+        match written {
+            Ok(StatusOutcome::Written(stored)) => self.seen.stored(stored.as_ref()),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the children this reconcile created or pruned");
+            }
         }
-        result
     }
 
     async fn conclude(
@@ -490,14 +554,20 @@ where
                 delta.apply_to(record);
             }
         };
-        self.write_status_with(
-            writer,
-            pass.recorder(),
-            obj,
-            &outcome.readiness,
-            &fill_and_record,
-        )
-        .await?;
+        let written = self
+            .write_status_with(
+                writer,
+                pass.recorder(),
+                obj,
+                &outcome.readiness,
+                &fill_and_record,
+            )
+            .await?;
+        if matches!(written, StatusOutcome::Superseded) && !delta.is_empty() {
+            // A newer generation's status is stored (a pass of it ran meanwhile): this pass's
+            // status is not written, but what it created and pruned must reach the record.
+            self.write_record(writer, obj, delta).await;
+        }
         Ok(match outcome.requeue {
             Some(after) => Action::requeue(after),
             None => Action::await_change(),
@@ -513,7 +583,8 @@ where
         fill: &StatusFill<K<R>>,
     ) -> Result<(), ReconcileError> {
         self.write_status_with(writer, recorder, obj, readiness, &|s| fill(s))
-            .await
+            .await?;
+        Ok(())
     }
 
     /// Writes `readiness` (and `fill`'s fields) if the status changed; an Event when `Ready`
@@ -525,23 +596,26 @@ where
         obj: &K<R>,
         readiness: &Readiness,
         fill: &(dyn Fn(&mut <K<R> as IdempotentResource>::Status) + Send + Sync),
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<StatusOutcome<K<R>>, ReconcileError> {
         let previous = obj.status().and_then(|s| {
             K::<R>::conditions_of(s)
                 .iter()
                 .find(|c| c.type_ == "Ready")
                 .cloned()
         });
-        writer
+        let written = writer
             .write(obj, |_, draft| {
                 fill(draft.status_mut());
                 draft.set_readiness(readiness);
             })
             .await?;
+        if let StatusOutcome::Written(stored) = &written {
+            self.seen.stored(stored.as_ref());
+        }
         if let Some(recorder) = recorder {
             super::events::readiness(recorder, &obj.object_ref(&()), previous.as_ref(), readiness)
                 .await;
         }
-        Ok(())
+        Ok(written)
     }
 }

@@ -6,7 +6,9 @@
 //! The [`Driver`] then runs each reconcile as follows:
 //!
 //! 1. opens a tracing span `reconcile` with the object, its tenant and the [`Reason`] it runs
-//!    for (object changed, child changed, requeue, resync, error);
+//!    for (object changed, child changed, requeue, resync, error), and reads the object again
+//!    (one GET) when the version it was given is older than one the driver has written or read
+//!    (a watch cache behind: see [`seen`](self) below);
 //! 2. with [`Reconciler::FINALIZER`] set: adds the finalizer, and once the object is being
 //!    deleted runs [`Reconciler::cleanup`] until it says [`Cleanup::Done`], then removes it;
 //! 3. builds the [`Owner`](crate::apply::Owner) from the derive (`FIELD_MANAGER` and the
@@ -21,6 +23,14 @@
 //!    `ReconcileFailed` and the error (retries go on with backoff); a
 //!    [terminal](ReconcileError::is_terminal) error writes `Stalled` with its own reason at
 //!    once and is not retried until the object changes (no retry storm).
+//!
+//! Stale caches: a pass acts only on the newest version of the object the driver knows of
+//! (`seen`: a higher generation is newer; at the same generation only the version the driver
+//! last wrote or read is, until its cache shows it), and what a pass created reaches the
+//! record in the object's status whatever happens to its status write: a conflict re-reads
+//! and applies the pass's creates and prunes to the stored record, a write that finds a newer
+//! generation already observed still writes them (`observedGeneration` left alone), and the
+//! record never loses an entry but by a prune ([`crate::apply::record`]).
 //!
 //! ```no_run
 //! # use idem_runtime::apply::DesiredChildren;
@@ -45,6 +55,7 @@ mod children;
 mod driver;
 pub mod events;
 mod pass;
+mod seen;
 
 use std::future::Future;
 use std::time::Duration;

@@ -209,8 +209,7 @@ impl<K: IdempotentResource> Pass<K> {
             .reconcile_into(&owner, desired, &mut report)
             .await;
         if self.record.is_some() {
-            let kinds = desired.kinds.iter().map(|(r, _)| r.kind.clone());
-            self.delta.add(&report, kinds, result.is_ok());
+            self.delta.add(&report, result.is_ok());
         }
         if let Some(recorder) = &self.recorder {
             super::events::regenerated(recorder, &self.reference, &report.regenerated).await;

@@ -65,7 +65,9 @@ impl<K: IdempotentResource> StatusWriter<K> {
 
     /// As [`StatusWriter::write`], but `observedGeneration` keeps its stored value: for fields
     /// that record what a reconcile did (e.g. the children it created) when the reconcile did
-    /// not finish, so the status does not claim to describe `read`'s generation.
+    /// not finish, or when a newer generation's status is already stored, so the status does
+    /// not claim to describe `read`'s generation. Written also when the stored status observed
+    /// a newer generation (never [`StatusOutcome::Superseded`]).
     ///
     /// # Errors
     /// As [`StatusWriter::write`].
@@ -114,10 +116,11 @@ impl<K: IdempotentResource> StatusWriter<K> {
                     })?;
             }
             let stored = current.status().cloned();
-            if stored
-                .as_ref()
-                .and_then(K::observed_generation_of)
-                .is_some_and(|g| g > generation)
+            if observe
+                && stored
+                    .as_ref()
+                    .and_then(K::observed_generation_of)
+                    .is_some_and(|g| g > generation)
             {
                 return Ok(StatusOutcome::Superseded);
             }

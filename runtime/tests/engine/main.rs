@@ -9,4 +9,5 @@ mod oracle;
 mod orphan;
 mod race;
 mod replace;
+mod stale;
 mod status;

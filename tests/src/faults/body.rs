@@ -1,10 +1,15 @@
 //! The response body the fault layer returns: the server's body, a watch body that can be held,
-//! cut or expired, or the body of an injected error.
+//! delayed, cut or expired, or the body of an injected error.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -49,6 +54,36 @@ impl WatchCtl {
 /// What the body reads when held: whether watches are held now.
 pub(super) type HoldFlag = Arc<std::sync::atomic::AtomicBool>;
 
+/// What the body reads for each frame it receives: how long to keep it from the client, in
+/// nanoseconds (0: none).
+pub(super) type DelayNanos = Arc<AtomicU64>;
+
+/// The frames of a delayed watch that reached the layer but not yet the client.
+struct Delayed {
+    delay: DelayNanos,
+    /// Each frame with the instant it may be handed on, in arrival order.
+    queue: VecDeque<(Instant, Frame<Bytes>)>,
+    /// What the server's body ended with (`Some(None)`: a clean end), handed on after the
+    /// queued frames.
+    end: Option<Option<BoxError>>,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Delayed {
+    fn new(delay: DelayNanos) -> Self {
+        Self {
+            delay,
+            queue: VecDeque::new(),
+            end: None,
+            timer: None,
+        }
+    }
+
+    fn now_delay(&self) -> Duration {
+        Duration::from_nanos(self.delay.load(Ordering::SeqCst))
+    }
+}
+
 /// The line of a watch `ERROR` event with a 410 Gone status, as the API server sends when a
 /// watch's resourceVersion is too old (reason `Expired`). A leading newline ends any partial
 /// line the client may hold; kube's decoder skips the empty line.
@@ -73,6 +108,7 @@ enum Kind<B> {
         inner: B,
         ctl: Arc<WatchCtl>,
         hold: HoldFlag,
+        delayed: Box<Delayed>,
     },
     /// An injected answer, sent in one frame.
     Full(Option<Bytes>),
@@ -85,9 +121,14 @@ impl<B> FaultBody<B> {
         }
     }
 
-    pub(super) fn watch(inner: B, ctl: Arc<WatchCtl>, hold: HoldFlag) -> Self {
+    pub(super) fn watch(inner: B, ctl: Arc<WatchCtl>, hold: HoldFlag, delay: DelayNanos) -> Self {
         Self {
-            kind: Kind::Watch { inner, ctl, hold },
+            kind: Kind::Watch {
+                inner,
+                ctl,
+                hold,
+                delayed: Box::new(Delayed::new(delay)),
+            },
         }
     }
 
@@ -124,7 +165,12 @@ where
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(Into::into))),
             Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Watch { inner, ctl, hold } => {
+            Kind::Watch {
+                inner,
+                ctl,
+                hold,
+                delayed,
+            } => {
                 // Register first, so an order given between the check and `Pending` still wakes.
                 *ctl.waker.lock().expect("waker lock") = Some(cx.waker().clone());
                 if ctl.done.load(Ordering::SeqCst) {
@@ -136,6 +182,8 @@ where
                         return Poll::Ready(None);
                     }
                     EXPIRE => {
+                        // Delayed events are discarded with the watch, as held ones are.
+                        delayed.queue.clear();
                         ctl.action.store(END, Ordering::SeqCst);
                         return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
                             GONE_EVENT.as_bytes(),
@@ -147,11 +195,7 @@ where
                     // Leave the server's events unread (in the connection) until released.
                     return Poll::Pending;
                 }
-                let polled = Pin::new(inner).poll_frame(cx);
-                if let Poll::Ready(None) = polled {
-                    ctl.done.store(true, Ordering::SeqCst);
-                }
-                polled.map(|f| f.map(|r| r.map_err(Into::into)))
+                poll_delayed(inner, ctl, delayed, cx)
             }
         }
     }
@@ -170,6 +214,55 @@ where
             Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Kind::Full(None) => SizeHint::with_exact(0),
             Kind::Watch { .. } => SizeHint::default(),
+        }
+    }
+}
+
+/// Reads what the server sent into `delayed`'s queue, each frame due its delay after it
+/// arrived, and hands on the first frame once due (then the server's end).
+fn poll_delayed<B>(
+    inner: &mut B,
+    ctl: &WatchCtl,
+    delayed: &mut Delayed,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    while delayed.end.is_none() {
+        match Pin::new(&mut *inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let delay = delayed.now_delay();
+                if delay.is_zero() && delayed.queue.is_empty() {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                delayed.queue.push_back((Instant::now() + delay, frame));
+            }
+            Poll::Ready(Some(Err(e))) => delayed.end = Some(Some(e.into())),
+            Poll::Ready(None) => delayed.end = Some(None),
+            Poll::Pending => break,
+        }
+    }
+    if let Some(&(due, _)) = delayed.queue.front() {
+        if Instant::now() < due {
+            let timer = delayed
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            timer.as_mut().reset(due);
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        delayed.timer = None;
+        let (_, frame) = delayed.queue.pop_front().expect("a queued frame");
+        return Poll::Ready(Some(Ok(frame)));
+    }
+    match delayed.end.take() {
+        None => Poll::Pending,
+        Some(end) => {
+            ctl.done.store(true, Ordering::SeqCst);
+            Poll::Ready(end.map(Err))
         }
     }
 }

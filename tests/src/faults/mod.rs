@@ -1,5 +1,6 @@
 //! A fault-injection layer for a kube [`Client`](kube::Client): conflicts, throttling, server
-//! errors, latency and cut or expired watches, switched at run time through a shared handle.
+//! errors, latency and held, delayed, cut or expired watches, switched at run time through a
+//! shared handle.
 //!
 //! [`Faults`] is the handle; [`Faults::client`] builds a client whose every request passes
 //! through a [`FaultLayer`] (a tower layer, outermost on kube's own service stack). The layer
@@ -28,7 +29,7 @@ mod service;
 mod verb;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -80,6 +81,8 @@ struct Inner {
     state: Mutex<State>,
     watches: Mutex<Vec<Weak<WatchCtl>>>,
     hold: Arc<AtomicBool>,
+    /// How long each watch event is kept from the client, in nanoseconds.
+    delay: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -202,7 +205,8 @@ impl Faults {
         self.state().latency = latency;
     }
 
-    /// Turn every fault switch off (schedules, latency, held watches); counters are kept.
+    /// Turn every fault switch off (schedules, latency, held and delayed watches); counters
+    /// are kept.
     pub fn clear(&self) {
         {
             let mut state = self.state();
@@ -213,6 +217,18 @@ impl Faults {
             state.latency = Duration::ZERO;
         }
         self.hold_watches(false);
+        self.delay_watches(Duration::ZERO);
+    }
+
+    /// Deliver every watch event (of open and newly opened watches) `delay` after it reached
+    /// the client's connection, in order, as a client of a lagging API server sees them (its
+    /// watch cache behind the others' and etcd's: every request other than a watch is
+    /// answered at once, and up to date). The delay applies to events that arrive from now
+    /// on; those already waiting keep theirs. Zero (the default) ends it. Cutting or expiring a
+    /// watch discards its waiting events, as [`Faults::hold_watches`] does.
+    pub fn delay_watches(&self, delay: Duration) {
+        let nanos = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.delay.store(nanos, Ordering::SeqCst);
     }
 
     /// Hold (`true`) or release (`false`) watch responses: while held, no event of an open or
@@ -308,13 +324,17 @@ impl Faults {
         (decision, latency)
     }
 
-    /// Registers a newly answered watch and returns its control and the hold flag.
-    fn open_watch(&self) -> (Arc<WatchCtl>, Arc<AtomicBool>) {
+    /// Registers a newly answered watch and returns its control, the hold flag and the delay.
+    fn open_watch(&self) -> (Arc<WatchCtl>, Arc<AtomicBool>, Arc<AtomicU64>) {
         let ctl = Arc::new(WatchCtl::default());
         let mut watches = self.inner.watches.lock().expect("faults watches lock");
         watches.retain(|w| w.strong_count() > 0);
         watches.push(Arc::downgrade(&ctl));
-        (ctl, Arc::clone(&self.inner.hold))
+        (
+            ctl,
+            Arc::clone(&self.inner.hold),
+            Arc::clone(&self.inner.delay),
+        )
     }
 }
 
@@ -336,6 +356,10 @@ impl std::fmt::Debug for Faults {
             .field("server_errors", &state.server_errors.schedule)
             .field("latency", &state.latency)
             .field("hold_watches", &self.inner.hold.load(Ordering::SeqCst))
+            .field(
+                "delay_watches",
+                &Duration::from_nanos(self.inner.delay.load(Ordering::SeqCst)),
+            )
             .field("injected", &state.injected)
             .finish()
     }

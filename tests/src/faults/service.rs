@@ -36,7 +36,7 @@ impl<S> Layer<S> for FaultLayer {
 
 /// The service of a [`FaultLayer`]: counts each request by [`Verb`], answers it with an
 /// injected error or forwards it (after the configured latency), and wraps successful watch
-/// responses so they can be held, cut or expired.
+/// responses so they can be held, delayed, cut or expired.
 #[derive(Debug, Clone)]
 pub struct FaultService<S> {
     inner: S,
@@ -75,8 +75,8 @@ where
             };
             let res = forwarded.await.map_err(Into::into)?;
             if verb == Verb::Watch && res.status().is_success() {
-                let (ctl, hold) = faults.open_watch();
-                Ok(res.map(|b| FaultBody::watch(b, ctl, hold)))
+                let (ctl, hold, delay) = faults.open_watch();
+                Ok(res.map(|b| FaultBody::watch(b, ctl, hold, delay)))
             } else {
                 Ok(res.map(FaultBody::plain))
             }

@@ -289,3 +289,35 @@ async fn a_cut_ends_open_watches_and_spares_later_ones() {
     let _list = call(&mut fake, Method::GET, CMS).await;
     assert_eq!(faults.open_watches(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn delayed_watch_events_arrive_in_order_each_its_delay_after_it_was_sent() {
+    let faults = Faults::new();
+    let mut fake = fake(&faults);
+    let mut body = call(&mut fake, Method::GET, WATCH).await.into_body();
+    let feed = fake.feeds.recv().await.unwrap();
+    faults.delay_watches(Duration::from_secs(4));
+    let start = tokio::time::Instant::now();
+    feed.send(Bytes::from_static(b"one\n")).unwrap();
+    // The client waits on the watch all along (as kube's watcher does): not delivered yet.
+    let early = tokio::time::timeout(Duration::from_secs(1), next(&mut body)).await;
+    assert!(early.is_err(), "delivered before its delay: {early:?}");
+    feed.send(Bytes::from_static(b"two\n")).unwrap();
+    assert_eq!(next(&mut body).await.as_deref(), Some(&b"one\n"[..]));
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+    assert_eq!(next(&mut body).await.as_deref(), Some(&b"two\n"[..]));
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    // No delay any more: a new event arrives at once.
+    faults.delay_watches(Duration::ZERO);
+    feed.send(Bytes::from_static(b"three\n")).unwrap();
+    assert_eq!(next(&mut body).await.as_deref(), Some(&b"three\n"[..]));
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    // The server's end waits for the events before it.
+    faults.delay_watches(Duration::from_secs(2));
+    feed.send(Bytes::from_static(b"four\n")).unwrap();
+    drop(feed);
+    assert_eq!(next(&mut body).await.as_deref(), Some(&b"four\n"[..]));
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+    assert_eq!(next(&mut body).await, None);
+    assert_eq!(faults.open_watches(), 0);
+}

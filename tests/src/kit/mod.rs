@@ -3,9 +3,10 @@
 //! faults and against another field manager's edits, and reports each failure with evidence.
 //!
 //! The guarantees are the three of the project's brief (repeat-, concurrency- and crash-safe)
-//! plus two that follow from them on a real API server: convergence under faults
-//! (409/429/5xx/latency/cut watches) and read-repair of drift made by another field manager
-//! (server-side apply, KEP-555). Each is one module: [`Check`] lists them.
+//! plus three that follow from them on a real API server: convergence under faults
+//! (409/429/5xx/latency/cut watches), read-repair of drift made by another field manager
+//! (server-side apply), and safety of stale reads (watch events arriving late while the spec
+//! flips back and forth). Each is one module: [`Check`] lists them.
 //!
 //! The kit does not depend on idem-runtime: a [`Subject`] is any code that can reconcile one
 //! object with a [`kube::Client`] it is given. Every request of the reconcile must go through
@@ -32,6 +33,7 @@ mod probe;
 mod race;
 mod repeat;
 mod report;
+mod stale;
 mod state;
 mod tamper;
 
@@ -132,6 +134,14 @@ pub trait Subject: Send + Sync {
     /// [`Options::settle_timeout`]. Default: always done.
     fn settled(&self, _primary: &Self::Primary) -> bool {
         true
+    }
+
+    /// `primary` with another spec, one that desires children `primary`'s does not (e.g. one
+    /// more item or namespace), for the stale check ([`Check::Stale`]), which flips the spec to
+    /// it and straight back. Default `None`: the stale check has nothing to flip and passes
+    /// without running (its figure `flips` says so).
+    fn flipped(&self, _primary: &Self::Primary) -> Option<Self::Primary> {
+        None
     }
 }
 
@@ -290,6 +300,7 @@ impl<'a, S: Subject> Kit<'a, S> {
                     Check::Crash => crash::run(h, reference, &mut r).await?,
                     Check::Faults => faults::run(h, reference, &mut r).await?,
                     Check::Tamper => tamper::run(h, reference, &mut r).await?,
+                    Check::Stale => stale::run(h, reference, &mut r).await?,
                 },
             }
             r.elapsed = start.elapsed();

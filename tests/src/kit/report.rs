@@ -18,16 +18,21 @@ pub enum Check {
     /// Every field of every child changed by another field manager is restored, and that
     /// manager's own fields are left alone.
     Tamper,
+    /// With its watch events (and the primary objects it is handed) arriving late while the
+    /// spec flips to [`Subject::flipped`](super::Subject::flipped) and back, it ends where the
+    /// same flips made serially do: nothing leaked, nothing lost, the same status.
+    Stale,
 }
 
 impl Check {
     /// Every check, in the order [`Kit::run_all`](super::Kit::run_all) runs them.
-    pub const ALL: [Check; 5] = [
+    pub const ALL: [Check; 6] = [
         Check::Repeat,
         Check::Race,
         Check::Crash,
         Check::Faults,
         Check::Tamper,
+        Check::Stale,
     ];
 }
 
@@ -39,6 +44,7 @@ impl fmt::Display for Check {
             Check::Crash => "crash",
             Check::Faults => "faults",
             Check::Tamper => "tamper",
+            Check::Stale => "stale",
         })
     }
 }

@@ -1,11 +1,12 @@
 //! A small resource for the kit's own tests: a namespaced `Widget` whose `spec.items` become
 //! one ConfigMap child each, reconciled by a correct reconcile (read from a watch cache,
-//! server-side apply when different, status only when changed) or by one with a deliberate
-//! [`Flaw`].
+//! server-side apply when different, children of items no longer desired deleted — those its
+//! cache shows and those this session created —, status only when changed) or by one with a
+//! deliberate [`Flaw`].
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -61,6 +62,9 @@ pub struct WidgetStatus {
     /// When `phase` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// The children it created ([`Flaw::StaleRecord`] only), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<Vec<String>>,
 }
 
 /// What is wrong with a reconcile.
@@ -104,6 +108,11 @@ pub enum Flaw {
     /// applied (forced) with a new value when the cache has none: racing reconciles write over
     /// each other's value.
     GeneratedRacy,
+    /// Deletes only the children its record in `status.created` names, and writes that record
+    /// whole from the object it was handed (plus what it created, minus what it deleted): a
+    /// pass handed an object older than the last status write drops entries, and their
+    /// children are never deleted.
+    StaleRecord,
 }
 
 /// The item label of the generated child ([`Flaw::GeneratedOnce`], [`Flaw::GeneratedRacy`]).
@@ -126,6 +135,8 @@ pub struct Cache {
     task: tokio::task::JoinHandle<()>,
     /// The last pass failed ([`Flaw::RedoAllAfterError`]).
     failed: AtomicBool,
+    /// Names of the children this session created (its cache may not show them yet).
+    created: Mutex<BTreeSet<String>>,
 }
 
 impl Drop for Cache {
@@ -197,6 +208,20 @@ impl Widgets {
         message: Option<String>,
         always: bool,
     ) -> Result<(), BoxError> {
+        self.write_status_recording(c, w, phase, message, always, None)
+            .await
+    }
+
+    /// As `write_status`, with `status.created` set to `record` when given.
+    async fn write_status_recording(
+        &self,
+        c: &Cache,
+        w: &Widget,
+        phase: &str,
+        message: Option<String>,
+        always: bool,
+        record: Option<Vec<String>>,
+    ) -> Result<(), BoxError> {
         let old = w.status.clone().unwrap_or_default();
         let same_phase = old.phase.as_deref() == Some(phase);
         let status = WidgetStatus {
@@ -208,6 +233,7 @@ impl Widgets {
             } else {
                 Some(now())
             },
+            created: record.or_else(|| old.created.clone()),
         };
         if status == old && !always {
             return Ok(());
@@ -269,7 +295,9 @@ impl Widgets {
         Ok(())
     }
 
-    async fn reconcile_children(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+    /// Applies the children; returns the names of those it created (not in its cache).
+    async fn reconcile_children(&self, c: &Cache, w: &Widget) -> Result<Vec<String>, BoxError> {
+        let mut made = Vec::new();
         if matches!(self.flaw, Flaw::GeneratedOnce | Flaw::GeneratedRacy) {
             self.generated(c, w).await?;
         }
@@ -318,6 +346,7 @@ impl Widgets {
                 _ => {}
             }
             let blind = self.flaw == Flaw::BlindApply;
+            let absent = cached.is_none();
             if !redo && !blind && cached.is_some_and(|cur| matches(&cur, &desired)) {
                 continue;
             }
@@ -331,8 +360,85 @@ impl Widgets {
                 }
                 Ok(_) => {}
             }
+            if absent {
+                c.created.lock().unwrap().insert(name.clone());
+                made.push(name);
+            }
+        }
+        Ok(made)
+    }
+
+    /// The names of the children `w` desires.
+    fn desired_names(w: &Widget) -> BTreeSet<String> {
+        w.spec
+            .items
+            .keys()
+            .map(|key| format!("{}-{key}", w.name_any()))
+            .collect()
+    }
+
+    /// Deletes `name` (already gone is fine).
+    async fn delete(&self, c: &Cache, name: &str) -> Result<(), BoxError> {
+        let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &self.ns);
+        match api.delete(name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the children of items no longer desired: those the cache shows and those this
+    /// session created (which the cache may not show yet).
+    async fn prune_known(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        let desired = Self::desired_names(w);
+        let mut known: BTreeSet<String> = c
+            .store
+            .state()
+            .iter()
+            .filter(|cm| {
+                cm.labels().get(WIDGET_LABEL) == Some(&w.name_any())
+                    && cm.metadata.deletion_timestamp.is_none()
+            })
+            .map(|cm| cm.name_any())
+            .collect();
+        let prefix = format!("{}-", w.name_any());
+        known.extend(
+            c.created
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|n| n.starts_with(&prefix))
+                .cloned(),
+        );
+        for name in known.difference(&desired) {
+            self.delete(c, name).await?;
+            c.created.lock().unwrap().remove(name);
         }
         Ok(())
+    }
+
+    /// [`Flaw::StaleRecord`]: deletes the undesired children the record of the object handed
+    /// to the pass names (plus those this pass created); returns the record to write.
+    async fn prune_recorded(
+        &self,
+        c: &Cache,
+        w: &Widget,
+        made: Vec<String>,
+    ) -> Result<Vec<String>, BoxError> {
+        let desired = Self::desired_names(w);
+        let mut record: BTreeSet<String> = w
+            .status
+            .as_ref()
+            .and_then(|s| s.created.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(made)
+            .collect();
+        for name in record.clone().difference(&desired) {
+            self.delete(c, name).await?;
+            record.remove(name);
+        }
+        Ok(record.into_iter().collect())
     }
 
     async fn post_once(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
@@ -413,6 +519,7 @@ impl Subject for Widgets {
             store,
             task,
             failed: AtomicBool::new(false),
+            created: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -443,7 +550,7 @@ impl Subject for Widgets {
         if self.flaw == Flaw::ConflictIsFatal && phase == Some("Failed") {
             return Ok(()); // "needs a human"
         }
-        match self.reconcile_children(c, &w).await {
+        let made = match self.reconcile_children(c, &w).await {
             Err(e) if e.is::<Fatal>() => {
                 return self
                     .write_status(c, &w, "Failed", Some(e.to_string()), false)
@@ -455,8 +562,26 @@ impl Subject for Widgets {
                 return Err(e);
             }
             other => other?,
-        }
+        };
+        let record = match self.flaw {
+            Flaw::None => {
+                self.prune_known(c, &w).await?;
+                None
+            }
+            Flaw::StaleRecord => Some(self.prune_recorded(c, &w, made).await?),
+            _ => None,
+        };
         let always = self.flaw == Flaw::StatusEveryPass;
-        self.write_status(c, &w, "Ready", None, always).await
+        self.write_status_recording(c, &w, "Ready", None, always, record)
+            .await
+    }
+
+    fn flipped(&self, w: &Widget) -> Option<Widget> {
+        let mut flipped = w.clone();
+        flipped
+            .spec
+            .items
+            .insert(format!("i{}", self.items), "flipped".into());
+        Some(flipped)
     }
 }
