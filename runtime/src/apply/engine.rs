@@ -452,9 +452,10 @@ impl Applier {
                     let mut drift: Vec<Drift> = drift
                         .into_iter()
                         .filter(|d| {
-                            !own_form.contains(d)
-                                && !(server_may_explain(d)
-                                    && own_form.iter().any(|o| o.path == d.path))
+                            let own = own_form.contains(d)
+                                || (server_may_explain(d)
+                                    && own_form.iter().any(|o| o.path == d.path));
+                            !own
                         })
                         .collect();
                     if drift.is_empty() && !own_form.is_empty() {
