@@ -733,3 +733,91 @@ async fn the_kit_passes_a_create_once_secret_and_fails_one_read_from_the_cache_f
         "{evidence}"
     );
 }
+
+/// The Vault's URL ConfigMap's `url`, as stored.
+async fn stored_url(client: &Client, v: &Vault) -> String {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &v.namespace().unwrap());
+    api.get(&url_name(v))
+        .await
+        .unwrap()
+        .data
+        .and_then(|d| d.get("url").cloned())
+        .unwrap_or_default()
+}
+
+/// A Secret at the Vault's create-once name with a password the attacker knows, carrying the
+/// Vault's controller ownerReference and labels (all visible to anyone who can read the Vault
+/// or its old Secret, and writable by anyone who may create Secrets in the namespace).
+fn forged_secret(v: &Vault, labels: Option<BTreeMap<String, String>>) -> Secret {
+    let mut s = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name(v)),
+            labels,
+            owner_references: Some(vec![v.controller_owner_ref(&()).unwrap()]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "password".to_owned(),
+            ByteString(b"known-to-the-attacker".to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    s.metadata.namespace = v.namespace();
+    s
+}
+
+/// The recorded Secret is deleted and replaced by one with a known password that copies the
+/// Vault's controller ownerReference and labels: another object at the recorded child's name
+/// is `ChildDeleted` whatever it claims — a value the users of the old one do not know is never
+/// taken silently — and the connection URL keeps the old password.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replaced_secret_copying_the_owner_reference_is_child_deleted() {
+    let _guard = COUNTING.read().await;
+    let (client, ns) = setup("once-forged").await;
+    let s = session(client.clone(), Vaults).await.expect("session");
+    let v = create_vault(&client, &ns, false).await;
+    let v = s.converge(&client, &v).await;
+    let url_before = stored_url(&client, &v).await;
+    let old = delete_secret(&client, &s, &v).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let forged = secrets
+        .create(
+            &PostParams::default(),
+            &forged_secret(&v, old.metadata.labels.clone()),
+        )
+        .await
+        .expect("create the forged Secret");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while s.cached_secret(&v).and_then(|c| c.uid()) != forged.uid() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "forged Secret not cached"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let action = s.reconcile(&v).await;
+    let stored = get_vault(&client, &v).await;
+    let url_after = stored_url(&client, &v).await;
+    let record: Vec<String> = stored
+        .status
+        .as_ref()
+        .map(|st| st.created_children.iter().map(|c| c.uid.clone()).collect())
+        .unwrap_or_default();
+    eprintln!(
+        "action {action:?}\nReady {:?}\nStalled {:?}\nurl before {url_before}\nurl after  {url_after}\nrecord {record:?} (old uid {:?}, forged uid {:?})",
+        condition(&stored, "Ready"),
+        condition(&stored, "Stalled"),
+        old.uid(),
+        forged.uid()
+    );
+    let (status, reason, _) = condition(&stored, "Stalled").unwrap_or_default();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ChildDeleted"),
+        "a replaced create-once Secret with a copied ownerReference was taken silently"
+    );
+    assert_eq!(
+        url_before, url_after,
+        "the URL was rebuilt from the forged password"
+    );
+}

@@ -7,7 +7,9 @@
 //! keeps `(uid, desired fingerprint) → settled fingerprint` here. A later pass with the same
 //! desired body and the same object compares the live object's settled fingerprint with the
 //! answer: equal means the apply would change nothing. About 100 bytes per child that needs
-//! it (most children never do), dropped when the child is deleted or found not ours.
+//! it (most children never do), kept with the controller's child caches so that every pass
+//! shares them, and dropped when the child is deleted (its watch's event), pruned or found
+//! not ours.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -78,6 +80,15 @@ impl Answers {
         map.remove(key);
     }
 
+    /// Object `uid` at `key` was deleted: its answer goes (an answer for a newer object at
+    /// the name stays).
+    pub(crate) fn deleted(&self, key: &ObjectKey, uid: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.get(key).is_some_and(|a| a.uid == uid) {
+            map.remove(key);
+        }
+    }
+
     /// How many children have an answer.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -114,7 +125,9 @@ mod tests {
         assert_eq!(answers.get(&key, "u2", desired), None, "another object");
         let other = fingerprint(&json!({"spec": 2}));
         assert_eq!(answers.get(&key, "u1", other), None, "another desired body");
-        answers.forget(&key);
+        answers.deleted(&key, "u2");
+        assert_eq!(answers.len(), 1, "the delete of another object at the name");
+        answers.deleted(&key, "u1");
         assert_eq!(answers.len(), 0);
     }
 }

@@ -125,6 +125,9 @@ pub struct ChildCaches {
     own: Arc<OwnWrites>,
     /// Which children are idem's (kept whole by the stores that ask).
     trust: Arc<Trust>,
+    /// The server's answers for children the convergence check cannot judge alone, shared by
+    /// every pass's applier, dropped with the child.
+    answers: super::answers::Answers,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -311,6 +314,12 @@ impl ChildCaches {
     /// The object `uid` at `key` was deleted (its watch's Delete event).
     pub(crate) fn deleted(&self, key: &ObjectKey, uid: &str) {
         self.trust.deleted(key, uid);
+        self.answers.deleted(key, uid);
+    }
+
+    /// The server's answers, shared by the appliers that read from these caches.
+    pub(crate) fn answers(&self) -> &super::answers::Answers {
+        &self.answers
     }
 
     /// Owner `owner`'s record of the children it created now holds `uids` (`None`: the owner is

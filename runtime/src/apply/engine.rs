@@ -71,6 +71,8 @@ impl Applier {
     ///
     /// [`Controller::with_child_caches`]: crate::controller::Controller::with_child_caches
     pub fn with_caches(mut self, caches: ChildCaches) -> Self {
+        // The server's answers live with the caches: every pass's applier shares them.
+        self.answers = caches.answers().clone();
         self.caches = Some(caches);
         self
     }
@@ -466,10 +468,21 @@ impl Applier {
                     // The desired body is the one applied last (same fingerprint): every
                     // difference was made by someone else.
                     let same_desired = same_desired(&live, &body);
-                    // A field we own that the desired body lacks (`Stale`) is left by our own
-                    // writes (an earlier desired body, the fold before an apply the server
-                    // refused), never by another manager: not drift to report.
-                    drift.retain(|d| d.kind != DriftKind::Stale);
+                    // A field we own that the desired body lacks (`Stale`) is reported only when
+                    // the apply removed or changed it (a key someone added under our manager
+                    // name); one the server defaults again (ours since the fold before an apply
+                    // it refused) was left by our own writes.
+                    if drift.iter().any(|d| d.kind == DriftKind::Stale) {
+                        let changed = differences(&live, &applied, owner.field_manager());
+                        drift.retain(|d| {
+                            d.kind != DriftKind::Stale
+                                || changed.iter().any(|c| {
+                                    c.path == d.path
+                                        || c.path.starts_with(&format!("{}.", d.path))
+                                        || c.path.starts_with(&format!("{}[", d.path))
+                                })
+                        });
+                    }
                     let by_others = !drift.is_empty()
                         && !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
                     return Ok(Applied {
@@ -543,6 +556,28 @@ impl Applier {
         key: &ObjectKey,
         body: &Value,
     ) -> Result<String, kube::Error> {
+        let created_json = self.create_whole(api, owner, key, body).await?;
+        let judged = super::as_applied(&created_json, owner.field_manager(), body);
+        let own_form = check(
+            body,
+            judged.as_ref().unwrap_or(&created_json),
+            owner.field_manager(),
+        );
+        self.keep_answer(key, fingerprint(body), &created_json, owner, &own_form);
+        let uid = created_json
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str);
+        Ok(uid.unwrap_or_default().to_owned())
+    }
+
+    /// `POST`s `body` and returns the created object (remembered for the child watches).
+    async fn create_whole(
+        &self,
+        api: &Api<DynamicObject>,
+        owner: &Owner,
+        key: &ObjectKey,
+        body: &Value,
+    ) -> Result<Value, kube::Error> {
         let obj: DynamicObject =
             serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
         let pp = PostParams {
@@ -552,15 +587,7 @@ impl Applier {
         let _in_flight = self.begin_write(key);
         let created = api.create(&pp, &obj).await?;
         self.remember(key, &created);
-        let created_json = to_json(&created);
-        let judged = super::as_applied(&created_json, owner.field_manager(), body);
-        let own_form = check(
-            body,
-            judged.as_ref().unwrap_or(&created_json),
-            owner.field_manager(),
-        );
-        self.keep_answer(key, fingerprint(body), &created_json, owner, &own_form);
-        Ok(created.metadata.uid.unwrap_or_default())
+        Ok(to_json(&created))
     }
 
     /// Keeps the server's answer `written` (the object our write of the desired body with

@@ -24,23 +24,40 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 struct Fnv(u64);
 
-impl Fnv {
+impl std::hash::Hasher for Fnv {
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
             self.0 = self.0.wrapping_mul(FNV_PRIME);
         }
     }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The fingerprint of `value`.
 pub fn fingerprint(value: &Value) -> Fingerprint {
+    use std::hash::Hasher;
     let mut h = Fnv(FNV_OFFSET);
     write_canonical(value, &mut h);
-    Fingerprint(h.0)
+    Fingerprint(h.finish())
 }
 
-fn write_canonical(value: &Value, h: &mut Fnv) {
+/// A fingerprint of `value` keyed with a secret random to this process (SipHash): stable within
+/// the process only, and not to be matched by a value chosen to collide with another, as
+/// FNV-1a can be. For fingerprints kept in memory and compared with values others may write.
+pub(crate) fn keyed_fingerprint(value: &Value) -> Fingerprint {
+    use std::hash::{BuildHasher, Hasher};
+    static KEY: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(std::collections::hash_map::RandomState::new);
+    let mut h = KEY.build_hasher();
+    write_canonical(value, &mut h);
+    Fingerprint(h.finish())
+}
+
+fn write_canonical(value: &Value, h: &mut impl std::hash::Hasher) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();

@@ -9,7 +9,9 @@
 //! returns the object as that apply would leave it. An apply changes nothing exactly when the
 //! object it would leave equals the live one; [`settled`] fingerprints the part of an object an
 //! apply by `manager` can change, so that the answer is kept as 8 bytes per child and later
-//! passes compare the live object's fingerprint with it, making no request.
+//! passes compare the live object's fingerprint with it, making no request. The fingerprint is
+//! keyed with a secret of the process (the live side is written by anyone who may edit the
+//! child: an unkeyed hash could be matched by a value chosen to collide).
 //!
 //! What an apply can change: the values of the fields `manager` owns (in any of its entries: a
 //! create's `Update` entry owns what the create set), and the values no manager owns (what the
@@ -23,7 +25,7 @@
 use serde_json::{Map, Value};
 
 use super::fields::{Drift, DriftKind, children, is_leaf, item_matches_key, parse_key};
-use super::fingerprint::{Fingerprint, fingerprint};
+use super::fingerprint::{Fingerprint, keyed_fingerprint};
 
 /// Metadata the server rewrites on every write, or that no apply can change.
 const VOLATILE_METADATA: [&str; 7] = [
@@ -41,7 +43,7 @@ const VOLATILE_METADATA: [&str; 7] = [
 /// apply changes the object: it records one).
 pub(crate) fn settled(obj: &Value, manager: &str) -> Option<Fingerprint> {
     let (_, projected) = projection(obj, manager)?;
-    Some(fingerprint(&projected))
+    Some(keyed_fingerprint(&projected))
 }
 
 /// The fields whose values differ between what an apply by `manager` could change in

@@ -263,10 +263,10 @@ pub struct Counts {
     pub conflicts: u64,
 }
 
-/// The counts for `resource` in `group` (plural, `""` = core) at this moment.
-pub async fn counts(group: &str, resource: &str) -> Counts {
-    let text = idem_tests::shared().metrics().await.expect("metrics");
-    let mut c = Counts::default();
+/// The `apiserver_request_total` samples of `resource` in `group` (plural, `""` = core) in
+/// the metrics text `text`: each sample's labels and value.
+pub fn request_samples(text: &str, group: &str, resource: &str) -> Vec<(Labels, u64)> {
+    let mut out = Vec::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
             continue;
@@ -274,19 +274,41 @@ pub async fn counts(group: &str, resource: &str) -> Counts {
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let label = |k: &str| {
+        let labels = Labels(
             labels
                 .split("\",")
                 .filter_map(|kv| kv.split_once("=\""))
-                .find(|(key, _)| *key == k)
-                .map(|(_, v)| v.trim_end_matches('"'))
-        };
-        if label("group") != Some(group) || label("resource") != Some(resource) {
+                .map(|(k, v)| (k.to_owned(), v.trim_end_matches('"').to_owned()))
+                .collect(),
+        );
+        if labels.get("group") != Some(group) || labels.get("resource") != Some(resource) {
             continue;
         }
-        let v: u64 = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        let verb = label("verb").unwrap_or_default();
-        let sub = label("subresource").unwrap_or_default();
+        out.push((labels, value.trim().parse::<f64>().unwrap_or(0.0) as u64));
+    }
+    out
+}
+
+/// The labels of one metrics sample.
+pub struct Labels(Vec<(String, String)>);
+
+impl Labels {
+    /// The value of label `key`, if the sample has it.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The counts for `resource` in `group` (plural, `""` = core) at this moment.
+pub async fn counts(group: &str, resource: &str) -> Counts {
+    let text = idem_tests::shared().metrics().await.expect("metrics");
+    let mut c = Counts::default();
+    for (labels, v) in request_samples(&text, group, resource) {
+        let verb = labels.get("verb").unwrap_or_default();
+        let sub = labels.get("subresource").unwrap_or_default();
         if idem_tests::metrics::WRITE_VERBS.contains(&verb) {
             if sub.is_empty() {
                 c.writes += v;
@@ -294,7 +316,7 @@ pub async fn counts(group: &str, resource: &str) -> Counts {
                 c.status_writes += v;
             }
         }
-        if label("code") == Some("409") {
+        if labels.get("code") == Some("409") {
             c.conflicts += v;
         }
     }

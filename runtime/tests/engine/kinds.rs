@@ -89,31 +89,15 @@ struct Case {
 async fn requests(group: &str, resource: &str) -> (u64, u64) {
     let text = idem_tests::shared().metrics().await.expect("metrics");
     let (mut dry, mut other) = (0, 0);
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split("\",")
-                .filter_map(|kv| kv.split_once("=\""))
-                .find(|(key, _)| *key == k)
-                .map(|(_, v)| v.trim_end_matches('"'))
-        };
+    for (labels, v) in request_samples(&text, group, resource) {
         // The kinds' own controllers (in the controller-manager) watch them and write their
         // status: those requests are not the engine's.
-        if label("group") != Some(group)
-            || label("resource") != Some(resource)
-            || label("subresource").is_some_and(|s| !s.is_empty())
-            || matches!(label("verb"), Some("LIST" | "WATCH"))
+        if labels.get("subresource").is_some_and(|s| !s.is_empty())
+            || matches!(labels.get("verb"), Some("LIST" | "WATCH"))
         {
             continue;
         }
-        let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        if label("dry_run").is_some_and(|d| !d.is_empty()) {
+        if labels.get("dry_run").is_some_and(|d| !d.is_empty()) {
             dry += v;
         } else {
             other += v;
@@ -177,6 +161,7 @@ where
 
     // 1. Created; then converged with no request and no drift report.
     let applier = Applier::new(client.clone());
+    let first = requests(&group, &plural).await;
     let report = applier.reconcile(&owner, &desired).await.expect("create");
     assert_eq!(
         report.children[0].1,
@@ -193,6 +178,11 @@ where
         "{kind}: the pass after the create wrote again (the server's own form of the desired body taken for drift): {report:?}"
     );
     assert!(report.repaired.is_empty(), "{kind}: {:?}", report.repaired);
+    let first_dry_runs = requests(&group, &plural).await.0 - first.0;
+    assert_eq!(
+        first_dry_runs, 0,
+        "{kind}: the first convergence asked the server (its create's answer is enough)"
+    );
     let (outcome, (dry, other)) =
         pass_counted(&applier, &owner, &desired, &api, &group, &plural).await;
     assert_eq!(outcome, ChildOutcome::Unchanged, "{kind}");
@@ -215,6 +205,10 @@ where
         (outcome, counts),
         (ChildOutcome::Unchanged, (0, 0)),
         "{kind}: the second pass after a restart"
+    );
+    eprintln!(
+        "{kind}: first convergence {first_dry_runs} dry-runs; converged pass 0 requests; \
+         after a restart {dry} dry-run(s) and {other} other requests, then 0"
     );
 
     // 2. Another manager's change: restored, reported once, naming that field only.

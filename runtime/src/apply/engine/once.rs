@@ -2,7 +2,7 @@
 //! racer), found by name when hidden from the caches, never written but for idem's ownership
 //! metadata, and never silently made again once deleted (rules: [`crate::apply::once`]).
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::{Applied, Applier, ChildOutcome, to_json, uid_mismatch, unclaim_patch};
@@ -10,7 +10,6 @@ use crate::apply::ApplyReport;
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
 use crate::apply::{ApplyError, Owner, is_already_exists, is_conflict, is_not_found};
-use crate::key::ObjectKey;
 
 /// What ensuring a create-once child did, and the child as it is now.
 pub(crate) struct Ensured {
@@ -126,6 +125,20 @@ impl Applier {
             // whose answer was lost, another reconcile's create, or one restored from a
             // backup with the reference); a recorded uid elsewhere at its name means the
             // recorded object was deleted.
+            // The recorded object replaced by another at its name — even one that copies the
+            // owner's controller ownerReference — is not ours: its value was never made by us.
+            if let Some(recorded) = recorded.as_ref().filter(|r| **r != uid)
+                && controlled
+            {
+                if let Some(c) = &self.caches {
+                    c.set_foreign(&key, true);
+                }
+                return Err(ApplyError::ChildDeleted {
+                    child: key.clone(),
+                    uid: recorded.clone(),
+                    replaced_by: Some(uid),
+                });
+            }
             let ours = controlled || owner.recorded(&uid);
             if !ours {
                 if let Some(c) = &self.caches {
@@ -226,26 +239,6 @@ impl Applier {
             created: ensured.created,
             released: None,
         })
-    }
-
-    /// `POST`s `body` and returns the created object (remembered for the child watches).
-    async fn create_whole(
-        &self,
-        api: &Api<DynamicObject>,
-        owner: &Owner,
-        key: &ObjectKey,
-        body: &Value,
-    ) -> Result<Value, kube::Error> {
-        let obj: DynamicObject =
-            serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
-        let pp = PostParams {
-            field_manager: Some(owner.field_manager().to_owned()),
-            ..PostParams::default()
-        };
-        let _in_flight = self.begin_write(key);
-        let created = api.create(&pp, &obj).await?;
-        self.remember(key, &created);
-        Ok(to_json(&created))
     }
 }
 

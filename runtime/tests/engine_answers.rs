@@ -1,0 +1,372 @@
+//! The server's answers (`apply::answers`) under a running controller and against a tenant's
+//! writes: kept across passes (the Driver's passes share the controller's caches), so a
+//! converged child the convergence check cannot judge alone (a Secret desired with
+//! `stringData`) costs no request per pass; a forged `managedFields` entry costs at most one
+//! dry-run; a key someone adds under our field manager's name is removed and reported.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_runtime::IdempotentResource;
+use idem_runtime::apply::DesiredChildren;
+use idem_runtime::controller::{Controller, ControllerConfig};
+use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+/// A vault: one Secret desired with `stringData`.
+#[derive(CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
+#[kube(
+    group = "test.idem.dev",
+    version = "v1",
+    kind = "Vault",
+    namespaced,
+    status = "VaultStatus"
+)]
+#[idempotent(tenant = namespace)]
+pub struct VaultSpec {
+    /// The secret's value.
+    pub value: String,
+}
+
+/// Status of a [`Vault`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultStatus {
+    /// The generation the conditions describe.
+    pub observed_generation: Option<i64>,
+    /// Ready, Reconciling, Stalled.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+struct Vaults;
+
+impl Reconciler for Vaults {
+    type Resource = Vault;
+    fn desired(&self, v: &Vault) -> Result<DesiredChildren, ReconcileError> {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": v.name_any(), "namespace": v.namespace()},
+            "stringData": {"password": v.spec.value},
+        }))
+        .map_err(|e| ReconcileError::terminal("InvalidSpec", e.to_string()))?;
+        let mut children = DesiredChildren::new();
+        children.add(&secret)?;
+        Ok(children)
+    }
+}
+
+/// (dry-run requests, other requests) on secrets, but for lists and watches.
+async fn secret_requests() -> (u64, u64) {
+    let text = idem_tests::shared().metrics().await.expect("metrics");
+    let (mut dry, mut other) = (0, 0);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split("\",")
+                .filter_map(|kv| kv.split_once("=\""))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.trim_end_matches('"'))
+        };
+        if label("resource") != Some("secrets")
+            || label("group") != Some("")
+            || matches!(label("verb"), Some("LIST" | "WATCH"))
+        {
+            continue;
+        }
+        let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        if label("dry_run").is_some_and(|d| !d.is_empty()) {
+            dry += v;
+        } else {
+            other += v;
+        }
+    }
+    (dry, other)
+}
+
+fn ready(v: &Vault) -> bool {
+    v.status.as_ref().is_some_and(|s| {
+        s.observed_generation == v.metadata.generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_converged_child_the_check_cannot_judge_costs_no_dry_run_per_pass() {
+    let client = idem_tests::shared().client();
+    common::install_crd(&client, Vault::crd()).await;
+    let ns = common::namespace(&client, "attack-dry").await;
+    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = idem_runtime::metrics::Metrics::new(&mut registry);
+    let controller = Controller::for_derived(vaults.clone(), watcher::Config::default())
+        .owns(
+            Api::<Secret>::namespaced(client.clone(), &ns),
+            Driver::<Vaults>::children_config(),
+        )
+        .with_config(ControllerConfig {
+            // Resyncs: a pass of the converged object every ~200 ms.
+            resync_period: Duration::from_millis(200),
+            ..ControllerConfig::default()
+        })
+        .with_metrics(metrics);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(Driver::new(client.clone(), Vaults).run(controller, async {
+        let _ = stopped.await;
+    }));
+    vaults
+        .create(
+            &PostParams::default(),
+            &Vault::new(
+                "v",
+                VaultSpec {
+                    value: "s3cret".into(),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if vaults.get("v").await.map(|v| ready(&v)).unwrap_or(false) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "Vault not Ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The child is converged: count from before a pass starts until five more have ended.
+    let passes = r#"controller_runtime_reconcile_total{controller="vault",result="success"}"#;
+    let scrape = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(passes)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let before = secret_requests().await;
+    let done = scrape();
+    common::wait_until(
+        "five more converged passes",
+        Duration::from_secs(60),
+        || scrape() >= done + 5.0,
+    )
+    .await;
+    let after = secret_requests().await;
+    let (dry, other) = (after.0 - before.0, after.1 - before.1);
+    eprintln!("5 converged passes: {dry} dry-run applies, {other} other requests on secrets");
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        (dry, other),
+        (0, 0),
+        "converged passes of a running controller asked the API server"
+    );
+}
+
+/// Dry-run requests by resource.
+async fn all_dry_runs() -> std::collections::BTreeMap<String, u64> {
+    let text = idem_tests::shared().metrics().await.expect("metrics");
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split("\",")
+                .filter_map(|kv| kv.split_once("=\""))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.trim_end_matches('"').to_owned())
+        };
+        if label("dry_run").is_some_and(|d| !d.is_empty()) {
+            let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+            *out.entry(label("resource").unwrap_or_default())
+                .or_insert(0) += v;
+        }
+    }
+    out
+}
+
+/// A tenant who may update a child rewrites its `managedFields` (any writer may: a valid
+/// list replaces the stored one) so that our entry no longer owns one desired key, value
+/// unchanged. The check now reports the key as not owned by anyone, the server's answer says
+/// an apply changes nothing, so the child is `Unchanged` — and under the `Driver` (a new
+/// `Applier` per pass) that answer is asked again with one dry-run on every pass, forever,
+/// for a kind (ConfigMap) that otherwise never needs one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_managed_fields_entry_costs_one_dry_run_not_one_per_pass() {
+    use idem_runtime::TenantKey;
+    use idem_runtime::apply::{Applier, Owner};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = idem_tests::shared().client();
+    common::install_crd(&client, Vault::crd()).await;
+    let ns = common::namespace(&client, "attack-mf").await;
+    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
+    let v = vaults
+        .create(
+            &PostParams::default(),
+            &Vault::new("web", VaultSpec { value: "x".into() }),
+        )
+        .await
+        .unwrap();
+    let owner = Owner::new(&v, Vault::FIELD_MANAGER, Some(TenantKey::new(&ns))).unwrap();
+    let config: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "web-config"}, "data": {"a.txt": "1", "b.txt": "2"}
+    }))
+    .unwrap();
+    let mut desired = DesiredChildren::new();
+    desired.add(&config).unwrap();
+    Applier::new(client.clone())
+        .reconcile(&owner, &desired)
+        .await
+        .expect("create");
+    // The tenant's one write: our entry loses `data.a.txt` (value unchanged).
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let live = cms.get("web-config").await.unwrap();
+    let mut mf = serde_json::to_value(live.metadata.managed_fields.clone().unwrap()).unwrap();
+    for e in mf.as_array_mut().unwrap() {
+        if e["manager"] == Vault::FIELD_MANAGER {
+            e["fieldsV1"]["f:data"]
+                .as_object_mut()
+                .unwrap()
+                .remove("f:a.txt");
+        }
+    }
+    cms.patch(
+        "web-config",
+        &PatchParams {
+            field_manager: Some("tenant".into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&json!({"metadata": {"managedFields": mf}})),
+    )
+    .await
+    .expect("rewrite managedFields");
+    let forged = cms.get("web-config").await.unwrap();
+    eprintln!(
+        "managedFields now: {}",
+        serde_json::to_string(&forged.metadata.managed_fields).unwrap()
+    );
+    // The Driver's passes each build an applier on the controller's caches, which keep the
+    // server's answers: the same here.
+    let caches = idem_runtime::apply::ChildCaches::new();
+    let mut per_pass = Vec::new();
+    for _ in 0..4 {
+        let before = all_dry_runs().await;
+        let report = Applier::new(client.clone())
+            .with_caches(caches.clone())
+            .reconcile(&owner, &desired)
+            .await
+            .expect("pass");
+        let after = all_dry_runs().await;
+        let n = after.get("configmaps").copied().unwrap_or(0)
+            - before.get("configmaps").copied().unwrap_or(0);
+        eprintln!(
+            "pass: {:?}, {} repaired, dry-runs {n}",
+            report.children[0].1,
+            report.repaired.len()
+        );
+        per_pass.push(n);
+    }
+    assert!(
+        per_pass[0] <= 1 && per_pass[1..] == [0, 0, 0],
+        "one forged managedFields write costs at most one dry-run, not one per pass: {per_pass:?}"
+    );
+}
+
+/// A tenant applies to a child under our field manager's name (a client names its own
+/// `fieldManager`), adding a key. The next pass removes it (an apply), but reports no drift:
+/// fields our entry owns that the desired body lacks (`Stale`) are taken to be "left by our
+/// own writes, never by another manager", so no `DriftRepaired` Event and no
+/// `idem_drift_repaired_total` for a change someone else made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_added_under_our_manager_name_is_removed_and_reported() {
+    use idem_runtime::TenantKey;
+    use idem_runtime::apply::{Applier, ChildOutcome, Owner};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = idem_tests::shared().client();
+    common::install_crd(&client, Vault::crd()).await;
+    let ns = common::namespace(&client, "attack-stale").await;
+    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
+    let v = vaults
+        .create(
+            &PostParams::default(),
+            &Vault::new("web", VaultSpec { value: "x".into() }),
+        )
+        .await
+        .unwrap();
+    let owner = Owner::new(&v, Vault::FIELD_MANAGER, Some(TenantKey::new(&ns))).unwrap();
+    let config = |data: serde_json::Value| -> DesiredChildren {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "web-config"}, "data": data}))
+                .unwrap();
+        let mut d = DesiredChildren::new();
+        d.add(&cm).unwrap();
+        d
+    };
+    let desired = config(json!({"a.txt": "1"}));
+    let applier = Applier::new(client.clone());
+    applier.reconcile(&owner, &desired).await.expect("create");
+    // Move our create's entry to an Apply entry (a desired-body change and back).
+    applier
+        .reconcile(&owner, &config(json!({"a.txt": "2"})))
+        .await
+        .unwrap();
+    applier.reconcile(&owner, &desired).await.unwrap();
+    // The tenant: every field we apply, plus a key of theirs, under our manager name.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let live = cms.get("web-config").await.unwrap();
+    let mut body = serde_json::to_value(&live).unwrap();
+    body["metadata"].as_object_mut().unwrap().retain(|k, _| {
+        matches!(
+            k.as_str(),
+            "name" | "namespace" | "labels" | "annotations" | "ownerReferences"
+        )
+    });
+    body["data"]["backdoor"] = json!("yes");
+    cms.patch(
+        "web-config",
+        &PatchParams::apply(Vault::FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .expect("the tenant's apply");
+    let report = Applier::new(client.clone())
+        .reconcile(&owner, &desired)
+        .await
+        .expect("repair");
+    let after = cms.get("web-config").await.unwrap();
+    eprintln!(
+        "outcome {:?}, repaired {:?}, data now {:?}",
+        report.children[0].1, report.repaired, after.data
+    );
+    assert_eq!(report.children[0].1, ChildOutcome::Applied);
+    assert!(
+        !report.repaired.is_empty(),
+        "a key someone else added was removed without a drift report"
+    );
+}
