@@ -64,15 +64,16 @@ impl Reconciler for Vaults {
     }
 }
 
-/// (dry-run requests, other requests) on secrets, but for lists and watches.
-async fn secret_requests() -> (u64, u64) {
+/// (dry-run requests, other requests) on `resource` of the core group, as the API server
+/// counts them, but for lists and watches.
+async fn requests(resource: &str) -> (u64, u64) {
     let text = idem_tests::shared().metrics().await.expect("metrics");
-    let (mut dry, mut other) = (0, 0);
+    let mut counts = (0, 0);
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
+        let Some((labels, value)) = line
+            .strip_prefix("apiserver_request_total{")
+            .and_then(|rest| rest.rsplit_once("} "))
+        else {
             continue;
         };
         let label = |k: &str| {
@@ -82,7 +83,7 @@ async fn secret_requests() -> (u64, u64) {
                 .find(|(key, _)| *key == k)
                 .map(|(_, v)| v.trim_end_matches('"'))
         };
-        if label("resource") != Some("secrets")
+        if label("resource") != Some(resource)
             || label("group") != Some("")
             || matches!(label("verb"), Some("LIST" | "WATCH"))
         {
@@ -90,12 +91,33 @@ async fn secret_requests() -> (u64, u64) {
         }
         let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
         if label("dry_run").is_some_and(|d| !d.is_empty()) {
-            dry += v;
+            counts.0 += v;
         } else {
-            other += v;
+            counts.1 += v;
         }
     }
-    (dry, other)
+    counts
+}
+
+/// A Vault `web` in a fresh namespace, and the owner its children get.
+async fn vault_owner(client: &kube::Client, prefix: &str) -> (String, idem_runtime::apply::Owner) {
+    common::install_crd(client, Vault::crd()).await;
+    let ns = common::namespace(client, prefix).await;
+    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
+    let v = vaults
+        .create(
+            &PostParams::default(),
+            &Vault::new("web", VaultSpec { value: "x".into() }),
+        )
+        .await
+        .unwrap();
+    let owner = idem_runtime::apply::Owner::new(
+        &v,
+        Vault::FIELD_MANAGER,
+        Some(idem_runtime::TenantKey::new(&ns)),
+    )
+    .unwrap();
+    (ns, owner)
 }
 
 fn ready(v: &Vault) -> bool {
@@ -111,7 +133,7 @@ fn ready(v: &Vault) -> bool {
 async fn a_converged_child_the_check_cannot_judge_costs_no_dry_run_per_pass() {
     let client = idem_tests::shared().client();
     common::install_crd(&client, Vault::crd()).await;
-    let ns = common::namespace(&client, "attack-dry").await;
+    let ns = common::namespace(&client, "answers-driver").await;
     let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = idem_runtime::metrics::Metrics::new(&mut registry);
@@ -164,7 +186,7 @@ async fn a_converged_child_the_check_cannot_judge_costs_no_dry_run_per_pass() {
             })
             .unwrap_or(0.0)
     };
-    let before = secret_requests().await;
+    let before = requests("secrets").await;
     let done = scrape();
     common::wait_until(
         "five more converged passes",
@@ -172,7 +194,7 @@ async fn a_converged_child_the_check_cannot_judge_costs_no_dry_run_per_pass() {
         || scrape() >= done + 5.0,
     )
     .await;
-    let after = secret_requests().await;
+    let after = requests("secrets").await;
     let (dry, other) = (after.0 - before.0, after.1 - before.1);
     eprintln!("5 converged passes: {dry} dry-run applies, {other} other requests on secrets");
     stop.send(()).unwrap();
@@ -184,56 +206,17 @@ async fn a_converged_child_the_check_cannot_judge_costs_no_dry_run_per_pass() {
     );
 }
 
-/// Dry-run requests by resource.
-async fn all_dry_runs() -> std::collections::BTreeMap<String, u64> {
-    let text = idem_tests::shared().metrics().await.expect("metrics");
-    let mut out = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split("\",")
-                .filter_map(|kv| kv.split_once("=\""))
-                .find(|(key, _)| *key == k)
-                .map(|(_, v)| v.trim_end_matches('"').to_owned())
-        };
-        if label("dry_run").is_some_and(|d| !d.is_empty()) {
-            let v = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-            *out.entry(label("resource").unwrap_or_default())
-                .or_insert(0) += v;
-        }
-    }
-    out
-}
-
 /// A tenant who may update a child rewrites its `managedFields` (any writer may: a valid
 /// list replaces the stored one) so that our entry no longer owns one desired key, value
-/// unchanged. The check now reports the key as not owned by anyone, the server's answer says
-/// an apply changes nothing, so the child is `Unchanged` — and under the `Driver` (a new
-/// `Applier` per pass) that answer is asked again with one dry-run on every pass, forever,
-/// for a kind (ConfigMap) that otherwise never needs one.
+/// unchanged. The check reports the key as owned by no one; the server's answer says an apply
+/// changes nothing, so the child is `Unchanged` — asked once, then kept with the caches the
+/// Driver's passes share, not asked again on every pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_managed_fields_entry_costs_one_dry_run_not_one_per_pass() {
-    use idem_runtime::TenantKey;
-    use idem_runtime::apply::{Applier, Owner};
+    use idem_runtime::apply::Applier;
     use k8s_openapi::api::core::v1::ConfigMap;
     let client = idem_tests::shared().client();
-    common::install_crd(&client, Vault::crd()).await;
-    let ns = common::namespace(&client, "attack-mf").await;
-    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
-    let v = vaults
-        .create(
-            &PostParams::default(),
-            &Vault::new("web", VaultSpec { value: "x".into() }),
-        )
-        .await
-        .unwrap();
-    let owner = Owner::new(&v, Vault::FIELD_MANAGER, Some(TenantKey::new(&ns))).unwrap();
+    let (ns, owner) = vault_owner(&client, "answers-mf").await;
     let config: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "web-config"}, "data": {"a.txt": "1", "b.txt": "2"}
     }))
@@ -276,15 +259,13 @@ async fn a_forged_managed_fields_entry_costs_one_dry_run_not_one_per_pass() {
     let caches = idem_runtime::apply::ChildCaches::new();
     let mut per_pass = Vec::new();
     for _ in 0..4 {
-        let before = all_dry_runs().await;
+        let before = requests("configmaps").await;
         let report = Applier::new(client.clone())
             .with_caches(caches.clone())
             .reconcile(&owner, &desired)
             .await
             .expect("pass");
-        let after = all_dry_runs().await;
-        let n = after.get("configmaps").copied().unwrap_or(0)
-            - before.get("configmaps").copied().unwrap_or(0);
+        let n = requests("configmaps").await.0 - before.0;
         eprintln!(
             "pass: {:?}, {} repaired, dry-runs {n}",
             report.children[0].1,
@@ -299,27 +280,14 @@ async fn a_forged_managed_fields_entry_costs_one_dry_run_not_one_per_pass() {
 }
 
 /// A tenant applies to a child under our field manager's name (a client names its own
-/// `fieldManager`), adding a key. The next pass removes it (an apply), but reports no drift:
-/// fields our entry owns that the desired body lacks (`Stale`) are taken to be "left by our
-/// own writes, never by another manager", so no `DriftRepaired` Event and no
-/// `idem_drift_repaired_total` for a change someone else made.
+/// `fieldManager`), adding a key. The next pass removes it and reports it: a field our entry
+/// owns that the desired body lacks (`Stale`) is drift when the apply removed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_added_under_our_manager_name_is_removed_and_reported() {
-    use idem_runtime::TenantKey;
-    use idem_runtime::apply::{Applier, ChildOutcome, Owner};
+    use idem_runtime::apply::{Applier, ChildOutcome};
     use k8s_openapi::api::core::v1::ConfigMap;
     let client = idem_tests::shared().client();
-    common::install_crd(&client, Vault::crd()).await;
-    let ns = common::namespace(&client, "attack-stale").await;
-    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
-    let v = vaults
-        .create(
-            &PostParams::default(),
-            &Vault::new("web", VaultSpec { value: "x".into() }),
-        )
-        .await
-        .unwrap();
-    let owner = Owner::new(&v, Vault::FIELD_MANAGER, Some(TenantKey::new(&ns))).unwrap();
+    let (ns, owner) = vault_owner(&client, "answers-stale").await;
     let config = |data: serde_json::Value| -> DesiredChildren {
         let cm: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": "web-config"}, "data": data}))
