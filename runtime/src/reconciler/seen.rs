@@ -150,13 +150,14 @@ mod tests {
     fn a_version_older_than_the_drivers_own_write_is_stale_until_the_cache_caught_up() {
         let seen = Seen::default();
         assert_eq!(seen.given(&at(2, "10"), 0), Freshness::Current);
-        // The pass's status write met a conflict, re-read generation 3 and wrote it.
-        seen.stored(&at(3, "12"), 0);
+        // The pass's status write met a conflict, re-read generation 3 and wrote it, with a
+        // record (1) the versions before it lack (0).
+        seen.stored(&at(3, "12"), 1);
         // The cache's generation 2, and its generation 3 from before the write: both older.
         assert_eq!(seen.given(&at(2, "10"), 0), Freshness::Stale);
         assert_eq!(seen.given(&at(3, "11"), 0), Freshness::Stale);
         // The written version itself: the cache caught up; what follows it is newer.
-        assert_eq!(seen.given(&at(3, "12"), 0), Freshness::Current);
+        assert_eq!(seen.given(&at(3, "12"), 1), Freshness::Current);
         assert_eq!(seen.given(&at(3, "13"), 0), Freshness::Current);
         // A newer generation is newer than any write of an older one.
         seen.stored(&at(3, "14"), 0);
