@@ -25,10 +25,12 @@ use idem_runtime::reconciler::{Cleanup as Done, Outcome, Pass};
 use idem_runtime::status::Readiness;
 use kube::Client;
 
-use super::reconcile::TERMINATING_POLL;
 use crate::error::Error;
 use crate::resources::Tenant;
 use crate::resources::tenant::DeletionPolicy;
+
+/// How often a tenant whose namespaces are still being deleted is looked at again.
+pub const TERMINATING_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The finalizer the API server adds for `propagationPolicy: Orphan` (`kubectl delete
 /// --cascade=orphan`); the garbage collector removes the dependents' ownerReferences.

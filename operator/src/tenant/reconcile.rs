@@ -12,13 +12,11 @@ use idem_runtime::status::Readiness;
 use kube::ResourceExt;
 
 use super::desired;
+use super::finalize::TERMINATING_POLL;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, Tenant, TenantStatus};
-
-/// How often a tenant whose namespaces are still being deleted is looked at again.
-pub const TERMINATING_POLL: Duration = Duration::from_secs(2);
 
 /// How often a tenant stalled on a namespace conflict is looked at again. No watch event
 /// tells it when the namespace is released: an unmanaged namespace is not watched at all, and

@@ -24,7 +24,6 @@
 //! - Otherwise a child like any other: recorded, pruned once no longer desired, and an object
 //!   at its name the owner does not own is `NotOwned` (its value is never taken).
 
-use std::fmt;
 use std::sync::Arc;
 
 use kube::Resource;
@@ -32,45 +31,9 @@ use kube::core::ApiResource;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::owner::{ChildScope, DesiredChild, DesiredChildren};
+use super::owner::{ChildScope, CreateOnce, DesiredChild, DesiredChildren};
 use super::{ApplyError, FINGERPRINT_ANNOTATION};
 use crate::key::ObjectKey;
-
-/// Makes the body of a create-once child (see [`DesiredChildren::create_once`]).
-type Make = dyn Fn() -> Result<Value, ApplyError> + Send + Sync;
-
-/// How a create-once child is made, and whether a deleted one is made again.
-#[derive(Clone)]
-pub(crate) struct CreateOnce {
-    make: Arc<Make>,
-    /// A deleted child is created anew (see [`DesiredChildren::regenerate_deleted`]).
-    pub(crate) regenerate: bool,
-}
-
-impl fmt::Debug for CreateOnce {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CreateOnce")
-            .field("regenerate", &self.regenerate)
-            .finish_non_exhaustive()
-    }
-}
-
-impl CreateOnce {
-    /// The body to create: `make`'s object at the child's key, without idem's fingerprint
-    /// annotation (a create-once child is never applied, so never judged by it).
-    pub(crate) fn body(&self, key: &ObjectKey) -> Result<Value, ApplyError> {
-        let mut body = (self.make)()?;
-        let meta = &mut body["metadata"];
-        if !meta.is_object() {
-            *meta = json!({});
-        }
-        meta["name"] = json!(key.name.as_ref());
-        if let Some(ns) = &key.namespace {
-            meta["namespace"] = json!(ns.as_ref());
-        }
-        Ok(body)
-    }
-}
 
 /// Removes idem's fingerprint annotation from a stamped create-once body (and the annotations
 /// map when nothing else is left in it).

@@ -273,7 +273,7 @@ pub struct DesiredChild {
     /// rather than tampering to repair.
     pub(crate) release_orphan: bool,
     /// Created once and never changed afterwards (see [`DesiredChildren::create_once`]).
-    pub(crate) once: Option<super::once::CreateOnce>,
+    pub(crate) once: Option<CreateOnce>,
 }
 
 /// The children an owner desires, plus the kinds whose undesired children get pruned.
@@ -544,6 +544,42 @@ impl DesiredChild {
         }
         meta["annotations"][FINGERPRINT_ANNOTATION] = json!(print);
         Ok((key, body))
+    }
+}
+
+/// Makes the body of a create-once child (see [`DesiredChildren::create_once`]).
+pub(super) type Make = dyn Fn() -> Result<Value, ApplyError> + Send + Sync;
+
+/// How a create-once child is made, and whether a deleted one is made again.
+#[derive(Clone)]
+pub(crate) struct CreateOnce {
+    pub(super) make: std::sync::Arc<Make>,
+    /// A deleted child is created anew (see [`DesiredChildren::regenerate_deleted`]).
+    pub(crate) regenerate: bool,
+}
+
+impl std::fmt::Debug for CreateOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateOnce")
+            .field("regenerate", &self.regenerate)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CreateOnce {
+    /// The body to create: `make`'s object at the child's key, without idem's fingerprint
+    /// annotation (a create-once child is never applied, so never judged by it).
+    pub(crate) fn body(&self, key: &ObjectKey) -> Result<Value, ApplyError> {
+        let mut body = (self.make)()?;
+        let meta = &mut body["metadata"];
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        meta["name"] = json!(key.name.as_ref());
+        if let Some(ns) = &key.namespace {
+            meta["namespace"] = json!(ns.as_ref());
+        }
+        Ok(body)
     }
 }
 

@@ -260,7 +260,7 @@ where
         };
         let span = tracing::info_span!("reconcile", %object, %tenant, %reason);
         async move {
-            let obj = match self.seen.given(obj.as_ref()) {
+            let obj = match self.seen.given(obj.as_ref(), Self::record_print(&obj)) {
                 Freshness::Current => obj,
                 Freshness::Stale => match self.read_again(&client, &obj).await? {
                     Some(fresh) => fresh,
@@ -346,7 +346,7 @@ where
         let uid = obj.meta().uid.clone();
         match fresh {
             Some(fresh) if fresh.meta().uid == uid => {
-                self.seen.stored(&fresh);
+                self.seen.stored(&fresh, Self::record_print(&fresh));
                 Ok(Some(Arc::new(fresh)))
             }
             _ => {
@@ -422,7 +422,7 @@ where
         let obj = match R::FINALIZER {
             Some(finalizer) => match writer.add_finalizer(&obj, finalizer).await? {
                 Some(updated) => {
-                    self.seen.stored(&updated);
+                    self.seen.stored(&updated, Self::record_print(&updated));
                     Arc::new(updated)
                 }
                 None => obj,
@@ -493,6 +493,13 @@ where
 
     /// The object's record of the children it created, when its kind keeps one
     /// ([`Reconciler::child_record`]); empty when its status has none yet.
+    /// A fingerprint of `obj`'s record of created children, for [`super::seen`].
+    fn record_print(obj: &K<R>) -> u64 {
+        let record = Self::record_of(obj).unwrap_or_default();
+        let value = serde_json::to_value(&record).unwrap_or_default();
+        crate::compare::fingerprint(&value).0
+    }
+
     fn record_of(obj: &K<R>) -> Option<Vec<crate::apply::CreatedChild>> {
         let mut status = obj.status().cloned().unwrap_or_default();
         R::child_record(&mut status).map(|r| r.clone())
@@ -531,7 +538,10 @@ where
             })
             .await;
         match written {
-            Ok(StatusOutcome::Written(stored)) => self.seen.stored(stored.as_ref()),
+            Ok(StatusOutcome::Written(stored)) => {
+                self.seen
+                    .stored(stored.as_ref(), Self::record_print(stored.as_ref()));
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "could not record the children this reconcile created or pruned");
@@ -610,7 +620,8 @@ where
             })
             .await?;
         if let StatusOutcome::Written(stored) = &written {
-            self.seen.stored(stored.as_ref());
+            self.seen
+                .stored(stored.as_ref(), Self::record_print(stored.as_ref()));
         }
         if let Some(recorder) = recorder {
             super::events::readiness(recorder, &obj.object_ref(&()), previous.as_ref(), readiness)

@@ -7,7 +7,10 @@
 //! the driver last wrote or read from the API server: until a pass is given that very version
 //! (its watch cache has caught up; a watch delivers an object's versions in order), any other
 //! version of that generation may be older, and the pass reads the object again (one GET)
-//! instead of acting on it. A lower generation is older: read again too. Once caught up,
+//! instead of acting on it — unless it holds the same record of created children as that
+//! version (a fingerprint of it is kept): the record is what a stale copy can lose, so a
+//! version with the same record is as good to act on (someone's annotation on the object after
+//! the driver's status write costs no request). A lower generation is older: read again too. Once caught up,
 //! only the generation is remembered (a cache going back to an older generation, e.g. relisted
 //! from a lagging API server, is still caught).
 //!
@@ -32,7 +35,7 @@ struct Known {
     generation: i64,
     /// The version last written or read from the API server (its generation and
     /// resourceVersion), until a pass is given it.
-    pending: Option<(i64, String)>,
+    pending: Option<(i64, String, u64)>,
 }
 
 /// Whether a pass may act on the primary it was given.
@@ -66,7 +69,9 @@ impl Seen {
     }
 
     /// Judges `obj`, the primary a pass was given, and remembers it as seen when current.
-    pub(crate) fn given<K: Resource>(&self, obj: &K) -> Freshness {
+    /// `record` fingerprints `obj`'s record of created children (any constant for a kind
+    /// without one).
+    pub(crate) fn given<K: Resource>(&self, obj: &K, record: u64) -> Freshness {
         let Some((uid, generation, rv)) = version(obj) else {
             return Freshness::Current;
         };
@@ -88,7 +93,9 @@ impl Seen {
             return Freshness::Stale;
         }
         match &k.pending {
-            Some((g, pending)) if *g == generation && *pending != rv => return Freshness::Stale,
+            Some((g, pending, r)) if *g == generation && *pending != rv && *r != record => {
+                return Freshness::Stale;
+            }
             _ => {}
         }
         k.generation = generation;
@@ -98,7 +105,8 @@ impl Seen {
 
     /// `obj` is the newest version there is: the answer of a write of the driver's, or a read
     /// from the API server.
-    pub(crate) fn stored<K: Resource>(&self, obj: &K) {
+    /// `record` fingerprints `obj`'s record of created children, as for [`Seen::given`].
+    pub(crate) fn stored<K: Resource>(&self, obj: &K, record: u64) {
         let Some((uid, generation, rv)) = version(obj) else {
             return;
         };
@@ -109,7 +117,7 @@ impl Seen {
         let k = known.entry(uid).or_default();
         if generation >= k.generation {
             k.generation = generation;
-            k.pending = Some((generation, rv));
+            k.pending = Some((generation, rv, record));
         }
     }
 
@@ -141,27 +149,39 @@ mod tests {
     #[test]
     fn a_version_older_than_the_drivers_own_write_is_stale_until_the_cache_caught_up() {
         let seen = Seen::default();
-        assert_eq!(seen.given(&at(2, "10")), Freshness::Current);
-        // The pass's status write met a conflict, re-read generation 3 and wrote it.
-        seen.stored(&at(3, "12"));
+        assert_eq!(seen.given(&at(2, "10"), 0), Freshness::Current);
+        // The pass's status write met a conflict, re-read generation 3 and wrote it, with a
+        // record (1) the versions before it lack (0).
+        seen.stored(&at(3, "12"), 1);
         // The cache's generation 2, and its generation 3 from before the write: both older.
-        assert_eq!(seen.given(&at(2, "10")), Freshness::Stale);
-        assert_eq!(seen.given(&at(3, "11")), Freshness::Stale);
+        assert_eq!(seen.given(&at(2, "10"), 0), Freshness::Stale);
+        assert_eq!(seen.given(&at(3, "11"), 0), Freshness::Stale);
         // The written version itself: the cache caught up; what follows it is newer.
-        assert_eq!(seen.given(&at(3, "12")), Freshness::Current);
-        assert_eq!(seen.given(&at(3, "13")), Freshness::Current);
+        assert_eq!(seen.given(&at(3, "12"), 1), Freshness::Current);
+        assert_eq!(seen.given(&at(3, "13"), 0), Freshness::Current);
         // A newer generation is newer than any write of an older one.
-        seen.stored(&at(3, "14"));
-        assert_eq!(seen.given(&at(4, "15")), Freshness::Current);
+        seen.stored(&at(3, "14"), 0);
+        assert_eq!(seen.given(&at(4, "15"), 0), Freshness::Current);
         // Never back to an older generation (a cache relisted from a lagging API server).
-        assert_eq!(seen.given(&at(3, "14")), Freshness::Stale);
+        assert_eq!(seen.given(&at(3, "14"), 0), Freshness::Stale);
     }
 
     #[test]
     fn an_unknown_or_forgotten_object_is_current() {
         let seen = Seen::default();
-        seen.stored(&at(3, "12"));
+        seen.stored(&at(3, "12"), 0);
         seen.forget("u");
-        assert_eq!(seen.given(&at(1, "1")), Freshness::Current);
+        assert_eq!(seen.given(&at(1, "1"), 0), Freshness::Current);
+    }
+
+    #[test]
+    fn a_version_with_the_written_record_is_current_whatever_its_resource_version() {
+        let seen = Seen::default();
+        seen.stored(&at(3, "12"), 7);
+        // Someone's annotation after our status write: same generation, same record.
+        assert_eq!(seen.given(&at(3, "13"), 7), Freshness::Current);
+        seen.stored(&at(3, "14"), 8);
+        // A copy from before that write: its record differs.
+        assert_eq!(seen.given(&at(3, "13"), 7), Freshness::Stale);
     }
 }
