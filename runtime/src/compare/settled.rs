@@ -283,7 +283,8 @@ mod tests {
     fn keyed_items_are_matched_by_key_and_atomic_values_count_whole() {
         let ours = json!({"f:spec": {"f:ports": {"k:{\"port\":80}": {".": {}, "f:port": {}}},
             "f:templates": {}}});
-        let theirs = json!({"f:spec": {"f:ports": {"k:{\"port\":81}": {".": {}, "f:port": {}}}}});
+        let theirs = json!({"f:spec": {"f:ports": {"k:{\"port\":81}": {".": {}, "f:port": {},
+            "f:x": {}}}}});
         let entries = json!([entry("idem", ours), entry("other", theirs)]);
         let s = |spec| settled(&obj(spec, entries.clone()), "idem");
         let base = s(json!({"ports": [{"port": 80}, {"port": 81, "x": 1}],
