@@ -443,12 +443,7 @@ impl Applier {
                 Ok(applied) => {
                     // What the server's own form of the desired body differs in from it
                     // (its defaults, its canonical forms) was never drift.
-                    let judged = super::as_applied(&applied, owner.field_manager(), &body);
-                    let own_form = check(
-                        &body,
-                        judged.as_ref().unwrap_or(&applied),
-                        owner.field_manager(),
-                    );
+                    let own_form = own_form(&body, &applied, owner.field_manager());
                     // A field another manager took is always theirs to report; a value that
                     // differs where the server's own form differs too is that form.
                     let mut drift: Vec<Drift> = drift
@@ -557,12 +552,7 @@ impl Applier {
         body: &Value,
     ) -> Result<String, kube::Error> {
         let created_json = self.create_whole(api, owner, key, body).await?;
-        let judged = super::as_applied(&created_json, owner.field_manager(), body);
-        let own_form = check(
-            body,
-            judged.as_ref().unwrap_or(&created_json),
-            owner.field_manager(),
-        );
+        let own_form = own_form(body, &created_json, owner.field_manager());
         self.keep_answer(key, fingerprint(body), &created_json, owner, &own_form);
         let uid = created_json
             .pointer("/metadata/uid")
@@ -621,11 +611,7 @@ impl Applier {
         body: &Value,
         live: &Value,
     ) -> Result<Value, kube::Error> {
-        let mut guarded = body.clone();
-        guarded["metadata"]["uid"] = live
-            .pointer("/metadata/uid")
-            .cloned()
-            .unwrap_or(Value::Null);
+        let guarded = uid_guarded(body, live);
         let pp = PatchParams::apply(owner.field_manager()).force().dry_run();
         tracing::debug!(child = %key, "asking the server how it would store the desired body (dry-run apply)");
         let answer = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
@@ -652,11 +638,7 @@ impl Applier {
                 .await?;
             self.remember(key, &folded);
         }
-        let mut guarded = body.clone();
-        guarded["metadata"]["uid"] = live
-            .pointer("/metadata/uid")
-            .cloned()
-            .unwrap_or(Value::Null);
+        let guarded = uid_guarded(body, live);
         let pp = PatchParams::apply(owner.field_manager()).force();
         let applied = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
         self.remember(key, &applied);
@@ -912,6 +894,24 @@ fn unclaim_patch(live: &Value, owner_uid: &str) -> Option<Value> {
         "resourceVersion": live.pointer("/metadata/resourceVersion"),
         "ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) },
     }}))
+}
+
+/// `body` with the live object's `metadata.uid`: a write of it never reaches an object that
+/// replaced ours under the same name.
+fn uid_guarded(body: &Value, live: &Value) -> Value {
+    let mut guarded = body.clone();
+    guarded["metadata"]["uid"] = live
+        .pointer("/metadata/uid")
+        .cloned()
+        .unwrap_or(Value::Null);
+    guarded
+}
+
+/// What the convergence check finds between the desired body `body` and `written`, the object
+/// our write of it left: the server's own form of the body, where it differs from it.
+fn own_form(body: &Value, written: &Value, manager: &str) -> Vec<Drift> {
+    let judged = super::as_applied(written, manager, body);
+    check(body, judged.as_ref().unwrap_or(written), manager)
 }
 
 /// Whether `live` was last applied from the desired body `body` (same fingerprint annotation).

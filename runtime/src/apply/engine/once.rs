@@ -3,9 +3,9 @@
 //! metadata, and never silently made again once deleted (rules: [`crate::apply::once`]).
 
 use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{Applied, Applier, ChildOutcome, to_json, uid_mismatch, unclaim_patch};
+use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, uid_mismatch, unclaim_patch};
 use crate::apply::ApplyReport;
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
@@ -191,8 +191,7 @@ impl Applier {
                         .await
                 }
                 None => {
-                    let mut guarded = stamp.clone();
-                    guarded["metadata"]["uid"] = json!(uid);
+                    let guarded = uid_guarded(&stamp, &live);
                     let pp = PatchParams::apply(owner.field_manager()).force();
                     api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await
                 }
