@@ -35,7 +35,7 @@ use futures::future::BoxFuture;
 use kube::client::Body;
 use tokio::sync::oneshot;
 
-use crate::TenantKey;
+use crate::key::TenantKey;
 
 tokio::task_local! {
     static SCOPE: (TenantKey, u64);

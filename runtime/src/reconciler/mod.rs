@@ -60,10 +60,10 @@ mod seen;
 use std::future::Future;
 use std::time::Duration;
 
-pub use self::children::{ChildKinds, Children, STATUS_NOT_DECLARED};
+pub use self::children::{Children, STATUS_NOT_DECLARED};
 pub use self::driver::{Driver, DriverConfig};
 pub use self::pass::Pass;
-pub use crate::controller::Reason;
+pub use crate::controller::{ChildKinds, Reason};
 
 use crate::apply::{ApplyError, CreatedChild, DesiredChildren};
 use crate::resource::{IdempotentResource, TenantError};

@@ -5,8 +5,9 @@ use serde_json::{Value, json};
 
 use super::StatusError;
 use super::conditions::{StatusDraft, now_seconds};
-use crate::apply::{RetryPolicy, is_conflict, is_not_found};
+use crate::api_error::{is_conflict, is_not_found};
 use crate::resource::IdempotentResource;
+use crate::retry::RetryPolicy;
 
 /// What a status write did.
 #[derive(Clone, Debug, PartialEq)]
