@@ -55,6 +55,7 @@ mod children;
 mod driver;
 pub mod events;
 mod pass;
+pub mod retention;
 mod seen;
 
 use std::future::Future;
