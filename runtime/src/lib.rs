@@ -17,7 +17,6 @@ pub mod metrics;
 pub mod queue;
 pub mod reconciler;
 pub mod resource;
-mod retry;
 pub mod schema;
 pub mod shard;
 pub mod status;

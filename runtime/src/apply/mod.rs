@@ -57,11 +57,11 @@ pub use release::{refers_to, release};
 pub use report::{ApplyReport, ChildOutcome, Repair};
 pub use takeover::as_applied;
 
+pub use crate::backoff::RetryPolicy;
 pub use crate::cache::ChildCaches;
 pub use crate::labels::{
     FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL,
 };
-pub use crate::retry::RetryPolicy;
 
 pub(crate) use crate::api_error::{
     api_reason, describe, is_already_exists, is_conflict, is_not_found,

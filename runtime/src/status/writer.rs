@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 use super::StatusError;
 use super::conditions::{StatusDraft, now_seconds};
 use crate::api_error::{is_conflict, is_not_found};
+use crate::backoff::RetryPolicy;
 use crate::resource::IdempotentResource;
-use crate::retry::RetryPolicy;
 
 /// What a status write did.
 #[derive(Clone, Debug, PartialEq)]
