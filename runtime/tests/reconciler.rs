@@ -16,7 +16,9 @@ use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::{Action, Attempt, Reason};
 use idem_runtime::queue::Priority;
-use idem_runtime::reconciler::{Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{
+    ChildKinds, Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler,
+};
 use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -244,6 +246,9 @@ struct Finalizing(Arc<AtomicU32>);
 impl Reconciler for Finalizing {
     type Resource = BaseTenant;
     const FINALIZER: Option<&'static str> = Some("example.idem.dev/cleanup");
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
     fn desired(
         &self,
         tenant: &BaseTenant,
@@ -312,6 +317,9 @@ impl Counting {
 
 impl Reconciler for Counting {
     type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
     fn desired(
         &self,
         tenant: &BaseTenant,
