@@ -1,51 +1,27 @@
-//! A set of child kinds, by `apiVersion` and `kind`: those whose watches keep `status`.
+//! A set of kinds, by `apiVersion` and `kind`: those a reconciler declares, and those whose
+//! watches keep `status`.
 
 use kube::Resource;
 use kube::core::ApiResource;
 
-/// Child kinds, by `apiVersion` and `kind`: those whose status a reconciler reads
-/// ([`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status)).
-///
-/// ```
-/// # use idem_runtime::reconciler::ChildKinds;
-/// # use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-/// let kinds = ChildKinds::of::<StatefulSet>().and::<Deployment>();
-/// assert!(kinds.contains::<StatefulSet>());
-/// ```
+/// Whether `a` and `b` are the same kind.
+pub(crate) fn same(a: &ApiResource, b: &ApiResource) -> bool {
+    a.api_version == b.api_version && a.kind == b.kind
+}
+
+/// A set of kinds, by `apiVersion` and `kind`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChildKinds(Vec<ApiResource>);
+pub(crate) struct KindSet(pub(crate) Vec<ApiResource>);
 
-impl ChildKinds {
-    /// No kind.
-    pub fn none() -> Self {
-        Self::default()
-    }
-
-    /// Kind `C`.
-    pub fn of<C: Resource<DynamicType = ()>>() -> Self {
-        Self::none().and::<C>()
-    }
-
-    /// These kinds and kind `C`.
-    #[must_use]
-    pub fn and<C: Resource<DynamicType = ()>>(mut self) -> Self {
-        let resource = ApiResource::erase::<C>(&());
-        if !self.has(&resource) {
-            self.0.push(resource);
-        }
-        self
-    }
-
+impl KindSet {
     /// Whether kind `C` is one of these.
-    pub fn contains<C: Resource<DynamicType = ()>>(&self) -> bool {
+    pub(crate) fn contains<C: Resource<DynamicType = ()>>(&self) -> bool {
         self.has(&ApiResource::erase::<C>(&()))
     }
 
     /// Whether the kind of `resource` is one of these.
     pub(crate) fn has(&self, resource: &ApiResource) -> bool {
-        self.0
-            .iter()
-            .any(|r| r.api_version == resource.api_version && r.kind == resource.kind)
+        self.0.iter().any(|r| same(r, resource))
     }
 
     /// Whether `(api_version, kind)` is one of these.
@@ -56,12 +32,13 @@ impl ChildKinds {
     }
 
     /// The kinds.
-    pub fn iter(&self) -> impl Iterator<Item = &ApiResource> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &ApiResource> {
         self.0.iter()
     }
 
-    /// Whether there is no kind.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// The kinds `C`, for tests.
+    #[cfg(test)]
+    pub(crate) fn of<C: Resource<DynamicType = ()>>() -> Self {
+        Self(vec![ApiResource::erase::<C>(&())])
     }
 }
