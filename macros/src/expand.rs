@@ -38,7 +38,31 @@ fn status_fns(m: &Model) -> TokenStream {
     let span = status.span();
     let condition =
         quote!(#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition);
+    let created = quote!(#krate::apply::CreatedChild);
+    // The record of created children: `status.created_children` unless opted out; a status
+    // without it is reported at `status = "..."`, like a missing `conditions`.
+    let record = if m.record {
+        quote_spanned! {span=>
+            const PRUNE_BY_RECORD: bool = true;
+            fn child_record_of(
+                status: &mut #status,
+            ) -> ::core::option::Option<&mut ::std::vec::Vec<#created>> {
+                let #status { created_children, .. } = status;
+                ::core::option::Option::Some(#krate::resource::CreatedChildrenField::get_mut(created_children))
+            }
+        }
+    } else {
+        quote_spanned! {span=>
+            const PRUNE_BY_RECORD: bool = false;
+            fn child_record_of(
+                _: &mut #status,
+            ) -> ::core::option::Option<&mut ::std::vec::Vec<#created>> {
+                ::core::option::Option::None
+            }
+        }
+    };
     quote_spanned! {span=>
+        #record
         fn conditions_of(status: &#status) -> &[#condition] {
             let #status { conditions, .. } = status;
             #krate::resource::ConditionsField::get(conditions)
@@ -83,10 +107,16 @@ fn expand(m: &Model) -> TokenStream {
             quote!(#krate::resource::TenantRule::Namespace),
             quote!(#krate::resource::__tenant::by_namespace(self)),
         ),
-        Tenant::NamespaceLabel(l) => (
-            quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),
-            quote!(#krate::resource::__tenant::by_namespace_label(self, #l)),
-        ),
+        Tenant::NamespaceLabel(l) => {
+            let l = match l {
+                Some(l) => quote!(#l),
+                None => quote!(#krate::apply::TENANT_LABEL),
+            };
+            (
+                quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),
+                quote!(#krate::resource::__tenant::by_namespace_label(self, #l)),
+            )
+        }
         Tenant::Field(path) => {
             let text = path
                 .iter()
@@ -171,6 +201,8 @@ fn stub(m: &Model) -> TokenStream {
         quote! {
             fn conditions_of(_: &#status_ty) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] { #unreachable }
             fn conditions_of_mut(_: &mut #status_ty) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> { #unreachable }
+            const PRUNE_BY_RECORD: bool = false;
+            fn child_record_of(_: &mut #status_ty) -> ::core::option::Option<&mut ::std::vec::Vec<#krate::apply::CreatedChild>> { #unreachable }
             fn observed_generation_of(_: &#status_ty) -> ::core::option::Option<i64> { #unreachable }
             fn set_observed_generation_of(_: &mut #status_ty, _: i64) { #unreachable }
         }
