@@ -38,10 +38,37 @@ fn status_fns(m: &Model) -> TokenStream {
     let span = status.span();
     let condition =
         quote!(#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition);
+    quote_spanned! {span=>
+        fn conditions_of(status: &#status) -> &[#condition] {
+            let #status { conditions, .. } = status;
+            #krate::resource::ConditionsField::get(conditions)
+        }
+        fn conditions_of_mut(status: &mut #status) -> &mut ::std::vec::Vec<#condition> {
+            let #status { conditions, .. } = status;
+            #krate::resource::ConditionsField::get_mut(conditions)
+        }
+        fn observed_generation_of(status: &#status) -> ::core::option::Option<i64> {
+            let #status { observed_generation, .. } = status;
+            #krate::resource::ObservedGenerationField::get(observed_generation)
+        }
+        fn set_observed_generation_of(status: &mut #status, generation: i64) {
+            let #status { observed_generation, .. } = status;
+            #krate::resource::ObservedGenerationField::set(observed_generation, generation)
+        }
+    }
+}
+
+/// The record accessors of `IdempotentResource`: `status.created_children` unless the kind opts
+/// out (`prune = owner_references`), spanned at `status = "..."` so a status without the
+/// record is reported there, like a missing `conditions`.
+fn record_fns(m: &Model) -> TokenStream {
+    let krate = &m.krate;
+    let Some(status) = &m.status else {
+        return TokenStream::new();
+    };
+    let span = status.span();
     let created = quote!(#krate::apply::CreatedChild);
-    // The record of created children: `status.created_children` unless opted out; a status
-    // without it is reported at `status = "..."`, like a missing `conditions`.
-    let record = if m.record {
+    if m.record {
         quote_spanned! {span=>
             const PRUNE_BY_RECORD: bool = true;
             fn child_record_of(
@@ -59,25 +86,6 @@ fn status_fns(m: &Model) -> TokenStream {
             ) -> ::core::option::Option<&mut ::std::vec::Vec<#created>> {
                 ::core::option::Option::None
             }
-        }
-    };
-    quote_spanned! {span=>
-        #record
-        fn conditions_of(status: &#status) -> &[#condition] {
-            let #status { conditions, .. } = status;
-            #krate::resource::ConditionsField::get(conditions)
-        }
-        fn conditions_of_mut(status: &mut #status) -> &mut ::std::vec::Vec<#condition> {
-            let #status { conditions, .. } = status;
-            #krate::resource::ConditionsField::get_mut(conditions)
-        }
-        fn observed_generation_of(status: &#status) -> ::core::option::Option<i64> {
-            let #status { observed_generation, .. } = status;
-            #krate::resource::ObservedGenerationField::get(observed_generation)
-        }
-        fn set_observed_generation_of(status: &mut #status, generation: i64) {
-            let #status { observed_generation, .. } = status;
-            #krate::resource::ObservedGenerationField::set(observed_generation, generation)
         }
     }
 }
@@ -131,6 +139,7 @@ fn expand(m: &Model) -> TokenStream {
         }
     };
     let status_fns = status_fns(m);
+    let record_fns = record_fns(m);
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
@@ -167,6 +176,7 @@ fn expand(m: &Model) -> TokenStream {
                     &mut self.status
                 }
                 #status_fns
+                #record_fns
                 fn tenant(&self) -> ::core::result::Result<#krate::resource::TenantRef, #krate::resource::TenantError> {
                     #tenant_body
                 }
@@ -195,14 +205,20 @@ fn stub(m: &Model) -> TokenStream {
         .map_or_else(|| quote!(#krate::resource::__NoStatus), |s| quote!(#s));
     // The real accessors when the status type is known (their errors are real errors), else
     // placeholders over the stub status type.
+    // The record's accessors are placeholders: a missing record is not reported next to
+    // other errors (it may be what the fix of those is about).
+    let record_stub = quote! {
+        const PRUNE_BY_RECORD: bool = false;
+        fn child_record_of(_: &mut #status_ty) -> ::core::option::Option<&mut ::std::vec::Vec<#krate::apply::CreatedChild>> { #unreachable }
+    };
     let status_fns = if m.status.is_some() {
-        status_fns(m)
+        let fns = status_fns(m);
+        quote!(#fns #record_stub)
     } else {
         quote! {
             fn conditions_of(_: &#status_ty) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] { #unreachable }
             fn conditions_of_mut(_: &mut #status_ty) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> { #unreachable }
-            const PRUNE_BY_RECORD: bool = false;
-            fn child_record_of(_: &mut #status_ty) -> ::core::option::Option<&mut ::std::vec::Vec<#krate::apply::CreatedChild>> { #unreachable }
+            #record_stub
             fn observed_generation_of(_: &#status_ty) -> ::core::option::Option<i64> { #unreachable }
             fn set_observed_generation_of(_: &mut #status_ty, _: i64) { #unreachable }
         }
