@@ -21,10 +21,11 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, Tenant, TenantStatus};
 
-/// How often a tenant stalled on a namespace conflict is looked at again. No watch event
-/// tells it when the namespace is released: an unmanaged namespace is not watched at all, and
-/// another tenant's namespace maps to that other tenant. A conflicted reconcile writes nothing
-/// (its status is unchanged), so this slow poll costs a few reads.
+/// How often a tenant stalled on a namespace conflict is looked at again. The runtime watches
+/// the conflicting namespace (`idem_runtime::controller::blocked`), but only for its deletion
+/// or replacement: no event of that watch says its ownerReferences changed hands (another
+/// tenant's namespace maps to that other tenant). A conflicted reconcile writes nothing (its
+/// status is unchanged), so this slow poll costs a few reads.
 pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
 
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant

@@ -9,8 +9,8 @@ use k8s_openapi::ClusterResourceScope;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::apply::OWNER_UID_LABEL;
 use crate::key::{ObjectKey, TenantKey};
+use crate::labels::OWNER_UID_LABEL;
 
 /// The label that names an object's tenant (defined once, in [`crate::apply`]).
 pub use crate::apply::TENANT_LABEL;

@@ -56,6 +56,7 @@ mod driver;
 pub mod events;
 pub(crate) mod kinds;
 mod pass;
+pub mod retention;
 mod seen;
 
 use std::future::Future;

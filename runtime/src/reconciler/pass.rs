@@ -7,11 +7,11 @@ use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, Recorder};
 
-use super::kinds::KindSet;
 use super::{ChildKinds, Children, KIND_NOT_DECLARED, Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
 };
+use crate::controller::KindSet;
 use crate::controller::NamespaceTenants;
 use crate::key::{ObjectKey, TenantKey};
 use crate::resource::{IdempotentResource, TenantRef};
