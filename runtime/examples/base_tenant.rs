@@ -21,7 +21,7 @@
 //! tracing span, and with `--leader-elect` leader election with a write fence. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
 use idem_runtime::IdempotentResource;
-use idem_runtime::apply::DesiredChildren;
+use idem_runtime::apply::{CreatedChild, DesiredChildren};
 use idem_runtime::controller::Controller;
 use idem_runtime::leader::{LeaderElection, default_identity};
 use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
@@ -51,7 +51,7 @@ pub struct BaseTenantSpec {
     pub memory: String,
 }
 
-/// Status: observedGeneration and the kstatus conditions.
+/// Status: observedGeneration, the kstatus conditions and the record of the children created.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BaseTenantStatus {
@@ -60,6 +60,9 @@ pub struct BaseTenantStatus {
     /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The uids of the children created: only these are ever pruned.
+    #[serde(default)]
+    pub created_children: Vec<CreatedChild>,
 }
 
 /// The desired state: the namespace and the three objects in it.
