@@ -48,7 +48,7 @@ pub struct BaseTenantSpec {
     pub memory: String,
 }
 
-/// Status: observedGeneration and the kstatus conditions.
+/// Status: observedGeneration, the kstatus conditions and the record of the children created.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BaseTenantStatus {
@@ -57,6 +57,9 @@ pub struct BaseTenantStatus {
     /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The uids of the children created: only these are ever pruned.
+    #[serde(default)]
+    pub created_children: Vec<CreatedChild>,
 }
 
 /// The desired state: the namespace and the three objects in it.

@@ -126,7 +126,7 @@ mod tests {
         namespaced,
         status = "S"
     )]
-    #[idempotent(tenant = namespace_label("team"), crate = "crate")]
+    #[idempotent(tenant = namespace_label("team"), crate = "crate", prune = owner_references)]
     struct ThingSpec {
         size: i32,
         #[idempotent(skip)]

@@ -87,7 +87,7 @@ impl<K: IdempotentResource> Clone for Declared<K> {
 /// # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition> }
 /// # #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
 /// # #[kube(group = "example.com", version = "v1", kind = "Db", namespaced, status = "S")]
-/// # #[idempotent(tenant = namespace)]
+/// # #[idempotent(tenant = namespace, prune = owner_references)]
 /// # pub struct DbSpec { pub size: u32 }
 /// let kinds: ChildKinds<Db> = ChildKinds::new()
 ///     .owns::<Service>()
