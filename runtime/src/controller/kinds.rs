@@ -1,5 +1,5 @@
-//! A set of child kinds, by `apiVersion` and `kind`: what the controller's watches and the
-//! reconciler's declaration ([`ChildKinds`](crate::reconciler::ChildKinds)) are built on.
+//! A set of kinds, by `apiVersion` and `kind`: those a reconciler declares, and those whose
+//! watches keep `status`.
 
 use kube::Resource;
 use kube::core::ApiResource;
