@@ -16,7 +16,7 @@ use std::time::Duration;
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL};
 use idem_runtime::reconciler::retention::{crd_retention, release_referring, retained};
-use idem_runtime::reconciler::{Cleanup, Driver, Pass, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Cleanup, Driver, Pass, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -41,7 +41,7 @@ const FINALIZER: &str = "retention.test.idem.dev/cleanup";
     namespaced,
     status = "KeepsakeStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct KeepsakeSpec {
     /// The ConfigMap's one value.
     pub note: String,
@@ -64,6 +64,10 @@ struct Keepsakes;
 impl Reconciler for Keepsakes {
     type Resource = Keepsake;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    fn children() -> ChildKinds<Keepsake> {
+        ChildKinds::new().owns::<ConfigMap>()
+    }
 
     fn desired(&self, k: &Keepsake) -> Result<DesiredChildren, ReconcileError> {
         let cm: ConfigMap = serde_json::from_value(json!({
