@@ -20,11 +20,8 @@
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
 //! tracing span, and with `--leader-elect` leader election with a write fence. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
-use idem_runtime::IdempotentResource;
-use idem_runtime::apply::{CreatedChild, DesiredChildren};
-use idem_runtime::controller::Controller;
 use idem_runtime::leader::{LeaderElection, default_identity};
-use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

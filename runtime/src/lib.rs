@@ -14,6 +14,7 @@ pub mod key;
 mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod prelude;
 pub mod queue;
 pub mod reconciler;
 pub mod resource;

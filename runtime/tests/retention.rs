@@ -56,6 +56,9 @@ pub struct KeepsakeStatus {
     /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The children the reconciles created (what the prune may delete).
+    #[serde(default)]
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 /// The Keepsake reconciler: one ConfigMap; the retention protocol on deletion.

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{ChildKinds, Cleanup, Outcome, Pass, Reconciler};
-use idem_runtime::status::Readiness;
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;

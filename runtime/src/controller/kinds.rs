@@ -1,10 +1,11 @@
-//! A set of child kinds, by `apiVersion` and `kind`: what the controller's watches and the
-//! reconciler's declaration ([`ChildKinds`](crate::reconciler::ChildKinds)) are built on.
+//! A set of kinds, by `apiVersion` and `kind`: those a reconciler declares, and those whose
+//! watches keep `status`.
 
 use kube::Resource;
 use kube::core::ApiResource;
 
-fn same(a: &ApiResource, b: &ApiResource) -> bool {
+/// Whether `a` and `b` are the same kind.
+pub(crate) fn same(a: &ApiResource, b: &ApiResource) -> bool {
     a.api_version == b.api_version && a.kind == b.kind
 }
 

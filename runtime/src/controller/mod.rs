@@ -56,7 +56,7 @@ pub use self::action::{Action, Attempt};
 pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
 pub use self::derived::{UNRESOLVED_TENANT, change_fingerprint};
-pub(crate) use self::kinds::KindSet;
+pub(crate) use self::kinds::{KindSet, same};
 pub use self::namespaces::NamespaceTenants;
 pub use self::reason::Reason;
 use self::reason::Reasons;

@@ -4,7 +4,6 @@
 //!
 //! [`Reconciler::children`]: super::Reconciler::children
 
-use crate::controller::KindSet;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -17,8 +16,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
+use super::Reconciler;
 use crate::apply::{ChildCaches, ChildScope, MANAGED_BY_LABEL};
-use crate::controller::Controller;
+use crate::controller::{Controller, KindSet, same};
 use crate::resource::IdempotentResource;
 
 /// The condition reason of a pass that desires a child of a kind its reconciler does not
@@ -321,6 +321,32 @@ impl Drop for ChildWatches {
     }
 }
 
-fn same(a: &ApiResource, b: &ApiResource) -> bool {
-    a.api_version == b.api_version && a.kind == b.kind
+/// The controller of a reconciler: built here, where the reconciler's declaration is, so the
+/// controller loop knows nothing of reconcilers.
+impl<K: IdempotentResource> Controller<K>
+where
+    K::Scope: 'static,
+{
+    /// The controller of reconciler `R`'s kind: [`Controller::for_derived`] on every object of
+    /// the kind, owning every child kind [`Reconciler::children`] declares, each watched with
+    /// [`children_config`] (only the children labelled managed-by the kind's field manager),
+    /// so that no child kind is forgotten or watched unselected. Run it with
+    /// [`Driver::run`](super::Driver::run).
+    ///
+    /// [`Reconciler::children`]: super::Reconciler::children
+    pub fn for_reconciler<R: Reconciler<Resource = K>>(client: &Client) -> Self {
+        Self::for_reconciler_with::<R>(client, watcher::Config::default(), children_config::<K>())
+    }
+
+    /// As [`Controller::for_reconciler`], watching the objects with `config` and the children
+    /// of every declared kind with `children` (e.g. [`children_config`] narrowed to a shard's
+    /// buckets, or with streaming lists and a page size).
+    pub fn for_reconciler_with<R: Reconciler<Resource = K>>(
+        client: &Client,
+        config: watcher::Config,
+        children: watcher::Config,
+    ) -> Self {
+        let controller = Self::for_derived(Api::all(client.clone()), config);
+        R::children().own_all(controller, client, &children)
+    }
 }
