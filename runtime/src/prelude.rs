@@ -15,7 +15,8 @@
 //! # use schemars::JsonSchema;
 //! # use serde::{Deserialize, Serialize};
 //! # #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
-//! # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition> }
+//! # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition>,
+//! #     pub created_children: Vec<CreatedChild> }
 //! #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
 //! #[kube(group = "example.com", version = "v1", kind = "Db", namespaced, status = "S")]
 //! #[idempotent(tenant = namespace)]

@@ -20,7 +20,8 @@ use idem_runtime::IdempotentResource;
 use idem_runtime::apply::DesiredChildren;
 use idem_runtime::controller::{Action, Controller, ControllerConfig, ControllerError};
 use idem_runtime::reconciler::{
-    ChildKinds, Children, Driver, Outcome, ReconcileError, Reconciler, STATUS_NOT_DECLARED,
+    ChildKinds, Children, Driver, KIND_NOT_DECLARED, Outcome, ReconcileError, Reconciler,
+    STATUS_NOT_DECLARED,
 };
 use idem_runtime::status::Readiness;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -142,6 +143,16 @@ impl Reconciler for Forgetful {
         children: &Children<'_>,
     ) -> Result<Outcome<Database>, ReconcileError> {
         Ok(Outcome::new(readiness(db, children)?))
+    }
+}
+
+/// The StatefulSet, without declaring its kind.
+struct Undeclared;
+
+impl Reconciler for Undeclared {
+    type Resource = Database;
+    fn desired(&self, db: &Database) -> Result<DesiredChildren, ReconcileError> {
+        statefulset(db)
     }
 }
 
@@ -286,4 +297,41 @@ async fn the_driver_refuses_a_status_kind_the_controller_does_not_own() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A desired child of a kind `Reconciler::children` does not declare (no watch would serve it:
+/// a GET per pass, its changes unnoticed) stalls its owner at once, naming the fix, before any
+/// child is written.
+#[tokio::test]
+async fn a_child_of_an_undeclared_kind_stalls_naming_the_fix() {
+    let (client, ns) = setup("db-undeclared").await;
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
+    let db = dbs
+        .create(
+            &PostParams::default(),
+            &Database::new("db", DatabaseSpec { replicas: 1 }),
+        )
+        .await
+        .unwrap();
+    let action = Driver::new(client.clone(), Undeclared)
+        .reconcile_once(client.clone(), Arc::new(db))
+        .await
+        .expect("a terminal error is handled");
+    assert_eq!(action, Action::terminal());
+    let stored = dbs.get("db").await.unwrap();
+    let c = condition(&stored, "Stalled").expect("Stalled");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", KIND_NOT_DECLARED)
+    );
+    assert!(
+        c.message.contains(".owns::<StatefulSet>()"),
+        "{}",
+        c.message
+    );
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns);
+    assert!(
+        sts.get_opt("db").await.unwrap().is_none(),
+        "no child was written"
+    );
 }

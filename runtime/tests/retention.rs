@@ -41,7 +41,7 @@ const FINALIZER: &str = "retention.test.idem.dev/cleanup";
     namespaced,
     status = "KeepsakeStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct KeepsakeSpec {
     /// The ConfigMap's one value.
     pub note: String,
