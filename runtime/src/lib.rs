@@ -10,6 +10,7 @@ pub mod http;
 pub mod inflight;
 pub mod key;
 pub mod leader;
+pub mod manager;
 pub mod metrics;
 pub mod queue;
 pub mod reconciler;
