@@ -81,6 +81,7 @@ impl Manager {
 
     /// Also runs `controllers`.
     #[must_use]
+    #[allow(clippy::should_implement_trait)] // a builder step, not `+`
     pub fn add(mut self, controllers: impl Controllers) -> Self {
         self.sets.push(Arc::new(controllers));
         self
