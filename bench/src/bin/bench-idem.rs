@@ -12,7 +12,7 @@ use idem_bench::{BaseTenant, ControllerArgs, IDEM_MANAGER, MANAGED_BY_LABEL, des
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
-use idem_runtime::inflight::RequestSlots;
+use idem_runtime::inflight::{AdaptiveLimit, RequestSlots};
 use idem_runtime::status::StatusWriter;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -24,10 +24,11 @@ use kube::{Api, Client};
 struct Args {
     #[command(flatten)]
     common: ControllerArgs,
-    /// At most this many API requests of reconciles in flight, free slots going to the tenant
-    /// with the fewest in flight (`RequestSlots`); 0: no cap.
-    #[arg(long, default_value_t = 0)]
-    requests_in_flight: usize,
+    /// API requests of reconciles in flight, free slots going to the tenant with the fewest
+    /// in flight (`RequestSlots`): `auto` (default) a cap that tunes itself, a number to pin
+    /// it, 0 for no cap.
+    #[arg(long, default_value = "auto")]
+    requests_in_flight: String,
 }
 
 struct Ctx {
@@ -76,10 +77,10 @@ async fn main() -> anyhow::Result<()> {
     idem_bench::init_logging();
     let client = args.client().await?;
     // Reconciles write through `writer`; watches and LISTs use `client` directly.
-    let writer = if requests_in_flight > 0 {
-        RequestSlots::new(requests_in_flight).client(client.clone())
-    } else {
-        client.clone()
+    let writer = match requests_in_flight.as_str() {
+        "auto" => RequestSlots::adaptive(AdaptiveLimit::default()).client(client.clone()),
+        "0" => client.clone(),
+        n => RequestSlots::new(n.parse()?).client(client.clone()),
     };
     let children =
         || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));

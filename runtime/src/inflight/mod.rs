@@ -5,7 +5,7 @@
 //! The fair work queue shares *reconciles* among tenants; this shares the *requests* those
 //! reconciles make. Without it, a tenant that keeps 16 reconciles busy also keeps ~16 writes
 //! queued at a saturated API server, and a quiet tenant's next write waits behind all of them
-//! there. The API server's own answer to this is API Priority and Fairness (KEP-1040): a
+//! there. The API server's own answer to this is API Priority and Fairness: a
 //! priority level has a number of seats, and flows queue fairly for them. A controller runs as
 //! one user, i.e. one flow, so APF cannot tell its tenants apart; [`RequestSlots`] does the
 //! same on the client side, with idem's tenants as the flows:
@@ -25,6 +25,11 @@
 //! controller's LISTs and watches, leader-election renewals) and every `watch=true` request
 //! bypass the cap and do not count against it. A slot is held from just before the request is
 //! sent until its response headers arrive.
+//!
+//! The cap is fixed ([`RequestSlots::new`]) or tunes itself ([`RequestSlots::adaptive`]):
+//! it grows while the API server's latency stays flat and shrinks when latency rises or the
+//! server answers 429 (see [`limit`]). [`RequestSlots::register`] publishes it as the gauge
+//! `idem_request_slots_limit`.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -33,9 +38,16 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use kube::client::Body;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
 use crate::TenantKey;
+
+pub mod limit;
+
+pub use self::limit::AdaptiveLimit;
+use self::limit::{Class, Tuner};
 
 tokio::task_local! {
     static SCOPE: (TenantKey, u64);
@@ -70,8 +82,12 @@ pub struct RequestSlots {
 
 #[derive(Debug)]
 struct State {
-    /// Slots in all.
+    /// Slots in all: the cap.
     slots: usize,
+    /// Tunes `slots` from the answers, when the cap is adaptive.
+    tuner: Option<Tuner>,
+    /// `slots`, published.
+    gauge: Gauge,
     /// Slots granted and not yet released.
     busy: usize,
     /// Tenants with a request in flight or waiting.
@@ -131,22 +147,64 @@ impl State {
 }
 
 impl RequestSlots {
-    /// At most `slots` requests in flight (at least 1).
+    /// At most `slots` requests in flight (at least 1), a fixed cap.
     pub fn new(slots: usize) -> Self {
+        Self::with(slots.max(1), None)
+    }
+
+    /// A cap that tunes itself within `bounds` (see [`limit`]): it grows while the API
+    /// server's latency stays flat with every slot taken, and shrinks when latency rises or
+    /// the server throttles.
+    pub fn adaptive(bounds: AdaptiveLimit) -> Self {
+        let (tuner, initial) = Tuner::new(bounds);
+        Self::with(initial, Some(tuner))
+    }
+
+    fn with(slots: usize, tuner: Option<Tuner>) -> Self {
+        let gauge = Gauge::default();
+        gauge.set(i64::try_from(slots).unwrap_or(i64::MAX));
         Self {
             state: Arc::new(Mutex::new(State {
-                slots: slots.max(1),
+                slots,
+                tuner,
+                gauge,
                 busy: 0,
                 tenants: HashMap::new(),
             })),
         }
     }
 
+    /// Registers the gauge `idem_request_slots_limit` (the cap now) in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "idem_request_slots_limit",
+            "Requests of reconciles the API client lets into flight at once now",
+            self.lock().gauge.clone(),
+        );
+    }
+
+    /// One answered request of class `class` that took `latency` once sent.
+    fn observe(&self, class: Class, latency: std::time::Duration, throttled: bool) {
+        let mut s = self.lock();
+        let cap = s.slots;
+        let Some(next) = s
+            .tuner
+            .as_mut()
+            .and_then(|t| t.observe(class, latency, throttled, cap))
+        else {
+            return;
+        };
+        s.slots = next;
+        s.gauge.set(i64::try_from(next).unwrap_or(i64::MAX));
+        tracing::debug!(from = cap, to = next, "request slots retuned");
+        s.dispatch();
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The cap this was made with.
+    /// The cap now (for a fixed cap, the one it was made with).
     pub fn slots(&self) -> usize {
         self.lock().slots
     }
@@ -175,6 +233,9 @@ impl RequestSlots {
                 s.tenants.entry(tenant.clone()).or_default().in_flight += 1;
                 None
             } else {
+                if let Some(tuner) = s.tuner.as_mut() {
+                    tuner.saturated();
+                }
                 let (tx, rx) = oneshot::channel();
                 let waiting = &mut s.tenants.entry(tenant.clone()).or_default().waiting;
                 let at = waiting.partition_point(|(o, _)| *o <= order);
@@ -291,12 +352,19 @@ impl tower::Service<http::Request<Body>> for SlotService {
             let Some((tenant, order)) = scope.filter(|_| !is_watch(request.uri())) else {
                 return client.send(request).await.map_err(Into::into);
             };
-            let asked = std::time::Instant::now();
+            let asked = tokio::time::Instant::now();
             let permit = slots.acquire_in_order(tenant.clone(), order).await;
-            let sent = std::time::Instant::now();
+            let sent = tokio::time::Instant::now();
             let (method, path) = (request.method().clone(), request.uri().path().to_owned());
             let response = client.send(request).await;
             drop(permit);
+            let throttled = response.as_ref().is_ok_and(|r| {
+                matches!(
+                    r.status(),
+                    http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE
+                )
+            });
+            slots.observe(Class::of(&method), sent.elapsed(), throttled);
             tracing::debug!(
                 %tenant, %method, path,
                 slot_wait_ms = sent.duration_since(asked).as_millis() as u64,

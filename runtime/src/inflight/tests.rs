@@ -12,7 +12,7 @@ use kube::client::Body;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::{RequestSlots, current_tenant, is_watch, scoped};
+use super::{AdaptiveLimit, RequestSlots, current_tenant, is_watch, scoped};
 use crate::TenantKey;
 
 /// How long the fake server works on one request.
@@ -25,6 +25,9 @@ struct FakeServer {
     cpu: Arc<Semaphore>,
     held: Arc<AtomicUsize>,
     max_held: Arc<AtomicUsize>,
+    /// Above this many held, a request is refused at once with 429 (as a priority level
+    /// whose queues are full).
+    reject_above: usize,
 }
 
 impl FakeServer {
@@ -33,6 +36,14 @@ impl FakeServer {
             cpu: Arc::new(Semaphore::new(parallel)),
             held: Arc::new(AtomicUsize::new(0)),
             max_held: Arc::new(AtomicUsize::new(0)),
+            reject_above: usize::MAX,
+        }
+    }
+
+    fn rejecting_above(parallel: usize, reject_above: usize) -> Self {
+        Self {
+            reject_above,
+            ..Self::new(parallel)
         }
     }
 
@@ -55,6 +66,12 @@ impl tower::Service<http::Request<Body>> for FakeServer {
         Box::pin(async move {
             let now = this.held.fetch_add(1, Ordering::SeqCst) + 1;
             this.max_held.fetch_max(now, Ordering::SeqCst);
+            if now > this.reject_above {
+                this.held.fetch_sub(1, Ordering::SeqCst);
+                let mut refused = http::Response::new(Body::empty());
+                *refused.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+                return Ok(refused);
+            }
             {
                 let _cpu = this.cpu.acquire().await.expect("never closed");
                 tokio::time::sleep(WORK).await;
@@ -295,4 +312,67 @@ async fn a_tenants_older_reconcile_finishes_first() {
         WORK * 20,
         "the same throughput: 40 requests, 2 at a time"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_cap_grows_to_what_the_server_serves_without_queueing() {
+    // The server works on 8 requests at once; a flood of 64 reconciles asks for more. From
+    // 2 the cap grows while latency stays flat and stops where requests start to queue.
+    for (parallel, low, high) in [(8, 8, 16), (2, 2, 4)] {
+        let server = FakeServer::new(parallel);
+        let slots = RequestSlots::adaptive(AdaptiveLimit {
+            initial: 2,
+            min: 1,
+            max: 64,
+        });
+        let client = slots.client(fake_client(&server));
+        for f in flood(&client, 64, 40) {
+            f.await.expect("flood reconcile");
+        }
+        let cap = slots.slots();
+        println!("server of {parallel}: cap settled at {cap}");
+        assert!(
+            (low..=high).contains(&cap),
+            "server of {parallel}: cap {cap} not in {low}..={high}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_cap_shrinks_when_the_server_throttles() {
+    // A priority level that refuses beyond 6 requests at once; the cap starts at 32.
+    let server = FakeServer::rejecting_above(4, 6);
+    let slots = RequestSlots::adaptive(AdaptiveLimit {
+        initial: 32,
+        min: 1,
+        max: 64,
+    });
+    let client = slots.client(fake_client(&server));
+    for f in flood(&client, 64, 20) {
+        f.await.expect("flood reconcile");
+    }
+    let cap = slots.slots();
+    println!("throttled above 6: cap now {cap}");
+    assert!(cap <= 6, "the cap stayed above the server's limit: {cap}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_cap_still_lets_a_quiet_tenant_through() {
+    let slots = RequestSlots::adaptive(AdaptiveLimit::default());
+    let fair = quiet_after_flood(&slots.client(fake_client(&FakeServer::new(2)))).await;
+    println!("quiet tenant's 4 requests with an adaptive cap: {fair:?}");
+    assert!(
+        fair <= WORK * 4 * 4,
+        "quiet tenant waited behind the flood: {fair:?}"
+    );
+}
+
+#[test]
+fn the_cap_is_published() {
+    let slots = RequestSlots::new(3);
+    let mut registry = prometheus_client::registry::Registry::default();
+    slots.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+    assert!(text.contains("idem_request_slots_limit 3"), "{text}");
 }

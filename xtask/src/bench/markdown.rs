@@ -96,7 +96,7 @@ mod tests {
             resync_secs: 8,
             alone_samples: 3,
             workers: 16,
-            requests_in_flight: 2,
+            requests_in_flight: "2".into(),
         };
         let tables = vec![Table::example("P6", "writes"), Table::example("P2", "time")];
         let md = page(

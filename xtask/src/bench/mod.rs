@@ -57,10 +57,11 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
     /// `bench-idem`'s cap on its reconciles' API requests in flight, whose free slots go to
-    /// the tenant with the fewest in flight (`idem_runtime::inflight`); 0: no cap. The
-    /// default, 2, is where the local API server's throughput stopped growing on 2 cores.
-    #[arg(long, default_value_t = 2)]
-    pub requests_in_flight: usize,
+    /// the tenant with the fewest in flight (`idem_runtime::inflight`): `auto` (default) a
+    /// cap that tunes itself from the API server's latency and throttling, a number to pin
+    /// it, 0 for no cap.
+    #[arg(long, default_value = "auto")]
+    pub requests_in_flight: String,
     /// Resync period during P3's full-resync measurement (default 20 s; 8 s with --quick).
     #[arg(long)]
     pub resync_secs: Option<u64>,
@@ -100,7 +101,7 @@ impl Args {
                 .max(1),
             alone_samples: if quick { 3 } else { 10 },
             workers: self.workers.max(1),
-            requests_in_flight: self.requests_in_flight,
+            requests_in_flight: self.requests_in_flight.clone(),
         }
     }
 }

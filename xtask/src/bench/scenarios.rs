@@ -37,8 +37,9 @@ pub struct Plan {
     pub alone_samples: usize,
     /// Workers of both controllers.
     pub workers: usize,
-    /// `bench-idem`'s cap on API requests in flight, shared fairly among tenants (0: none).
-    pub requests_in_flight: usize,
+    /// `bench-idem`'s cap on API requests in flight, shared fairly among tenants (`auto`,
+    /// a number, or 0: none).
+    pub requests_in_flight: String,
 }
 
 impl Plan {
