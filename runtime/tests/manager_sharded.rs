@@ -121,7 +121,10 @@ impl Replica {
         eventually("the replica working on its ring", || async {
             assert!(!self.task.is_finished(), "the manager exited");
             let m = self.metrics().await?;
-            match (gauge(&m, "idem_shard_working"), gauge(&m, "idem_shard_members")) {
+            match (
+                gauge(&m, "idem_shard_working"),
+                gauge(&m, "idem_shard_members"),
+            ) {
                 (Some(1), Some(n)) if n == members => Ok(()),
                 other => Err(format!("working, members: {other:?}")),
             }
@@ -152,7 +155,10 @@ impl Replica {
     async fn stop(mut self) {
         let _ = self.stop.take().expect("running").send(());
         let result = tokio::time::timeout(TIMEOUT, self.task).await;
-        result.expect("stops in time").expect("no panic").expect("stops cleanly");
+        result
+            .expect("stops in time")
+            .expect("no panic")
+            .expect("stops cleanly");
     }
 }
 
@@ -202,7 +208,10 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
             memory: "1Gi".into(),
         };
         let tenant = BaseTenant::new(&unique_name("bt"), spec);
-        let created = tenants.create(&PostParams::default(), &tenant).await.unwrap();
+        let created = tenants
+            .create(&PostParams::default(), &tenant)
+            .await
+            .unwrap();
         names.push(created.name_any());
     }
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
@@ -222,7 +231,10 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     b.readyz(200).await;
     let change = serde_json::json!({"spec": {"cpu": "2"}});
     for name in &names {
-        (tenants.patch(name, &PatchParams::default(), &Patch::Merge(&change)).await).unwrap();
+        (tenants
+            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
+            .await)
+            .unwrap();
     }
     eventually("every BaseTenant Ready after the change", || {
         all_ready(&client, &names, "2")

@@ -91,10 +91,15 @@ impl Cli {
     {
         use clap::{CommandFactory, FromArgMatches};
         let name = name.to_string();
-        let matches = Self::command().name(name.clone()).get_matches_from(args);
+        let command = || {
+            Self::command().name(name.clone()).about(format!(
+                "{name}: runs its controllers (`run`, the default) or prints its CRDs (`crds`)"
+            ))
+        };
+        let matches = command().get_matches_from(args);
         let cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         cli.command.unwrap_or_else(|| {
-            let matches = Self::command().name(name).get_matches_from(["", "run"]);
+            let matches = command().get_matches_from(["", "run"]);
             (Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
                 .command
                 .expect("`run` parses as the run command")
