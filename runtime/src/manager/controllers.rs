@@ -302,3 +302,32 @@ where
         running
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::Ring;
+
+    #[test]
+    fn a_shards_child_watches_select_its_buckets_beside_the_base_labels() {
+        let base = || watcher::Config::default().labels("app.kubernetes.io/managed-by=x");
+        let alone = Shard::new(Ring::new(["a"]).ranges_of("a"), Arc::new(|| true));
+        assert_eq!(
+            alone.children_config(base()).label_selector.as_deref(),
+            Some("app.kubernetes.io/managed-by=x")
+        );
+        let ring = Ring::new(["a", "b", "c"]);
+        let shard = Shard::new(ring.ranges_of("b"), Arc::new(|| true));
+        let selector = shard.children_config(base()).label_selector.unwrap();
+        let prefix = format!("app.kubernetes.io/managed-by=x,{SHARD_BUCKET_LABEL} in (");
+        assert!(selector.starts_with(&prefix), "{selector}");
+        let meta = ObjectMeta {
+            uid: Some("0f0c9a6e-0000-4000-8000-000000000001".into()),
+            ..ObjectMeta::default()
+        };
+        let mine = ring.owner_of(shard_hash(&meta, ShardField::Uid)) == Some("b");
+        assert_eq!(shard.owns(&meta, ShardField::Uid), mine);
+        let stale = Shard::new(ring.ranges_of("b"), Arc::new(|| false));
+        assert!(!stale.owns(&meta, ShardField::Uid), "no reconcile once the ring changed");
+    }
+}

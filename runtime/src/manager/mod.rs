@@ -18,7 +18,8 @@
 //! - [`controllers`]: [`Controllers`], the type-erased set of controllers a manager runs, and
 //!   [`Reconciles`], one reconciler's kind.
 //! - [`client`]: the retrying, fenced client.
-//! - [`run`](self::run): the modes; [`sharded`]: the sharded mode's loop over rings.
+//! - `run`: the modes (behind [`Manager::run_until`]); `sharded`: the sharded mode's loop
+//!   over rings.
 //!
 //! Names derive from the manager's name: the leader Lease is `<name>`, the shard ring's
 //! member Leases are `<name>-shard-<identity>` labelled
