@@ -22,17 +22,17 @@
 //! `main` comes from idem-runtime: apply with the convergence check and prune, status with
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
 //! tracing span, and from its [`Manager`] the command line, `/metrics`, `/healthz`, `/readyz`,
-//! leader election or sharding with write fences, and graceful shutdown. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
+//! leader election or sharding with write fences, and graceful shutdown.
+//! `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::DesiredChildren;
 use idem_runtime::controller::Controller;
 use idem_runtime::manager::{Manager, ManagerError, Reconciles};
-use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::watcher;
 use kube::{Api, Client, CustomResource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -111,6 +111,15 @@ pub struct BaseTenants;
 
 impl Reconciler for BaseTenants {
     type Resource = BaseTenant;
+    /// The child kinds, declared once: the controller's watches, its caches, the prune and
+    /// idem-tests' kit follow from it.
+    fn children() -> ChildKinds<BaseTenant> {
+        ChildKinds::new()
+            .owns::<Namespace>()
+            .owns::<ResourceQuota>()
+            .owns::<LimitRange>()
+            .owns::<RoleBinding>()
+    }
     fn desired(&self, tenant: &BaseTenant) -> Result<DesiredChildren, ReconcileError> {
         desired(tenant)
     }
@@ -118,28 +127,18 @@ impl Reconciler for BaseTenants {
 
 /// `run` (the default; `--shards auto` or `--leader-elect` for N replicas) or `crds`.
 fn main() -> Result<(), ManagerError> {
-    let base_tenants = Reconciles::new(BaseTenants)
-        .owns::<Namespace>()
-        .owns::<ResourceQuota>()
-        .owns::<LimitRange>()
-        .owns::<RoleBinding>();
     Manager::from_args("base-tenant")
-        .add(base_tenants)
+        .add(Reconciles::new(BaseTenants))
         .installing_crds()
         .run()
 }
 
 // ---- For the tests that include this file: the controller and CRD without a manager. ----
 
-/// The controller of BaseTenants and their four child kinds (watched by label only).
+/// The controller of BaseTenants and the child kinds [`BaseTenants`] declares.
 #[allow(dead_code)]
 pub fn controller(client: &Client) -> Controller<BaseTenant> {
-    let children = Driver::<BaseTenants>::children_config;
-    Controller::for_derived(Api::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Namespace>::all(client.clone()), children())
-        .owns(Api::<ResourceQuota>::all(client.clone()), children())
-        .owns(Api::<LimitRange>::all(client.clone()), children())
-        .owns(Api::<RoleBinding>::all(client.clone()), children())
+    Controller::for_reconciler::<BaseTenants>(client)
 }
 
 /// Server-side applies the BaseTenant CRD and waits until it is Established.

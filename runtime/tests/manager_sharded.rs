@@ -17,8 +17,7 @@ use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerError, ManagerOptions, Reconciles};
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -91,12 +90,7 @@ impl Replica {
             shards: true,
             ..ManagerOptions::default()
         };
-        let base_tenants = Reconciles::new(BaseTenants)
-            .owns::<Namespace>()
-            .owns::<ResourceQuota>()
-            .owns::<LimitRange>()
-            .owns::<RoleBinding>();
-        let manager = Manager::new(name, options).add(base_tenants);
+        let manager = Manager::new(name, options).add(Reconciles::new(BaseTenants));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(manager.run_until(async move {
             let _ = stopped.await;

@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Cleanup, Outcome, Pass, Reconciler};
 use idem_runtime::status::Readiness;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
 
 use super::desired;
@@ -40,6 +43,16 @@ fn set_namespaces(status: &mut TenantStatus, namespaces: &[String]) {
 impl Reconciler for Tenants {
     type Resource = Tenant;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    /// Namespaces and what goes in them.
+    fn children() -> ChildKinds<Tenant> {
+        ChildKinds::new()
+            .owns::<Namespace>()
+            .owns::<ResourceQuota>()
+            .owns::<LimitRange>()
+            .owns::<RoleBinding>()
+            .owns::<NetworkPolicy>()
+    }
 
     async fn reconcile(
         &self,

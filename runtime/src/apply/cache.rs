@@ -245,7 +245,7 @@ impl ChildCaches {
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
     /// `None` when kind `K` is not cached, `Some(None)` when the cache says it does not exist.
     /// A kind cached by a controller's child watch has no `status` unless the reconciler names
-    /// it in [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status) (read it
+    /// it in [`Reconciler::children`](crate::reconciler::Reconciler::children) (read it
     /// with [`Pass::children`](crate::reconciler::Pass::children)) or it is owned with
     /// [`OwnsOptions::reading_status`](crate::controller::OwnsOptions::reading_status); see
     /// [`Controller::with_child_caches`](crate::controller::Controller::with_child_caches).

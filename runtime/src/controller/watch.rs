@@ -48,7 +48,7 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub blocked: super::BlockedWatches,
     /// The child kinds whose status the reconcile reads (as if owned
     /// [`OwnsOptions::reading_status`]).
-    pub reads_status: crate::reconciler::ChildKinds,
+    pub reads_status: crate::reconciler::kinds::KindSet,
 }
 
 impl<K> Shared<K>

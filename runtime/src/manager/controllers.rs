@@ -2,7 +2,6 @@
 //! [`Controllers`] (the public hook: a set may share state, shard on any field and watch
 //! anything), and [`Reconciles`], the set of one [`Reconciler`]'s kind.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -10,16 +9,15 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::ObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
-use kube::{Api, Client, CustomResourceExt, Resource};
+use kube::{Client, CustomResourceExt, Resource};
 use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::apply::{ChildCaches, ChildScope, DriftMetrics, SHARD_BUCKET_LABEL};
 use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
-use crate::reconciler::{Driver, Reconciler};
+use crate::reconciler::{Driver, Reconciler, children_config};
 use crate::resource::IdempotentResource;
 use crate::schema::SchemaError;
 use crate::shard::{Ranges, ShardField, shard_hash};
@@ -168,15 +166,14 @@ pub trait Controllers: Send + Sync + 'static {
     fn start(&self, start: Start<'_>) -> Running;
 }
 
-type Owns<K> = Box<dyn Fn(Controller<K>, &Client, watcher::Config) -> Controller<K> + Send + Sync>;
 type Configure<K> = Box<dyn Fn(Controller<K>) -> Controller<K> + Send + Sync>;
 
-/// One [`Reconciler`]'s kind: a [`Driver`] and its [`Controller`], the primary sharded by the
-/// hash of its uid and its children (labelled with the bucket of that uid by the apply
-/// engine) selected by label.
+/// One [`Reconciler`]'s kind: a [`Driver`] and its [`Controller`] owning the child kinds the
+/// reconciler declares ([`Reconciler::children`]), the primary sharded by the hash of its uid
+/// and its children (labelled with the bucket of that uid by the apply engine) selected by
+/// label.
 pub struct Reconciles<R: Reconciler> {
     reconciler: R,
-    owns: Vec<Owns<R::Resource>>,
     configure: Option<Configure<R::Resource>>,
     crds: fn() -> Result<CustomResourceDefinition, SchemaError>,
 }
@@ -193,30 +190,9 @@ where
     pub fn new(reconciler: R) -> Self {
         Self {
             reconciler,
-            owns: Vec::new(),
             configure: None,
             crds: crate::schema::crd::<R::Resource>,
         }
-    }
-
-    /// Also watch the kind's children of kind `C` ([`Controller::owns`], with
-    /// [`Driver::children_config`], narrowed to this replica's buckets when sharded).
-    #[must_use]
-    pub fn owns<C>(mut self) -> Self
-    where
-        C: Resource<DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + serde::Serialize
-            + Debug
-            + Send
-            + Sync
-            + 'static,
-    {
-        self.owns.push(Box::new(|c, client, config| {
-            c.owns(Api::<C>::all(client.clone()), config)
-        }));
-        self
     }
 
     /// Changes the controller each run builds (e.g. a weight, more watches).
@@ -246,20 +222,13 @@ where
 
     fn start(&self, start: Start<'_>) -> Running {
         let client = start.client;
-        let children = || {
-            let base = Driver::<R>::children_config();
-            match start.shard {
-                Some(shard) => shard.children_config(base),
-                None => base,
-            }
+        let base = children_config::<R::Resource>();
+        let children = match start.shard {
+            Some(shard) => shard.children_config(base),
+            None => base,
         };
-        let mut controller = Controller::for_derived(
-            Api::<R::Resource>::all(client.clone()),
-            watcher::Config::default(),
-        );
-        for owns in &self.owns {
-            controller = owns(controller, client, children());
-        }
+        let mut controller =
+            Controller::for_reconciler_with::<R>(client, watcher::Config::default(), children);
         if let Some(configure) = &self.configure {
             controller = configure(controller);
         }
@@ -328,6 +297,9 @@ mod tests {
         let mine = ring.owner_of(shard_hash(&meta, ShardField::Uid)) == Some("b");
         assert_eq!(shard.owns(&meta, ShardField::Uid), mine);
         let stale = Shard::new(ring.ranges_of("b"), Arc::new(|| false));
-        assert!(!stale.owns(&meta, ShardField::Uid), "no reconcile once the ring changed");
+        assert!(
+            !stale.owns(&meta, ShardField::Uid),
+            "no reconcile once the ring changed"
+        );
     }
 }

@@ -54,14 +54,18 @@
 mod children;
 mod driver;
 pub mod events;
+pub(crate) mod kinds;
 mod pass;
 mod seen;
 
 use std::future::Future;
 use std::time::Duration;
 
-pub use self::children::{ChildKinds, Children, STATUS_NOT_DECLARED};
+pub use self::children::{Children, STATUS_NOT_DECLARED};
 pub use self::driver::{Driver, DriverConfig};
+pub use self::kinds::{
+    ChildKinds, ChildWatches, KIND_NOT_DECLARED, WatchChildrenError, children_config,
+};
 pub use self::pass::Pass;
 pub use crate::controller::Reason;
 
@@ -245,19 +249,24 @@ pub trait Reconciler: Send + Sync + 'static {
         ))
     }
 
-    /// The child kinds whose `status` [`Reconciler::ready`] reads, e.g.
-    /// `ChildKinds::of::<StatefulSet>()` for its `readyReplicas`. [`Driver::run`] makes the
-    /// controller's watches of these kinds keep their status and reconcile the owner when it
-    /// changes (and refuses to start when the controller does not own one of them), and
-    /// [`Children::get`] gives [`Reconciler::ready`] the live children of these kinds, from the
-    /// caches; reading a kind not named here is a terminal error naming this fix. Default:
-    /// none (status-only changes of children do not reconcile their owner).
-    fn reads_status() -> ChildKinds {
-        ChildKinds::none()
+    /// The child kinds, each declared once, e.g.
+    /// `ChildKinds::new().owns::<Namespace>().owns_reading_status::<StatefulSet>()`.
+    /// Everything about the children follows from it:
+    /// [`Controller::for_reconciler`](crate::controller::Controller::for_reconciler) watches
+    /// these kinds (by the managed-by label, [`children_config`]) into the driver's child
+    /// caches; [`Driver::run`] refuses a controller that does not own one of them; the
+    /// kinds declared [`ChildKinds::owns_reading_status`] keep their status in the caches, a
+    /// change of it reconciles the owner and [`Children::get`] reads it (reading another
+    /// kind's is a terminal error naming this fix); and a pass that desires a child of a kind
+    /// not declared here fails at once with a terminal [`KIND_NOT_DECLARED`] error (a child
+    /// no watch serves would cost a GET on every pass, and its changes would go unnoticed).
+    /// Default: none (a reconciler without children).
+    fn children() -> ChildKinds<Self::Resource> {
+        ChildKinds::new()
     }
 
     /// What "ready" means, given the pass's [`Children`]: its apply report and the live
-    /// children (status included) of the kinds [`Reconciler::reads_status`] names.
+    /// children (status included) of the kinds [`Reconciler::children`] declares reading.
     /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
     /// when a child's name is taken, `Reconciling` while a child is being deleted).
     ///
@@ -266,7 +275,7 @@ pub trait Reconciler: Send + Sync + 'static {
     /// # use idem_runtime::status::Readiness;
     /// # use k8s_openapi::api::apps::v1::StatefulSet;
     /// # fn ready(children: &Children<'_>, replicas: i32) -> Result<Readiness, ReconcileError> {
-    /// // In `impl Reconciler`, with `fn reads_status() -> ChildKinds { ChildKinds::of::<StatefulSet>() }`:
+    /// // In `impl Reconciler`, with `ChildKinds::new().owns_reading_status::<StatefulSet>()`:
     /// let applied = children.report().readiness();
     /// if !matches!(applied, Readiness::Ready { .. }) {
     ///     return Ok(applied);
@@ -294,7 +303,7 @@ pub trait Reconciler: Send + Sync + 'static {
     }
 
     /// One pass: by default apply [`Reconciler::desired`], read the children of the kinds
-    /// [`Reconciler::reads_status`] names ([`Pass::children`]) and conclude with
+    /// [`Reconciler::children`] declares reading ([`Pass::children`]) and conclude with
     /// [`Reconciler::ready`].
     ///
     /// # Errors
