@@ -2,16 +2,14 @@
 //! `/healthz`, `/readyz`, one of three modes (single, leader-elected, sharded over a ring of
 //! member Leases), write fences, and graceful shutdown on SIGTERM or Ctrl-C.
 //!
-//! ```no_run
-//! # use idem_runtime::manager::{Manager, Reconciles};
-//! # fn main() -> Result<(), idem_runtime::manager::ManagerError> {
-//! # #[derive(Clone)] struct Widgets;
-//! # impl idem_runtime::reconciler::Reconciler for Widgets { type Resource = k8s_openapi::api::core::v1::ConfigMap; }
-//! # return Ok(());
-//! Manager::from_args("widgets")   // `run` flags (the default) or `crds`
-//!     .add(Reconciles::new(Widgets).owns::<k8s_openapi::api::core::v1::Secret>())
-//!     .run()
-//! # }
+//! A binary's `main` (`runtime/examples/base_tenant.rs` is a complete one):
+//!
+//! ```ignore
+//! fn main() -> Result<(), idem_runtime::manager::ManagerError> {
+//!     Manager::from_args("base-tenant") // `run` with its flags (the default), or `crds`
+//!         .add(Reconciles::new(BaseTenants)) // any number of kinds, or sets of controllers
+//!         .run()
+//! }
 //! ```
 //!
 //! - [`cli`]: the command line ([`Cli`]); [`options`]: what `run`'s flags set.
