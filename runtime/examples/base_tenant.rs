@@ -25,11 +25,8 @@
 //! leader election or sharding with write fences, and graceful shutdown.
 //! `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
-use idem_runtime::IdempotentResource;
-use idem_runtime::apply::DesiredChildren;
-use idem_runtime::controller::Controller;
 use idem_runtime::manager::{Manager, ManagerError, Reconciles};
-use idem_runtime::reconciler::{ChildKinds, ReconcileError, Reconciler};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -56,7 +53,7 @@ pub struct BaseTenantSpec {
     pub memory: String,
 }
 
-/// Status: observedGeneration and the kstatus conditions.
+/// Status: observedGeneration, the kstatus conditions and the record of the children created.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BaseTenantStatus {
@@ -65,6 +62,9 @@ pub struct BaseTenantStatus {
     /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The uids of the children created: only these are ever pruned.
+    #[serde(default)]
+    pub created_children: Vec<CreatedChild>,
 }
 
 /// The desired state: the namespace and the three objects in it.

@@ -42,7 +42,7 @@ const LABEL: &str = "test.idem.dev/team";
     namespaced,
     status = "NotebookStatus"
 )]
-#[idempotent(tenant = namespace_label("test.idem.dev/team"))]
+#[idempotent(tenant = namespace_label("test.idem.dev/team"), prune = owner_references)]
 pub struct NotebookSpec {
     /// Written into the child ConfigMap.
     pub text: String,

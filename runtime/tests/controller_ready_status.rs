@@ -44,7 +44,7 @@ const WAIT: Duration = Duration::from_secs(90);
     namespaced,
     status = "DatabaseStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct DatabaseSpec {
     /// Pods wanted.
     pub replicas: i32,

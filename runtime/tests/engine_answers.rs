@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
     namespaced,
     status = "VaultStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct VaultSpec {
     /// The secret's value.
     pub value: String,

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{ChildKinds, Cleanup, Outcome, Pass, Reconciler};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;

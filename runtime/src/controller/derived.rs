@@ -4,16 +4,15 @@
 
 use std::sync::Arc;
 
+use kube::Api;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher;
-use kube::{Api, Client};
 
 use super::Controller;
 use super::mapping::fingerprint;
 use super::namespaces::NamespaceTenants;
 use super::watch::TenantFn;
 use crate::key::TenantKey;
-use crate::reconciler::{Reconciler, children_config};
 use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
 
 /// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
@@ -77,29 +76,6 @@ where
         c
     }
 
-    /// The controller of reconciler `R`'s kind: [`Controller::for_derived`] on every object of
-    /// the kind, owning every child kind [`Reconciler::children`] declares, each watched with
-    /// [`children_config`] (only the children labelled managed-by the kind's field manager),
-    /// so that no child kind is forgotten or watched unselected. Run it with
-    /// [`Driver::run`](crate::reconciler::Driver::run).
-    ///
-    /// [`Reconciler::children`]: crate::reconciler::Reconciler::children
-    pub fn for_reconciler<R: Reconciler<Resource = K>>(client: &Client) -> Self {
-        Self::for_reconciler_with::<R>(client, watcher::Config::default(), children_config::<K>())
-    }
-
-    /// As [`Controller::for_reconciler`], watching the objects with `config` and the children
-    /// of every declared kind with `children` (e.g. [`children_config`] narrowed to a shard's
-    /// buckets, or with streaming lists and a page size).
-    pub fn for_reconciler_with<R: Reconciler<Resource = K>>(
-        client: &Client,
-        config: watcher::Config,
-        children: watcher::Config,
-    ) -> Self {
-        let controller = Self::for_derived(Api::all(client.clone()), config);
-        R::children().own_all(controller, client, &children)
-    }
-
     /// For a `tenant = namespace_label("...")` kind: watch only the namespaces `config`
     /// selects (e.g. by a label of the namespaces your own controller creates), and let only
     /// those whose metadata `trust` accepts name a tenant (e.g. those a tenant object
@@ -150,7 +126,7 @@ mod tests {
         namespaced,
         status = "S"
     )]
-    #[idempotent(tenant = namespace_label("team"), crate = "crate")]
+    #[idempotent(tenant = namespace_label("team"), crate = "crate", prune = owner_references)]
     struct ThingSpec {
         size: i32,
         #[idempotent(skip)]
@@ -183,7 +159,7 @@ mod tests {
         // Nor the object's own tenant label.
         let mut forged = thing("other", 1, "");
         forged.metadata.labels = Some(std::collections::BTreeMap::from([(
-            crate::apply::TENANT_LABEL.to_string(),
+            crate::labels::TENANT_LABEL.to_string(),
             "blue".to_string(),
         )]));
         assert_eq!(f(&forged), TenantKey::new(UNRESOLVED_TENANT));

@@ -33,6 +33,7 @@ mod action;
 pub mod blocked;
 mod child_change;
 mod derived;
+mod kinds;
 pub mod mapping;
 pub mod namespaces;
 mod raw;
@@ -55,6 +56,7 @@ pub use self::action::{Action, Attempt};
 pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
 pub use self::derived::{UNRESOLVED_TENANT, change_fingerprint};
+pub(crate) use self::kinds::{KindSet, same};
 pub use self::namespaces::NamespaceTenants;
 pub use self::reason::Reason;
 use self::reason::Reasons;
@@ -64,7 +66,6 @@ use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
-use crate::reconciler::kinds::KindSet;
 
 /// Keeps `out` equal to the conjunction of `inputs` (e.g. several controllers' synced signals,
 /// [`Controller::with_synced_signal`]) until the task is dropped or every input's sender is
@@ -182,7 +183,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     synced: Option<tokio::sync::watch::Sender<bool>>,
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
-    caches: Option<crate::apply::ChildCaches>,
+    caches: Option<crate::cache::ChildCaches>,
     record_of: Option<RecordFn<K>>,
     shard: Option<OwnsFn<K>>,
     blocked: BlockedWatches,
@@ -405,7 +406,7 @@ where
     /// configuration` annotation and the `managedFields` timestamps, which the apply engine
     /// never reads.
     #[must_use]
-    pub fn with_child_caches(mut self, caches: crate::apply::ChildCaches) -> Self {
+    pub fn with_child_caches(mut self, caches: crate::cache::ChildCaches) -> Self {
         self.caches = Some(caches);
         self
     }

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ReconcileError;
-use super::kinds::KindSet;
 use crate::apply::{ApplyReport, ChildCaches, ChildOutcome, DesiredChildren};
+use crate::controller::KindSet;
 use crate::key::ObjectKey;
 
 /// The condition reason of a readiness that reads the status of a kind it did not declare.

@@ -16,8 +16,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
+use super::Reconciler;
 use crate::apply::{ChildCaches, ChildScope, MANAGED_BY_LABEL};
-use crate::controller::Controller;
+use crate::controller::{Controller, KindSet, same};
 use crate::resource::IdempotentResource;
 
 /// The condition reason of a pass that desires a child of a kind its reconciler does not
@@ -86,7 +87,7 @@ impl<K: IdempotentResource> Clone for Declared<K> {
 /// # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition> }
 /// # #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
 /// # #[kube(group = "example.com", version = "v1", kind = "Db", namespaced, status = "S")]
-/// # #[idempotent(tenant = namespace)]
+/// # #[idempotent(tenant = namespace, prune = owner_references)]
 /// # pub struct DbSpec { pub size: u32 }
 /// let kinds: ChildKinds<Db> = ChildKinds::new()
 ///     .owns::<Service>()
@@ -320,40 +321,32 @@ impl Drop for ChildWatches {
     }
 }
 
-fn same(a: &ApiResource, b: &ApiResource) -> bool {
-    a.api_version == b.api_version && a.kind == b.kind
-}
-
-/// A set of kinds, by `apiVersion` and `kind`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct KindSet(Vec<ApiResource>);
-
-impl KindSet {
-    /// Whether kind `C` is one of these.
-    pub(crate) fn contains<C: Resource<DynamicType = ()>>(&self) -> bool {
-        self.has(&ApiResource::erase::<C>(&()))
+/// The controller of a reconciler: built here, where the reconciler's declaration is, so the
+/// controller loop knows nothing of reconcilers.
+impl<K: IdempotentResource> Controller<K>
+where
+    K::Scope: 'static,
+{
+    /// The controller of reconciler `R`'s kind: [`Controller::for_derived`] on every object of
+    /// the kind, owning every child kind [`Reconciler::children`] declares, each watched with
+    /// [`children_config`] (only the children labelled managed-by the kind's field manager),
+    /// so that no child kind is forgotten or watched unselected. Run it with
+    /// [`Driver::run`](super::Driver::run).
+    ///
+    /// [`Reconciler::children`]: super::Reconciler::children
+    pub fn for_reconciler<R: Reconciler<Resource = K>>(client: &Client) -> Self {
+        Self::for_reconciler_with::<R>(client, watcher::Config::default(), children_config::<K>())
     }
 
-    /// Whether the kind of `resource` is one of these.
-    pub(crate) fn has(&self, resource: &ApiResource) -> bool {
-        self.0.iter().any(|r| same(r, resource))
-    }
-
-    /// Whether `(api_version, kind)` is one of these.
-    pub(crate) fn has_kind(&self, api_version: &str, kind: &str) -> bool {
-        self.0
-            .iter()
-            .any(|r| r.api_version == api_version && r.kind == kind)
-    }
-
-    /// The kinds.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &ApiResource> {
-        self.0.iter()
-    }
-
-    /// The kinds `C`, for tests.
-    #[cfg(test)]
-    pub(crate) fn of<C: Resource<DynamicType = ()>>() -> Self {
-        Self(vec![ApiResource::erase::<C>(&())])
+    /// As [`Controller::for_reconciler`], watching the objects with `config` and the children
+    /// of every declared kind with `children` (e.g. [`children_config`] narrowed to a shard's
+    /// buckets, or with streaming lists and a page size).
+    pub fn for_reconciler_with<R: Reconciler<Resource = K>>(
+        client: &Client,
+        config: watcher::Config,
+        children: watcher::Config,
+    ) -> Self {
+        let controller = Self::for_derived(Api::all(client.clone()), config);
+        R::children().own_all(controller, client, &children)
     }
 }

@@ -56,6 +56,7 @@ mod driver;
 pub mod events;
 pub(crate) mod kinds;
 mod pass;
+pub mod retention;
 mod seen;
 
 use std::future::Future;
@@ -66,7 +67,7 @@ pub use self::driver::{Driver, DriverConfig};
 pub use self::kinds::{
     ChildKinds, ChildWatches, KIND_NOT_DECLARED, WatchChildrenError, children_config,
 };
-pub use self::pass::Pass;
+pub use self::pass::{CREATE_ONCE_WITHOUT_RECORD, Pass};
 pub use crate::controller::Reason;
 
 use crate::apply::{ApplyError, CreatedChild, DesiredChildren};
@@ -336,18 +337,20 @@ pub trait Reconciler: Send + Sync + 'static {
     }
 
     /// The status field that records the children this object's reconciles created (uids from
-    /// the creates' answers; see [`crate::apply::record`]), or `None` (the default) when the kind
-    /// keeps no record. With a record the prune deletes only recorded children, and the
-    /// driver keeps the field up to date: it adds what each pass created (also when the pass
-    /// fails, with a status write that leaves `observedGeneration` and conditions alone) and
-    /// drops what was pruned or is gone. Without one the prune trusts the controller
-    /// ownerReference, which anyone who may create a child kind where the children live can
-    /// forge. Status is a subresource, so users who can edit the object cannot edit the record.
+    /// the creates' answers; see [`crate::apply::record`]): by default the derive's
+    /// ([`IdempotentResource::child_record_of`]: `status.created_children`, or `None` for a
+    /// kind with `#[idempotent(prune = owner_references)]`). With a record the prune deletes
+    /// only recorded children, and the driver keeps the field up to date: it adds what each
+    /// pass created (also when the pass fails, with a status write that leaves
+    /// `observedGeneration` and conditions alone) and drops what was pruned or is gone.
+    /// Without one the prune trusts the controller ownerReference, which anyone who may
+    /// create a child kind where the children live can forge, and create-once children are
+    /// refused (a deleted one could not be told from one never created). Status is a
+    /// subresource, so users who can edit the object cannot edit the record.
     fn child_record(
         status: &mut <Self::Resource as IdempotentResource>::Status,
     ) -> Option<&mut Vec<CreatedChild>> {
-        let _ = status;
-        None
+        <Self::Resource as IdempotentResource>::child_record_of(status)
     }
 
     /// The kind's own status fields to write along with `Stalled` when the reconcile failed

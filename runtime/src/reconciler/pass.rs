@@ -7,15 +7,19 @@ use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, Recorder};
 
-use super::kinds::KindSet;
 use super::{ChildKinds, Children, KIND_NOT_DECLARED, Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
 };
+use crate::controller::KindSet;
 use crate::controller::NamespaceTenants;
 use crate::key::{ObjectKey, TenantKey};
 use crate::resource::{IdempotentResource, TenantRef};
 use kube::core::ApiResource;
+
+/// The condition reason of a pass that desires a create-once child for a kind that keeps no
+/// record of the children it created.
+pub const CREATE_ONCE_WITHOUT_RECORD: &str = "CreateOnceWithoutRecord";
 
 /// One reconcile pass, given to [`Reconciler::reconcile`](super::Reconciler::reconcile) and
 /// [`Reconciler::cleanup`](super::Reconciler::cleanup).
@@ -101,6 +105,23 @@ impl<K: IdempotentResource> Pass<K> {
     /// A terminal [`KIND_NOT_DECLARED`] error for the first child of `desired` whose kind the
     /// reconciler does not declare.
     fn check_declared(&self, desired: &DesiredChildren) -> Result<(), ReconcileError> {
+        if self.record.is_none()
+            && let Some(once) = desired.children.iter().find(|c| c.once.is_some())
+        {
+            return Err(ReconcileError::terminal(
+                CREATE_ONCE_WITHOUT_RECORD,
+                format!(
+                    "{} {} is create-once, but {} keeps no record of the children it created \
+                     (#[idempotent(prune = owner_references)]): a deleted create-once child \
+                     could not be told from one never created, and would silently get a new \
+                     value. Give the status `created_children: Vec<CreatedChild>` and drop \
+                     the opt-out",
+                    once.resource.kind,
+                    once.key(),
+                    K::kind(&()),
+                ),
+            ));
+        }
         let Some(declared) = &self.declared else {
             return Ok(());
         };

@@ -33,8 +33,8 @@ pub mod selector;
 
 use kube::Client;
 
-pub use self::hash::{fnv1a64, shard_hash};
-pub use self::ring::{BUCKETS, Ranges, Ring, ShardField, bucket_of};
+pub use self::hash::{ShardField, fnv1a64, shard_hash};
+pub use self::ring::{BUCKETS, Ranges, Ring, bucket_of};
 
 /// Whether the API server filters lists by `shardSelector`: lists one Namespace with a selector
 /// of the whole hash space and looks for the echoed `metadata.shardInfo.selector`.
