@@ -182,7 +182,7 @@ impl RetryPolicy {
 
 /// Consecutive-failure counts per key, and the retry delays they imply.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     config: BackoffConfig,
     failures: HashMap<ObjectKey, u32>,
 }
@@ -198,11 +198,6 @@ impl Backoff {
             config,
             failures: HashMap::new(),
         })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &BackoffConfig {
-        &self.config
     }
 
     /// Record a failure of `key`: returns the new consecutive-failure count and the jittered

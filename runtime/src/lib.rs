@@ -10,7 +10,7 @@ pub mod controller;
 pub mod derive;
 pub mod http;
 pub mod inflight;
-pub mod key;
+mod key;
 mod labels;
 pub mod leader;
 pub mod manager;

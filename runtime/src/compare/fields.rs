@@ -152,6 +152,7 @@ pub fn check(desired: &Value, live: &Value, field_manager: &str) -> Vec<Drift> {
 }
 
 /// Whether `live` is converged to `desired` for `field_manager` ([`check`] is empty).
+#[cfg(any(test, feature = "testing"))]
 pub fn is_converged(desired: &Value, live: &Value, field_manager: &str) -> bool {
     check(desired, live, field_manager).is_empty()
 }

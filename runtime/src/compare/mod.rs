@@ -58,7 +58,12 @@ mod schema;
 mod settled;
 mod spec_diff;
 
-pub use fields::{Drift, DriftKind, check, is_converged};
+#[cfg(not(feature = "testing"))]
+pub(crate) use fields::check;
+pub use fields::{Drift, DriftKind};
+/// The convergence check, public for the oracle test only (feature `testing`).
+#[cfg(feature = "testing")]
+pub use fields::{check, is_converged};
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use quantity::Quantity;
 pub(crate) use restrict::restrict_to_desired;

@@ -53,7 +53,7 @@
 
 mod children;
 mod driver;
-pub mod events;
+pub(crate) mod events;
 pub(crate) mod kinds;
 mod pass;
 pub mod retention;
