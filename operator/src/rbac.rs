@@ -103,7 +103,7 @@ const LEADER_ELECTION_RULES: &[Rule] = &[
         group: "coordination.k8s.io",
         resources: &["leases"],
         verbs: &["get", "update"],
-        names: &[crate::leader::LEASE_NAME],
+        names: &[crate::NAME],
     },
     Rule {
         group: "coordination.k8s.io",

@@ -57,7 +57,7 @@ async fn gateway_timeouts() -> (String, Arc<Mutex<Vec<String>>>) {
 async fn a_create_that_times_out_is_sent_once_but_a_read_is_retried() {
     let (url, seen) = gateway_timeouts().await;
     let config = kube::Config::new(url.parse().unwrap());
-    let client = idem_operator::client::build(config).unwrap();
+    let client = idem_runtime::manager::client::build(config).unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
     let cm: ConfigMap =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();

@@ -11,7 +11,10 @@ use std::time::Duration;
 use common::process::OperatorProcess;
 use common::tenants::{self, full_spec};
 use common::{eventually, install_crds};
-use idem_operator::leader::{LEASE_NAME, LEASE_SECONDS};
+use idem_operator::NAME as LEASE_NAME;
+
+/// The Lease's `leaseDurationSeconds` every replica writes.
+const LEASE_SECONDS: u64 = idem_runtime::leader::DEFAULT_LEASE_DURATION.as_secs();
 use idem_tests::{create_namespace, shared, unique_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Output;
 
 use common::{TIMEOUT, eventually, install_crds};
-use idem_operator::leader::LEASE_NAME;
+use idem_operator::NAME as LEASE_NAME;
 use idem_tests::{create_namespace, shared, unique_name};
 
 const OPERATOR: &str = "system:serviceaccount:idem-system:idem-operator";
@@ -344,7 +344,7 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
 /// waiting for its acknowledgement (README "Running N replicas"). Other Leases stay writable.
 #[tokio::test]
 async fn only_the_operator_may_write_the_shard_rings_member_leases() {
-    use idem_operator::shard::membership::MEMBER_LABEL;
+    use idem_runtime::shard::membership::MEMBER_LABEL;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Api, PostParams};
 

@@ -4,14 +4,14 @@
 //! caller is cancelled (as a reconcile is at a ring change), is on the server before the
 //! replica's Lease acknowledges the new ring. The test plays the manager's part of the
 //! handover ([`Membership::stopped`] once the fence is drained), as
-//! `idem_operator::manager` does after joining the old ring's controllers.
+//! idem-runtime's manager does after joining the old ring's controllers.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{TIMEOUT, eventually, why};
-use idem_operator::shard::membership::{
+use idem_runtime::shard::membership::{
     APPLIED_ANNOTATION, Membership, MembershipMetrics, lease_name,
 };
 use idem_tests::faults::Faults;
@@ -55,6 +55,7 @@ async fn a_new_ring_is_acknowledged_only_after_the_old_rings_writes_reached_the_
     let ns = create_namespace(&client, "handover").await.unwrap();
     let a = std::sync::Arc::new(Membership::start(
         client.clone(),
+        idem_operator::NAME,
         &ns,
         "ho-a",
         MembershipMetrics::default(),
@@ -66,8 +67,13 @@ async fn a_new_ring_is_acknowledged_only_after_the_old_rings_writes_reached_the_
         .expect("a ring of one in time")
         .unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let first = applied(leases.get_opt(&lease_name("ho-a")).await.unwrap())
-        .expect("the first ring acknowledged");
+    let first = applied(
+        leases
+            .get_opt(&lease_name(idem_operator::NAME, "ho-a"))
+            .await
+            .unwrap(),
+    )
+    .expect("the first ring acknowledged");
 
     // A write through the member fence, 6 s on its way to the server; its caller cancelled.
     let faults = Faults::new();
@@ -88,6 +94,7 @@ async fn a_new_ring_is_acknowledged_only_after_the_old_rings_writes_reached_the_
     // A second member joins: the ring changes.
     let b = std::sync::Arc::new(Membership::start(
         client.clone(),
+        idem_operator::NAME,
         &ns,
         "ho-b",
         MembershipMetrics::default(),
@@ -95,7 +102,10 @@ async fn a_new_ring_is_acknowledged_only_after_the_old_rings_writes_reached_the_
     let _manager_b = manage(std::sync::Arc::clone(&b), false);
     let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let acked = eventually("a's Lease acknowledging the new ring", TIMEOUT, || async {
-        let lease = leases.get_opt(&lease_name("ho-a")).await.map_err(why)?;
+        let lease = leases
+            .get_opt(&lease_name(idem_operator::NAME, "ho-a"))
+            .await
+            .map_err(why)?;
         match applied(lease) {
             Some(v) if v != first => Ok(v),
             other => Err(format!("applied {other:?}")),

@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use common::process::OperatorProcess;
 use common::tenants::{self, full_spec};
 use common::{eventually, install_crds};
-use idem_operator::leader::{LEASE_DURATION, RETRY_PERIOD};
 use idem_operator::resources::Tenant;
-use idem_operator::shard::selector::with_selector;
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
+use idem_runtime::leader::{
+    DEFAULT_LEASE_DURATION as LEASE_DURATION, DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
+};
+use idem_runtime::shard::selector::with_selector;
 use idem_runtime::shard::{BUCKETS, Ring, ShardField, bucket_of, fnv1a64};
 use idem_tests::Options;
 use idem_tests::{ControlPlane, unique_name};

@@ -3,8 +3,11 @@
 //!
 //! ```sh
 //! cargo run -p idem-runtime --example base_tenant   # the cluster of your kubeconfig
-//! # or, one active replica of several (a Lease in the kubeconfig's namespace):
-//! cargo run -p idem-runtime --example base_tenant -- --leader-elect
+//! # or N replicas, each reconciling its share (member Leases `base-tenant-shard-<identity>`;
+//! # give each its own `--identity` and `--metrics-addr`/`--health-addr` on one host):
+//! cargo run -p idem-runtime --example base_tenant -- run --shards auto
+//! # or one active replica of several (Lease `base-tenant`): `-- run --leader-elect`
+//! cargo run -p idem-runtime --example base_tenant -- crds   # its CRD as YAML
 //! kubectl apply -f - <<'YAML'
 //! apiVersion: example.idem.dev/v1alpha1
 //! kind: BaseTenant
@@ -18,9 +21,11 @@
 //! Everything but the resource, its desired children and the few lines of `Reconciler` and
 //! `main` comes from idem-runtime: apply with the convergence check and prune, status with
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
-//! tracing span, and with `--leader-elect` leader election with a write fence. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
+//! tracing span, and from its [`Manager`] the command line, `/metrics`, `/healthz`, `/readyz`,
+//! leader election or sharding with write fences, and graceful shutdown.
+//! `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
-use idem_runtime::leader::{LeaderElection, default_identity};
+use idem_runtime::manager::{Manager, ManagerError, Reconciles};
 use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -101,6 +106,7 @@ fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T,
 // ---- The reconcile code: everything beyond the desired state. ----
 
 /// The BaseTenant reconciler: its children are [`desired`]; ready once they are applied.
+#[derive(Clone)]
 pub struct BaseTenants;
 
 impl Reconciler for BaseTenants {
@@ -119,52 +125,27 @@ impl Reconciler for BaseTenants {
     }
 }
 
+/// `run` (the default; `--shards auto` or `--leader-elect` for N replicas) or `crds`.
+fn main() -> Result<(), ManagerError> {
+    Manager::from_args("base-tenant")
+        .add(Reconciles::new(BaseTenants))
+        .installing_crds()
+        .run()
+}
+
+// ---- For the tests that include this file: the controller and CRD without a manager. ----
+
 /// The controller of BaseTenants and the child kinds [`BaseTenants`] declares.
+#[allow(dead_code)]
 pub fn controller(client: &Client) -> Controller<BaseTenant> {
     Controller::for_reconciler::<BaseTenants>(client)
 }
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let client = Client::try_default().await?;
-    install_crd(&client).await?;
-    let shutdown = idem_runtime::http::shutdown_signal(); // SIGTERM or Ctrl-C: graceful
-    if !std::env::args().any(|a| a == "--leader-elect") {
-        return run(client, shutdown).await;
-    }
-    // Several replicas: only the holder of Lease `base-tenant` reconciles.
-    let (ns, me) = (client.default_namespace().to_owned(), default_identity());
-    let leader = LeaderElection::new("base-tenant", ns, me).start(client.clone())?;
-    let mut shutdown = std::pin::pin!(shutdown);
-    let stopped = tokio::select! {
-        acquired = leader.acquired() => { acquired?; false }
-        () = &mut shutdown => true, // while still a standby
-    };
-    if !stopped {
-        // Writes refused once the lease is not valid; the controllers dropped if it is lost.
-        leader
-            .while_leading(run(leader.fenced(&client), shutdown))
-            .await??;
-    }
-    leader.release().await;
-    Ok(())
-}
-
-/// Runs the controller until `shutdown`, then lets in-flight reconciles finish.
-async fn run(client: Client, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
-    let report = Driver::new(client.clone(), BaseTenants)
-        .run(controller(&client), shutdown)
-        .await?;
-    eprintln!("stopped: {report:?}");
-    Ok(())
-}
-
-// ---- Setup: not reconcile code. ----
 
 /// Server-side applies the BaseTenant CRD and waits until it is Established.
 ///
 /// # Errors
 /// When the apply or the wait fails.
+#[allow(dead_code)]
 pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;

@@ -13,6 +13,7 @@ pub mod inflight;
 mod key;
 mod labels;
 pub mod leader;
+pub mod manager;
 pub mod metrics;
 pub mod prelude;
 pub mod queue;

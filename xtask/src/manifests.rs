@@ -122,7 +122,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     // Every replica waits until each live member Lease acknowledges a ring: a Lease forged by
     // anyone else who may write Leases there would hold all of them (README "Running N
     // replicas"). Only the operator's own account may write a Lease of the ring, admins included.
-    let member = idem_operator::shard::membership::MEMBER_LABEL;
+    let member = idem_runtime::shard::membership::MEMBER_LABEL;
     let in_ring = |obj: &str| {
         format!(
             "{obj} != null && has({obj}.metadata.labels) && '{member}' in {obj}.metadata.labels"

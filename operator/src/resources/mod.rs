@@ -43,26 +43,3 @@ pub fn try_crds() -> Result<
         idem_runtime::schema::crd::<TenantApp>()?,
     ])
 }
-
-/// Logs an error naming each of the operator's CRDs that is not installed, with the command
-/// that installs them: without it the watches only log the API server's
-/// `404 page not found` (retried with backoff; they work once the CRDs are applied).
-pub(crate) async fn report_missing_crds(client: &kube::Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let api = kube::Api::<CustomResourceDefinition>::all(client.clone());
-    for name in [
-        <Tenant as kube::CustomResourceExt>::crd_name(),
-        <TenantApp as kube::CustomResourceExt>::crd_name(),
-    ] {
-        match api.get_opt(name).await {
-            Ok(Some(_)) => {}
-            Ok(None) => tracing::error!(
-                crd = name,
-                "the CustomResourceDefinition {name} is not installed; install the CRDs with `kubectl apply -f deploy/crds/` (the watches retry until it exists)"
-            ),
-            Err(e) => {
-                tracing::debug!(crd = name, error = %e, "cannot check the CustomResourceDefinition")
-            }
-        }
-    }
-}

@@ -15,8 +15,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use idem_operator::manager::{self, ManagerOptions};
 use idem_operator::resources;
+use idem_runtime::manager::{ManagerError, ManagerOptions};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -121,13 +121,13 @@ pub fn reconciles_in(metrics: &str, controller: &str) -> u64 {
         .sum()
 }
 
-/// The idem operator, run in-process by [`manager::run`] on a tokio runtime of its own, so
+/// The idem operator, run in-process by its manager's `run_until` on a tokio runtime of its own, so
 /// that [`Operator::kill`] can drop everything it runs at once, like a killed process.
 pub struct Operator {
     /// Where it serves `/metrics`, `/healthz` and `/readyz`.
     pub addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    task: Option<tokio::task::JoinHandle<Result<(), ManagerError>>>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -191,7 +191,7 @@ impl Operator {
             .build()
             .expect("an operator runtime");
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = runtime.spawn(manager::run(options, async move {
+        let task = runtime.spawn(idem_operator::manager(options).run_until(async move {
             let _ = stopped.await;
         }));
         Self {
@@ -203,7 +203,7 @@ impl Operator {
     }
 
     /// Waits until `/readyz` answers 200 (caches synced; with leader election a standby is
-    /// ready too, see `idem_operator::manager::run`).
+    /// ready too, see `idem_runtime::manager::Manager::run_until`).
     pub async fn wait_ready(&mut self) {
         let addr = self.addr;
         let task = self.task.as_ref().expect("running");

@@ -7,7 +7,7 @@
 //!   refuses the kube client's writes while it is closed (also used for sharding,
 //!   [`FenceMode::ShardMembership`]).
 //!
-//! The short path (what `runtime/examples/base_tenant.rs --leader-elect` does):
+//! The short path (what [`crate::manager::Manager`] does with `run --leader-elect`):
 //!
 //! ```no_run
 //! # async fn run(client: kube::Client, work: impl std::future::Future<Output = ()>) -> Result<(), idem_runtime::leader::LeaderError> {

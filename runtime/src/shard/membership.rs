@@ -9,14 +9,14 @@
 //! rule, no cross-node clock comparison). Then:
 //! - ring unchanged, running, and every other member's Lease still acknowledging it: the write
 //!   fence is extended to `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as
-//!   [`idem_runtime::leader`] does for the leader). A round whose renewal fails leaves the controllers running with
+//!   [`crate::leader`] does for the leader). A round whose renewal fails leaves the controllers running with
 //!   the fence running out (their writes are refused and retried with backoff), so a slow API
 //!   server does not make every replica relist; the next good round resumes, or hands over if
 //!   a member acknowledges another ring (it dropped this replica, or it restarted);
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
 //!   and the controllers are told to stop; once the manager reports them stopped — their
 //!   reconciles cancelled, their client refusing every write for good, and every write they
-//!   had sent before the fence closed answered ([`Membership::stopped`], [`idem_runtime::leader::Fence::drained`]) — the replica
+//!   had sent before the fence closed answered ([`Membership::stopped`], [`crate::leader::Fence::drained`]) — the replica
 //!   acknowledges the new ring by writing its version in its Lease's [`APPLIED_ANNOTATION`]
 //!   (the handshake), so no write of the old ring can reach the server after the ack;
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
@@ -48,7 +48,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::shard::Ring;
+use super::Ring;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -58,21 +58,25 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use idem_runtime::leader::{Fence, FenceMode};
+use crate::leader::{
+    DEFAULT_CLOCK_SKEW as CLOCK_SKEW, DEFAULT_LEASE_DURATION as LEASE_DURATION,
+    DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
+};
+use crate::leader::{Fence, FenceMode};
 
-use crate::leader::{CLOCK_SKEW, LEASE_DURATION, LEASE_SECONDS, RETRY_PERIOD};
+/// [`LEASE_DURATION`] in whole seconds, as written to `leaseDurationSeconds`.
+const LEASE_SECONDS: u64 = LEASE_DURATION.as_secs();
 
-/// Label of every member Lease; its value names the ring.
+/// Label of every member Lease; its value names the ring (a manager's name, e.g.
+/// `idem-operator`).
 pub const MEMBER_LABEL: &str = "tenancy.idem.dev/shard-ring";
-/// The ring of idem-operator replicas (the value of [`MEMBER_LABEL`]).
-pub const RING_NAME: &str = "idem-operator";
 /// Annotation of a member Lease: the version ([`Ring::version`]) of the last ring its holder
 /// stopped for and acknowledged.
 pub const APPLIED_ANNOTATION: &str = "tenancy.idem.dev/applied-ring";
 /// Annotation of a member Lease: the id of the process that renews it (one per start).
 pub const INSTANCE_ANNOTATION: &str = "tenancy.idem.dev/instance";
-/// Prefix of a member Lease's name; the rest is the identity, made a valid name.
-pub const LEASE_PREFIX: &str = "idem-operator-shard-";
+/// What follows the ring's name in a member Lease's name (`<ring>-shard-<identity>`).
+pub const LEASE_INFIX: &str = "-shard-";
 /// Longest wait for one Lease request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// A non-live Lease unchanged for this many lease durations is deleted.
@@ -94,9 +98,10 @@ pub struct MembershipMetrics {
     pub working: Gauge,
 }
 
-/// The name of `identity`'s member Lease: [`LEASE_PREFIX`] + the identity in lower case with
-/// characters outside `[a-z0-9.-]` replaced by `-`, cut to the 253 characters of a name.
-pub fn lease_name(identity: &str) -> String {
+/// The name of `identity`'s member Lease in ring `ring`: `ring` + [`LEASE_INFIX`] + the
+/// identity in lower case with characters outside `[a-z0-9.-]` replaced by `-`, cut to the 253
+/// characters of a name.
+pub fn lease_name(ring: &str, identity: &str) -> String {
     let cleaned: String = identity
         .to_lowercase()
         .chars()
@@ -108,7 +113,7 @@ pub fn lease_name(identity: &str) -> String {
             }
         })
         .collect();
-    let mut name = format!("{LEASE_PREFIX}{cleaned}");
+    let mut name = format!("{ring}{LEASE_INFIX}{cleaned}");
     name.truncate(253);
     name.trim_end_matches(['-', '.']).to_string()
 }
@@ -138,9 +143,11 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// Joins the ring with a Lease in `namespace` held by `identity`.
+    /// Joins ring `ring` (the value of [`MEMBER_LABEL`]) with a Lease in `namespace` held by
+    /// `identity`.
     pub fn start(
         client: Client,
+        ring: &str,
         namespace: &str,
         identity: &str,
         metrics: MembershipMetrics,
@@ -150,9 +157,10 @@ impl Membership {
         let (tx, assignment) = watch::channel(Assignment::default());
         let (stopped, stopped_rx) = watch::channel(0);
         let (stop, stop_rx) = watch::channel(false);
-        let name = lease_name(identity);
+        let name = lease_name(ring, identity);
         let member = Member {
             api: api.clone(),
+            ring: ring.to_string(),
             name: name.clone(),
             identity: identity.to_string(),
             instance: instance_id(),
@@ -236,6 +244,8 @@ impl Drop for Membership {
 /// The state of the membership loop.
 struct Member {
     api: Api<Lease>,
+    /// The ring's name (the value of [`MEMBER_LABEL`]).
+    ring: String,
     name: String,
     identity: String,
     /// This process's id in its Lease ([`INSTANCE_ANNOTATION`]).
@@ -395,7 +405,7 @@ impl Member {
             Err(_) => tracing::warn!("renewing the member Lease timed out"),
         }
         let renewed = self.last_renewal == Some(sent);
-        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={RING_NAME}"));
+        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.ring));
         let list_sent = Instant::now();
         let leases = match tokio::time::timeout(REQUEST_TIMEOUT, self.api.list(&params)).await {
             Ok(Ok(list)) if renewed => list.items,
@@ -570,7 +580,7 @@ impl Member {
             .metadata
             .labels
             .get_or_insert_with(BTreeMap::new)
-            .insert(MEMBER_LABEL.into(), RING_NAME.into());
+            .insert(MEMBER_LABEL.into(), self.ring.clone());
         lease
             .metadata
             .annotations
@@ -714,14 +724,14 @@ mod tests {
     #[test]
     fn lease_names_are_valid_object_names() {
         assert_eq!(
-            lease_name("idem-operator-7f9c-x2"),
+            lease_name("idem-operator", "idem-operator-7f9c-x2"),
             "idem-operator-shard-idem-operator-7f9c-x2"
         );
         assert_eq!(
-            lease_name("Host_Name:42"),
+            lease_name("idem-operator", "Host_Name:42"),
             "idem-operator-shard-host-name-42"
         );
-        assert!(lease_name(&"a".repeat(400)).len() <= 253);
-        assert_eq!(lease_name("x_"), "idem-operator-shard-x");
+        assert!(lease_name("r", &"a".repeat(400)).len() <= 253);
+        assert_eq!(lease_name("base-tenant", "x_"), "base-tenant-shard-x");
     }
 }

@@ -1,5 +1,5 @@
-//! The operator's API client: kube's client stack, but transient failures (429, 503, 504) are
-//! retried only for requests that are safe to repeat.
+//! The manager's API client: kube's client stack, but transient failures (429, 503, 504) are
+//! retried only for requests that are safe to repeat; every write passes the manager's fences.
 //!
 //! kube's default retry (`Config::default_retry`, up to 15 attempts) repeats every method. A
 //! `POST` that met 504 Gateway Timeout may have been carried out (the API server gave up
@@ -10,12 +10,61 @@
 //! first and decides again. `GET`, `PUT`, `PATCH` (server-side apply, guarded merges) and
 //! `DELETE` keep kube's retry (Kubernetes API conventions: only `POST` is not idempotent).
 
+use std::path::Path;
+use std::sync::Arc;
+
 use http::{Method, Request, Response, StatusCode};
 use kube::client::{Body, ClientBuilder, retry::RetryPolicy};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 use tower::BoxError;
 use tower::buffer::BufferLayer;
 use tower::retry::{Policy, RetryLayer};
+
+use crate::leader::{Fence, FenceLayer};
+use crate::shard::selector::{SelectorLayer, Selectors};
+
+/// Why no client configuration could be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The kubeconfig file given could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: KubeconfigError,
+    },
+    /// Neither `KUBECONFIG`, `~/.kube/config` nor the in-cluster configuration worked.
+    #[error("no Kubernetes client configuration: {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+}
+
+/// The configuration of `kubeconfig`, or kube's inferred one (`KUBECONFIG`, `~/.kube/config`,
+/// then in-cluster).
+///
+/// # Errors
+/// [`ConfigError`] when none can be loaded.
+///
+/// # Cancel safety
+/// Cancel-safe: it only reads files and the environment.
+pub async fn config(kubeconfig: Option<&Path>) -> Result<Config, ConfigError> {
+    let kubeconfig_error = |source| ConfigError::Kubeconfig {
+        path: kubeconfig
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        source,
+    };
+    Ok(match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(kubeconfig_error)?
+        }
+        None => Config::infer().await?,
+    })
+}
 
 /// Whether a request with `method` that got `status` may be sent again.
 pub fn safe_to_retry(method: &Method, status: StatusCode) -> bool {
@@ -63,6 +112,26 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for IdempotentRetry {
 pub fn build(mut config: Config) -> Result<Client, kube::Error> {
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(IdempotentRetry::default()))
+        .build())
+}
+
+/// A client for `config` whose writes pass only while `fence` and `gate` are valid
+/// ([`crate::leader::fence`]; `gate` is a shard ring's own fence, [`Fence::open`] otherwise),
+/// whose lists and watches select this replica's shard ([`SelectorLayer`]), with
+/// [`IdempotentRetry`] outside the fences so every attempt is fenced.
+pub(crate) fn fenced(
+    mut config: Config,
+    fence: Arc<Fence>,
+    gate: Arc<Fence>,
+    selectors: Arc<Selectors>,
+) -> Result<Client, kube::Error> {
+    config.default_retry = false;
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&SelectorLayer(selectors))
+        .with_layer(&FenceLayer::new(fence))
+        .with_layer(&FenceLayer::new(gate))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(IdempotentRetry::default()))
         .build())

@@ -23,7 +23,9 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::membership::{HANDSHAKE_POLL, MEMBER_LABEL};
-use crate::leader::{LEASE_DURATION, RETRY_PERIOD};
+use crate::leader::{
+    DEFAULT_LEASE_DURATION as LEASE_DURATION, DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
+};
 
 /// How often a replica outside the ring lists the ring's member Leases.
 pub const GUARD_POLL: Duration = Duration::from_secs(5);
@@ -39,14 +41,16 @@ pub enum Ring {
     Live(String),
 }
 
-/// Watches for a live shard ring in `namespace`: [`Ring::Live`] while a member Lease changed
+/// Watches for a live shard ring named `ring` (its Leases labelled [`MEMBER_LABEL`]`=ring`) in
+/// `namespace`: [`Ring::Live`] while a member Lease changed
 /// (was renewed, or appeared) within a lease duration, [`Ring::None`] once none did.
-pub fn start(client: Client, namespace: &str) -> watch::Receiver<Ring> {
+pub fn start(client: Client, namespace: &str, ring: &str) -> watch::Receiver<Ring> {
     let (tx, rx) = watch::channel(Ring::Unknown);
     let api = Api::<Lease>::namespaced(client, namespace);
     let namespace = namespace.to_string();
+    let selector = format!("{MEMBER_LABEL}={ring}");
     tokio::spawn(async move {
-        let lp = ListParams::default().labels(MEMBER_LABEL);
+        let lp = ListParams::default().labels(&selector);
         let mut seen: Option<Seen> = None;
         // Looks left before Leases renewed just before the start count as not renewed.
         let mut looks_left = 2u32;

@@ -2,10 +2,11 @@
 //! it appends KEP-5866's `shardSelector` to list and watch requests of the sharded collections,
 //! and counts the bytes and watch events every GET brings back.
 //!
-//! The selector is added only to GETs of the cluster-wide collections in [`SHARDED`] (a list,
+//! The selector is added only to GETs of the cluster-wide collections named in
+//! [`Selectors::new`] (a list,
 //! or a watch with `watch=true`), and only while [`Selectors::server_side`] holds: when the
 //! `ShardedListAndWatch` gate is off the parameter would be ignored, and the controllers filter
-//! on their side in any case ([`idem_runtime::controller::Controller::shard`]), so results
+//! on their side in any case ([`crate::controller::Controller::shard`]), so results
 //! are the same either way.
 
 use std::pin::Pin;
@@ -13,33 +14,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
+use super::{Ranges, ShardField};
 use futures::future::{BoxFuture, FutureExt as _};
 use http::{Method, Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use idem_runtime::shard::{Ranges, ShardField};
 use kube::client::Body;
 use prometheus_client::metrics::counter::Counter;
 use tower::{Layer, Service};
 
-/// The cluster-wide collections whose lists and watches are sharded, and on which field: a
-/// Tenant by its uid; a TenantApp and its ConfigMaps, Deployments and Services by their
-/// namespace (they share one, so they land on the same replica). A Tenant's children
-/// (Namespaces, ResourceQuotas, …) have uids of their own and are not filtered by the server;
-/// they map to their Tenant by ownerReference and are filtered on this side.
-pub const SHARDED: &[(&str, ShardField)] = &[
-    ("/apis/tenancy.idem.dev/v1alpha1/tenants", ShardField::Uid),
-    (
-        "/apis/tenancy.idem.dev/v1alpha1/tenantapps",
-        ShardField::Namespace,
-    ),
-    ("/api/v1/configmaps", ShardField::Namespace),
-    ("/api/v1/services", ShardField::Namespace),
-    ("/apis/apps/v1/deployments", ShardField::Namespace),
-];
-
 /// What the layer reads and counts; shared with the manager.
 #[derive(Debug, Default)]
 pub struct Selectors {
+    /// The cluster-wide collection paths (e.g. `/api/v1/configmaps`) whose lists and watches
+    /// are sharded, and on which field.
+    sharded: Vec<(String, ShardField)>,
     ranges: RwLock<Option<Ranges>>,
     /// Whether the API server filters by `shardSelector` (found by [`super::probe_server_side`]).
     pub server_side: AtomicBool,
@@ -50,6 +38,17 @@ pub struct Selectors {
 }
 
 impl Selectors {
+    /// Selectors for the cluster-wide collections `sharded` (path, e.g.
+    /// `/apis/apps/v1/deployments`, and the field its objects are sharded on); objects of
+    /// one owner must share the field's value (a uid-sharded kind's children have uids of
+    /// their own, so they are not listed here but selected by label).
+    pub fn new(sharded: Vec<(String, ShardField)>) -> Self {
+        Self {
+            sharded,
+            ..Self::default()
+        }
+    }
+
     /// Sets the ranges later list/watch requests select (`None`: no selector).
     pub fn set(&self, ranges: Option<Ranges>) {
         *self.ranges.write().unwrap_or_else(|e| e.into_inner()) = ranges;
@@ -60,7 +59,7 @@ impl Selectors {
         if !self.server_side.load(Ordering::Relaxed) {
             return None;
         }
-        let field = SHARDED.iter().find(|(p, _)| *p == path)?.1;
+        let field = self.sharded.iter().find(|(p, _)| p == path)?.1;
         let ranges = self.ranges.read().unwrap_or_else(|e| e.into_inner());
         ranges.as_ref()?.selector(field)
     }
@@ -194,7 +193,13 @@ mod tests {
 
     #[test]
     fn selectors_are_appended_only_to_sharded_collections_when_server_side() {
-        let s = Selectors::default();
+        let s = Selectors::new(vec![
+            (
+                "/apis/tenancy.idem.dev/v1alpha1/tenants".into(),
+                ShardField::Uid,
+            ),
+            ("/api/v1/configmaps".into(), ShardField::Namespace),
+        ]);
         s.set(Some(Ranges::all()));
         assert_eq!(
             s.selector_for("/api/v1/configmaps"),

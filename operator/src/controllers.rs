@@ -1,0 +1,141 @@
+//! The operator's controllers as one set for idem-runtime's manager: Tenant and TenantApp
+//! sharing a cache of the operator's namespaces, a Tenant sharded by its uid and a TenantApp by
+//! its namespace (see [`crate::shard`]).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use idem_runtime::apply::MANAGED_BY_LABEL;
+use idem_runtime::manager::{Controllers, Running, Start};
+use idem_runtime::reconciler::Driver;
+use idem_runtime::schema::SchemaError;
+use idem_runtime::shard::{ShardField, shard_hash};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Resource as _;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::context::Context;
+use crate::resources::{FIELD_MANAGER, Tenant, TenantApp};
+use crate::{tenant, tenant_app};
+
+/// Tenant and TenantApp: add it to a [`idem_runtime::manager::Manager`] ([`crate::manager`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Operator;
+
+impl Controllers for Operator {
+    fn crds(&self) -> Result<Vec<CustomResourceDefinition>, SchemaError> {
+        crate::resources::try_crds()
+    }
+
+    /// A Tenant by its uid (its children are selected by label); a TenantApp and its
+    /// ConfigMaps, Deployments and Services by their namespace (they share one, so they land
+    /// on the same replica).
+    fn sharded(&self) -> Vec<(String, ShardField)> {
+        let path = |url: String| (url, ShardField::Namespace);
+        vec![
+            (Tenant::url_path(&(), None), ShardField::Uid),
+            path(TenantApp::url_path(&(), None)),
+            path("/api/v1/configmaps".into()),
+            path("/api/v1/services".into()),
+            path("/apis/apps/v1/deployments".into()),
+        ]
+    }
+
+    fn start(&self, start: Start<'_>) -> Running {
+        let client: &Client = start.client;
+        let shard = start.shard;
+        // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
+        let (store, writer) = reflector::store::<Namespace>();
+        // Sharded: only the namespaces of this replica's TenantApps (see `crate::shard`).
+        let ns_buckets = shard.and_then(|s| {
+            (s.ranges()
+                .label_selector(crate::shard::NAMESPACE_BUCKET_LABEL))
+            .map(|b| format!(",{b}"))
+        });
+        let ns_config = watcher::Config::default().labels(&format!(
+            "{MANAGED_BY_LABEL}={FIELD_MANAGER}{}",
+            ns_buckets.unwrap_or_default()
+        ));
+        let ns_watch = tokio::spawn(
+            watcher(Api::<Namespace>::all(client.clone()), ns_config.clone())
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|_| futures::future::ready(())),
+        );
+        let ctx = Context::new(client.clone(), store);
+        let tenant_driver = Driver::new(
+            client.clone(),
+            tenant::reconcile::Tenants {
+                ctx: Arc::clone(&ctx),
+            },
+        )
+        .with_caches(ctx.caches.clone())
+        .with_drift_metrics(start.drift.clone())
+        .with_reporter(start.reporter.clone());
+        let app_driver = Driver::new(
+            client.clone(),
+            tenant_app::reconcile::TenantApps {
+                ctx: Arc::clone(&ctx),
+            },
+        )
+        .with_caches(ctx.caches.clone())
+        .with_drift_metrics(start.drift.clone())
+        .with_reporter(start.reporter.clone());
+        let config = |name: &str| idem_runtime::controller::ControllerConfig {
+            name: Some(name.into()),
+            ..start.config.clone()
+        };
+        let (tenant_synced, tenant_ready) = watch::channel(false);
+        let (app_synced, app_ready) = watch::channel(false);
+        let mut tenants =
+            tenant::source::controller(client, config("tenant"), shard.map(|s| s.ranges()))
+                .with_metrics(start.metrics.clone())
+                .with_synced_signal(tenant_synced);
+        let tenant_store = tenants.store();
+        let mut apps =
+            tenant_app::source::controller(client, ns_config, config("tenantapp"), tenants.store())
+                .with_metrics(start.metrics.clone())
+                .with_synced_signal(app_synced);
+        let mut owned = None;
+        if let Some(shard) = shard {
+            let (by_uid, by_ns) = (shard.clone(), shard.clone());
+            tenants = tenants.shard(move |t| by_uid.owns(t.meta(), ShardField::Uid));
+            apps = apps.shard(move |a| by_ns.owns(a.meta(), ShardField::Namespace));
+            let shard = shard.clone();
+            owned = Some(move || {
+                (tenant_store.state().iter())
+                    .filter(|t| {
+                        shard
+                            .ranges()
+                            .contains(shard_hash(t.meta(), ShardField::Uid))
+                    })
+                    .count()
+            });
+        }
+        let (synced_tx, synced) = watch::channel(false);
+        let readiness = tokio::spawn(idem_runtime::controller::all_ready(
+            vec![tenant_ready, app_ready],
+            synced_tx,
+        ));
+        let (tenant_stop, app_stop) = (start.stopping(), start.stopping());
+        let stopped = async move {
+            let (t, a) = futures::future::join(
+                tenant_driver.run(tenants, tenant_stop),
+                app_driver.run(apps, app_stop),
+            )
+            .await;
+            vec![("tenant".to_string(), t), ("tenantapp".to_string(), a)]
+        };
+        let mut running = Running::new(stopped, synced)
+            .with_task(ns_watch)
+            .with_task(readiness)
+            .with_caches(ctx.caches.clone());
+        if let Some(owned) = owned {
+            running = running.counting(owned);
+        }
+        running
+    }
+}

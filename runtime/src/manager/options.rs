@@ -1,0 +1,67 @@
+//! How a [`Manager`](super::Manager) runs: the settings `run`'s flags fill in
+//! ([`Cli`](super::Cli)).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the manager runs; see `<binary> run --help`.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, then in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Concurrent reconciles per controller.
+    pub workers: usize,
+    /// Reconciles of one tenant at once, per controller; 0 (the default of the flag): no
+    /// cap, a tenant may use every idle worker and weights share workers under contention.
+    pub tenant_concurrency: usize,
+    /// Anti-entropy resync period (zero disables).
+    pub resync_period: Duration,
+    /// Address of `/metrics`.
+    pub metrics_addr: SocketAddr,
+    /// Address of `/healthz` and `/readyz`.
+    pub health_addr: SocketAddr,
+    /// Hold a Lease (named after the manager) before running controllers.
+    pub leader_elect: bool,
+    /// Namespace of the leader-election or shard member Leases (default `default`).
+    pub leader_elect_namespace: Option<String>,
+    /// Identity in the Lease (default host name + pid).
+    pub identity: Option<String>,
+    /// How long a graceful shutdown (a signal) waits for in-flight reconciles; lost
+    /// leadership cancels them at once.
+    pub shutdown_grace: Duration,
+    /// Shard the primaries across the replicas that hold a member Lease of the manager's ring
+    /// (`--shards auto`, see [`crate::shard`]); excludes `leader_elect`.
+    pub shards: bool,
+}
+
+impl Default for ManagerOptions {
+    /// The defaults of `run`'s flags.
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            workers: 4,
+            tenant_concurrency: 0,
+            resync_period: Duration::from_secs(10 * 3600),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            health_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            leader_elect: false,
+            leader_elect_namespace: None,
+            identity: None,
+            shutdown_grace: Duration::from_secs(30),
+            shards: false,
+        }
+    }
+}
+
+impl ManagerOptions {
+    /// The namespace of the Leases.
+    pub(crate) fn lease_namespace(&self) -> String {
+        (self.leader_elect_namespace.clone()).unwrap_or_else(|| "default".into())
+    }
+
+    /// This replica's identity.
+    pub(crate) fn identity(&self) -> String {
+        (self.identity.clone()).unwrap_or_else(crate::leader::default_identity)
+    }
+}
