@@ -54,7 +54,9 @@ pub const CHILD_NAME: &str = "base";
     status = "BaseTenantStatus",
     shortname = "bt"
 )]
-#[idempotent(tenant = field(tenant), field_manager = "idem-bench", conditions(Ready, Reconciling, Stalled))]
+// `bench-idem` drives the Applier itself and writes no record of created children; the
+// bench's fleet is its own, so the prune may trust the controller ownerReference.
+#[idempotent(tenant = field(tenant), field_manager = "idem-bench", conditions(Ready, Reconciling, Stalled), prune = owner_references)]
 #[serde(rename_all = "camelCase")]
 pub struct BaseTenantSpec {
     /// The unit of fairness this object belongs to (several objects may share one).

@@ -15,6 +15,8 @@ pub struct ContainerOpts {
     pub field_manager: Option<SpannedValue<String>>,
     /// `conditions(Ready, Reconciling, Stalled, "example.com/Custom")`.
     pub conditions: Option<SpannedValue<Conditions>>,
+    /// `prune = owner_references`: no record of created children in the status.
+    pub prune: Option<syn::Expr>,
     /// `crate = "::idem_runtime"`: where the runtime is, for re-exports.
     #[darling(rename = "crate")]
     pub krate: Option<syn::Path>,

@@ -58,6 +58,38 @@ fn status_fns(m: &Model) -> TokenStream {
     }
 }
 
+/// The record accessors of `IdempotentResource`: `status.created_children` unless the kind opts
+/// out (`prune = owner_references`), spanned at `status = "..."` so a status without the
+/// record is reported there, like a missing `conditions`.
+fn record_fns(m: &Model) -> TokenStream {
+    let krate = &m.krate;
+    let Some(status) = &m.status else {
+        return TokenStream::new();
+    };
+    let span = status.span();
+    let created = quote!(#krate::apply::CreatedChild);
+    if m.record {
+        quote_spanned! {span=>
+            const PRUNE_BY_RECORD: bool = true;
+            fn child_record_of(
+                status: &mut #status,
+            ) -> ::core::option::Option<&mut ::std::vec::Vec<#created>> {
+                let #status { created_children, .. } = status;
+                ::core::option::Option::Some(#krate::resource::CreatedChildrenField::get_mut(created_children))
+            }
+        }
+    } else {
+        quote_spanned! {span=>
+            const PRUNE_BY_RECORD: bool = false;
+            fn child_record_of(
+                _: &mut #status,
+            ) -> ::core::option::Option<&mut ::std::vec::Vec<#created>> {
+                ::core::option::Option::None
+            }
+        }
+    }
+}
+
 fn expand(m: &Model) -> TokenStream {
     let krate = &m.krate;
     let spec = &m.spec;
@@ -83,10 +115,16 @@ fn expand(m: &Model) -> TokenStream {
             quote!(#krate::resource::TenantRule::Namespace),
             quote!(#krate::resource::__tenant::by_namespace(self)),
         ),
-        Tenant::NamespaceLabel(l) => (
-            quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),
-            quote!(#krate::resource::__tenant::by_namespace_label(self, #l)),
-        ),
+        Tenant::NamespaceLabel(l) => {
+            let l = match l {
+                Some(l) => quote!(#l),
+                None => quote!(#krate::apply::TENANT_LABEL),
+            };
+            (
+                quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),
+                quote!(#krate::resource::__tenant::by_namespace_label(self, #l)),
+            )
+        }
         Tenant::Field(path) => {
             let text = path
                 .iter()
@@ -101,6 +139,7 @@ fn expand(m: &Model) -> TokenStream {
         }
     };
     let status_fns = status_fns(m);
+    let record_fns = record_fns(m);
     quote! {
         const _: () = {
             impl #krate::resource::SpecDiff for #spec {
@@ -137,6 +176,7 @@ fn expand(m: &Model) -> TokenStream {
                     &mut self.status
                 }
                 #status_fns
+                #record_fns
                 fn tenant(&self) -> ::core::result::Result<#krate::resource::TenantRef, #krate::resource::TenantError> {
                     #tenant_body
                 }
@@ -165,12 +205,20 @@ fn stub(m: &Model) -> TokenStream {
         .map_or_else(|| quote!(#krate::resource::__NoStatus), |s| quote!(#s));
     // The real accessors when the status type is known (their errors are real errors), else
     // placeholders over the stub status type.
+    // The record's accessors are placeholders: a missing record is not reported next to
+    // other errors (it may be what the fix of those is about).
+    let record_stub = quote! {
+        const PRUNE_BY_RECORD: bool = false;
+        fn child_record_of(_: &mut #status_ty) -> ::core::option::Option<&mut ::std::vec::Vec<#krate::apply::CreatedChild>> { #unreachable }
+    };
     let status_fns = if m.status.is_some() {
-        status_fns(m)
+        let fns = status_fns(m);
+        quote!(#fns #record_stub)
     } else {
         quote! {
             fn conditions_of(_: &#status_ty) -> &[#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] { #unreachable }
             fn conditions_of_mut(_: &mut #status_ty) -> &mut ::std::vec::Vec<#krate::__private::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> { #unreachable }
+            #record_stub
             fn observed_generation_of(_: &#status_ty) -> ::core::option::Option<i64> { #unreachable }
             fn set_observed_generation_of(_: &mut #status_ty, _: i64) { #unreachable }
         }

@@ -59,7 +59,14 @@ fn nested_of(
 }
 
 /// Keys of the container attribute.
-const KEYS: &[&str] = &["tenant", "field_manager", "conditions", "crate", "skip"];
+const KEYS: &[&str] = &[
+    "tenant",
+    "field_manager",
+    "conditions",
+    "prune",
+    "crate",
+    "skip",
+];
 
 /// Reports unknown (with a "did you mean") and repeated keys and drops them, so that darling
 /// parses the rest and validation still runs: every error is reported in one go.

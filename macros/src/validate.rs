@@ -9,8 +9,6 @@ use crate::parse::{Field, Input};
 
 /// Default condition types: the kstatus trio.
 const KSTATUS: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
-/// Default tenant label for namespaced roots (design: names on the wire).
-const DEFAULT_TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
 
 /// How the tenant is found.
 pub enum Tenant {
@@ -18,8 +16,8 @@ pub enum Tenant {
     Name,
     /// `tenant = namespace`.
     Namespace,
-    /// `tenant = namespace_label("key")`.
-    NamespaceLabel(String),
+    /// `tenant = namespace_label("key")`; `None`: the default, idem-runtime's `TENANT_LABEL`.
+    NamespaceLabel(Option<String>),
     /// `tenant = field(a.b)`: the field path.
     Field(Vec<Ident>),
 }
@@ -42,6 +40,10 @@ pub struct Model {
     pub conditions: Vec<String>,
     /// Tenant rule.
     pub tenant: Tenant,
+    /// Whether the prune goes by the status' record of created children
+    /// (`status.created_children`, the default) rather than by ownerReferences
+    /// (`prune = owner_references`).
+    pub record: bool,
     /// The fields compared (skip removed).
     pub fields: Vec<Field>,
 }
@@ -149,7 +151,7 @@ fn parse_tenant(
                     errors.push(err(format!("\"{key}\" is not a valid label key (optional DNS prefix and `/`, then 1-63 characters of [A-Za-z0-9_.-])"), arg.span()));
                     return None;
                 }
-                Some(Tenant::NamespaceLabel(key))
+                Some(Tenant::NamespaceLabel(Some(key)))
             } else if func.path.is_ident("field") {
                 let path = match call.args.iter().collect::<Vec<_>>().as_slice() {
                     [arg] => field_path(arg),
@@ -300,8 +302,20 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
             }
             t.unwrap_or(Tenant::Name)
         }
-        None if namespaced => Tenant::NamespaceLabel(DEFAULT_TENANT_LABEL.to_owned()),
+        None if namespaced => Tenant::NamespaceLabel(None),
         None => Tenant::Name,
+    };
+    let record = match &opts.prune {
+        None => true,
+        Some(syn::Expr::Path(p)) if p.path.is_ident("owner_references") => false,
+        Some(syn::Expr::Path(p)) if p.path.is_ident("record") => true,
+        Some(other) => {
+            errors.push(err(
+                "`prune` takes `record` (the default: the status field `created_children: Vec<CreatedChild>` records the uids of the children created, and only those are pruned) or `owner_references` (no record: the prune trusts the controller ownerReference, which anyone who may create the child kind where the children live can forge)",
+                other.span(),
+            ));
+            true
+        }
     };
     let krate = opts
         .krate
@@ -317,6 +331,7 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         field_manager,
         conditions,
         tenant,
+        record,
         fields: fields
             .unwrap_or_default()
             .into_iter()

@@ -20,15 +20,11 @@
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
 //! tracing span, and with `--leader-elect` leader election with a write fence. `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
 
-use idem_runtime::IdempotentResource;
-use idem_runtime::apply::DesiredChildren;
-use idem_runtime::controller::Controller;
 use idem_runtime::leader::{LeaderElection, default_identity};
-use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::watcher;
 use kube::{Api, Client, CustomResource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -52,7 +48,7 @@ pub struct BaseTenantSpec {
     pub memory: String,
 }
 
-/// Status: observedGeneration and the kstatus conditions.
+/// Status: observedGeneration, the kstatus conditions and the record of the children created.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BaseTenantStatus {
@@ -61,6 +57,9 @@ pub struct BaseTenantStatus {
     /// Ready, Reconciling, Stalled.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The uids of the children created: only these are ever pruned.
+    #[serde(default)]
+    pub created_children: Vec<CreatedChild>,
 }
 
 /// The desired state: the namespace and the three objects in it.
@@ -106,19 +105,23 @@ pub struct BaseTenants;
 
 impl Reconciler for BaseTenants {
     type Resource = BaseTenant;
+    /// The child kinds, declared once: the controller's watches, its caches, the prune and
+    /// idem-tests' kit follow from it.
+    fn children() -> ChildKinds<BaseTenant> {
+        ChildKinds::new()
+            .owns::<Namespace>()
+            .owns::<ResourceQuota>()
+            .owns::<LimitRange>()
+            .owns::<RoleBinding>()
+    }
     fn desired(&self, tenant: &BaseTenant) -> Result<DesiredChildren, ReconcileError> {
         desired(tenant)
     }
 }
 
-/// The controller of BaseTenants and their four child kinds (watched by label only).
+/// The controller of BaseTenants and the child kinds [`BaseTenants`] declares.
 pub fn controller(client: &Client) -> Controller<BaseTenant> {
-    let children = Driver::<BaseTenants>::children_config;
-    Controller::for_derived(Api::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Namespace>::all(client.clone()), children())
-        .owns(Api::<ResourceQuota>::all(client.clone()), children())
-        .owns(Api::<LimitRange>::all(client.clone()), children())
-        .owns(Api::<RoleBinding>::all(client.clone()), children())
+    Controller::for_reconciler::<BaseTenants>(client)
 }
 
 #[tokio::main]

@@ -1,13 +1,13 @@
-//! Per-key exponential backoff with jitter after failed reconciles, reset on success, with a
-//! consecutive-failure count the reconcile can read.
+//! idem's one exponential backoff: per key after failed reconciles ([`Backoff`], reset on
+//! success, with a consecutive-failure count the reconcile can read) and between the attempts
+//! of a write that met 409 Conflict ([`RetryPolicy`]), both spaced by a [`BackoffConfig`].
 //!
-//! The n-th consecutive failure (n ≥ 1) waits
-//! `min(base × factor^(n-1), cap) × (1 + u)`, `u` uniform in `[-jitter, +jitter]`. So the wait
-//! may exceed `cap` by at most `jitter × cap`; the jitter keeps keys that failed together
-//! from retrying in lockstep. Defaults: base 200 ms, factor 2, cap 5 min, jitter ±10%
-//! (idem's choice, stated in its runtime issue; client-go's per-item default is 5 ms doubling
-//! to 1,000 s without jitter, kube-runtime leaves it to the error policy). A success resets
-//! the key (kube-rs issue #1916 asks for exactly this), and a reconcile-requested
+//! The n-th wait (n ≥ 1) is `min(base × factor^(n-1), cap) × (1 + u)`, `u` uniform in
+//! `[0, jitter)` (client-go's `wait.Jitter`). So a wait may exceed `cap` by less than
+//! `jitter × cap`; the jitter keeps keys that failed together from retrying in lockstep.
+//! Per-key defaults: base 200 ms, factor 2, cap 5 min, jitter 10% (idem's choice;
+//! client-go's per-item default is 5 ms doubling to 1,000 s without jitter, kube-runtime leaves
+//! it to the error policy). A success resets the key, and a reconcile-requested
 //! `requeue_after` bypasses backoff entirely (the controller handles that).
 
 use std::collections::HashMap;
@@ -48,7 +48,7 @@ pub struct BackoffConfig {
     pub factor: f64,
     /// Largest wait before jitter. Default 5 min.
     pub cap: Duration,
-    /// Jitter as a fraction of the wait, applied ±, in `[0, 1)`. Default 0.1 (±10%).
+    /// Jitter as a fraction of the wait, added, in `[0, 1)`. Default 0.1 (up to +10%).
     pub jitter: f64,
 }
 
@@ -104,8 +104,79 @@ impl BackoffConfig {
         if self.jitter == 0.0 || nominal.is_zero() {
             return nominal;
         }
-        let u: f64 = rng.random_range(-self.jitter..=self.jitter);
+        let u: f64 = rng.random_range(0.0..self.jitter);
         nominal.mul_f64(1.0 + u)
+    }
+}
+
+/// How often and how long to retry an optimistic-concurrency write that met 409 Conflict:
+/// `attempts` in all, the n-th retry after [`BackoffConfig::delay`]`(n)`.
+///
+/// The default is client-go's `retry.DefaultRetry` (k8s.io/client-go/util/retry):
+/// 5 attempts in all, 10 ms between attempts, factor 1.0, jitter 0.1 — so a write that keeps
+/// conflicting gives up after about 40–44 ms of waiting. client-go's `DefaultBackoff`
+/// (4 attempts, 10 ms, factor 5, jitter 0.1: waits of 10, 50, 250 ms) is available as
+/// [`RetryPolicy::client_go_default_backoff`] for writes that contend harder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, including the first; at least 1.
+    pub attempts: u32,
+    /// The waits between attempts (its `cap` bounds a wait before jitter).
+    pub backoff: BackoffConfig,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self::client_go_default_retry()
+    }
+}
+
+impl RetryPolicy {
+    /// client-go `retry.DefaultRetry`: 5 attempts, 10 ms, factor 1.0, jitter 0.1.
+    pub fn client_go_default_retry() -> Self {
+        Self {
+            attempts: 5,
+            backoff: BackoffConfig {
+                base: Duration::from_millis(10),
+                factor: 1.0,
+                cap: Duration::from_secs(10),
+                jitter: 0.1,
+            },
+        }
+    }
+
+    /// client-go `retry.DefaultBackoff`: 4 attempts, 10 ms, factor 5.0, jitter 0.1.
+    pub fn client_go_default_backoff() -> Self {
+        Self {
+            attempts: 4,
+            backoff: BackoffConfig {
+                base: Duration::from_millis(10),
+                factor: 5.0,
+                cap: Duration::from_secs(10),
+                jitter: 0.1,
+            },
+        }
+    }
+
+    /// The wait before attempt `attempt` (0-based; attempt 0 has no wait), jitter included.
+    pub fn wait_before(&self, attempt: u32) -> Duration {
+        self.backoff.delay(attempt, &mut rand::rng())
+    }
+
+    /// Attempts in all, never less than one.
+    pub fn attempts(&self) -> u32 {
+        self.attempts.max(1)
+    }
+
+    /// Sleeps before attempt `attempt` (no sleep for attempt 0).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future only skips the sleep.
+    pub async fn sleep_before(&self, attempt: u32) {
+        let wait = self.wait_before(attempt);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
     }
 }
 
@@ -263,5 +334,57 @@ mod tests {
         assert_eq!(z.validate(), Err(BackoffError::ZeroBase));
         let j = BackoffConfig { jitter: 1.5, ..d };
         assert_eq!(j.validate(), Err(BackoffError::BadJitter(1.5)));
+    }
+
+    #[test]
+    fn default_retry_waits_are_bounded() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.attempts(), 5);
+        assert_eq!(p.wait_before(0), Duration::ZERO);
+        for attempt in 1..5 {
+            let w = p.wait_before(attempt);
+            assert!(
+                w >= Duration::from_millis(10) && w < Duration::from_millis(11),
+                "{w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_backoff_grows_by_five() {
+        let p = RetryPolicy::client_go_default_backoff();
+        let w3 = p.wait_before(3);
+        assert!(
+            w3 >= Duration::from_millis(250) && w3 < Duration::from_millis(275),
+            "{w3:?}"
+        );
+    }
+
+    #[test]
+    fn zero_attempts_still_tries_once_and_waits_are_capped() {
+        let d = RetryPolicy::default();
+        let p = RetryPolicy {
+            attempts: 0,
+            backoff: BackoffConfig {
+                factor: 1e9,
+                ..d.backoff.clone()
+            },
+        };
+        assert_eq!(p.attempts(), 1);
+        let cap = p.backoff.cap;
+        let w = p.wait_before(40);
+        assert!(w >= cap && w < cap.mul_f64(1.1), "{w:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sleep_uses_tokio_time() {
+        let start = tokio::time::Instant::now();
+        RetryPolicy::default().sleep_before(1).await;
+        let slept = start.elapsed();
+        // 10 ms + up to 10 % jitter, plus tokio's 1 ms timer granularity.
+        assert!(
+            slept >= Duration::from_millis(10) && slept <= Duration::from_millis(12),
+            "{slept:?}"
+        );
     }
 }

@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `kind = "..."` (or `root = "..."`) | the root type the traits are implemented for |
 //! | `namespaced` | [`IdempotentResource::NAMESPACED`](crate::resource::IdempotentResource::NAMESPACED) and which `tenant` forms are allowed |
-//! | `status = "..."` | the status type; **required** |
+//! | `status = "..."` | the status type; **required**, with `conditions`, `observed_generation` and (unless `prune = owner_references`) `created_children` |
 //!
 //! # Example
 //!
@@ -33,13 +33,16 @@
 //!     pub note: Option<String>,
 //! }
 //!
-//! /// The status type needs `conditions` and `observed_generation`.
+//! /// The status type needs `conditions`, `observed_generation` and the record of the
+//! /// children created, `created_children` (`status.createdChildren`).
 //! #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 //! #[serde(rename_all = "camelCase")]
 //! pub struct TenantAppStatus {
 //!     pub observed_generation: Option<i64>,
 //!     #[serde(default)]
 //!     pub conditions: Vec<Condition>,
+//!     #[serde(default)]
+//!     pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 //! }
 //!
 //! let mut app = TenantApp::new("web", TenantAppSpec {
@@ -66,6 +69,7 @@
 //! | `tenant = field(a.b)` | — | the tenant is spec field `a.b`: `String`, `Option<String>`, `&str` or [`TenantKey`](crate::TenantKey) |
 //! | `field_manager = "..."` | the deriving crate's package name (`CARGO_PKG_NAME`) | the server-side apply field manager (1–128 printable characters, no spaces); also an inherent `Kind::FIELD_MANAGER`, reachable without importing the trait |
 //! | `conditions(A, B, "prefix.example/C")` | `Ready, Reconciling, Stalled` | condition types the status engine may set: CamelCase identifiers or qualified-name strings |
+//! | `prune = owner_references` | `prune = record` | what the prune trusts. By default (`record`) the status field `created_children: Vec<CreatedChild>` (`status.createdChildren`, a subresource users who may edit the object cannot write) records the uid of every child the reconciles created, and only those are pruned, and a deleted create-once child is told from one never created; a status without the field is a compile error at `status = "..."`. `owner_references` opts out: no record, the prune deletes whatever carries the owner's controller ownerReference — which anyone who may create the child kind where the children live can forge, making the owner delete it — and create-once children are refused (terminal `CreateOnceWithoutRecord`) |
 //! | `crate = "path"` | `"::idem_runtime"` | where idem-runtime is, when it is renamed or re-exported |
 //!
 //! The other forms, one example each (every one compiles):
@@ -77,7 +81,8 @@
 //! # use schemars::JsonSchema;
 //! # use serde::{Deserialize, Serialize};
 //! # #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
-//! # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition> }
+//! # pub struct S { pub observed_generation: Option<i64>, pub conditions: Vec<Condition>,
+//! #     pub created_children: Vec<idem_runtime::apply::CreatedChild> }
 //! // Cluster-scoped root: the tenant is its own name; field manager and conditions default.
 //! #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
 //! #[kube(group = "tenancy.idem.dev", version = "v1alpha1", kind = "Tenant", status = "S")]
@@ -141,7 +146,8 @@
 //! Every misuse is reported at the offending tokens, all at once, and the derive still emits
 //! placeholder impls so no follow-on error appears elsewhere: unknown keys (with a "did you
 //! mean"), duplicate keys, a missing `#[kube]` attribute or `status`, a status type without
-//! `conditions` / `observed_generation` or with the wrong types, `skip` on the struct, a
+//! `conditions` / `observed_generation` / `created_children` (the record, unless
+//! `prune = owner_references`) or with the wrong types, a `prune` form that does not exist, `skip` on the struct, a
 //! condition type that is not CamelCase or not a qualified name, a condition listed twice,
 //! an empty `conditions()`, enums, tuple and unit structs, generic specs, a `tenant` form that
 //! does not exist or does not fit the scope, a bad label key, a `field(...)` that is not in

@@ -1,16 +1,20 @@
 //! idem's runtime: per-tenant fair work queues, per-key backoff, the controller loop and the
 //! apply/status engine that `#[derive(IdempotentResource)]` plugs into.
 
+mod api_error;
 pub mod apply;
 pub mod backoff;
+mod cache;
 pub mod compare;
 pub mod controller;
 pub mod derive;
 pub mod http;
 pub mod inflight;
 pub mod key;
+mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod prelude;
 pub mod queue;
 pub mod reconciler;
 pub mod resource;

@@ -28,8 +28,6 @@
 //! Workqueue histograms use client-go's buckets (`ExponentialBuckets(10e-9, 10, 12)`:
 //! 10 ns … 1,000 s); the reconcile-time histogram uses 5 ms × 2ⁿ, n = 0..16 (5 ms … ~164 s).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
@@ -40,10 +38,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use tokio::time::Instant;
 
-use crate::key::TenantKey;
-use crate::queue::fair::TenantMetrics;
+use crate::queue::{InFlight, QueueMetrics};
 
 /// A label set: `(label name, value)` pairs.
 type Labels = Vec<(&'static str, String)>;
@@ -225,50 +221,6 @@ impl Metrics {
     }
 }
 
-/// Metric handles of one work queue (cheap atomic updates; per-tenant handles are resolved
-/// once per tenant).
-#[derive(Clone, Debug)]
-pub struct QueueMetrics {
-    name: String,
-    pub(crate) depth: Gauge,
-    pub(crate) adds: Counter,
-    pub(crate) retries: Counter,
-    pub(crate) queue_duration: Histogram,
-    pub(crate) work_duration: Histogram,
-    tenant_depth: Family<Labels, Gauge>,
-    tenant_dispatches: Family<Labels, Counter>,
-    pub(crate) in_flight: InFlight,
-}
-
-impl QueueMetrics {
-    /// The per-tenant handles for `tenant`.
-    pub(crate) fn tenant(&self, tenant: &TenantKey) -> TenantMetrics {
-        let labels: Labels = vec![
-            ("name", self.name.clone()),
-            ("tenant", tenant.as_str().to_owned()),
-        ];
-        TenantMetrics {
-            depth: self.tenant_depth.get_or_create(&labels).clone(),
-            dispatches: self.tenant_dispatches.get_or_create(&labels).clone(),
-        }
-    }
-
-    /// Remove `tenant`'s series from the per-tenant families (the queue forgot the tenant).
-    pub(crate) fn forget_tenant(&self, tenant: &TenantKey) {
-        let labels: Labels = vec![
-            ("name", self.name.clone()),
-            ("tenant", tenant.as_str().to_owned()),
-        ];
-        self.tenant_depth.remove(&labels);
-        self.tenant_dispatches.remove(&labels);
-    }
-
-    /// Count one retry (a re-add after a reconcile error), as `workqueue_retries_total`.
-    pub fn retry(&self) {
-        self.retries.inc();
-    }
-}
-
 /// Metric handles of one controller's reconciles.
 #[derive(Clone, Debug)]
 pub struct ControllerMetrics {
@@ -281,41 +233,6 @@ pub struct ControllerMetrics {
     pub(crate) panics: Counter,
     pub(crate) active_workers: Gauge,
     pub(crate) max_concurrent: Gauge,
-}
-
-/// Start times of the keys in flight of one queue (client-go's `processingStartTimes`).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct InFlight {
-    started: Arc<Mutex<HashMap<u64, Instant>>>,
-    next: Arc<AtomicU64>,
-}
-
-impl InFlight {
-    /// Notes a key dispatched at `at`; give the id to [`InFlight::finish`] when it is done.
-    pub(crate) fn start(&self, at: Instant) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut started) = self.started.lock() {
-            started.insert(id, at);
-        }
-        id
-    }
-
-    /// The key of `id` is done.
-    pub(crate) fn finish(&self, id: u64) {
-        if let Ok(mut started) = self.started.lock() {
-            started.remove(&id);
-        }
-    }
-
-    /// Seconds in flight so far: (sum over keys, longest).
-    fn seconds(&self) -> (f64, f64) {
-        let now = Instant::now();
-        let started = self.started.lock().unwrap_or_else(|e| e.into_inner());
-        started.values().fold((0.0, 0.0), |(sum, max), at| {
-            let s = now.saturating_duration_since(*at).as_secs_f64();
-            (sum + s, f64::max(max, s))
-        })
-    }
 }
 
 /// Computes `workqueue_unfinished_work_seconds` and

@@ -9,6 +9,7 @@ use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::apply::CreatedChild;
 use crate::compare::Fingerprint;
 use crate::key::TenantKey;
 
@@ -186,6 +187,23 @@ impl ConditionsField for Vec<Condition> {
     }
 }
 
+/// The field of a status type that records the children created (`created_children`); used by
+/// generated code.
+#[diagnostic::on_unimplemented(
+    message = "the status field `created_children` has type `{Self}`, not `Vec<CreatedChild>`",
+    label = "the record of created children is `created_children: Vec<idem_runtime::apply::CreatedChild>` (`#[serde(default)]`)"
+)]
+pub trait CreatedChildrenField {
+    /// The record, to change.
+    fn get_mut(&mut self) -> &mut Vec<CreatedChild>;
+}
+
+impl CreatedChildrenField for Vec<CreatedChild> {
+    fn get_mut(&mut self) -> &mut Vec<CreatedChild> {
+        self
+    }
+}
+
 /// The field of a status type that holds `observedGeneration`; used by generated code.
 #[diagnostic::on_unimplemented(
     message = "the status field `observed_generation` has type `{Self}`, not `Option<i64>` or `i64`",
@@ -252,6 +270,13 @@ pub trait IdempotentResource:
     fn observed_generation_of(status: &Self::Status) -> Option<i64>;
     /// Sets `status.observedGeneration`.
     fn set_observed_generation_of(status: &mut Self::Status, generation: i64);
+    /// Whether the kind keeps a record of the children its reconciles created (the default;
+    /// `false` with `#[idempotent(prune = owner_references)]`).
+    const PRUNE_BY_RECORD: bool;
+    /// `status.createdChildren`: the record of the children this object's reconciles created
+    /// (see [`crate::apply::record`]); `None` for a kind with
+    /// `#[idempotent(prune = owner_references)]`.
+    fn child_record_of(status: &mut Self::Status) -> Option<&mut Vec<CreatedChild>>;
     /// The tenant of this object, as [`Self::TENANT_RULE`] says.
     ///
     /// # Errors

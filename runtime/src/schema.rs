@@ -234,7 +234,7 @@ mod tests {
         namespaced,
         status = "St"
     )]
-    #[idempotent(crate = "crate")]
+    #[idempotent(crate = "crate", prune = owner_references)]
     struct InternalSpec {
         name: String,
         backup: Option<Backup>,
@@ -256,7 +256,7 @@ mod tests {
         namespaced,
         status = "St"
     )]
-    #[idempotent(crate = "crate")]
+    #[idempotent(crate = "crate", prune = owner_references)]
     struct AdjacentSpec {
         sources: Vec<Source>,
     }
@@ -277,7 +277,7 @@ mod tests {
         namespaced,
         status = "St"
     )]
-    #[idempotent(crate = "crate")]
+    #[idempotent(crate = "crate", prune = owner_references)]
     struct FineSpec {
         backup: External,
     }

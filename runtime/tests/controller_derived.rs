@@ -36,7 +36,7 @@ const WAIT: Duration = Duration::from_secs(60);
     namespaced,
     status = "GadgetStatus"
 )]
-#[idempotent(tenant = field(owner))]
+#[idempotent(tenant = field(owner), prune = owner_references)]
 pub struct GadgetSpec {
     /// Names the tenant.
     pub owner: String,

@@ -15,7 +15,7 @@ use idem_runtime::IdempotentResource;
 use idem_runtime::apply::{DesiredChildren, TENANT_LABEL};
 use idem_runtime::controller::{Controller, ControllerConfig};
 use idem_runtime::metrics::Metrics;
-use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ObjectMeta, PostParams};
@@ -42,7 +42,7 @@ const LABEL: &str = "test.idem.dev/team";
     namespaced,
     status = "NotebookStatus"
 )]
-#[idempotent(tenant = namespace_label("test.idem.dev/team"))]
+#[idempotent(tenant = namespace_label("test.idem.dev/team"), prune = owner_references)]
 pub struct NotebookSpec {
     /// Written into the child ConfigMap.
     pub text: String,
@@ -64,6 +64,9 @@ struct Notebooks;
 
 impl Reconciler for Notebooks {
     type Resource = Notebook;
+    fn children() -> ChildKinds<Notebook> {
+        ChildKinds::new().owns::<ConfigMap>()
+    }
     fn desired(&self, nb: &Notebook) -> Result<DesiredChildren, ReconcileError> {
         let cm: ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": nb.name_any(), "namespace": nb.namespace()},

@@ -1,14 +1,14 @@
 //! Against the real control plane (kube-controller-manager runs the StatefulSet controller and
 //! kwok's fake nodes make the pods Ready): a readiness that reads a child's status.
 //!
-//! A `Database` owns a StatefulSet; its reconciler names StatefulSet in
-//! `Reconciler::reads_status` and its `ready()` reads `status.readyReplicas` from the
+//! A `Database` owns a StatefulSet; its reconciler declares StatefulSet in
+//! `Reconciler::children` with `owns_reading_status` and its `ready()` reads `status.readyReplicas` from the
 //! `Children` it is given — no `reconcile()` override, no `OwnsOptions`. The first pass
 //! creates the StatefulSet (no status yet: `Reconciling`); with no resync and no requeue, only
 //! the StatefulSet's status changes can reconcile the Database again, so reaching `Ready`
 //! proves the child's watch keeps the status and its changes reconcile the owner. Reading a
-//! kind `reads_status` does not name is a terminal `StatusNotDeclared` error naming the fix,
-//! and `Driver::run` refuses a named kind the controller does not own.
+//! kind whose status is not declared read is a terminal `StatusNotDeclared` error naming the
+//! fix, and `Driver::run` refuses a declared kind the controller does not own.
 
 mod common;
 
@@ -44,7 +44,7 @@ const WAIT: Duration = Duration::from_secs(90);
     namespaced,
     status = "DatabaseStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct DatabaseSpec {
     /// Pods wanted.
     pub replicas: i32,
@@ -113,8 +113,8 @@ impl Reconciler for Databases {
     fn desired(&self, db: &Database) -> Result<DesiredChildren, ReconcileError> {
         statefulset(db)
     }
-    fn reads_status() -> ChildKinds {
-        ChildKinds::of::<StatefulSet>()
+    fn children() -> ChildKinds<Database> {
+        ChildKinds::new().owns_reading_status::<StatefulSet>()
     }
     fn ready(
         &self,
@@ -130,6 +130,9 @@ struct Forgetful;
 
 impl Reconciler for Forgetful {
     type Resource = Database;
+    fn children() -> ChildKinds<Database> {
+        ChildKinds::new().owns::<StatefulSet>()
+    }
     fn desired(&self, db: &Database) -> Result<DesiredChildren, ReconcileError> {
         statefulset(db)
     }
@@ -261,7 +264,7 @@ async fn reading_an_undeclared_kind_stalls_with_the_fix() {
         ("True", STATUS_NOT_DECLARED)
     );
     assert!(
-        c.message.contains("ChildKinds::of::<StatefulSet>()"),
+        c.message.contains(".owns_reading_status::<StatefulSet>()"),
         "{}",
         c.message
     );
@@ -278,7 +281,7 @@ async fn the_driver_refuses_a_status_kind_the_controller_does_not_own() {
         .run(controller, futures::future::pending())
         .await;
     match result {
-        Err(e @ ControllerError::StatusKindNotOwned { .. }) => {
+        Err(e @ ControllerError::KindNotOwned { .. }) => {
             assert!(e.to_string().contains("StatefulSet"), "{e}");
         }
         other => panic!("{other:?}"),

@@ -20,7 +20,7 @@ use futures::StreamExt;
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::{CreatedChild, DesiredChildren, MANAGED_BY_LABEL, OWNER_UID_LABEL};
 use idem_runtime::controller::Action;
-use idem_runtime::reconciler::{Driver, Outcome, Pass, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Driver, Outcome, Pass, ReconcileError, Reconciler};
 use idem_tests::kit::{BoxError, Check, Children, Kit, Subject};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -116,6 +116,10 @@ struct Vaults;
 impl Reconciler for Vaults {
     type Resource = Vault;
 
+    fn children() -> ChildKinds<Vault> {
+        ChildKinds::new().owns::<Secret>().owns::<ConfigMap>()
+    }
+
     async fn reconcile(
         &self,
         v: &Vault,
@@ -147,6 +151,10 @@ struct CacheFirstVaults;
 
 impl Reconciler for CacheFirstVaults {
     type Resource = Vault;
+
+    fn children() -> ChildKinds<Vault> {
+        Vaults::children()
+    }
 
     async fn reconcile(
         &self,

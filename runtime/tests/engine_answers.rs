@@ -11,7 +11,7 @@ use std::time::Duration;
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::DesiredChildren;
 use idem_runtime::controller::{Controller, ControllerConfig};
-use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
     namespaced,
     status = "VaultStatus"
 )]
-#[idempotent(tenant = namespace)]
+#[idempotent(tenant = namespace, prune = owner_references)]
 pub struct VaultSpec {
     /// The secret's value.
     pub value: String,
@@ -52,6 +52,9 @@ struct Vaults;
 
 impl Reconciler for Vaults {
     type Resource = Vault;
+    fn children() -> ChildKinds<Vault> {
+        ChildKinds::new().owns::<Secret>()
+    }
     fn desired(&self, v: &Vault) -> Result<DesiredChildren, ReconcileError> {
         let secret: Secret = serde_json::from_value(json!({
             "metadata": {"name": v.name_any(), "namespace": v.namespace()},

@@ -16,7 +16,9 @@ use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::apply::MANAGED_BY_LABEL;
 use idem_runtime::controller::{Action, Attempt, Reason};
 use idem_runtime::queue::Priority;
-use idem_runtime::reconciler::{Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{
+    ChildKinds, Cleanup, Driver, DriverConfig, KIND_NOT_DECLARED, Pass, ReconcileError, Reconciler,
+};
 use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -244,6 +246,9 @@ struct Finalizing(Arc<AtomicU32>);
 impl Reconciler for Finalizing {
     type Resource = BaseTenant;
     const FINALIZER: Option<&'static str> = Some("example.idem.dev/cleanup");
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
     fn desired(
         &self,
         tenant: &BaseTenant,
@@ -312,6 +317,9 @@ impl Counting {
 
 impl Reconciler for Counting {
     type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
     fn desired(
         &self,
         tenant: &BaseTenant,
@@ -400,4 +408,40 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
     stop.send(()).unwrap();
     let report = run.await.unwrap().expect("run");
     assert!(report.drained(), "{report:?}");
+}
+
+/// The BaseTenant's children, without declaring their kinds.
+struct Undeclared;
+
+impl Reconciler for Undeclared {
+    type Resource = BaseTenant;
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        base_tenant::desired(tenant)
+    }
+}
+
+/// A desired child of a kind `Reconciler::children` does not declare (no watch would serve it:
+/// a GET per pass, its changes unnoticed) stalls its owner at once, naming the fix, before any
+/// child is written.
+#[tokio::test]
+async fn a_child_of_an_undeclared_kind_stalls_naming_the_fix() {
+    let client = client().await;
+    let tenant = create(&client, "bt-undeclared", spec(&["erin"])).await;
+    let name = tenant.name_any();
+    let action = Driver::new(client.clone(), Undeclared)
+        .reconcile_once(client.clone(), tenant)
+        .await
+        .expect("a terminal error is handled: Stalled, no retry");
+    assert_eq!(action, Action::terminal());
+    let (status, reason, message) = condition(&get(&client, &name).await, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", KIND_NOT_DECLARED)
+    );
+    assert!(message.contains(".owns::<Namespace>()"), "{message}");
+    let ns = Api::<Namespace>::all(client.clone()).get_opt(&name).await;
+    assert!(ns.unwrap().is_none(), "no child was written");
 }

@@ -12,6 +12,7 @@ pub struct AppSpec {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct AppStatus {
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
     pub observed_generation: Option<String>,
     pub conditions: Vec<Condition>,
 }

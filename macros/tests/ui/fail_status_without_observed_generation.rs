@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "tenancy.idem.dev", version = "v1alpha1", kind = "App", namespaced, status = "AppStatus")]
+#[idempotent(prune = owner_references)]
 pub struct AppSpec {
     pub image: String,
 }

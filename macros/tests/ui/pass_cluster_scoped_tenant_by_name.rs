@@ -19,6 +19,7 @@ pub struct TenantSpec {
 pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

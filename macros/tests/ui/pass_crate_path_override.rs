@@ -17,6 +17,7 @@ pub struct ThingSpec {
 pub struct ThingStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem::apply::CreatedChild>,
 }
 
 fn main() {

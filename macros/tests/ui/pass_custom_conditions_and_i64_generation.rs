@@ -21,6 +21,7 @@ pub struct QuotaSpec {
 pub struct QuotaStatus {
     pub observed_generation: i64,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

@@ -16,6 +16,7 @@ pub struct CacheSpec {
 pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

@@ -25,6 +25,7 @@ pub struct TenantAppSpec {
 pub struct TenantAppStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {
@@ -34,4 +35,5 @@ fn main() {
     assert_eq!(TenantApp::TENANT_RULE, TenantRule::NamespaceLabel("tenancy.idem.dev/tenant"));
     assert_eq!(TenantApp::CONDITION_TYPES, &["Ready", "Reconciling", "Stalled"]);
     assert!(TenantApp::NAMESPACED);
+    assert!(TenantApp::PRUNE_BY_RECORD, "the prune goes by the record by default");
 }

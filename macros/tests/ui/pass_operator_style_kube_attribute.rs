@@ -30,6 +30,7 @@ pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

@@ -23,6 +23,7 @@ pub struct BucketSpec {
 pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

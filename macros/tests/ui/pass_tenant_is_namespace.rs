@@ -18,6 +18,7 @@ pub struct QueueSpec {
 pub struct TenantStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 fn main() {

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 pub struct CommonStatus {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub created_children: Vec<idem_runtime::apply::CreatedChild>,
 }
 
 #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]

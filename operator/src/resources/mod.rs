@@ -14,10 +14,10 @@ pub const GROUP: &str = "tenancy.idem.dev";
 pub const FIELD_MANAGER: &str = "idem-operator";
 /// The finalizer on a `Tenant` that makes deletion wait until its namespaces are gone.
 pub const FINALIZER: &str = "tenancy.idem.dev/cleanup";
-/// Label on everything the operator creates: who manages it.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Label on everything the operator creates: which tenant it belongs to.
-pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
+/// Label on everything the operator creates: who manages it (idem-runtime's).
+pub use idem_runtime::apply::MANAGED_BY_LABEL;
+/// Label on everything the operator creates: which tenant it belongs to (idem-runtime's).
+pub use idem_runtime::apply::TENANT_LABEL;
 
 /// The CustomResourceDefinitions of every idem resource, in a stable order.
 ///

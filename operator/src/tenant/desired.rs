@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use idem_runtime::apply::{ApplyError, DesiredChildren};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{
     LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec,
 };

@@ -13,14 +13,15 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::core::ApiResource;
-use kube::runtime::events::{Event, EventType};
-use kube::{CustomResourceExt, ResourceExt};
 
 use idem_runtime::apply::{self, CreatedChild, DesiredChildren, Owner, refers_to};
+use idem_runtime::reconciler::retention::{
+    CrdRetention, crd_retention, release_referring, retained,
+};
 use idem_runtime::reconciler::{Cleanup as Done, Outcome, Pass};
 use idem_runtime::status::Readiness;
 use kube::Client;
@@ -51,26 +52,23 @@ pub enum Cleanup {
 /// Decides the cleanup: the CRD being deleted (or unreadable) and an orphaning deletion win
 /// over `spec.deletionPolicy`.
 ///
-/// `crd_terminating` is `Some(true)` when the Tenant CRD is being deleted or gone, `None` when
-/// that could not be found out (then nothing is deleted: the safe side).
-pub fn decide(tenant: &Tenant, crd_terminating: Option<bool>) -> Cleanup {
-    let crd = Tenant::crd_name();
-    match crd_terminating {
-        Some(true) => {
+/// `crd` is [`crd_retention`]'s answer: `None` when the Tenant CRD is in place, else why
+/// nothing may be deleted (it is being deleted or gone, or could not be read: the safe side).
+pub fn decide(tenant: &Tenant, crd: Option<&CrdRetention>) -> Cleanup {
+    match crd {
+        Some(why @ CrdRetention::Deleting { .. }) => {
             return Cleanup::Retain {
                 why: format!(
-                    "the CustomResourceDefinition {crd} is being deleted, so whatever the deletionPolicy says nothing of the tenant is deleted"
+                    "{why}, so whatever the deletionPolicy says nothing of the tenant is deleted"
                 ),
             };
         }
-        None => {
+        Some(why @ CrdRetention::Unreadable { .. }) => {
             return Cleanup::Retain {
-                why: format!(
-                    "could not read the CustomResourceDefinition {crd} to rule out its deletion, so nothing of the tenant is deleted"
-                ),
+                why: format!("{why}, so nothing of the tenant is deleted"),
             };
         }
-        Some(false) => {}
+        None => {}
     }
     if tenant.finalizers().iter().any(|f| f == ORPHAN_FINALIZER) {
         return Cleanup::Retain {
@@ -82,31 +80,6 @@ pub fn decide(tenant: &Tenant, crd_terminating: Option<bool>) -> Cleanup {
         DeletionPolicy::Retain => Cleanup::Retain {
             why: "its deletionPolicy is Retain".into(),
         },
-    }
-}
-
-/// The `Normal` Event `Retained` (action `Finalize`) that says what a deletion kept: the
-/// same for a Tenant and a TenantApp.
-pub(crate) fn retained(note: String) -> Event {
-    Event {
-        type_: EventType::Normal,
-        reason: "Retained".into(),
-        note: Some(note),
-        action: "Finalize".into(),
-        secondary: None,
-    }
-}
-
-/// Whether the Tenant CRD is being deleted (or already gone); `None` when it cannot be read.
-async fn crd_terminating(client: &Client) -> Option<bool> {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    match crds.get_opt(Tenant::crd_name()).await {
-        Ok(Some(crd)) => Some(crd.metadata.deletion_timestamp.is_some()),
-        Ok(None) => Some(true),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the Tenant CRD; retaining the tenant's namespaces");
-            None
-        }
     }
 }
 
@@ -123,7 +96,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
     let client = pass.client().clone();
     let owner = pass.owner().await?;
     let record = pass.record().unwrap_or_default().to_vec();
-    match decide(tenant, crd_terminating(&client).await) {
+    match decide(tenant, crd_retention::<Tenant>(&client).await.as_ref()) {
         Cleanup::Delete => {
             let mut all = DesiredChildren::new();
             // A recorded namespace an administrator released is kept, not deleted.
@@ -223,8 +196,8 @@ impl Kept {
     }
 }
 
-/// Releases ([`idem_runtime::apply::release`]: removes the Tenant's ownerReferences and its
-/// `owner-uid` label) everything that refers to the Tenant — the namespaces and what is in
+/// Releases ([`release_referring`]: removes the Tenant's ownerReferences and its `owner-uid`
+/// label from) everything that refers to the Tenant — the namespaces and what is in
 /// them, the namespaces last — so the garbage collector keeps it when the Tenant is gone.
 ///
 /// Found as the garbage collector finds what to delete, by ownerReference: the namespaces
@@ -253,16 +226,11 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
         ApiResource::erase::<NetworkPolicy>(&()),
     ] {
         for ns in &scopes {
-            let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
-            for obj in api.list_metadata(&ListParams::default()).await?.items {
-                if !refers_to(&obj.metadata, uid) {
-                    continue;
-                }
-                let released = apply::release(client, &resource, &obj.metadata, uid).await?;
-                let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
-                if released && !referred {
-                    let name = obj.metadata.name.unwrap_or_default();
-                    kept.objects.push(format!("{} {ns}/{name}", resource.kind));
+            let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
+            for key in release_referring(client, &resource, Some(ns), uid).await? {
+                if !referred {
+                    kept.objects
+                        .push(format!("{} {ns}/{}", resource.kind, key.name));
                 }
             }
         }
@@ -282,6 +250,7 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
 mod tests {
     use super::*;
     use crate::resources::{FINALIZER, TenantSpec};
+    use kube::CustomResourceExt;
 
     fn tenant(policy: DeletionPolicy, finalizers: &[&str]) -> Tenant {
         let mut t = Tenant::new(
@@ -298,19 +267,21 @@ mod tests {
     #[test]
     fn only_an_explicit_delete_policy_on_a_live_crd_without_orphaning_deletes() {
         let delete = tenant(DeletionPolicy::Delete, &[FINALIZER]);
-        assert_eq!(decide(&delete, Some(false)), Cleanup::Delete);
+        let crd = Tenant::crd_name().to_owned();
+        let deleting = CrdRetention::Deleting { crd: crd.clone() };
+        let unreadable = CrdRetention::Unreadable { crd };
+        assert_eq!(decide(&delete, None), Cleanup::Delete);
         assert!(
-            matches!(decide(&delete, Some(true)), Cleanup::Retain { why } if why.contains("being deleted"))
+            matches!(decide(&delete, Some(&deleting)), Cleanup::Retain { why } if why.contains("being deleted"))
         );
-        assert!(matches!(decide(&delete, None), Cleanup::Retain { .. }));
+        assert!(matches!(
+            decide(&delete, Some(&unreadable)),
+            Cleanup::Retain { .. }
+        ));
         let orphan = tenant(DeletionPolicy::Delete, &[ORPHAN_FINALIZER, FINALIZER]);
-        assert!(
-            matches!(decide(&orphan, Some(false)), Cleanup::Retain { why } if why.contains("Orphan"))
-        );
+        assert!(matches!(decide(&orphan, None), Cleanup::Retain { why } if why.contains("Orphan")));
         let retain = tenant(DeletionPolicy::Retain, &[FINALIZER]);
-        assert!(
-            matches!(decide(&retain, Some(false)), Cleanup::Retain { why } if why.contains("Retain"))
-        );
+        assert!(matches!(decide(&retain, None), Cleanup::Retain { why } if why.contains("Retain")));
         assert_eq!(
             TenantSpec::default().deletion_policy,
             DeletionPolicy::Retain

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{Cleanup, Outcome, Pass, Reconciler};
-use idem_runtime::status::Readiness;
+use idem_runtime::prelude::*;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
 
 use super::desired;
@@ -18,10 +19,11 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, Tenant, TenantStatus};
 
-/// How often a tenant stalled on a namespace conflict is looked at again. No watch event
-/// tells it when the namespace is released: an unmanaged namespace is not watched at all, and
-/// another tenant's namespace maps to that other tenant. A conflicted reconcile writes nothing
-/// (its status is unchanged), so this slow poll costs a few reads.
+/// How often a tenant stalled on a namespace conflict is looked at again. The runtime watches
+/// the conflicting namespace (`idem_runtime::controller::blocked`), but only for its deletion
+/// or replacement: no event of that watch says its ownerReferences changed hands (another
+/// tenant's namespace maps to that other tenant). A conflicted reconcile writes nothing (its
+/// status is unchanged), so this slow poll costs a few reads.
 pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
 
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
@@ -40,6 +42,16 @@ fn set_namespaces(status: &mut TenantStatus, namespaces: &[String]) {
 impl Reconciler for Tenants {
     type Resource = Tenant;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
+
+    /// Namespaces and what goes in them.
+    fn children() -> ChildKinds<Tenant> {
+        ChildKinds::new()
+            .owns::<Namespace>()
+            .owns::<ResourceQuota>()
+            .owns::<LimitRange>()
+            .owns::<RoleBinding>()
+            .owns::<NetworkPolicy>()
+    }
 
     async fn reconcile(
         &self,

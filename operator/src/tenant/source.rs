@@ -1,16 +1,14 @@
-//! What the Tenant controller watches: Tenants, and its children (Namespaces, ResourceQuotas,
-//! LimitRanges, RoleBindings, NetworkPolicies) labelled `app.kubernetes.io/managed-by`; when
-//! sharded, only the children labelled with a shard bucket this replica owns.
+//! What the Tenant controller watches: Tenants, and the children of the kinds [`Tenants`]
+//! declares labelled `app.kubernetes.io/managed-by`; when sharded, only the children labelled
+//! with a shard bucket this replica owns.
 
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::controller::{Controller, ControllerConfig};
 use idem_runtime::shard::Ranges;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Client;
 use kube::runtime::watcher;
-use kube::{Api, Client};
 
+use super::reconcile::Tenants;
 use crate::resources::{FIELD_MANAGER, Tenant};
 
 /// Objects per page when an API server without streaming lists makes a child watch list by
@@ -65,16 +63,11 @@ pub fn controller(
     config: ControllerConfig,
     shard: Option<&Ranges>,
 ) -> Controller<Tenant> {
-    let children_config = || sharded_children_config(shard);
-    Controller::for_derived(
-        Api::<Tenant>::all(client.clone()),
+    Controller::for_reconciler_with::<Tenants>(
+        client,
         watcher::Config::default(),
+        sharded_children_config(shard),
     )
-    .owns(Api::<Namespace>::all(client.clone()), children_config())
-    .owns(Api::<ResourceQuota>::all(client.clone()), children_config())
-    .owns(Api::<LimitRange>::all(client.clone()), children_config())
-    .owns(Api::<RoleBinding>::all(client.clone()), children_config())
-    .owns(Api::<NetworkPolicy>::all(client.clone()), children_config())
     .weight_of(weight)
     .with_config(config)
 }

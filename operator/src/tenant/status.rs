@@ -2,9 +2,7 @@
 //! (`NamespaceConflict`, `NamespaceTerminating`, `ChildNotOwned`; the reconcile adds `Paused`, the
 //! driver `ReconcileFailed`).
 
-use idem_runtime::ObjectKey;
-use idem_runtime::apply::{ApplyReport, ChildOutcome};
-use idem_runtime::status::Readiness;
+use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType};
 

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use idem_runtime::apply::{ApplyError, DesiredChildren};
 use idem_runtime::compare::fingerprint;
+use idem_runtime::prelude::*;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec,

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use idem_runtime::apply::CreatedChild;
-use idem_runtime::reconciler::{ChildKinds, Cleanup, Outcome, Pass, Reconciler};
+use idem_runtime::prelude::*;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
 
 use super::{desired, status};
@@ -30,9 +30,12 @@ impl Reconciler for TenantApps {
     type Resource = TenantApp;
     const FINALIZER: Option<&'static str> = Some(FINALIZER);
 
-    /// The Deployment's status makes the app's readiness.
-    fn reads_status() -> ChildKinds {
-        ChildKinds::of::<Deployment>()
+    /// A ConfigMap, a Deployment (whose status makes the app's readiness) and a Service.
+    fn children() -> ChildKinds<TenantApp> {
+        ChildKinds::new()
+            .owns::<ConfigMap>()
+            .owns_reading_status::<Deployment>()
+            .owns::<Service>()
     }
 
     fn child_record(status: &mut TenantAppStatus) -> Option<&mut Vec<CreatedChild>> {

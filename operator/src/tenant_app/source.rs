@@ -1,9 +1,10 @@
-//! What the TenantApp controller watches: TenantApps, and their ConfigMaps, Deployments and
-//! Services labelled `app.kubernetes.io/managed-by`. The tenant of an app is what its derive's
+//! What the TenantApp controller watches: TenantApps, and the children of the kinds
+//! [`TenantApps`] declares (ConfigMaps, Deployments, Services) labelled
+//! `app.kubernetes.io/managed-by`. The tenant of an app is what its derive's
 //! rule says (`tenant = namespace_label("tenancy.idem.dev/tenant")`), read from the runtime's
 //! metadata-only watch of the operator's namespaces, and only from namespaces a Tenant controls
 //! (see [`crate::context::tenant_of`]). The reconcile reads the Deployment's status
-//! (`TenantApps::reads_status`), so the Deployment's watch keeps it.
+//! (`TenantApps::children` declares it `owns_reading_status`), so the Deployment's watch keeps it.
 //! Its weight in the fair queue is that Tenant's `spec.weight`, read from the Tenant
 //! controller's cache at every dispatch, so a weight change applies at once.
 //! Foreign objects that block a child's name are watched one by one by the runtime
@@ -11,12 +12,11 @@
 
 use idem_runtime::TenantKey;
 use idem_runtime::controller::{Controller, ControllerConfig};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client};
 
+use super::reconcile::TenantApps;
 use crate::resources::{Tenant, TenantApp};
 use crate::tenant::source::children_config;
 
@@ -29,13 +29,11 @@ pub fn controller(
     config: ControllerConfig,
     tenants: Store<Tenant>,
 ) -> Controller<TenantApp> {
-    Controller::for_derived(
-        Api::<TenantApp>::all(client.clone()),
+    Controller::for_reconciler_with::<TenantApps>(
+        client,
         watcher::Config::default(),
+        children_config(),
     )
-    .owns(Api::<ConfigMap>::all(client.clone()), children_config())
-    .owns(Api::<Deployment>::all(client.clone()), children_config())
-    .owns(Api::<Service>::all(client.clone()), children_config())
     // A namespace names a tenant only when that Tenant controls it.
     .namespace_tenants_with(namespaces, |meta| {
         crate::context::tenant_of_meta(meta).is_some()

@@ -3,8 +3,7 @@
 //! name is taken, the app is not in a tenant namespace, or the Deployment reports a failure
 //! (`ReplicaFailure`, `ProgressDeadlineExceeded`).
 
-use idem_runtime::apply::ApplyReport;
-use idem_runtime::status::Readiness;
+use idem_runtime::prelude::*;
 use k8s_openapi::api::apps::v1::Deployment;
 
 use crate::context::NotTenantNamespace;

@@ -7,8 +7,6 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
-use super::answers::Answers;
-use super::cache::ChildCaches;
 use super::owner::DesiredChild;
 use super::report::{ApplyReport, ChildOutcome, Repair};
 use super::takeover::fold_patch;
@@ -16,6 +14,7 @@ use super::{
     ApplyError, FINGERPRINT_ANNOTATION, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists,
     is_conflict, is_not_found,
 };
+use crate::cache::{Answers, ChildCaches, InFlight};
 use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
 
@@ -233,7 +232,7 @@ impl Applier {
 
     /// Marks a write of `key` as in flight (for the child watches, see [`ChildCaches`]) until
     /// the guard is dropped.
-    fn begin_write(&self, key: &ObjectKey) -> Option<super::own_writes::InFlight> {
+    fn begin_write(&self, key: &ObjectKey) -> Option<InFlight> {
         self.caches.as_ref().map(|c| c.begin_write(key))
     }
 

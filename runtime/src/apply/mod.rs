@@ -40,49 +40,33 @@
 //! - A delete that meets `NotFound` is success (the object is gone, which is what we wanted).
 //!   Deletes carry a `uid` precondition, so a same-named object created since is never deleted.
 
-mod answers;
-mod cache;
 mod engine;
 mod metrics;
 mod once;
-mod own_writes;
 mod owner;
 pub mod record;
 mod release;
 mod report;
-pub mod retry;
 mod takeover;
 
-pub use cache::ChildCaches;
-pub(crate) use cache::CompactStore;
 pub use engine::Applier;
 pub use metrics::DriftMetrics;
-pub(crate) use own_writes::Origin;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
 pub use record::{CreatedChild, RecordDelta};
 pub use release::{refers_to, release};
 pub use report::{ApplyReport, ChildOutcome, Repair};
-pub use retry::RetryPolicy;
 pub use takeover::as_applied;
 
-use crate::key::ObjectKey;
+pub use crate::backoff::RetryPolicy;
+pub use crate::cache::ChildCaches;
+pub use crate::labels::{
+    FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL,
+};
 
-/// Label naming the field manager that manages the object (Kubernetes recommended label).
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Label naming the tenant a child belongs to.
-pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
-/// Label holding the owner's `metadata.uid`; used to list an owner's children for pruning.
-pub const OWNER_UID_LABEL: &str = "tenancy.idem.dev/owner-uid";
-/// Label holding the shard bucket of the owner's `metadata.uid` (decimal `0..=255`:
-/// [`crate::shard::bucket_of`] of its FNV-1a hash, the hash KEP-5866 shards on), so that a
-/// sharded replica's child watches can select the children of the owners it owns by label
-/// ([`crate::shard::Ranges::label_selector`]); the children's own uids hash elsewhere. Only
-/// ever used to narrow a watch: which replica reconciles an owner is decided by the owner's
-/// own uid, so a forged value can hide a child from its owner's replica (until read-repair
-/// applies the label back) but never makes another replica act on it.
-pub const SHARD_BUCKET_LABEL: &str = "tenancy.idem.dev/shard-bucket";
-/// Annotation holding the fingerprint of the desired body last applied.
-pub const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
+pub(crate) use crate::api_error::{
+    api_reason, describe, is_already_exists, is_conflict, is_not_found,
+};
+use crate::key::ObjectKey;
 
 /// Errors of the apply engine.
 #[derive(Debug, thiserror::Error)]
@@ -164,28 +148,6 @@ pub enum ApplyError {
     },
 }
 
-/// A client error in words: for an API status, `{code} {reason}: {message}` (the status the
-/// server sent, not its Rust debug form); otherwise the error's own message.
-pub(crate) fn describe(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) => {
-            // One line: some refusals go on with a diff of the object (a PersistentVolumeClaim's
-            // immutable spec), which a condition message and an Event do not need.
-            let message = status.message.lines().next().unwrap_or_default().trim_end();
-            format!("{} {}: {}", status.code, status.reason, message)
-        }
-        other => other.to_string(),
-    }
-}
-
-/// The API status `reason` of an error, when it is one.
-pub(crate) fn api_reason(err: &kube::Error) -> Option<(u16, &str)> {
-    match err {
-        kube::Error::Api(status) => Some((status.code, status.reason.as_str())),
-        _ => None,
-    }
-}
-
 impl ApplyError {
     /// Whether the API server refused the desired child itself: 422 Invalid on its create or
     /// apply, from the server's validation of the body, which the same desired body meets again
@@ -213,21 +175,6 @@ impl ApplyError {
             && !status.message.contains("admission webhook")
             && !status.message.contains("ValidatingAdmissionPolicy")
     }
-}
-
-/// Whether `err` is 409 Conflict on a write guarded by `resourceVersion` (not AlreadyExists).
-pub(crate) fn is_conflict(err: &kube::Error) -> bool {
-    matches!(api_reason(err), Some((409, reason)) if reason != "AlreadyExists")
-}
-
-/// Whether `err` is 409 AlreadyExists.
-pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
-    matches!(api_reason(err), Some((409, "AlreadyExists")))
-}
-
-/// Whether `err` is 404 NotFound.
-pub(crate) fn is_not_found(err: &kube::Error) -> bool {
-    matches!(api_reason(err), Some((404, _)))
 }
 
 #[cfg(test)]

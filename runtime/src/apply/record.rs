@@ -81,7 +81,7 @@ pub struct RecordDelta {
     /// recorded (and released again) until the release of its contents has completed.
     pub released: BTreeSet<String>,
     /// An apply of this reconcile failed: released entries stay.
-    failed: bool,
+    pub(super) failed: bool,
 }
 
 impl RecordDelta {
@@ -106,16 +106,6 @@ impl RecordDelta {
         }
         record.sort();
         record.dedup();
-    }
-
-    /// Adds what one apply found (see [`super::ApplyReport`]); `complete` when it succeeded.
-    pub(crate) fn add(&mut self, report: &super::ApplyReport, complete: bool) {
-        self.created.extend(report.created.iter().cloned());
-        self.pruned.extend(report.pruned_uids.iter().cloned());
-        self.released.extend(report.released_uids.iter().cloned());
-        if !complete {
-            self.failed = true;
-        }
     }
 }
 

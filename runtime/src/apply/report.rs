@@ -1,8 +1,8 @@
 //! What a reconcile of an owner's children did: per child outcome, drift repaired, pruned.
 
+use super::record::{CreatedChild, RecordDelta};
 use crate::compare::Drift;
 use crate::key::ObjectKey;
-use crate::status::Readiness;
 
 /// What happened to one desired child.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub struct ApplyReport {
     /// Children this apply created, with the uids the API server gave them, and desired
     /// children of ours missing from the owner's record (for the owner's record, see
     /// [`super::record`]).
-    pub created: Vec<super::CreatedChild>,
+    pub created: Vec<CreatedChild>,
     /// Uids of the children in [`ApplyReport::pruned`].
     pub pruned_uids: Vec<String>,
     /// Objects of the pruned kinds that claim the owner (controller ownerReference and
@@ -122,61 +122,6 @@ impl ApplyReport {
         })
     }
 
-    /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
-    /// desired child's name is taken by an object we do not own (it needs a human: delete or
-    /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
-    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
-    /// `Reconciled` (the message names children recreated by this reconcile). Messages are
-    /// stable for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
-    pub fn readiness(&self) -> Readiness {
-        let clashes: Vec<String> = self
-            .not_owned()
-            .map(|(k, why)| format!("{k} exists and is {why}"))
-            .collect();
-        let terminating: Vec<String> = self
-            .children
-            .iter()
-            .filter(|(_, o)| *o == ChildOutcome::Terminating)
-            .map(|(k, _)| k.to_string())
-            .collect();
-        if clashes.is_empty() && !terminating.is_empty() {
-            return Readiness::Reconciling {
-                reason: "ChildTerminating".to_owned(),
-                message: format!(
-                    "waiting for the deletion of {} to finish before creating it again",
-                    terminating.join(", ")
-                ),
-            };
-        }
-        if clashes.is_empty() {
-            let recreated: Vec<String> = self
-                .children
-                .iter()
-                .filter(|(_, o)| matches!(o, ChildOutcome::Recreated { .. }))
-                .map(|(k, _)| k.to_string())
-                .collect();
-            let mut message = format!("{} children up to date", self.children.len());
-            if !recreated.is_empty() {
-                message.push_str(&format!(
-                    "; recreated {} (an immutable field changed)",
-                    recreated.join(", ")
-                ));
-            }
-            Readiness::Ready {
-                reason: "Reconciled".to_owned(),
-                message,
-            }
-        } else {
-            Readiness::Stalled {
-                reason: "ChildNotOwned".to_owned(),
-                message: format!(
-                    "not modifying objects this resource does not own: {}",
-                    clashes.join("; ")
-                ),
-            }
-        }
-    }
-
     /// Whether any write was made.
     pub fn wrote(&self) -> bool {
         !self.pruned.is_empty()
@@ -189,53 +134,14 @@ impl ApplyReport {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn readiness_from_report() {
-        let ok = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("ConfigMap", "ns", "a"),
-                ChildOutcome::Created,
-            )],
-            ..ApplyReport::default()
-        };
-        assert!(
-            matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
-        );
-        assert!(ok.wrote());
-        let clash = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("ConfigMap", "ns", "a"),
-                ChildOutcome::NotOwned {
-                    reason: "not controlled by any owner".into(),
-                },
-            )],
-            ..ApplyReport::default()
-        };
-        match clash.readiness() {
-            Readiness::Stalled { reason, message } => {
-                assert_eq!(reason, "ChildNotOwned");
-                assert!(
-                    message.contains("ConfigMap/ns/a exists and is not controlled"),
-                    "{message}"
-                );
-            }
-            other => panic!("{other:?}"),
+impl RecordDelta {
+    /// Adds what one apply found (see [`ApplyReport`]); `complete` when it succeeded.
+    pub(crate) fn add(&mut self, report: &ApplyReport, complete: bool) {
+        self.created.extend(report.created.iter().cloned());
+        self.pruned.extend(report.pruned_uids.iter().cloned());
+        self.released.extend(report.released_uids.iter().cloned());
+        if !complete {
+            self.failed = true;
         }
-        assert!(!clash.wrote());
-        let terminating = ApplyReport {
-            children: vec![(
-                ObjectKey::namespaced("Service", "ns", "s"),
-                ChildOutcome::Terminating,
-            )],
-            ..ApplyReport::default()
-        };
-        assert!(matches!(
-            terminating.readiness(),
-            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
-        ));
     }
 }

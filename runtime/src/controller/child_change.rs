@@ -25,7 +25,7 @@ pub struct OwnsOptions {
     /// `status` enqueues the owner too. Default `false`: status-only changes (a ResourceQuota's
     /// usage, a Deployment's rollout progress) do not. A
     /// [`Driver`](crate::reconciler::Driver) sets it for the kinds its reconciler names in
-    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status).
+    /// [`Reconciler::children`](crate::reconciler::Reconciler::children).
     pub reads_status: bool,
 }
 

@@ -126,7 +126,7 @@ mod tests {
         namespaced,
         status = "S"
     )]
-    #[idempotent(tenant = namespace_label("team"), crate = "crate")]
+    #[idempotent(tenant = namespace_label("team"), crate = "crate", prune = owner_references)]
     struct ThingSpec {
         size: i32,
         #[idempotent(skip)]
@@ -159,7 +159,7 @@ mod tests {
         // Nor the object's own tenant label.
         let mut forged = thing("other", 1, "");
         forged.metadata.labels = Some(std::collections::BTreeMap::from([(
-            crate::apply::TENANT_LABEL.to_string(),
+            crate::labels::TENANT_LABEL.to_string(),
             "blue".to_string(),
         )]));
         assert_eq!(f(&forged), TenantKey::new(UNRESOLVED_TENANT));

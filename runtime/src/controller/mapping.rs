@@ -9,11 +9,11 @@ use k8s_openapi::ClusterResourceScope;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::apply::OWNER_UID_LABEL;
 use crate::key::{ObjectKey, TenantKey};
+use crate::labels::OWNER_UID_LABEL;
 
-/// The label that names an object's tenant (see the design's "Names on the wire").
-pub const TENANT_LABEL: &str = "tenancy.idem.dev/tenant";
+/// The label that names an object's tenant (defined once, in [`crate::apply`]).
+pub use crate::apply::TENANT_LABEL;
 
 /// Whether `K` is cluster-scoped.
 pub fn is_cluster_scoped<K: Resource>() -> bool

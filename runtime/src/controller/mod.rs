@@ -33,6 +33,7 @@ mod action;
 pub mod blocked;
 mod child_change;
 mod derived;
+mod kinds;
 pub mod mapping;
 pub mod namespaces;
 mod raw;
@@ -55,6 +56,7 @@ pub use self::action::{Action, Attempt};
 pub use self::blocked::BlockedWatches;
 pub use self::child_change::OwnsOptions;
 pub use self::derived::{UNRESOLVED_TENANT, change_fingerprint};
+pub(crate) use self::kinds::{KindSet, same};
 pub use self::namespaces::NamespaceTenants;
 pub use self::reason::Reason;
 use self::reason::Reasons;
@@ -64,7 +66,6 @@ use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
-use crate::reconciler::ChildKinds;
 
 /// Keeps `out` equal to the conjunction of `inputs` (e.g. several controllers' synced signals,
 /// [`Controller::with_synced_signal`]) until the task is dropped or every input's sender is
@@ -106,13 +107,13 @@ pub enum ControllerError {
     /// `resync_jitter` was negative or not finite.
     #[error("resync jitter {0} must be a finite number ≥ 0")]
     ResyncJitter(f64),
-    /// The reconciler reads the status of a child kind the controller does not watch.
+    /// The reconciler declares a child kind the controller does not watch.
     #[error(
-        "Reconciler::reads_status names {kind}, which the controller does not own: add \
-         .owns(Api::<{kind}>::all(client), Driver::<YourReconciler>::children_config()) to the \
-         controller"
+        "Reconciler::children declares {kind}, which the controller does not own: build the \
+         controller with Controller::for_reconciler::<YourReconciler>(client), which owns \
+         every declared kind"
     )]
-    StatusKindNotOwned {
+    KindNotOwned {
         /// The kind.
         kind: String,
     },
@@ -182,7 +183,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     synced: Option<tokio::sync::watch::Sender<bool>>,
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
-    caches: Option<crate::apply::ChildCaches>,
+    caches: Option<crate::cache::ChildCaches>,
     record_of: Option<RecordFn<K>>,
     shard: Option<OwnsFn<K>>,
     blocked: BlockedWatches,
@@ -192,7 +193,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     /// The child kinds owned (watched), by `(apiVersion, kind)`.
     owned: Vec<(String, String)>,
     /// The child kinds whose status the reconcile reads (their watches keep it).
-    reads_status: ChildKinds,
+    reads_status: KindSet,
 }
 
 impl<K> Controller<K>
@@ -225,7 +226,7 @@ where
             blocked_triggers,
             namespaces: None,
             owned: Vec::new(),
-            reads_status: ChildKinds::none(),
+            reads_status: KindSet::default(),
         }
     }
 
@@ -300,25 +301,30 @@ where
         self
     }
 
-    /// Owns `kinds` as read by the reconcile's status checks: their watches keep `status` and a
-    /// change of it reconciles the owner ([`OwnsOptions::reading_status`]); what
+    /// Checks that the controller owns every kind of `kinds` (a reconciler's declaration),
+    /// and keeps `status` in the watches of the kinds `reads_status`, a change of it
+    /// reconciling the owner ([`OwnsOptions::reading_status`]); what
     /// [`Driver::run`](crate::reconciler::Driver::run) does with
-    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status).
+    /// [`Reconciler::children`](crate::reconciler::Reconciler::children).
     ///
     /// # Errors
-    /// [`ControllerError::StatusKindNotOwned`] for a kind the controller does not own.
-    pub(crate) fn reading_status_of(mut self, kinds: ChildKinds) -> Result<Self, ControllerError> {
+    /// [`ControllerError::KindNotOwned`] for a kind the controller does not own.
+    pub(crate) fn declared(
+        mut self,
+        kinds: &KindSet,
+        reads_status: KindSet,
+    ) -> Result<Self, ControllerError> {
         if let Some(missing) = kinds.iter().find(|r| {
             !self
                 .owned
                 .iter()
                 .any(|(v, k)| *v == r.api_version && *k == r.kind)
         }) {
-            return Err(ControllerError::StatusKindNotOwned {
+            return Err(ControllerError::KindNotOwned {
                 kind: missing.kind.clone(),
             });
         }
-        self.reads_status = kinds;
+        self.reads_status = reads_status;
         Ok(self)
     }
 
@@ -395,12 +401,12 @@ where
     /// prunes children without requests. Memory: one copy of every watched child (as selected
     /// by its watcher config), kept as compact JSON without its `status` (unless the kind is
     /// owned with [`OwnsOptions::reading_status`] or named by the
-    /// [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status) of the
+    /// [`Reconciler::children`](crate::reconciler::Reconciler::children) of the
     /// driver that runs the controller), the `kubectl.kubernetes.io/last-applied-
     /// configuration` annotation and the `managedFields` timestamps, which the apply engine
     /// never reads.
     #[must_use]
-    pub fn with_child_caches(mut self, caches: crate::apply::ChildCaches) -> Self {
+    pub fn with_child_caches(mut self, caches: crate::cache::ChildCaches) -> Self {
         self.caches = Some(caches);
         self
     }

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
-use crate::apply::{ChildCaches, CompactStore, Origin};
+use crate::cache::{ChildCaches, CompactStore, Origin};
 use crate::key::{ObjectKey, TenantKey};
 use crate::queue::{Priority, WorkQueue};
 
@@ -48,7 +48,7 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub blocked: super::BlockedWatches,
     /// The child kinds whose status the reconcile reads (as if owned
     /// [`OwnsOptions::reading_status`]).
-    pub reads_status: crate::reconciler::ChildKinds,
+    pub reads_status: super::KindSet,
 }
 
 impl<K> Shared<K>

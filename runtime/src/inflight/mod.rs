@@ -42,7 +42,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
-use crate::TenantKey;
+use crate::key::TenantKey;
 
 pub mod limit;
 

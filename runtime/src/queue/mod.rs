@@ -35,6 +35,7 @@
 
 pub(crate) mod core;
 pub(crate) mod fair;
+mod metrics;
 mod priority;
 mod shutdown;
 #[cfg(test)]
@@ -48,10 +49,11 @@ use tokio::time::{Duration, Instant};
 
 pub use self::core::AddOutcome;
 use self::core::{Core, Now};
+pub(crate) use self::metrics::InFlight;
+pub use self::metrics::QueueMetrics;
 pub use self::priority::Priority;
 pub use self::shutdown::ShutdownReport;
 use crate::key::{ObjectKey, TenantKey};
-pub use crate::metrics::QueueMetrics;
 
 /// Limits of a [`WorkQueue`].
 #[derive(Clone, Debug, PartialEq, Eq)]

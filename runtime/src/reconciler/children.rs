@@ -1,87 +1,24 @@
 //! The live children a readiness reads: the apply report, and the desired children (with
-//! their `status`) of the kinds a reconciler names in [`Reconciler::reads_status`].
+//! their `status`) of the kinds a reconciler declares reading in [`Reconciler::children`].
 //!
-//! [`Reconciler::reads_status`]: super::Reconciler::reads_status
+//! [`Reconciler::children`]: super::Reconciler::children
 
 use kube::Resource;
 use kube::api::{Api, DynamicObject};
-use kube::core::ApiResource;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ReconcileError;
 use crate::apply::{ApplyReport, ChildCaches, ChildOutcome, DesiredChildren};
+use crate::controller::KindSet;
 use crate::key::ObjectKey;
 
 /// The condition reason of a readiness that reads the status of a kind it did not declare.
 pub const STATUS_NOT_DECLARED: &str = "StatusNotDeclared";
 
-/// Child kinds, by `apiVersion` and `kind`: those whose status a reconciler reads
-/// ([`Reconciler::reads_status`](super::Reconciler::reads_status)).
-///
-/// ```
-/// # use idem_runtime::reconciler::ChildKinds;
-/// # use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-/// let kinds = ChildKinds::of::<StatefulSet>().and::<Deployment>();
-/// assert!(kinds.contains::<StatefulSet>());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChildKinds(Vec<ApiResource>);
-
-impl ChildKinds {
-    /// No kind.
-    pub fn none() -> Self {
-        Self::default()
-    }
-
-    /// Kind `C`.
-    pub fn of<C: Resource<DynamicType = ()>>() -> Self {
-        Self::none().and::<C>()
-    }
-
-    /// These kinds and kind `C`.
-    #[must_use]
-    pub fn and<C: Resource<DynamicType = ()>>(mut self) -> Self {
-        let resource = ApiResource::erase::<C>(&());
-        if !self.has(&resource) {
-            self.0.push(resource);
-        }
-        self
-    }
-
-    /// Whether kind `C` is one of these.
-    pub fn contains<C: Resource<DynamicType = ()>>(&self) -> bool {
-        self.has(&ApiResource::erase::<C>(&()))
-    }
-
-    /// Whether the kind of `resource` is one of these.
-    pub(crate) fn has(&self, resource: &ApiResource) -> bool {
-        self.0
-            .iter()
-            .any(|r| r.api_version == resource.api_version && r.kind == resource.kind)
-    }
-
-    /// Whether `(api_version, kind)` is one of these.
-    pub(crate) fn has_kind(&self, api_version: &str, kind: &str) -> bool {
-        self.0
-            .iter()
-            .any(|r| r.api_version == api_version && r.kind == kind)
-    }
-
-    /// The kinds.
-    pub fn iter(&self) -> impl Iterator<Item = &ApiResource> {
-        self.0.iter()
-    }
-
-    /// Whether there is no kind.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
 /// What [`Reconciler::ready`](super::Reconciler::ready) judges from: the apply report of the
 /// pass, and the live objects — `status` included — of the desired children whose kinds the
-/// reconciler names in [`Reconciler::reads_status`](super::Reconciler::reads_status) (read
+/// reconciler declares with [`ChildKinds::owns_reading_status`](super::ChildKinds::owns_reading_status) (read
 /// from the controller's caches, so a converged pass makes no request for them).
 ///
 /// A child whose name another object holds ([`ChildOutcome::NotOwned`]) is not the owner's and
@@ -89,7 +26,7 @@ impl ChildKinds {
 #[derive(Debug)]
 pub struct Children<'a> {
     report: &'a ApplyReport,
-    kinds: ChildKinds,
+    kinds: KindSet,
     namespace: Option<String>,
     live: Vec<(ObjectKey, Value)>,
 }
@@ -100,7 +37,7 @@ impl<'a> Children<'a> {
     pub(crate) async fn read(
         report: &'a ApplyReport,
         desired: &DesiredChildren,
-        kinds: ChildKinds,
+        kinds: KindSet,
         owner_namespace: Option<&str>,
         caches: Option<&ChildCaches>,
         client: &kube::Client,
@@ -125,7 +62,7 @@ impl<'a> Children<'a> {
                         format!(
                             "the controller's cache of {} keeps no status: run the controller \
                              with Driver::run (which keeps the status of the kinds \
-                             Reconciler::reads_status names)",
+                             Reconciler::children declares with owns_reading_status)",
                             resource.kind
                         ),
                     ));
@@ -167,7 +104,8 @@ impl<'a> Children<'a> {
     ///
     /// # Errors
     /// A terminal [`ReconcileError`] (reason [`STATUS_NOT_DECLARED`]) when `C` is not a kind
-    /// [`Reconciler::reads_status`](super::Reconciler::reads_status) names: its children are
+    /// [`Reconciler::children`](super::Reconciler::children) declares with
+    /// [`ChildKinds::owns_reading_status`](super::ChildKinds::owns_reading_status): its children are
     /// not read (their watch keeps no status, and a change of it would not reconcile the
     /// owner); one when the object does not deserialise as a `C`.
     pub fn get<C>(&self, name: &str) -> Result<Option<C>, ReconcileError>
@@ -218,10 +156,10 @@ impl<'a> Children<'a> {
             return Err(ReconcileError::terminal(
                 STATUS_NOT_DECLARED,
                 format!(
-                    "the readiness reads {kind} children, a kind Reconciler::reads_status does \
-                     not name: add it (fn reads_status() -> ChildKinds {{ \
-                     ChildKinds::of::<{kind}>() }}) so that their watch keeps their status and \
-                     a change of it reconciles the owner"
+                    "the readiness reads {kind} children, whose status Reconciler::children \
+                     does not declare read: declare the kind with \
+                     .owns_reading_status::<{kind}>() (in fn children() -> ChildKinds<Self::Resource>) \
+                     so that their watch keeps their status and a change of it reconciles the owner"
                 ),
             ));
         }
@@ -248,7 +186,7 @@ mod tests {
 
     use super::*;
 
-    fn children(report: &ApplyReport, kinds: ChildKinds) -> Children<'_> {
+    fn children(report: &ApplyReport, kinds: KindSet) -> Children<'_> {
         let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": {"name": "db", "namespace": "ns"}, "status": {"replicas": 3, "readyReplicas": 2}});
         Children {
@@ -262,7 +200,7 @@ mod tests {
     #[test]
     fn a_declared_kind_reads_with_its_status() {
         let report = ApplyReport::default();
-        let c = children(&report, ChildKinds::of::<StatefulSet>());
+        let c = children(&report, KindSet::of::<StatefulSet>());
         let sts = c.get::<StatefulSet>("db").unwrap().expect("the child");
         assert_eq!(sts.status.and_then(|s| s.ready_replicas), Some(2));
         assert!(c.get::<StatefulSet>("other").unwrap().is_none());
@@ -277,12 +215,13 @@ mod tests {
     #[test]
     fn an_undeclared_kind_is_a_terminal_error_naming_the_fix() {
         let report = ApplyReport::default();
-        let c = children(&report, ChildKinds::of::<Deployment>());
+        let c = children(&report, KindSet::of::<Deployment>());
         let e = c.get::<StatefulSet>("db").unwrap_err();
         assert!(e.is_terminal());
         assert_eq!(e.terminal_reason(), STATUS_NOT_DECLARED);
         assert!(
-            e.to_string().contains("ChildKinds::of::<StatefulSet>()"),
+            e.to_string()
+                .contains(".owns_reading_status::<StatefulSet>()"),
             "{e}"
         );
     }

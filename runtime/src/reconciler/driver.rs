@@ -10,7 +10,10 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::seen::{Freshness, Seen};
-use super::{Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler, StatusFill};
+use super::{
+    ChildKinds, ChildWatches, Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler,
+    StatusFill, WatchChildrenError,
+};
 use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
 use crate::controller::blocked::BLOCKED_POLL;
 use crate::controller::mapping::key_of;
@@ -62,6 +65,8 @@ pub struct Driver<R: Reconciler> {
     namespaces: Option<NamespaceTenants>,
     /// The newest version of each object seen or written, see [`super::seen`].
     seen: Arc<Seen>,
+    /// The child kinds the reconciler declares ([`Reconciler::children`]).
+    kinds: ChildKinds<K<R>>,
 }
 
 type K<R> = <R as Reconciler>::Resource;
@@ -90,6 +95,7 @@ where
             noticed: Arc::default(),
             namespaces: None,
             seen: Arc::default(),
+            kinds: R::children(),
         }
     }
 
@@ -131,15 +137,27 @@ where
     }
 
     /// The watch configuration for the children of this kind
-    /// ([`Controller::owns`]): only objects labelled
+    /// ([`super::children_config`]): only objects labelled
     /// `app.kubernetes.io/managed-by=<FIELD_MANAGER>`, which the apply engine puts on every
     /// child, so a controller does not cache every Namespace or RoleBinding of the cluster.
     pub fn children_config() -> kube::runtime::watcher::Config {
-        kube::runtime::watcher::Config::default().labels(&format!(
-            "{}={}",
-            crate::apply::MANAGED_BY_LABEL,
-            K::<R>::FIELD_MANAGER
-        ))
+        super::children_config::<K<R>>()
+    }
+
+    /// Watches every child kind [`Reconciler::children`] declares (selected by
+    /// [`Driver::children_config`]) into this driver's caches, for passes run without a
+    /// controller ([`Driver::reconcile_once`], e.g. a test kit's); returns once each is listed.
+    /// The watches end when the returned [`ChildWatches`] is dropped.
+    ///
+    /// # Errors
+    /// [`WatchChildrenError`] when a watch ended before its first list.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the watches started so far end when the future is dropped.
+    pub async fn watch_children(&self) -> Result<ChildWatches, WatchChildrenError> {
+        self.kinds
+            .cache_all(&self.client, &Self::children_config(), &self.caches)
+            .await
     }
 
     /// The reconciler.
@@ -157,14 +175,15 @@ where
     /// ([`Reconciler::child_record`]), those records: then only recorded children, and those
     /// this process wrote, are cached whole, see [`Controller::with_child_records`]; the
     /// objects each pass finds in a child's way are watched by the controller, see
-    /// [`crate::controller::blocked`]; the child kinds [`Reconciler::reads_status`] names are
-    /// cached with their status, and a change of it reconciles the owner); see
-    /// [`Controller::run`].
+    /// [`crate::controller::blocked`]; the child kinds [`Reconciler::children`] declares
+    /// reading are cached with their status, and a change of it reconciles the owner); see
+    /// [`Controller::run`]. Build the controller with [`Controller::for_reconciler`] so that
+    /// it owns every declared kind.
     ///
     /// # Errors
     /// [`ControllerError`] when the controller's configuration is invalid, and
-    /// [`ControllerError::StatusKindNotOwned`] when [`Reconciler::reads_status`] names a kind
-    /// the controller does not own.
+    /// [`ControllerError::KindNotOwned`] when [`Reconciler::children`] declares a kind the
+    /// controller does not own.
     pub async fn run(
         mut self,
         controller: Controller<K<R>>,
@@ -175,7 +194,7 @@ where
         self.namespaces = controller.namespace_tenants();
         let mut controller = controller
             .with_child_caches(caches)
-            .reading_status_of(R::reads_status())?;
+            .declared(&self.kinds.set(), self.kinds.status_set())?;
         let mut blank = <K<R> as IdempotentResource>::Status::default();
         if R::child_record(&mut blank).is_some() {
             controller = controller.with_child_records(|obj: &K<R>| {
@@ -399,7 +418,7 @@ where
                 Arc::clone(&self.noticed),
             )
             .with_namespaces(self.namespaces.clone())
-            .reading_status(R::reads_status());
+            .declaring(&self.kinds);
             let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
@@ -439,7 +458,7 @@ where
             Arc::clone(&self.noticed),
         )
         .with_namespaces(self.namespaces.clone())
-        .reading_status(R::reads_status());
+        .declaring(&self.kinds);
         let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)

@@ -54,15 +54,20 @@
 mod children;
 mod driver;
 pub mod events;
+pub(crate) mod kinds;
 mod pass;
+pub mod retention;
 mod seen;
 
 use std::future::Future;
 use std::time::Duration;
 
-pub use self::children::{ChildKinds, Children, STATUS_NOT_DECLARED};
+pub use self::children::{Children, STATUS_NOT_DECLARED};
 pub use self::driver::{Driver, DriverConfig};
-pub use self::pass::Pass;
+pub use self::kinds::{
+    ChildKinds, ChildWatches, KIND_NOT_DECLARED, WatchChildrenError, children_config,
+};
+pub use self::pass::{CREATE_ONCE_WITHOUT_RECORD, Pass};
 pub use crate::controller::Reason;
 
 use crate::apply::{ApplyError, CreatedChild, DesiredChildren};
@@ -245,19 +250,24 @@ pub trait Reconciler: Send + Sync + 'static {
         ))
     }
 
-    /// The child kinds whose `status` [`Reconciler::ready`] reads, e.g.
-    /// `ChildKinds::of::<StatefulSet>()` for its `readyReplicas`. [`Driver::run`] makes the
-    /// controller's watches of these kinds keep their status and reconcile the owner when it
-    /// changes (and refuses to start when the controller does not own one of them), and
-    /// [`Children::get`] gives [`Reconciler::ready`] the live children of these kinds, from the
-    /// caches; reading a kind not named here is a terminal error naming this fix. Default:
-    /// none (status-only changes of children do not reconcile their owner).
-    fn reads_status() -> ChildKinds {
-        ChildKinds::none()
+    /// The child kinds, each declared once, e.g.
+    /// `ChildKinds::new().owns::<Namespace>().owns_reading_status::<StatefulSet>()`.
+    /// Everything about the children follows from it:
+    /// [`Controller::for_reconciler`](crate::controller::Controller::for_reconciler) watches
+    /// these kinds (by the managed-by label, [`children_config`]) into the driver's child
+    /// caches; [`Driver::run`] refuses a controller that does not own one of them; the
+    /// kinds declared [`ChildKinds::owns_reading_status`] keep their status in the caches, a
+    /// change of it reconciles the owner and [`Children::get`] reads it (reading another
+    /// kind's is a terminal error naming this fix); and a pass that desires a child of a kind
+    /// not declared here fails at once with a terminal [`KIND_NOT_DECLARED`] error (a child
+    /// no watch serves would cost a GET on every pass, and its changes would go unnoticed).
+    /// Default: none (a reconciler without children).
+    fn children() -> ChildKinds<Self::Resource> {
+        ChildKinds::new()
     }
 
     /// What "ready" means, given the pass's [`Children`]: its apply report and the live
-    /// children (status included) of the kinds [`Reconciler::reads_status`] names.
+    /// children (status included) of the kinds [`Reconciler::children`] declares reading.
     /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
     /// when a child's name is taken, `Reconciling` while a child is being deleted).
     ///
@@ -266,7 +276,7 @@ pub trait Reconciler: Send + Sync + 'static {
     /// # use idem_runtime::status::Readiness;
     /// # use k8s_openapi::api::apps::v1::StatefulSet;
     /// # fn ready(children: &Children<'_>, replicas: i32) -> Result<Readiness, ReconcileError> {
-    /// // In `impl Reconciler`, with `fn reads_status() -> ChildKinds { ChildKinds::of::<StatefulSet>() }`:
+    /// // In `impl Reconciler`, with `ChildKinds::new().owns_reading_status::<StatefulSet>()`:
     /// let applied = children.report().readiness();
     /// if !matches!(applied, Readiness::Ready { .. }) {
     ///     return Ok(applied);
@@ -294,7 +304,7 @@ pub trait Reconciler: Send + Sync + 'static {
     }
 
     /// One pass: by default apply [`Reconciler::desired`], read the children of the kinds
-    /// [`Reconciler::reads_status`] names ([`Pass::children`]) and conclude with
+    /// [`Reconciler::children`] declares reading ([`Pass::children`]) and conclude with
     /// [`Reconciler::ready`].
     ///
     /// # Errors
@@ -327,18 +337,20 @@ pub trait Reconciler: Send + Sync + 'static {
     }
 
     /// The status field that records the children this object's reconciles created (uids from
-    /// the creates' answers; see [`crate::apply::record`]), or `None` (the default) when the kind
-    /// keeps no record. With a record the prune deletes only recorded children, and the
-    /// driver keeps the field up to date: it adds what each pass created (also when the pass
-    /// fails, with a status write that leaves `observedGeneration` and conditions alone) and
-    /// drops what was pruned or is gone. Without one the prune trusts the controller
-    /// ownerReference, which anyone who may create a child kind where the children live can
-    /// forge. Status is a subresource, so users who can edit the object cannot edit the record.
+    /// the creates' answers; see [`crate::apply::record`]): by default the derive's
+    /// ([`IdempotentResource::child_record_of`]: `status.created_children`, or `None` for a
+    /// kind with `#[idempotent(prune = owner_references)]`). With a record the prune deletes
+    /// only recorded children, and the driver keeps the field up to date: it adds what each
+    /// pass created (also when the pass fails, with a status write that leaves
+    /// `observedGeneration` and conditions alone) and drops what was pruned or is gone.
+    /// Without one the prune trusts the controller ownerReference, which anyone who may
+    /// create a child kind where the children live can forge, and create-once children are
+    /// refused (a deleted one could not be told from one never created). Status is a
+    /// subresource, so users who can edit the object cannot edit the record.
     fn child_record(
         status: &mut <Self::Resource as IdempotentResource>::Status,
     ) -> Option<&mut Vec<CreatedChild>> {
-        let _ = status;
-        None
+        <Self::Resource as IdempotentResource>::child_record_of(status)
     }
 
     /// The kind's own status fields to write along with `Stalled` when the reconcile failed

@@ -7,14 +7,19 @@ use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, Recorder};
 
-use super::{ChildKinds, Children, Reason, ReconcileError};
+use super::{ChildKinds, Children, KIND_NOT_DECLARED, Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
 };
+use crate::controller::KindSet;
 use crate::controller::NamespaceTenants;
 use crate::key::{ObjectKey, TenantKey};
 use crate::resource::{IdempotentResource, TenantRef};
 use kube::core::ApiResource;
+
+/// The condition reason of a pass that desires a create-once child for a kind that keeps no
+/// record of the children it created.
+pub const CREATE_ONCE_WITHOUT_RECORD: &str = "CreateOnceWithoutRecord";
 
 /// One reconcile pass, given to [`Reconciler::reconcile`](super::Reconciler::reconcile) and
 /// [`Reconciler::cleanup`](super::Reconciler::cleanup).
@@ -37,8 +42,11 @@ pub struct Pass<K: IdempotentResource> {
     blocking: Vec<(ApiResource, ObjectKey)>,
     /// The tenants of namespaces, for a `namespace_label` rule (the controller's).
     namespaces: Option<NamespaceTenants>,
+    /// The child kinds the reconciler declares (`None`: any, for a pass the driver did not
+    /// make from a reconciler's declaration).
+    declared: Option<KindSet>,
     /// The child kinds whose status the reconciler reads.
-    reads_status: ChildKinds,
+    reads_status: KindSet,
 }
 
 impl<K: IdempotentResource> Pass<K> {
@@ -69,7 +77,8 @@ impl<K: IdempotentResource> Pass<K> {
             noticed,
             blocking: Vec::new(),
             namespaces: None,
-            reads_status: ChildKinds::none(),
+            declared: None,
+            reads_status: KindSet::default(),
         }
     }
 
@@ -85,10 +94,53 @@ impl<K: IdempotentResource> Pass<K> {
         self
     }
 
-    /// Reads the children of `kinds` with their status ([`Pass::children`]).
-    pub(crate) fn reading_status(mut self, kinds: ChildKinds) -> Self {
-        self.reads_status = kinds;
+    /// Applies only children of the kinds `kinds` declares, and reads the status of those
+    /// declared so ([`Pass::children`]).
+    pub(crate) fn declaring(mut self, kinds: &ChildKinds<K>) -> Self {
+        self.declared = Some(kinds.set());
+        self.reads_status = kinds.status_set();
         self
+    }
+
+    /// A terminal [`KIND_NOT_DECLARED`] error for the first child of `desired` whose kind the
+    /// reconciler does not declare.
+    fn check_declared(&self, desired: &DesiredChildren) -> Result<(), ReconcileError> {
+        if self.record.is_none()
+            && let Some(once) = desired.children.iter().find(|c| c.once.is_some())
+        {
+            return Err(ReconcileError::terminal(
+                CREATE_ONCE_WITHOUT_RECORD,
+                format!(
+                    "{} {} is create-once, but {} keeps no record of the children it created \
+                     (#[idempotent(prune = owner_references)]): a deleted create-once child \
+                     could not be told from one never created, and would silently get a new \
+                     value. Give the status `created_children: Vec<CreatedChild>` and drop \
+                     the opt-out",
+                    once.resource.kind,
+                    once.key(),
+                    K::kind(&()),
+                ),
+            ));
+        }
+        let Some(declared) = &self.declared else {
+            return Ok(());
+        };
+        let kinds = (desired.children.iter().map(|c| &c.resource))
+            .chain(desired.kinds.iter().map(|(r, _)| r));
+        match kinds.into_iter().find(|r| !declared.has(r)) {
+            None => Ok(()),
+            Some(r) => Err(ReconcileError::terminal(
+                KIND_NOT_DECLARED,
+                format!(
+                    "the desired state holds {kind} ({api_version}) children, a kind \
+                     Reconciler::children does not declare: add .owns::<{kind}>() to it (fn \
+                     children() -> ChildKinds<Self::Resource>) so that the controller watches \
+                     and caches them",
+                    kind = r.kind,
+                    api_version = r.api_version
+                ),
+            )),
+        }
     }
 
     /// The objects this pass's applies found in a desired child's way (the children
@@ -197,11 +249,14 @@ impl<K: IdempotentResource> Pass<K> {
     /// added to the pass's [`RecordDelta`] even when the apply fails; the driver writes it.
     ///
     /// # Errors
-    /// As [`Applier::reconcile`] and [`Pass::owner`].
+    /// As [`Applier::reconcile`] and [`Pass::owner`]; a terminal [`KIND_NOT_DECLARED`] error,
+    /// before any request, when `desired` holds a child of a kind
+    /// [`Reconciler::children`](super::Reconciler::children) does not declare.
     pub async fn apply(
         &mut self,
         desired: &DesiredChildren,
     ) -> Result<ApplyReport, ReconcileError> {
+        self.check_declared(desired)?;
         let owner = self.owner().await?;
         let mut report = ApplyReport::default();
         let result = self
@@ -294,6 +349,7 @@ impl<K: IdempotentResource> Pass<K> {
                 ),
             ));
         };
+        self.check_declared(desired)?;
         let owner = self.owner().await?;
         let ensured = self.applier.ensure_once(&owner, child).await?;
         let (key, _) = child.stamped(&owner)?;
@@ -321,7 +377,7 @@ impl<K: IdempotentResource> Pass<K> {
     }
 
     /// The live children of `report` (the apply of `desired`) whose kinds
-    /// [`Reconciler::reads_status`](super::Reconciler::reads_status) names, status included,
+    /// [`Reconciler::children`](super::Reconciler::children) declares reading, status included,
     /// for a readiness to judge: from the controller's caches (no request), else (no cache of
     /// the kind, e.g. a reconcile without a controller) with one GET per child.
     ///

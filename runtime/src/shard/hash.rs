@@ -2,7 +2,25 @@
 
 use kube::api::ObjectMeta;
 
-use super::ShardField;
+/// The field a controller shards on; the same field must be used for a primary kind and the
+/// children it reconciles so that they land on one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShardField {
+    /// `metadata.uid` (KEP-5866 `object.metadata.uid`).
+    Uid,
+    /// `metadata.namespace` (KEP-5866 `object.metadata.namespace`).
+    Namespace,
+}
+
+impl ShardField {
+    /// The field path as a `shardRange` argument.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Uid => "object.metadata.uid",
+            Self::Namespace => "object.metadata.namespace",
+        }
+    }
+}
 
 /// FNV-1a 64-bit offset basis (Fowler/Noll/Vo, IETF draft-eastlake-fnv, §2).
 const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;

@@ -15,5 +15,5 @@
 mod hash;
 mod ring;
 
-pub use self::hash::{fnv1a64, shard_hash};
-pub use self::ring::{BUCKETS, Ranges, Ring, ShardField, bucket_of};
+pub use self::hash::{ShardField, fnv1a64, shard_hash};
+pub use self::ring::{BUCKETS, Ranges, Ring, bucket_of};

@@ -14,31 +14,11 @@
 
 use std::fmt::Write as _;
 
-use super::fnv1a64;
+use super::hash::{ShardField, fnv1a64};
 
 /// Number of equal hash buckets the ring assigns (the top 8 bits of a hash); with N members
 /// each owns ⌊256/N⌋ or ⌈256/N⌉ of them.
 pub const BUCKETS: usize = 256;
-
-/// The field a controller shards on; the same field must be used for a primary kind and the
-/// children it reconciles so that they land on one replica.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ShardField {
-    /// `metadata.uid` (KEP-5866 `object.metadata.uid`).
-    Uid,
-    /// `metadata.namespace` (KEP-5866 `object.metadata.namespace`).
-    Namespace,
-}
-
-impl ShardField {
-    /// The field path as a `shardRange` argument.
-    pub fn path(self) -> &'static str {
-        match self {
-            Self::Uid => "object.metadata.uid",
-            Self::Namespace => "object.metadata.namespace",
-        }
-    }
-}
 
 /// The splitmix64 finaliser (Steele, Lea & Flood, OOPSLA 2014): spreads a member's FNV hash
 /// and the bucket number over all 64 bits of a rendezvous score.

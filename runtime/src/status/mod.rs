@@ -17,11 +17,12 @@
 //! - The status is written only when it changed (compared as JSON), with a `PUT` to the
 //!   `/status` subresource carrying the `resourceVersion` that was read: a reconcile that
 //!   started from an older object gets 409 Conflict, re-reads and recomputes, up to
-//!   [`crate::apply::RetryPolicy`] attempts (client-go `retry.DefaultRetry`).
+//!   [`RetryPolicy`](crate::apply::RetryPolicy) attempts (client-go `retry.DefaultRetry`).
 //! - `observedGeneration` is the generation the reconcile read. It never goes backwards: if the
 //!   stored status already observed a newer generation, the write is abandoned
 //!   ([`StatusOutcome::Superseded`]).
 
+mod applied;
 mod conditions;
 mod message;
 mod writer;

@@ -5,7 +5,8 @@ use serde_json::{Value, json};
 
 use super::StatusError;
 use super::conditions::{StatusDraft, now_seconds};
-use crate::apply::{RetryPolicy, is_conflict, is_not_found};
+use crate::api_error::{is_conflict, is_not_found};
+use crate::backoff::RetryPolicy;
 use crate::resource::IdempotentResource;
 
 /// What a status write did.

@@ -32,7 +32,7 @@ use tokio::sync::RwLock;
     namespaced,
     status = "WidgetStatus"
 )]
-#[idempotent(tenant = namespace, field_manager = "idem-operator")]
+#[idempotent(tenant = namespace, field_manager = "idem-operator", prune = owner_references)]
 #[serde(rename_all = "camelCase")]
 pub struct WidgetSpec {
     pub image: String,

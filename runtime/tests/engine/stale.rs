@@ -9,7 +9,7 @@ use std::time::Duration;
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::{CreatedChild, DesiredChildren};
 use idem_runtime::controller::{Controller, ControllerConfig};
-use idem_runtime::reconciler::{Driver, ReconcileError, Reconciler};
+use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
 use idem_tests::faults::Faults;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
@@ -53,6 +53,10 @@ struct Racks;
 
 impl Reconciler for Racks {
     type Resource = Rack;
+
+    fn children() -> ChildKinds<Rack> {
+        ChildKinds::new().owns::<ConfigMap>()
+    }
 
     fn desired(&self, rack: &Rack) -> Result<DesiredChildren, ReconcileError> {
         let mut d = DesiredChildren::new();

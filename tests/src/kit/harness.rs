@@ -507,10 +507,10 @@ pub(crate) fn describe(pass: &Pass) -> String {
     )
 }
 
-/// idem's own bookkeeping annotation on every applied child (idem-runtime's
-/// `apply::FINGERPRINT_ANNOTATION`): a hash of the desired body, which names the instance (its
-/// namespace, its uid label), so it differs between instances by construction, not by state.
-pub(crate) const FINGERPRINT_ANNOTATION: &str = "tenancy.idem.dev/applied-fingerprint";
+/// idem's own bookkeeping annotation on every applied child: a hash of the desired body, which
+/// names the instance (its namespace, its uid label), so it differs between instances by
+/// construction, not by state.
+pub(crate) use idem_runtime::apply::FINGERPRINT_ANNOTATION;
 
 /// Removes idem's own bookkeeping from a child before end states are compared: the
 /// [`FINGERPRINT_ANNOTATION`] (and `metadata.annotations` when nothing else is left in it).

@@ -8,8 +8,10 @@
 //! (server-side apply), and safety of stale reads (watch events arriving late while the spec
 //! flips back and forth). Each is one module: [`Check`] lists them.
 //!
-//! The kit does not depend on idem-runtime: a [`Subject`] is any code that can reconcile one
-//! object with a [`kube::Client`] it is given. Every request of the reconcile must go through
+//! A [`Subject`] is any code that can reconcile one object with a [`kube::Client`] it is
+//! given; for a reconciler run by idem-runtime's `Driver`, [`DriverSubject`] says only the
+//! primary object (the session, the reconcile and the children follow from the reconciler's
+//! declared child kinds) and [`Kit::driven`] runs it. Every request of the reconcile must go through
 //! that client: the kit counts them there (and the API server confirms the count: the client
 //! acts as a user of the kit's own, whose requests the server counts under a FlowSchema of
 //! their own), aborts the reconcile after the k-th one (crash) and injects faults into it.
@@ -25,6 +27,7 @@
 //! inherits another's state) and compares [`EndState`]s anonymised by name, uid and time.
 
 mod crash;
+mod driven;
 mod faults;
 mod harness;
 mod identity;
@@ -49,6 +52,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 pub use tower::BoxError;
 
+pub use driven::{Driven, DriverSession, DriverSubject, Primary, declared_children};
 pub use probe::{ABORTED, Sent};
 pub use report::{Check, CheckReport, Report};
 pub use state::EndState;
@@ -232,6 +236,17 @@ pub struct Kit<'a, S> {
     subject: S,
     options: Options,
     checks: Vec<Check>,
+}
+
+impl<'a, S: DriverSubject> Kit<'a, Driven<S>>
+where
+    <Primary<S> as Resource>::Scope: idem_runtime::apply::ChildScope,
+{
+    /// A kit for the [`Driver`](idem_runtime::reconciler::Driver)-based `subject` on `cp`
+    /// ([`Driven`]).
+    pub fn driven(cp: &'a ControlPlane, subject: S) -> Self {
+        Self::new(cp, Driven(subject))
+    }
 }
 
 impl<'a, S: Subject> Kit<'a, S> {

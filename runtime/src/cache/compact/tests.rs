@@ -1,7 +1,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::apply::cache::Trust;
+use crate::cache::Trust;
 
 /// A RoleBinding as the API server returns it after our apply, with a `kubectl apply`
 /// (client-side) annotation and a status some controller wrote.

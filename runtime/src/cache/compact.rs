@@ -19,8 +19,8 @@ use serde_json::{Map, Value};
 
 use super::KindView;
 use super::trust::Trust;
-use crate::apply::{MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL};
 use crate::key::ObjectKey;
+use crate::labels::{MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL};
 
 /// The annotation client-side `kubectl apply` keeps a copy of the whole object in
 /// (kubectl's `LastAppliedConfigAnnotation`).

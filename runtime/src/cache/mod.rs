@@ -1,5 +1,6 @@
-//! The apply engine's view of live children: the controller's reflector stores (one per child
-//! kind), plus the results of the engine's own writes until the stores catch up.
+//! The source layer's caches of live children: the controller's reflector stores (one per child
+//! kind), the results of the engine's own writes until the stores catch up, and what the API
+//! server answered about them; filled by the controller's watches, read by the apply engine.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -14,13 +15,17 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::OWNER_UID_LABEL;
-use super::own_writes::{InFlight, Origin, OwnWrites};
+use self::own_writes::OwnWrites;
 use crate::key::ObjectKey;
+use crate::labels::OWNER_UID_LABEL;
 
+mod answers;
 mod compact;
+mod own_writes;
 mod trust;
+pub(crate) use answers::Answers;
 pub(crate) use compact::CompactStore;
+pub(crate) use own_writes::{InFlight, Origin};
 pub(crate) use trust::Trust;
 
 /// More own-write results than this are dropped at once (they only save a redundant apply).
@@ -29,7 +34,7 @@ const OVERLAY_CAP: usize = 10_000;
 /// How long an own-write result stands in for an object its store does not hold. Longer than
 /// a watch takes to deliver our write (the own-write settle timeout); after it, the store's
 /// "absent" wins, so a stale result can never keep a deleted child from being created again.
-const OVERLAY_TRUST: Duration = super::own_writes::SETTLE_TIMEOUT;
+const OVERLAY_TRUST: Duration = own_writes::SETTLE_TIMEOUT;
 
 /// One kind's store, seen as JSON.
 trait KindView: Send + Sync {
@@ -89,7 +94,7 @@ where
 }
 
 /// The caches of child kinds shared by the controllers (which fill them from their watches)
-/// and the [`Applier`](super::Applier) (which reads children and lists them for pruning from
+/// and the [`Applier`](crate::apply::Applier) (which reads children and lists them for pruning from
 /// them instead of the API server). Cheap to clone.
 ///
 /// Consistency (client-go's informer-cache rules): a store is registered only once its first
@@ -127,7 +132,7 @@ pub struct ChildCaches {
     trust: Arc<Trust>,
     /// The server's answers for children the convergence check cannot judge alone, shared by
     /// every pass's applier, dropped with the child.
-    answers: super::answers::Answers,
+    answers: Answers,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -245,7 +250,7 @@ impl ChildCaches {
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
     /// `None` when kind `K` is not cached, `Some(None)` when the cache says it does not exist.
     /// A kind cached by a controller's child watch has no `status` unless the reconciler names
-    /// it in [`Reconciler::reads_status`](crate::reconciler::Reconciler::reads_status) (read it
+    /// it in [`Reconciler::children`](crate::reconciler::Reconciler::children) (read it
     /// with [`Pass::children`](crate::reconciler::Pass::children)) or it is owned with
     /// [`OwnsOptions::reading_status`](crate::controller::OwnsOptions::reading_status); see
     /// [`Controller::with_child_caches`](crate::controller::Controller::with_child_caches).
@@ -318,7 +323,7 @@ impl ChildCaches {
     }
 
     /// The server's answers, shared by the appliers that read from these caches.
-    pub(crate) fn answers(&self) -> &super::answers::Answers {
+    pub(crate) fn answers(&self) -> &Answers {
         &self.answers
     }
 

@@ -1,0 +1,39 @@
+//! What the API server's error answers mean (conflict, already exists, not found) and how they
+//! read in a message, for every layer that writes.
+
+/// A client error in words: for an API status, `{code} {reason}: {message}` (the status the
+/// server sent, not its Rust debug form); otherwise the error's own message.
+pub(crate) fn describe(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            // One line: some refusals go on with a diff of the object (a PersistentVolumeClaim's
+            // immutable spec), which a condition message and an Event do not need.
+            let message = status.message.lines().next().unwrap_or_default().trim_end();
+            format!("{} {}: {}", status.code, status.reason, message)
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The API status `reason` of an error, when it is one.
+pub(crate) fn api_reason(err: &kube::Error) -> Option<(u16, &str)> {
+    match err {
+        kube::Error::Api(status) => Some((status.code, status.reason.as_str())),
+        _ => None,
+    }
+}
+
+/// Whether `err` is 409 Conflict on a write guarded by `resourceVersion` (not AlreadyExists).
+pub(crate) fn is_conflict(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((409, reason)) if reason != "AlreadyExists")
+}
+
+/// Whether `err` is 409 AlreadyExists.
+pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((409, "AlreadyExists")))
+}
+
+/// Whether `err` is 404 NotFound.
+pub(crate) fn is_not_found(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((404, _)))
+}

@@ -1,0 +1,114 @@
+//! The readiness an apply implies for its owner: the status layer's reading of an
+//! [`ApplyReport`].
+
+use super::Readiness;
+use crate::apply::{ApplyReport, ChildOutcome};
+
+impl ApplyReport {
+    /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
+    /// desired child's name is taken by an object we do not own (it needs a human: delete or
+    /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
+    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
+    /// `Reconciled` (the message names children recreated by this reconcile). Messages are
+    /// stable for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
+    pub fn readiness(&self) -> Readiness {
+        let clashes: Vec<String> = self
+            .not_owned()
+            .map(|(k, why)| format!("{k} exists and is {why}"))
+            .collect();
+        let terminating: Vec<String> = self
+            .children
+            .iter()
+            .filter(|(_, o)| *o == ChildOutcome::Terminating)
+            .map(|(k, _)| k.to_string())
+            .collect();
+        if clashes.is_empty() && !terminating.is_empty() {
+            return Readiness::Reconciling {
+                reason: "ChildTerminating".to_owned(),
+                message: format!(
+                    "waiting for the deletion of {} to finish before creating it again",
+                    terminating.join(", ")
+                ),
+            };
+        }
+        if clashes.is_empty() {
+            let recreated: Vec<String> = self
+                .children
+                .iter()
+                .filter(|(_, o)| matches!(o, ChildOutcome::Recreated { .. }))
+                .map(|(k, _)| k.to_string())
+                .collect();
+            let mut message = format!("{} children up to date", self.children.len());
+            if !recreated.is_empty() {
+                message.push_str(&format!(
+                    "; recreated {} (an immutable field changed)",
+                    recreated.join(", ")
+                ));
+            }
+            Readiness::Ready {
+                reason: "Reconciled".to_owned(),
+                message,
+            }
+        } else {
+            Readiness::Stalled {
+                reason: "ChildNotOwned".to_owned(),
+                message: format!(
+                    "not modifying objects this resource does not own: {}",
+                    clashes.join("; ")
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::ObjectKey;
+
+    #[test]
+    fn readiness_from_report() {
+        let ok = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::Created,
+            )],
+            ..ApplyReport::default()
+        };
+        assert!(
+            matches!(ok.readiness(), Readiness::Ready { ref reason, .. } if reason == "Reconciled")
+        );
+        assert!(ok.wrote());
+        let clash = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("ConfigMap", "ns", "a"),
+                ChildOutcome::NotOwned {
+                    reason: "not controlled by any owner".into(),
+                },
+            )],
+            ..ApplyReport::default()
+        };
+        match clash.readiness() {
+            Readiness::Stalled { reason, message } => {
+                assert_eq!(reason, "ChildNotOwned");
+                assert!(
+                    message.contains("ConfigMap/ns/a exists and is not controlled"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!clash.wrote());
+        let terminating = ApplyReport {
+            children: vec![(
+                ObjectKey::namespaced("Service", "ns", "s"),
+                ChildOutcome::Terminating,
+            )],
+            ..ApplyReport::default()
+        };
+        assert!(matches!(
+            terminating.readiness(),
+            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
+        ));
+    }
+}
