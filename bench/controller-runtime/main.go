@@ -29,7 +29,6 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -204,20 +203,20 @@ func (r *reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
+	// --kubeconfig is controller-runtime's own flag (pkg/client/config), read by GetConfig.
 	run := flag.String("run", "", "reconcile only BaseTenants labelled bench.idem.dev/run=<run>")
 	workers := flag.Int("workers", 16, "concurrent reconciles")
 	resyncSecs := flag.Int("resync-secs", 0, "reconcile every converged object again after this many seconds (0: never)")
 	flag.Parse()
 	ctrl.SetLogger(zap.New())
-	if err := start(*kubeconfig, *run, *workers, time.Duration(*resyncSecs)*time.Second); err != nil {
+	if err := start(*run, *workers, time.Duration(*resyncSecs)*time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-cr:", err)
 		os.Exit(1)
 	}
 }
 
-func start(kubeconfig, run string, workers int, resync time.Duration) error {
-	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+func start(run string, workers int, resync time.Duration) error {
+	config, err := ctrl.GetConfig()
 	if err != nil {
 		return err
 	}
