@@ -1,4 +1,4 @@
-//! The job `cargo xtask bench` gives two controllers: a cluster-scoped `BaseTenant` becomes
+//! The job `cargo xtask bench` gives its controllers: a cluster-scoped `BaseTenant` becomes
 //! its namespaces, each with a ResourceQuota, a LimitRange and a RoleBinding, all written with
 //! server-side apply, and a `Ready` condition with `observedGeneration` in its status.
 //!
@@ -6,7 +6,9 @@
 //! `StatusWriter`, as the README tells a user); `bench-peer` on a plain kube-runtime 5
 //! `Controller` with server-side apply patches. Both read the same [`BaseTenant`] type (one
 //! CRD, the same semantics), take the same [`ControllerArgs`] and print one
-//! [`RECONCILE_PREFIX`] line per reconcile on stdout, which the bench reads.
+//! [`RECONCILE_PREFIX`] line per reconcile on stdout, which the bench reads; so does the third,
+//! `bench-cr`, the same job on controller-runtime (the Go module `controller-runtime/` beside
+//! this crate's sources, its field manager [`CR_MANAGER`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -34,6 +36,8 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const IDEM_MANAGER: &str = "idem-bench";
 /// Field manager (and `managed-by` value) of `bench-peer`.
 pub const PEER_MANAGER: &str = "peer-bench";
+/// Field manager (and `managed-by` value) of `bench-cr`, the controller-runtime peer.
+pub const CR_MANAGER: &str = "cr-bench";
 /// Start of the stdout line printed per reconcile: `reconcile <unix ms> <name> <tenant>`.
 pub const RECONCILE_PREFIX: &str = "reconcile ";
 /// Line printed once the controller's caches are synced and workers run.

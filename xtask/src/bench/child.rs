@@ -13,31 +13,44 @@ use idem_bench::{RECONCILE_PREFIX, SYNCED_LINE};
 use idem_tests::process::dying_with_parent;
 
 /// Which controller.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Side {
     /// `bench-idem`: idem's runtime.
     Idem,
-    /// `bench-peer`: plain kube-runtime.
-    Peer,
+    /// `bench-peer`: a plain kube-runtime `Controller`.
+    Kube,
+    /// `bench-cr`: a controller-runtime manager (the Go module `bench/controller-runtime/`).
+    ControllerRuntime,
 }
 
 impl Side {
-    /// Both, in the order they run.
-    pub const BOTH: [Side; 2] = [Side::Idem, Side::Peer];
+    /// Every controller, in the order they run.
+    pub const ALL: [Side; 3] = [Side::Idem, Side::Kube, Side::ControllerRuntime];
 
-    /// `idem` or `peer`.
+    /// The short name: the run label, the name prefix of its objects and its log's name.
     pub fn name(self) -> &'static str {
         match self {
             Side::Idem => "idem",
-            Side::Peer => "peer",
+            Side::Kube => "kube",
+            Side::ControllerRuntime => "cr",
         }
     }
 
-    /// The binary's name.
-    pub fn bin(self) -> &'static str {
+    /// The name in tables and plots.
+    pub fn title(self) -> &'static str {
         match self {
-            Side::Idem => "bench-idem",
-            Side::Peer => "bench-peer",
+            Side::Idem => "idem",
+            Side::Kube => "kube-runtime",
+            Side::ControllerRuntime => "controller-runtime",
+        }
+    }
+
+    /// The Rust binary's name in package `idem-bench` (`None` for the Go peer).
+    pub fn cargo_bin(self) -> Option<&'static str> {
+        match self {
+            Side::Idem => Some("bench-idem"),
+            Side::Kube => Some("bench-peer"),
+            Side::ControllerRuntime => None,
         }
     }
 }

@@ -4,12 +4,11 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::child::Side;
 use super::counts::{Counts, VERBS};
 use super::report::Table;
 use super::scenarios::{Plan, SideResult};
 
-const IDEM: &str = "#1f77b4";
-const PEER: &str = "#ff7f0e";
 const W: f64 = 560.0;
 const H: f64 = 260.0;
 const PAD: f64 = 48.0;
@@ -17,18 +16,28 @@ const PAD: f64 = 48.0;
 /// One plotted line: name, colour, points.
 type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
 
+/// A controller's colour in every plot.
+fn color(side: Side) -> &'static str {
+    match side {
+        Side::Idem => "#1f77b4",
+        Side::Kube => "#ff7f0e",
+        Side::ControllerRuntime => "#2ca02c",
+    }
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-/// The whole page.
+/// The whole page, of `results` (idem first, then the peers that ran); `build` says how the
+/// controllers were built.
 pub fn page(
     plan: &Plan,
     tables: &[Table],
-    idem: &SideResult,
-    peer: &SideResult,
+    results: &[SideResult],
+    build: &str,
     took: Duration,
 ) -> String {
     let mut h = String::from(
@@ -37,35 +46,38 @@ pub fn page(
          td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\
          svg{margin:0.5em;border:1px solid #eee}</style></head><body>",
     );
+    let titles: Vec<&str> = results.iter().map(|r| r.side.title()).collect();
     let _ = write!(
         h,
-        "<h1>idem vs kube-runtime: cargo xtask bench</h1><p>{} tenants × 3 namespaces, flood of {} objects, \
-         {} workers each; run took {:.0} s. Ratios are idem ÷ peer of this run. Debug builds, shared machine: \
+        "<h1>{}: cargo xtask bench</h1><p>{} tenants × 3 namespaces, flood of {} objects, \
+         {} workers each; run took {:.0} s. Ratios are idem ÷ the best peer of this run (every \
+         figure is better lower; the best peer is named beside it). {}, shared machine: \
          compare ratios, not absolute times.</p>",
+        esc(&titles.join(" vs ")),
         plan.tenants,
         plan.flood,
         plan.workers,
-        took.as_secs_f64()
+        took.as_secs_f64(),
+        esc(build)
     );
     for t in tables {
         let _ = write!(
             h,
-            "<h2 id=\"{}\">{}: {}</h2><table><tr><th></th><th>idem</th><th>peer</th><th>idem ÷ peer</th><th>target</th></tr>",
+            "<h2 id=\"{}\">{}: {}</h2><table><tr><th></th>",
             t.id.to_lowercase(),
             t.id,
             esc(&t.title)
         );
+        for c in t.header() {
+            let _ = write!(h, "<th>{}</th>", esc(&c));
+        }
+        h.push_str("</tr>");
         for r in &t.rows {
-            let _ = write!(
-                h,
-                "<tr id=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                r.id,
-                esc(&r.label),
-                r.idem,
-                r.peer,
-                r.ratio,
-                esc(&r.target)
-            );
+            let _ = write!(h, "<tr id=\"{}\"><td>{}</td>", r.id, esc(&r.label));
+            for c in t.cells(r) {
+                let _ = write!(h, "<td>{}</td>", esc(c));
+            }
+            h.push_str("</tr>");
         }
         h.push_str("</table>");
     }
@@ -77,31 +89,45 @@ pub fn page(
             .map(|(i, d)| (d.as_secs_f64() * 1000.0, (i + 1) as f64 / n))
             .collect()
     };
+    let series: Vec<Series<'_>> = results
+        .iter()
+        .map(|r| (r.side.title(), color(r.side), cdf(&r.p2.ready_latencies)))
+        .collect();
     h.push_str(&line_chart(
         "P2: create → Ready per tenant (cumulative share)",
         "ms",
         "share",
-        &[
-            ("idem", IDEM, cdf(&idem.p2.ready_latencies)),
-            ("peer", PEER, cdf(&peer.p2.ready_latencies)),
-        ],
+        &series,
     ));
-    if let (Some(a), Some(b)) = (&idem.p4, &peer.p4) {
+    let p4s: Option<Vec<(Side, &super::scenarios::P4)>> = results
+        .iter()
+        .map(|r| r.p4.as_ref().map(|p| (r.side, p)))
+        .collect();
+    if let Some(p4s) = p4s {
         let ms = |v: &[Duration]| {
             v.iter()
                 .map(|d| d.as_secs_f64() * 1000.0)
                 .collect::<Vec<_>>()
         };
+        let names: Vec<(String, String)> = p4s
+            .iter()
+            .map(|(side, _)| {
+                (
+                    format!("{} alone", side.title()),
+                    format!("{} flood", side.title()),
+                )
+            })
+            .collect();
+        let mut columns: Vec<(&str, &str, Vec<f64>)> = Vec::new();
+        for ((side, p4), (alone, flood)) in p4s.iter().zip(&names) {
+            columns.push((alone, color(*side), ms(&p4.alone)));
+            columns.push((flood, color(*side), ms(&p4.flooded)));
+        }
         h.push_str(&strip_chart(
             "P4: quiet tenant change → Ready (ms, log scale)",
-            &[
-                ("idem alone", IDEM, ms(&a.alone)),
-                ("idem flood", IDEM, ms(&a.flooded)),
-                ("peer alone", PEER, ms(&b.alone)),
-                ("peer flood", PEER, ms(&b.flooded)),
-            ],
+            &columns,
         ));
-        for (name, p4) in [("idem", a), ("peer", b)] {
+        for (side, p4) in &p4s {
             let colors = ["#2ca02c", "#d62728", "#9467bd"];
             let series: Vec<Series<'_>> = p4
                 .timeline
@@ -120,39 +146,53 @@ pub fn page(
                 })
                 .collect();
             h.push_str(&line_chart(
-                &format!("P4 {name}: dispatches per tenant since the flood began"),
+                &format!(
+                    "P4 {}: dispatches per tenant since the flood began",
+                    side.title()
+                ),
                 "s",
                 "share done",
                 &series,
             ));
         }
     }
-    let mut phases: Vec<(&str, &Counts, &Counts)> = vec![("P2", &idem.p2.counts, &peer.p2.counts)];
-    if let (Some(a), Some(b)) = (&idem.restart, &peer.restart) {
-        phases.push(("P3 restart", a, b));
+    type Phase<'a> = (&'static str, Vec<(Side, &'a Counts)>);
+    let mut phases: Vec<Phase<'_>> = vec![(
+        "P2",
+        results.iter().map(|r| (r.side, &r.p2.counts)).collect(),
+    )];
+    let restart: Option<Vec<(Side, &Counts)>> = results
+        .iter()
+        .map(|r| r.restart.as_ref().map(|c| (r.side, c)))
+        .collect();
+    if let Some(c) = restart {
+        phases.push(("P3 restart", c));
     }
-    if let (Some(a), Some(b)) = (&idem.resync, &peer.resync) {
-        phases.push(("P3 resync", a, b));
+    let resync: Option<Vec<(Side, &Counts)>> = results
+        .iter()
+        .map(|r| r.resync.as_ref().map(|c| (r.side, c)))
+        .collect();
+    if let Some(c) = resync {
+        phases.push(("P3 resync", c));
     }
-    for (name, a, b) in &phases {
-        h.push_str(&bar_chart(&format!("{name}: requests by verb"), a, b));
+    for (name, counts) in &phases {
+        h.push_str(&bar_chart(&format!("{name}: requests by verb"), counts));
     }
     h.push_str("<h2>Requests by verb and resource</h2>");
-    for (name, a, b) in &phases {
-        let _ = write!(
-            h,
-            "<h3>{name}</h3><table><tr><th></th><th>idem</th><th>peer</th></tr>"
-        );
-        let keys: std::collections::BTreeSet<&String> = a.1.keys().chain(b.1.keys()).collect();
+    for (name, counts) in &phases {
+        let _ = write!(h, "<h3>{name}</h3><table><tr><th></th>");
+        for (side, _) in counts {
+            let _ = write!(h, "<th>{}</th>", side.title());
+        }
+        h.push_str("</tr>");
+        let keys: std::collections::BTreeSet<&String> =
+            counts.iter().flat_map(|(_, c)| c.1.keys()).collect();
         for k in keys {
-            let n = |c: &Counts| c.1.get(k).copied().unwrap_or(0);
-            let _ = write!(
-                h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(k),
-                n(a),
-                n(b)
-            );
+            let _ = write!(h, "<tr><td>{}</td>", esc(k));
+            for (_, c) in counts {
+                let _ = write!(h, "<td>{}</td>", c.1.get(k).copied().unwrap_or(0));
+            }
+            h.push_str("</tr>");
         }
         h.push_str("</table>");
     }
@@ -286,16 +326,16 @@ fn strip_chart(title: &str, columns: &[(&str, &str, Vec<f64>)]) -> String {
     s
 }
 
-/// Bars per verb, idem beside peer.
-fn bar_chart(title: &str, idem: &Counts, peer: &Counts) -> String {
+/// Bars per verb, one per controller side by side.
+fn bar_chart(title: &str, counts: &[(Side, &Counts)]) -> String {
     let verbs: Vec<&str> = VERBS
         .iter()
         .copied()
-        .filter(|v| idem.get(v) + peer.get(v) > 0)
+        .filter(|v| counts.iter().any(|(_, c)| c.get(v) > 0))
         .collect();
     let max = verbs
         .iter()
-        .map(|v| idem.get(v).max(peer.get(v)))
+        .flat_map(|v| counts.iter().map(|(_, c)| c.get(v)))
         .max()
         .unwrap_or(0)
         .max(1) as f64;
@@ -303,21 +343,21 @@ fn bar_chart(title: &str, idem: &Counts, peer: &Counts) -> String {
     s.push_str(&axes("", "requests", 0.0, max));
     let (pw, ph) = (W - PAD - 16.0, H - PAD - 28.0);
     let group = pw / verbs.len().max(1) as f64;
+    let bar = 0.7 / counts.len().max(1) as f64;
     for (i, verb) in verbs.iter().enumerate() {
         let gx = PAD + group * i as f64;
-        for (k, (n, color)) in [(idem.get(verb), IDEM), (peer.get(verb), PEER)]
-            .into_iter()
-            .enumerate()
-        {
+        for (k, (side, c)) in counts.iter().enumerate() {
+            let n = c.get(verb);
             let bh = n as f64 / max * ph;
-            let x = gx + group * (0.15 + 0.35 * k as f64);
+            let x = gx + group * (0.15 + bar * k as f64);
             let _ = write!(
                 s,
-                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{color}\"/>\
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{}\"/>\
                  <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{n}</text>",
                 H - PAD - bh,
-                group * 0.33,
-                x + group * 0.165,
+                group * bar * 0.95,
+                color(*side),
+                x + group * bar / 2.0,
                 H - PAD - bh - 2.0
             );
         }
@@ -328,11 +368,16 @@ fn bar_chart(title: &str, idem: &Counts, peer: &Counts) -> String {
             H - PAD + 14.0
         );
     }
-    let _ = write!(
-        s,
-        "<text x=\"{}\" y=\"40\" fill=\"{IDEM}\">idem</text><text x=\"{}\" y=\"54\" fill=\"{PEER}\">peer</text></svg>",
-        W - 80.0,
-        W - 80.0
-    );
+    for (k, (side, _)) in counts.iter().enumerate() {
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>",
+            W - 130.0,
+            40.0 + 14.0 * k as f64,
+            color(*side),
+            side.title()
+        );
+    }
+    s.push_str("</svg>");
     s
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
+use super::child::Side;
 use super::report::Table;
 use super::scenarios::Plan;
 
@@ -51,15 +52,33 @@ pub fn page(
     took: Duration,
 ) -> String {
     let mut md = format!("{HEADER}\n# Benchmarks\n\n");
+    let sides: Vec<Side> = tables.first().map(|t| t.sides.clone()).unwrap_or_default();
+    let peers: Vec<&str> = sides
+        .iter()
+        .filter_map(|s| match s {
+            Side::Idem => None,
+            Side::Kube => Some("a plain kube-runtime 5 `Controller` (`bench-peer`)"),
+            Side::ControllerRuntime => {
+                Some("a controller-runtime manager with its defaults (`bench-cr`, Go)")
+            }
+        })
+        .collect();
     let _ = writeln!(
         md,
-        "idem (`bench-idem`: the derive, `Applier`, `StatusWriter`, `Controller`) and a plain \
-         kube-runtime 5 `Controller` (`bench-peer`) do the same job one after the other against \
-         one local control plane: {} `BaseTenant`s, each 3 namespaces with a ResourceQuota, a \
-         LimitRange and a RoleBinding, {} workers each, a flood of {} objects of one tenant in \
-         P4. Requests are the API server's own counts. Ratios are idem ÷ peer of this run; \
-         absolute times move with the machine's load.\n",
-        plan.tenants, plan.workers, plan.flood
+        "idem (`bench-idem`: the derive, `Applier`, `StatusWriter`, `Controller`) and {} do the \
+         same job one after the other against one local control plane: {} `BaseTenant`s, each 3 \
+         namespaces with a ResourceQuota, a LimitRange and a RoleBinding, {} workers each, a \
+         flood of {} objects of one tenant in P4. Requests are the API server's own counts. \
+         Every figure is better lower; \"idem ÷ best peer\" divides idem's by the better peer's \
+         of this run, named beside it; absolute times move with the machine's load.\n",
+        if peers.is_empty() {
+            "no peer".to_owned()
+        } else {
+            peers.join(" and ")
+        },
+        plan.tenants,
+        plan.workers,
+        plan.flood
     );
     let _ = writeln!(md, "- command: `{command}`");
     let _ = writeln!(md, "- commit: `{commit}`");
@@ -72,14 +91,15 @@ pub fn page(
     md
 }
 
-/// A line about the machine: cores and the load average when the run ended.
-pub fn machine() -> String {
+/// A line about the machine: cores, the load average when the run ended and `build`, how the
+/// controllers were built.
+pub fn machine(build: &str) -> String {
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let load = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next().map(str::to_owned))
         .unwrap_or_else(|| "?".into());
-    format!("{cores} cores, load average {load} at the end of the run, debug builds")
+    format!("{cores} cores, load average {load} at the end of the run, {build}")
 }
 
 #[cfg(test)]
@@ -113,5 +133,12 @@ mod tests {
         assert!(md.contains("20 `BaseTenant`s"));
         assert!(md.contains("## P6: writes"));
         assert!(md.contains("## P2: time"));
+        assert!(md.contains("| | idem | kube-runtime | controller-runtime | idem ÷ best peer | best peer | target |"), "{md}");
+        assert!(
+            md.contains(
+                "kube-runtime 5 `Controller` (`bench-peer`) and a controller-runtime manager"
+            ),
+            "{md}"
+        );
     }
 }

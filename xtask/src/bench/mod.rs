@@ -1,13 +1,16 @@
 //! `cargo xtask bench`: idem's side-by-side benchmark. One BaseTenant job (N tenants × 3
 //! namespaces, each with a ResourceQuota, a LimitRange and a RoleBinding; server-side apply;
-//! 16 workers) is done by `bench-idem` (idem's runtime) and `bench-peer` (a plain kube-runtime
-//! 5 `Controller`), one after the other against one local control plane, each under its own
-//! name prefix; every figure is printed as a ratio idem ÷ peer of the same run and written to
-//! an HTML report with plots. Requests are counted by the API server (`/metrics`).
+//! 16 workers) is done by `bench-idem` (idem's runtime), `bench-peer` (a plain kube-runtime
+//! 5 `Controller`) and `bench-cr` (a controller-runtime manager, in Go), one after the other
+//! against one local control plane, each under its own name prefix, the Rust ones built for
+//! release unless `--debug`; every figure is printed beside idem ÷ the best peer of the same
+//! run and written to an HTML report with plots. Requests are counted by the API server
+//! (`/metrics`).
 
 mod child;
 mod counts;
 mod fleet;
+mod gopeer;
 mod html;
 mod markdown;
 mod report;
@@ -23,11 +26,14 @@ use idem_tests::{ControlPlane, Options};
 
 use self::child::Side;
 use self::scenarios::Plan;
-use crate::dev::operator::build_bin;
+use crate::dev::operator::build_bin_with;
 use crate::dev::progress::Step;
 
 /// The scenarios `--scenario` accepts; all but `shards` run by default.
 pub const SCENARIOS: [&str; 6] = ["p2", "p3", "p4", "p5", "p6", "shards"];
+
+/// The peers `--peers` accepts.
+pub const PEERS: [&str; 2] = ["kube", "controller-runtime"];
 
 /// The bench's controller-manager runs without the garbage collector: it GETs owners and
 /// dependents it has not seen yet (basetenants, limitranges, …), requests the API server
@@ -53,7 +59,7 @@ pub struct Args {
     /// and alone.
     #[arg(long, value_parser = SCENARIOS)]
     pub scenario: Vec<String>,
-    /// Concurrent reconciles of both controllers (and concurrency of the raw-client limit).
+    /// Concurrent reconciles of every controller (and concurrency of the raw-client limit).
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
     /// `bench-idem`'s cap on its reconciles' API requests in flight, whose free slots go to
@@ -69,6 +75,13 @@ pub struct Args {
     /// both, off first).
     #[arg(long, value_parser = ["on", "off"])]
     pub gate: Option<String>,
+    /// The peers idem is compared with, comma-separated (default: both).
+    #[arg(long, value_delimiter = ',', value_parser = PEERS, default_values_t = PEERS.map(str::to_owned))]
+    pub peers: Vec<String>,
+    /// Build the Rust controllers with the dev profile instead of `--release` (a quicker
+    /// build on a machine that has the workspace built for tests; slower controllers).
+    #[arg(long)]
+    pub debug: bool,
     /// Where `report.html`, `benchmarks.md` and the controllers' logs go (default
     /// `target/bench/`).
     #[arg(long)]
@@ -80,6 +93,27 @@ pub struct Args {
 }
 
 impl Args {
+    /// idem, then the selected peers in [`Side::ALL`]'s order.
+    fn sides(&self) -> Vec<Side> {
+        Side::ALL
+            .into_iter()
+            .filter(|s| match s {
+                Side::Idem => true,
+                Side::Kube => self.peers.iter().any(|p| p == "kube"),
+                Side::ControllerRuntime => self.peers.iter().any(|p| p == "controller-runtime"),
+            })
+            .collect()
+    }
+
+    /// How the controllers are built, as the report says it.
+    fn build(&self) -> &'static str {
+        if self.debug {
+            "Rust controllers in debug builds, controller-runtime as `go build` optimises"
+        } else {
+            "Rust controllers in release builds, controller-runtime as `go build` optimises"
+        }
+    }
+
     fn plan(&self) -> Plan {
         let scenarios: BTreeSet<String> = if self.scenario.is_empty() {
             SCENARIOS
@@ -126,13 +160,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return shards::run(plan.tenants, plan.workers, gates, &out);
     }
-    for side in Side::BOTH {
+    let sides = args.sides();
+    for side in &sides {
         let _ = std::fs::remove_file(out.join(format!("{}.log", side.name())));
     }
 
-    let step = Step::start("building bench-idem and bench-peer");
-    let idem_bin = build_bin(step.bar(), "idem-bench", Side::Idem.bin())?;
-    let peer_bin = build_bin(step.bar(), "idem-bench", Side::Peer.bin())?;
+    let profile = if args.debug { "debug" } else { "release" };
+    let step = Step::start(format!(
+        "building {} ({profile})",
+        sides
+            .iter()
+            .map(|s| s.cargo_bin().unwrap_or("bench-cr"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut bins = Vec::new();
+    for side in &sides {
+        let bin = match side.cargo_bin() {
+            Some(bin) => build_bin_with(step.bar(), "idem-bench", bin, !args.debug)?,
+            None => gopeer::ensure_built(step.bar())?,
+        };
+        bins.push((*side, bin));
+    }
     step.done("");
 
     let step = Step::start("starting the local control plane (services 10.0.0.0/16)");
@@ -163,29 +212,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             None
         };
-        let mut sides = Vec::new();
-        for (side, bin) in [(Side::Idem, &idem_bin), (Side::Peer, &peer_bin)] {
-            let r = scenarios::run_side(side, bin, cp.kubeconfig_path(), &client, &cp, &plan, &out)
-                .await
-                .with_context(|| {
-                    format!(
-                        "{} controller (log: {})",
-                        side.name(),
-                        out.join(format!("{}.log", side.name())).display()
-                    )
-                })?;
-            sides.push(r);
+        let mut results = Vec::new();
+        for (side, bin) in &bins {
+            let r =
+                scenarios::run_side(*side, bin, cp.kubeconfig_path(), &client, &cp, &plan, &out)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "{} controller (log: {})",
+                            side.title(),
+                            out.join(format!("{}.log", side.name())).display()
+                        )
+                    })?;
+            results.push(r);
         }
-        anyhow::Ok((raw, sides))
+        anyhow::Ok((raw, results))
     })?;
-    let (raw, sides) = results;
-    let tables = report::tables(&plan, raw, &sides[0], &sides[1]);
+    let (raw, results) = results;
+    let tables = report::tables(&plan, raw, &results);
     for t in &tables {
         println!("{}", t.to_text());
     }
     println!("requests by verb and resource:");
-    for (i, side) in Side::BOTH.iter().enumerate() {
-        let r = &sides[i];
+    for r in &results {
         let phases = [
             ("P2", Some(&r.p2.counts)),
             ("P3 restart", r.restart.as_ref()),
@@ -193,12 +242,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ];
         for (phase, counts) in phases {
             if let Some(c) = counts {
-                println!("  {} {phase}: {}", side.name(), c.detail());
+                println!("  {} {phase}: {}", r.side.title(), c.detail());
             }
         }
     }
     let path = out.join("report.html");
-    let html = html::page(&plan, &tables, &sides[0], &sides[1], started.elapsed());
+    let html = html::page(&plan, &tables, &results, args.build(), started.elapsed());
     std::fs::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
     println!("report: {}", path.display());
     let md = markdown::page(
@@ -206,7 +255,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &tables,
         &markdown::command_line(),
         &markdown::commit(),
-        &markdown::machine(),
+        &markdown::machine(args.build()),
         started.elapsed(),
     );
     let md_path = out.join("benchmarks.md");

@@ -35,7 +35,7 @@ pub struct Plan {
     pub resync_secs: u64,
     /// Changes of the quiet tenant measured alone in P4.
     pub alone_samples: usize,
-    /// Workers of both controllers.
+    /// Workers of every controller.
     pub workers: usize,
     /// `bench-idem`'s cap on API requests in flight, shared fairly among tenants (`auto`,
     /// a number, or 0: none).
@@ -82,6 +82,8 @@ pub struct P4 {
 /// Everything measured of one controller.
 #[derive(Clone, Debug)]
 pub struct SideResult {
+    /// Which controller.
+    pub side: Side,
     /// P2 (always run: every other scenario needs the fleet).
     pub p2: P2,
     /// P3: the controller's requests after a restart, until it went quiet.
@@ -112,7 +114,7 @@ pub async fn run_side(
     let spawn = |resync: u64| -> anyhow::Result<Controller> {
         let extra = match side {
             Side::Idem => vec![format!("--requests-in-flight={}", plan.requests_in_flight)],
-            Side::Peer => Vec::new(),
+            Side::Kube | Side::ControllerRuntime => Vec::new(),
         };
         let mut c = Controller::spawn(binary, kubeconfig, run, plan.workers, resync, &extra, &log)?;
         c.wait_synced(Duration::from_secs(120))?;
@@ -168,6 +170,7 @@ pub async fn run_side(
         p2.counts.summary()
     ));
     let mut result = SideResult {
+        side,
         p2,
         restart: None,
         resync: None,

@@ -38,6 +38,20 @@ pub fn build(bar: &ProgressBar) -> anyhow::Result<PathBuf> {
 /// # Errors
 /// As [`build`].
 pub fn build_bin(bar: &ProgressBar, package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    build_bin_with(bar, package, bin, false)
+}
+
+/// Builds binary `bin` of workspace package `package` as [`build_bin`] does, with the
+/// `release` profile when `release` is set, and returns its path.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_bin_with(
+    bar: &ProgressBar,
+    package: &str,
+    bin: &str,
+    release: bool,
+) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // SIGTERM to cargo if `dev` dies mid-build, so no orphaned build keeps the machine busy.
     let mut cmd = dying_with_parent(Path::new(&cargo), "TERM");
@@ -58,6 +72,7 @@ pub fn build_bin(bar: &ProgressBar, package: &str, bin: &str) -> anyhow::Result<
             bin,
             "--message-format=json-render-diagnostics",
         ])
+        .args(release.then_some("--release"))
         .current_dir(crate::generated::repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
