@@ -5,8 +5,8 @@
 //! child kinds it declares, [`ChildKinds`], and what its readiness reads, [`Children`]), the
 //! desired children ([`DesiredChildren`]) and what their apply did ([`ApplyReport`],
 //! [`ChildOutcome`], [`CreatedChild`] for the record in its status), the readiness its status
-//! says ([`Readiness`]), and what runs it ([`Driver`], [`DriverConfig`], [`Controller`],
-//! [`ControllerConfig`], [`Action`]).
+//! says ([`Readiness`]), and what runs it ([`Manager`], [`Reconciles`], [`ManagerError`], [`Driver`],
+//! [`DriverConfig`], [`Controller`], [`ControllerConfig`], [`Action`]).
 //!
 //! ```
 //! use idem_runtime::prelude::*;
@@ -35,6 +35,7 @@ pub use crate::IdempotentResource;
 pub use crate::apply::{ApplyError, ApplyReport, ChildOutcome, CreatedChild, DesiredChildren};
 pub use crate::controller::{Action, Controller, ControllerConfig};
 pub use crate::key::{ObjectKey, TenantKey};
+pub use crate::manager::{Manager, ManagerError, Reconciles};
 pub use crate::reconciler::{
     ChildKinds, Children, Cleanup, Driver, DriverConfig, Outcome, Pass, ReconcileError, Reconciler,
 };
