@@ -26,7 +26,7 @@ pub enum Cmd {
         /// (`Name=true`; repeat the flag or separate with commas).
         #[arg(long, value_delimiter = ',')]
         feature_gates: Vec<String>,
-        /// Turn on server-side sharded lists and watches (KEP-5866): the same as
+        /// Turn on server-side sharded lists and watches: the same as
         /// `--feature-gates ShardedListAndWatch=true`, for `idem-operator run --shards=auto`.
         #[arg(long)]
         sharded_list_watch: bool,

@@ -6,7 +6,7 @@
 //! `ValidateLimitRange`, `validateContainerResourceName`; `pkg/apis/rbac/validation`), so input
 //! the child would reject is rejected at admission instead of failing every reconcile. CEL
 //! rules are costed by the API server before it accepts the CRD (per-rule limit 10⁷, per-CRD
-//! 10⁸, KEP-2876): every string and map they touch has a `maxLength` / `maxProperties` bound.
+//! 10⁸): every string and map they touch has a `maxLength` / `maxProperties` bound.
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 

@@ -101,7 +101,7 @@ pub fn limit_range(tenant: &Tenant, ns: Option<&str>) -> Option<LimitRange> {
     })
 }
 
-/// Label the API server sets on every namespace to its name; no one can change it (KEP-2161),
+/// Label the API server sets on every namespace to its name; no one can change it,
 /// unlike a label such as `tenancy.idem.dev/tenant`, which anyone allowed to label a
 /// namespace could forge.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";

@@ -36,7 +36,7 @@ pub fn children_config() -> watcher::Config {
 /// sharded): [`children_config`] narrowed to the children labelled with one of its buckets
 /// (`tenancy.idem.dev/shard-bucket in (…)`, [`SHARD_BUCKET_LABEL`], which the apply engine puts
 /// on every child with the bucket of its owner's uid — the Tenant's, by which the Tenant itself
-/// is sharded). The API server filters by label with or without KEP-5866's gate. A child whose
+/// is sharded). The API server filters by label with or without its sharded-list gate. A child whose
 /// label was removed or forged leaves this watch (its Tenant is enqueued by the DELETE event
 /// and the apply puts the label back); it can appear in another replica's watch, which never
 /// reconciles the Tenant (the worker's shard check is on the Tenant's own uid).

@@ -4,7 +4,7 @@
 //! Rules, and their sources:
 //! - Children are written with server-side apply (`PATCH` `application/apply-patch+yaml`) under
 //!   the owner's field manager with `force=true`, so idem takes over the fields it applies and
-//!   leaves fields owned by other managers alone (KEP-555 "Server-Side Apply", conflicts).
+//!   leaves fields owned by other managers alone (server-side apply's conflicts).
 //! - A child is written only when it is not converged by the server's own record
 //!   ([`crate::compare`]: our `Apply` entry in `managedFields` covers exactly the desired
 //!   fields and every desired value equals the live one). A converged reconcile makes no write,

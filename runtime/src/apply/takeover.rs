@@ -14,7 +14,7 @@
 //! It does not make us fight another writer over them: an `Update` (`kubectl edit`, a
 //! controller's write) takes them over without a conflict, and our applies never send them.
 //! What it does: until the desired body first changes, another manager's server-side apply of
-//! such a field without `force` meets a conflict naming our manager (KEP-555: conflicts are
+//! such a field without `force` meets a conflict naming our manager (server-side apply: conflicts are
 //! reported against every owner, `Update` entries included), although we never desired the
 //! field. Once the desired body changes, [`fold_patch`] moves the whole entry into our `Apply`
 //! entry and the apply that follows drops every field it does not send from our ownership;

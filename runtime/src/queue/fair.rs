@@ -1,5 +1,5 @@
-//! Fair scheduling between tenants: Start-time Fair Queuing (SFQ; Goyal, Vin & Cheng,
-//! "Start-time Fair Queuing", SIGCOMM 1996) with unit cost per dispatch, one scheduler per
+//! Fair scheduling between tenants: Start-time Fair Queuing (SFQ) with
+//! unit cost per dispatch, one scheduler per
 //! priority level, work-conserving, with an optional per-tenant in-flight cap.
 //!
 //! Each tenant with ready work at a level carries a virtual *start tag* `S`; the scheduler

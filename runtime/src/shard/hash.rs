@@ -1,4 +1,4 @@
-//! The 64-bit FNV-1a hash that KEP-5866 (`ShardedListAndWatch`) applies to the sharded field.
+//! The 64-bit FNV-1a hash that the API server's sharded lists and watches (`ShardedListAndWatch`) apply to the sharded field.
 
 use kube::api::ObjectMeta;
 
@@ -6,9 +6,9 @@ use kube::api::ObjectMeta;
 /// children it reconciles so that they land on one replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShardField {
-    /// `metadata.uid` (KEP-5866 `object.metadata.uid`).
+    /// `metadata.uid` (`object.metadata.uid` in a `shardSelector`).
     Uid,
-    /// `metadata.namespace` (KEP-5866 `object.metadata.namespace`).
+    /// `metadata.namespace` (`object.metadata.namespace` in a `shardSelector`).
     Namespace,
 }
 

@@ -1,5 +1,5 @@
 //! The ring: live members split the 64-bit hash space by rendezvous hashing over [`BUCKETS`]
-//! equal buckets, and each member's share as hash ranges and as a KEP-5866 `shardSelector`.
+//! equal buckets, and each member's share as hash ranges and as the API server's `shardSelector`.
 //!
 //! Algorithm: rendezvous (highest random weight) hashing, Thaler & Ravishankar, "Using
 //! name-based mappings to increase hit rates", IEEE/ACM ToN 1998, with bounded loads
@@ -170,7 +170,7 @@ impl Ranges {
         out
     }
 
-    /// The KEP-5866 `shardSelector` of these ranges on `field`, e.g.
+    /// The API server's `shardSelector` of these ranges on `field`, e.g.
     /// `shardRange(object.metadata.uid, '0x0000000000000000', '0x5500000000000000') || …`
     /// (half-open ranges, bounds as 0x-prefixed 16-digit hex as the apiserver requires);
     /// `None` when empty (a selector cannot select nothing).

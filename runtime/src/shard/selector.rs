@@ -1,5 +1,5 @@
 //! A tower layer for the kube `Client` that asks the API server for this replica's shard only:
-//! it appends KEP-5866's `shardSelector` to list and watch requests of the sharded collections,
+//! it appends the API server's `shardSelector` to list and watch requests of the sharded collections,
 //! and counts the bytes and watch events every GET brings back.
 //!
 //! The selector is added only to GETs of the cluster-wide collections named in

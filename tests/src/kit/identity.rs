@@ -1,6 +1,6 @@
 //! A user of the kit's own for the reconciles under test, so that the API server counts their
 //! requests apart from everyone else's: an impersonated user bound to `cluster-admin`, matched
-//! by a FlowSchema of its own (API Priority and Fairness, KEP-1040), whose
+//! by a FlowSchema of its own (API Priority and Fairness), whose
 //! `apiserver_flowcontrol_dispatched_requests_total{flow_schema=…}` counts exactly its requests.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Read-repair against another field manager: for every field the reconcile set on every
-//! child (its entries in `metadata.managedFields`, KEP-555), another field manager changes it
+//! child (its entries in `metadata.managedFields`), another field manager changes it
 //! with a JSON merge patch and, in the same write, sets a field of its own (an annotation);
 //! reconciling again must restore the field and leave the other manager's field alone. Fields
 //! holding the server's default (a dry-run create without them gets them back alike) are left
