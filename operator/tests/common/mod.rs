@@ -182,6 +182,7 @@ impl Operator {
             )),
             shutdown_grace: Duration::from_secs(10),
             shards: false,
+            ..ManagerOptions::default()
         };
         configure(&mut options);
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use super::ManagerOptions;
+use super::options::RequestsInFlight;
 
 /// A manager's command line.
 #[derive(Debug, Parser)]
@@ -72,6 +73,11 @@ pub struct RunArgs {
     /// cancels them at once.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+    /// API requests of reconciles in flight at once, each free slot going to the tenant with
+    /// the fewest in flight: `auto` (default) tunes itself from the API server's latency and
+    /// 429s (gauge `idem_request_slots_limit`), a number pins it, 0 means no cap.
+    #[arg(long, default_value = "auto", value_parser = RequestsInFlight::parse)]
+    pub requests_in_flight: RequestsInFlight,
 }
 
 impl Cli {
@@ -122,6 +128,7 @@ impl RunArgs {
             identity: self.identity.clone(),
             shutdown_grace: self.shutdown_grace,
             shards: self.shards == "auto",
+            requests_in_flight: self.requests_in_flight,
         }
     }
 

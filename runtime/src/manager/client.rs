@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::inflight::RequestSlots;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::{Body, ClientBuilder, retry::RetryPolicy};
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
@@ -120,21 +121,24 @@ pub fn build(mut config: Config) -> Result<Client, kube::Error> {
 /// A client for `config` whose writes pass only while `fence` and `gate` are valid
 /// ([`crate::leader::fence`]; `gate` is a shard ring's own fence, [`Fence::open`] otherwise),
 /// whose lists and watches select this replica's shard ([`SelectorLayer`]), with
-/// [`IdempotentRetry`] outside the fences so every attempt is fenced.
+/// [`IdempotentRetry`] outside the fences so every attempt is fenced; with `slots`, the
+/// requests of reconciles share them fairly by tenant ([`RequestSlots::client`]).
 pub(crate) fn fenced(
     mut config: Config,
     fence: Arc<Fence>,
     gate: Arc<Fence>,
     selectors: Arc<Selectors>,
+    slots: Option<&RequestSlots>,
 ) -> Result<Client, kube::Error> {
     config.default_retry = false;
-    Ok(ClientBuilder::try_from(config)?
+    let client = ClientBuilder::try_from(config)?
         .with_layer(&SelectorLayer(selectors))
         .with_layer(&FenceLayer::new(fence))
         .with_layer(&FenceLayer::new(gate))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(IdempotentRetry::default()))
-        .build())
+        .build();
+    Ok(slots.map_or_else(|| client.clone(), |s| s.client(client.clone())))
 }
 
 #[cfg(test)]

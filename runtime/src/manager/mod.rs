@@ -39,7 +39,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 pub use self::cli::{Cli, Command, RunArgs};
 pub use self::controllers::{Controllers, Reconciles, Running, Shard, Start, Stopped};
 pub use self::error::ManagerError;
-pub use self::options::ManagerOptions;
+pub use self::options::{ManagerOptions, RequestsInFlight};
 pub use crate::http::shutdown_signal;
 
 /// A process's controllers and how they run; see the [module docs](self).

@@ -33,6 +33,49 @@ pub struct ManagerOptions {
     /// Shard the primaries across the replicas that hold a member Lease of the manager's ring
     /// (`--shards auto`, see [`crate::shard`]); excludes `leader_elect`.
     pub shards: bool,
+    /// The reconciles' API requests in flight at once, shared fairly among tenants
+    /// ([`crate::inflight::RequestSlots`]).
+    pub requests_in_flight: RequestsInFlight,
+}
+
+/// How many API requests of reconciles may be in flight at once (`--requests-in-flight`),
+/// each free slot going to the tenant with the fewest in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestsInFlight {
+    /// A cap that tunes itself from the API server's latency and throttling
+    /// ([`crate::inflight::AdaptiveLimit::default`]); the default.
+    #[default]
+    Auto,
+    /// A cap pinned at this many (at least 1).
+    Fixed(usize),
+    /// No cap (and no fair sharing of requests).
+    Unlimited,
+}
+
+impl RequestsInFlight {
+    /// `auto`, a number, or `0` for no cap.
+    ///
+    /// # Errors
+    /// A message for anything else.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "auto" => Ok(Self::Auto),
+            "0" => Ok(Self::Unlimited),
+            n => n.parse().map(Self::Fixed).map_err(|_| {
+                format!("`{value}` is neither `auto` nor a number of requests (0: no cap)")
+            }),
+        }
+    }
+
+    /// The slots this asks for; `None` for no cap.
+    pub(crate) fn slots(self) -> Option<crate::inflight::RequestSlots> {
+        use crate::inflight::{AdaptiveLimit, RequestSlots};
+        match self {
+            Self::Auto => Some(RequestSlots::adaptive(AdaptiveLimit::default())),
+            Self::Fixed(n) => Some(RequestSlots::new(n)),
+            Self::Unlimited => None,
+        }
+    }
 }
 
 impl Default for ManagerOptions {
@@ -50,6 +93,7 @@ impl Default for ManagerOptions {
             identity: None,
             shutdown_grace: Duration::from_secs(30),
             shards: false,
+            requests_in_flight: RequestsInFlight::Auto,
         }
     }
 }

@@ -30,6 +30,8 @@ pub(super) struct Parts {
     pub(super) metrics: Metrics,
     pub(super) drift: DriftMetrics,
     pub(super) reporter: Reporter,
+    /// The reconciles' request slots (`--requests-in-flight`), shared by every run.
+    pub(super) slots: Option<crate::inflight::RequestSlots>,
 }
 
 /// One run of every set of controllers: until `stop` (graceful) or until dropped (cancelled).
@@ -308,8 +310,13 @@ pub(super) async fn run(
         "Writes refused because this replica's leader lease was not valid",
         fence.refused.clone(),
     );
+    let slots = options.requests_in_flight.slots();
+    if let Some(slots) = &slots {
+        slots.register(&mut registry);
+    }
     let registry = Arc::new(registry);
     let parts = Parts {
+        slots,
         sets,
         reporter: Reporter {
             controller: name.clone(),
@@ -368,6 +375,7 @@ pub(super) async fn run(
         Arc::clone(&fence),
         Fence::open(),
         Arc::clone(&selectors),
+        parts.slots.as_ref(),
     )?;
     // Not a member of the shard ring: not beside a live one (it would reconcile everything
     // a second time).

@@ -86,6 +86,7 @@ impl Sharded<'_> {
                 Arc::clone(self.fence),
                 Arc::clone(&gate),
                 Arc::clone(self.selectors),
+                self.parts.slots.as_ref(),
             )?;
             let (stop_tx, stop_rx) = watch::channel(false);
             let now = membership.assignments();
