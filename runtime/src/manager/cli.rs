@@ -74,9 +74,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
     /// API requests of reconciles in flight at once, each free slot going to the tenant with
-    /// the fewest in flight: `auto` (default) tunes itself from the API server's latency and
-    /// 429s (gauge `idem_request_slots_limit`), a number pins it, 0 means no cap.
-    #[arg(long, default_value = "auto", value_parser = RequestsInFlight::parse)]
+    /// the fewest in flight: `auto` tunes itself from the API server's latency and 429s
+    /// (gauge `idem_request_slots_limit`), a number pins it, 0 (default) means no cap. The
+    /// slots share requests equally, not by tenant weight.
+    #[arg(long, default_value = "0", value_parser = RequestsInFlight::parse)]
     pub requests_in_flight: RequestsInFlight,
 }
 
