@@ -60,7 +60,8 @@ pub use takeover::as_applied;
 pub use crate::backoff::RetryPolicy;
 pub use crate::cache::ChildCaches;
 pub use crate::labels::{
-    FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL,
+    FINGERPRINT_ANNOTATION, Labels, MANAGED_BY_LABEL, OPERATOR_PREFIX, OWNER_UID_LABEL,
+    SHARD_BUCKET_LABEL, TENANT_LABEL,
 };
 
 pub(crate) use crate::api_error::{
