@@ -14,6 +14,7 @@ use super::namespaces::NamespaceTenants;
 use super::watch::TenantFn;
 use crate::key::TenantKey;
 use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
+use crate::labels::Labels;
 
 /// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
 /// not cached yet or not trusted to name a tenant, or the object lacking what its rule reads:
@@ -67,7 +68,7 @@ where
     /// controller reads the tenant its children are labelled with there too, so a converged
     /// reconcile makes no request for it.
     pub fn for_derived(api: Api<K>, watcher_config: watcher::Config) -> Self {
-        let mut c = Self::new(api, watcher_config);
+        let mut c = Self::new(api, watcher_config).label_names(Labels::of::<K>());
         if let TenantRule::NamespaceLabel(label) = K::TENANT_RULE {
             c.namespaces = Some((NamespaceTenants::new(label), watcher::Config::default()));
         }
