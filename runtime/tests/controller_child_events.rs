@@ -174,7 +174,8 @@ async fn converge(obj: Arc<Widget>, ctx: Arc<Fleet>, _: Attempt) -> Result<Actio
     let name = obj.name_any();
     ctx.counts.bump(&name);
     let tenant = TenantKey::new(obj.namespace().unwrap_or_default());
-    let owner = Owner::labelled(obj.as_ref(), FM, Some(tenant), Labels::operator()).map_err(|e| e.to_string())?;
+    let owner = Owner::labelled(obj.as_ref(), FM, Some(tenant), Labels::operator())
+        .map_err(|e| e.to_string())?;
     let mut desired = DesiredChildren::new();
     let cm = ConfigMap {
         metadata: ObjectMeta {

@@ -380,12 +380,26 @@ mod tests {
     fn a_fold_for_a_changed_body_keeps_every_field_the_create_set() {
         let live = created();
         // Desired now lacks `a`: the moved entry must own it for the apply to remove it.
-        let patch = fold_patch(&live, Labels::operator(), "idem", &desired("p2", json!({"b": "y"}))).unwrap();
+        let patch = fold_patch(
+            &live,
+            Labels::operator(),
+            "idem",
+            &desired("p2", json!({"b": "y"})),
+        )
+        .unwrap();
         let moved = &patch["metadata"]["managedFields"][0];
         assert_eq!(moved["operation"], "Apply");
         assert_eq!(moved["fieldsV1"]["f:data"], json!({".": {}, "f:a": {}}));
         assert_eq!(patch["metadata"]["resourceVersion"], "5");
         // The same body: nothing to fold, the apply records it whole.
-        assert!(fold_patch(&live, Labels::operator(), "idem", &desired("p1", json!({"a": "x"}))).is_none());
+        assert!(
+            fold_patch(
+                &live,
+                Labels::operator(),
+                "idem",
+                &desired("p1", json!({"a": "x"}))
+            )
+            .is_none()
+        );
     }
 }

@@ -13,8 +13,8 @@ use super::mapping::fingerprint;
 use super::namespaces::NamespaceTenants;
 use super::watch::TenantFn;
 use crate::key::TenantKey;
-use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
 use crate::labels::Labels;
+use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
 
 /// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
 /// not cached yet or not trusted to name a tenant, or the object lacking what its rule reads:

@@ -208,7 +208,9 @@ mod tests {
         );
         // An owner not cached, or cached with another uid (a forged or stale reference).
         assert!(owners_of::<ConfigMap>(&m, Labels::operator(), |_| None).is_empty());
-        assert!(owners_of::<ConfigMap>(&m, Labels::operator(), |_| Some("other".into())).is_empty());
+        assert!(
+            owners_of::<ConfigMap>(&m, Labels::operator(), |_| Some("other".into())).is_empty()
+        );
     }
 
     #[test]
@@ -225,7 +227,9 @@ mod tests {
             owners_of::<Namespace>(&m, Labels::operator(), cached),
             [ObjectKey::cluster("Namespace", "acme")]
         );
-        assert!(owners_of::<Namespace>(&m, Labels::operator(), |_| Some("other".into())).is_empty());
+        assert!(
+            owners_of::<Namespace>(&m, Labels::operator(), |_| Some("other".into())).is_empty()
+        );
         assert!(owners_of::<ConfigMap>(&m, Labels::operator(), cached).is_empty());
         assert!(is_cluster_scoped::<Namespace>() && !is_cluster_scoped::<ConfigMap>());
         // Another kind's names (another prefix) are not this kind's children's labels.
@@ -250,8 +254,14 @@ mod tests {
         let mut m = meta(Some("ns"));
         assert_eq!(default_tenant(&m, Labels::operator()), TenantKey::new("ns"));
         m.labels = Some([(TENANT_LABEL.to_owned(), "acme".to_owned())].into());
-        assert_eq!(default_tenant(&m, Labels::operator()), TenantKey::new("acme"));
-        assert_eq!(default_tenant(&meta(None), Labels::operator()), TenantKey::new("child"));
+        assert_eq!(
+            default_tenant(&m, Labels::operator()),
+            TenantKey::new("acme")
+        );
+        assert_eq!(
+            default_tenant(&meta(None), Labels::operator()),
+            TenantKey::new("child")
+        );
     }
 
     #[test]

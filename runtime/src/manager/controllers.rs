@@ -307,7 +307,8 @@ mod tests {
             .label_selector
             .unwrap();
         assert_eq!(
-            selector.strip_prefix("app.kubernetes.io/managed-by=x,teams.example.com/shard-bucket in ("),
+            selector
+                .strip_prefix("app.kubernetes.io/managed-by=x,teams.example.com/shard-bucket in ("),
             shard
                 .children_config(Labels::operator(), base())
                 .label_selector
