@@ -160,7 +160,7 @@ mod tests {
         // Nor the object's own tenant label.
         let mut forged = thing("other", 1, "");
         forged.metadata.labels = Some(std::collections::BTreeMap::from([(
-            crate::labels::TENANT_LABEL.to_string(),
+            Labels::of::<Thing>().tenant().to_string(),
             "blue".to_string(),
         )]));
         assert_eq!(f(&forged), TenantKey::new(UNRESOLVED_TENANT));

@@ -509,13 +509,11 @@ pub(crate) fn describe(pass: &Pass) -> String {
     )
 }
 
-/// idem's own bookkeeping annotation on every applied child: a hash of the desired body, which
-/// names the instance (its namespace, its uid label), so it differs between instances by
-/// construction, not by state.
-
 /// Removes idem's own bookkeeping from a child before end states are compared: the
-/// fingerprint annotation of the owner kind's `labels` ([`Labels::fingerprint`]; and
-/// `metadata.annotations` when nothing else is left in it). idem's bucket labels stay,
+/// fingerprint annotation of the owner kind's `labels` ([`Labels::fingerprint`]: a hash of the
+/// desired body, which names the instance (its namespace, its uid label), so it differs
+/// between instances by construction, not by state; and `metadata.annotations` when nothing
+/// else is left in it). idem's bucket labels stay,
 /// anonymised by [`EndState::anonymized`](super::EndState::anonymized).
 pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value, labels: Labels) {
     let Some(meta) = child
