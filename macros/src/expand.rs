@@ -119,7 +119,12 @@ fn expand(m: &Model) -> TokenStream {
         Tenant::NamespaceLabel(l) => {
             let l = match l {
                 Some(l) => quote!(#l),
-                None => quote!(#krate::apply::TENANT_LABEL),
+                // The kind's own tenant label (`<label_prefix>/tenant`), which its children
+                // carry too.
+                None => {
+                    let l = format!("{}/tenant", m.label_prefix);
+                    quote!(#l)
+                }
             };
             (
                 quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),

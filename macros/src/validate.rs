@@ -16,7 +16,7 @@ pub enum Tenant {
     Name,
     /// `tenant = namespace`.
     Namespace,
-    /// `tenant = namespace_label("key")`; `None`: the default, idem-runtime's `TENANT_LABEL`.
+    /// `tenant = namespace_label("key")`; `None`: the default, `<label_prefix>/tenant`.
     NamespaceLabel(Option<String>),
     /// `tenant = field(a.b)`: the field path.
     Field(Vec<Ident>),

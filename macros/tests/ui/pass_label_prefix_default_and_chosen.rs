@@ -1,5 +1,5 @@
 //! The labels idem stamps on children live under the CRD group by default, or under
-//! `label_prefix = "..."`.
+//! `label_prefix = "..."`; a namespaced kind's default namespace label is `<prefix>/tenant`.
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::Labels;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -14,7 +14,7 @@ pub struct GroupedSpec {
 }
 
 #[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
-#[kube(group = "example.idem.dev", version = "v1", kind = "Chosen", status = "AppStatus")]
+#[kube(group = "example.idem.dev", version = "v1", kind = "Chosen", namespaced, status = "AppStatus")]
 #[idempotent(label_prefix = "teams.example.com")]
 pub struct ChosenSpec {
     pub image: String,
@@ -28,9 +28,11 @@ pub struct AppStatus {
 }
 
 fn main() {
-    use idem_runtime::resource::IdempotentResource as _;
+    use idem_runtime::resource::{IdempotentResource as _, TenantRule};
     assert_eq!(Grouped::LABEL_PREFIX, "example.idem.dev");
     assert_eq!(Chosen::LABEL_PREFIX, "teams.example.com");
     assert_eq!(Labels::of::<Chosen>().owner_uid(), "teams.example.com/owner-uid");
     assert_eq!(Labels::of::<Grouped>().fingerprint(), "example.idem.dev/applied-fingerprint");
+    // A namespaced kind's default tenant label (on its namespace) is its own, as on its children.
+    assert_eq!(Chosen::TENANT_RULE, TenantRule::NamespaceLabel("teams.example.com/tenant"));
 }
