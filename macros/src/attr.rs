@@ -13,6 +13,9 @@ pub struct ContainerOpts {
     pub tenant: Option<syn::Expr>,
     /// `field_manager = "idem-operator"`.
     pub field_manager: Option<SpannedValue<String>>,
+    /// `label_prefix = "teams.example.com"`: the prefix of the labels and the annotation idem
+    /// stamps on children (default: the `#[kube(group = ...)]` group).
+    pub label_prefix: Option<SpannedValue<String>>,
     /// `conditions(Ready, Reconciling, Stalled, "example.com/Custom")`.
     pub conditions: Option<SpannedValue<Conditions>>,
     /// `prune = owner_references`: no record of created children in the status.
@@ -86,6 +89,8 @@ impl FromMeta for Conditions {
 #[derive(Debug, FromMeta)]
 #[darling(allow_unknown_fields)]
 pub struct KubeOpts {
+    /// `group = "tenancy.idem.dev"`.
+    pub group: Option<SpannedValue<String>>,
     /// `kind = "TenantApp"`.
     pub kind: Option<SpannedValue<String>>,
     /// `root = "TenantAppCrd"`: the generated struct's name when it differs from the kind.

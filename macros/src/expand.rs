@@ -104,6 +104,7 @@ fn expand(m: &Model) -> TokenStream {
         Some(fm) => quote!(#fm),
         None => quote!(::core::env!("CARGO_PKG_NAME")),
     };
+    let label_prefix = &m.label_prefix;
     let conds = &m.conditions;
     let namespaced = m.namespaced;
     let (rule, tenant_body) = match &m.tenant {
@@ -118,7 +119,12 @@ fn expand(m: &Model) -> TokenStream {
         Tenant::NamespaceLabel(l) => {
             let l = match l {
                 Some(l) => quote!(#l),
-                None => quote!(#krate::apply::TENANT_LABEL),
+                // The kind's own tenant label (`<label_prefix>/tenant`), which its children
+                // carry too.
+                None => {
+                    let l = format!("{}/tenant", m.label_prefix);
+                    quote!(#l)
+                }
             };
             (
                 quote!(#krate::resource::TenantRule::NamespaceLabel(#l)),
@@ -163,6 +169,7 @@ fn expand(m: &Model) -> TokenStream {
                 type Spec = #spec;
                 type Status = #status;
                 const FIELD_MANAGER: &'static str = #fm;
+                const LABEL_PREFIX: &'static str = #label_prefix;
                 const CONDITION_TYPES: &'static [&'static str] = &[#(#conds),*];
                 const TENANT_RULE: #krate::resource::TenantRule = #rule;
                 const NAMESPACED: bool = #namespaced;
@@ -229,6 +236,7 @@ fn stub(m: &Model) -> TokenStream {
                 type Spec = #spec;
                 type Status = #status_ty;
                 const FIELD_MANAGER: &'static str = "";
+                const LABEL_PREFIX: &'static str = "";
                 const CONDITION_TYPES: &'static [&'static str] = &[];
                 const TENANT_RULE: #krate::resource::TenantRule = #krate::resource::TenantRule::Name;
                 const NAMESPACED: bool = false;

@@ -62,6 +62,7 @@ fn nested_of(
 const KEYS: &[&str] = &[
     "tenant",
     "field_manager",
+    "label_prefix",
     "conditions",
     "prune",
     "crate",

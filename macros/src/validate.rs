@@ -16,7 +16,7 @@ pub enum Tenant {
     Name,
     /// `tenant = namespace`.
     Namespace,
-    /// `tenant = namespace_label("key")`; `None`: the default, idem-runtime's `TENANT_LABEL`.
+    /// `tenant = namespace_label("key")`; `None`: the default, `<label_prefix>/tenant`.
     NamespaceLabel(Option<String>),
     /// `tenant = field(a.b)`: the field path.
     Field(Vec<Ident>),
@@ -36,6 +36,8 @@ pub struct Model {
     pub namespaced: bool,
     /// The field manager; `None`: the deriving crate's package name (`CARGO_PKG_NAME`).
     pub field_manager: Option<String>,
+    /// The label prefix (`label_prefix = "..."`, else the `#[kube(group = ...)]` group).
+    pub label_prefix: String,
     /// Declared condition types.
     pub conditions: Vec<String>,
     /// Tenant rule.
@@ -50,6 +52,30 @@ pub struct Model {
 
 fn err(msg: impl std::fmt::Display, span: Span) -> darling::Error {
     darling::Error::custom(msg).with_span(&span)
+}
+
+/// Why `s` is not a DNS subdomain (RFC 1123: lowercase alphanumerics, `-` and `.`, at most 253
+/// characters, each dot-separated label 1-63 characters starting and ending alphanumeric).
+fn not_dns_subdomain(s: &str) -> Option<&'static str> {
+    if s.is_empty() || s.len() > 253 {
+        return Some("is 1-253 characters");
+    }
+    if !s
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    {
+        return Some("has only lowercase letters, digits, `-` and `.`");
+    }
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    for label in s.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Some("has dot-separated parts of 1-63 characters");
+        }
+        if !label.starts_with(alnum) || !label.ends_with(alnum) {
+            return Some("has parts that start and end with a letter or digit");
+        }
+    }
+    None
 }
 
 /// Condition types declared as identifiers follow the API conventions: CamelCase.
@@ -261,6 +287,28 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         }
         None => None,
     };
+    let group = kube.as_ref().and_then(|(k, _)| k.group.as_ref());
+    let label_prefix = match (&opts.label_prefix, group) {
+        (Some(p), _) => {
+            if let Some(why) = not_dns_subdomain(p.as_str()) {
+                errors.push(err(
+                    format!("label_prefix must be a DNS subdomain (a label key prefix such as \"teams.example.com\"): one that {why}"),
+                    p.span(),
+                ));
+            }
+            p.as_str().to_owned()
+        }
+        (None, Some(g)) => {
+            if let Some(why) = not_dns_subdomain(g.as_str()) {
+                errors.push(err(
+                    format!("the labels idem stamps on children live under the CRD group by default, and this group is not a DNS subdomain (one that {why}): fix the group or set #[idempotent(label_prefix = \"...\")]"),
+                    g.span(),
+                ));
+            }
+            g.as_str().to_owned()
+        }
+        (None, None) => String::new(),
+    };
     let conditions = match &opts.conditions {
         Some(list) => {
             if list.0.is_empty() {
@@ -329,6 +377,7 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         status,
         namespaced,
         field_manager,
+        label_prefix,
         conditions,
         tenant,
         record,

@@ -248,6 +248,12 @@ pub trait IdempotentResource:
     /// The field manager for server-side apply and status writes
     /// (`#[idempotent(field_manager = "...")]`, default the deriving crate's package name).
     const FIELD_MANAGER: &'static str;
+    /// The prefix of the labels and the annotation idem stamps on this kind's children
+    /// (`<prefix>/tenant`, `<prefix>/owner-uid`, `<prefix>/shard-bucket`,
+    /// `<prefix>/applied-fingerprint`, see [`crate::apply::Labels`]):
+    /// `#[idempotent(label_prefix = "...")]`, default the kind's API group
+    /// (`#[kube(group = ...)]`). A DNS subdomain, checked at compile time.
+    const LABEL_PREFIX: &'static str;
     /// The condition types this resource reports (`#[idempotent(conditions(...))]`, default
     /// `Ready, Reconciling, Stalled` — the kstatus set).
     const CONDITION_TYPES: &'static [&'static str];

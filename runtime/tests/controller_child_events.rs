@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{Echo, EchoSpec, Widget, WidgetSpec, install_echo, install_widget, namespace};
 use idem_runtime::TenantKey;
-use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
+use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Labels, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig, OwnsOptions};
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -174,7 +174,8 @@ async fn converge(obj: Arc<Widget>, ctx: Arc<Fleet>, _: Attempt) -> Result<Actio
     let name = obj.name_any();
     ctx.counts.bump(&name);
     let tenant = TenantKey::new(obj.namespace().unwrap_or_default());
-    let owner = Owner::new(obj.as_ref(), FM, Some(tenant)).map_err(|e| e.to_string())?;
+    let owner = Owner::labelled(obj.as_ref(), FM, Some(tenant), Labels::operator())
+        .map_err(|e| e.to_string())?;
     let mut desired = DesiredChildren::new();
     let cm = ConfigMap {
         metadata: ObjectMeta {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::user::CountedUser;
 use idem_runtime::IdempotentResource;
-use idem_runtime::apply::{DesiredChildren, TENANT_LABEL};
+use idem_runtime::apply::{DesiredChildren, Labels};
 use idem_runtime::controller::{Controller, ControllerConfig};
 use idem_runtime::metrics::Metrics;
 use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
@@ -130,7 +130,8 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         },
     );
     // The object's own tenant label says nothing about its tenant.
-    nb.metadata.labels = Some(BTreeMap::from([(TENANT_LABEL.into(), "team-blue".into())]));
+    let tenant_label = Labels::of::<Notebook>().tenant();
+    nb.metadata.labels = Some(BTreeMap::from([(tenant_label.into(), "team-blue".into())]));
     notebooks.create(&PostParams::default(), &nb).await.unwrap();
 
     // The controller runs as a user of its own, whose requests the API server counts apart.
@@ -171,7 +172,7 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         .await
         .unwrap();
     assert_eq!(
-        cm.labels().get(TENANT_LABEL).map(String::as_str),
+        cm.labels().get(tenant_label).map(String::as_str),
         Some("team-red"),
         "the child is labelled with the namespace label's tenant"
     );

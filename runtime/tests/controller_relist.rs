@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{MANAGER, Widget, WidgetSpec, install_widget, namespace, wait_until};
-use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, OWNER_UID_LABEL, Owner};
+use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Labels, OWNER_UID_LABEL, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig, ControllerError};
 use idem_runtime::queue::ShutdownReport;
 use idem_tests::faults::{Faults, Verb};
@@ -49,7 +49,7 @@ async fn reconcile(
     ctx: Arc<Ctx>,
     _: Attempt,
 ) -> Result<Action, idem_runtime::apply::ApplyError> {
-    let owner = Owner::new(obj.as_ref(), MANAGER, None)?;
+    let owner = Owner::labelled(obj.as_ref(), MANAGER, None, Labels::operator())?;
     let child = ConfigMap {
         metadata: ObjectMeta {
             name: Some(child_name(&obj.name_any())),

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use idem_runtime::IdempotentResource;
-use idem_runtime::apply::{CreatedChild, DesiredChildren, MANAGED_BY_LABEL, OWNER_UID_LABEL};
+use idem_runtime::apply::{CreatedChild, DesiredChildren, Labels, MANAGED_BY_LABEL};
 use idem_runtime::controller::Action;
 use idem_runtime::reconciler::{ChildKinds, Driver, Outcome, Pass, ReconcileError, Reconciler};
 use idem_tests::kit::{BoxError, Check, Children, Kit, Subject};
@@ -500,8 +500,9 @@ async fn a_secret_whose_labels_were_changed_keeps_its_password_and_gets_them_bac
 
     // Someone removes the label the caches select by and changes the owner's uid label: the
     // Secret leaves the label-selected cache.
+    let owner_uid = Labels::of::<Vault>().owner_uid();
     let patch = serde_json::json!({"metadata": {"labels": {
-        MANAGED_BY_LABEL: null, OWNER_UID_LABEL: "someone-else"}}});
+        MANAGED_BY_LABEL: null, owner_uid: "someone-else"}}});
     secrets
         .patch(
             &secret_name(&v),
@@ -527,7 +528,7 @@ async fn a_secret_whose_labels_were_changed_keeps_its_password_and_gets_them_bac
         "its labels are back: {:?}",
         after.labels()
     );
-    assert_eq!(after.labels().get(OWNER_UID_LABEL), v.uid().as_ref());
+    assert_eq!(after.labels().get(owner_uid), v.uid().as_ref());
     let cm_after = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get(&url_name(&v))
         .await
@@ -680,6 +681,10 @@ impl<R: Reconciler<Resource = Vault>> Subject for VaultSubject<R> {
 
     fn children(&self, _: &Vault) -> Children {
         Children::owned().kind::<Secret>().kind::<ConfigMap>()
+    }
+
+    fn label_names(&self) -> Labels {
+        Labels::of::<Vault>()
     }
 
     async fn session(&self, client: Client) -> Result<Session<R>, BoxError> {

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use idem_runtime::IdempotentResource;
-use idem_runtime::apply::{DesiredChildren, OWNER_UID_LABEL};
+use idem_runtime::apply::{DesiredChildren, Labels};
 use idem_runtime::reconciler::retention::{crd_retention, release_referring, retained};
 use idem_runtime::reconciler::{ChildKinds, Cleanup, Driver, Pass, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -93,7 +93,8 @@ impl Reconciler for Keepsakes {
         let config_maps = ApiResource::erase::<ConfigMap>(&());
         let uid = k.uid().unwrap_or_default();
         let ns = k.namespace();
-        let kept = release_referring(pass.client(), &config_maps, ns.as_deref(), &uid).await?;
+        let kept =
+            release_referring::<Keepsake>(pass.client(), &config_maps, ns.as_deref(), &uid).await?;
         let names: Vec<String> = kept.iter().map(ToString::to_string).collect();
         pass.publish(retained(format!(
             "Keepsake deleted; {why}: kept {}",
@@ -157,10 +158,10 @@ async fn delete(client: &Client, driver: &Driver<Keepsakes>, k: &Keepsake) {
 }
 
 fn refers_to(meta: &ObjectMeta, uid: &str) -> bool {
-    let labelled = meta
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.get(OWNER_UID_LABEL).is_some_and(|v| v == uid));
+    let labelled = meta.labels.as_ref().is_some_and(|l| {
+        l.get(Labels::of::<Keepsake>().owner_uid())
+            .is_some_and(|v| v == uid)
+    });
     labelled || meta.owner_references.iter().flatten().any(|r| r.uid == uid)
 }
 

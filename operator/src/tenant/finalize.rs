@@ -227,7 +227,7 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
     ] {
         for ns in &scopes {
             let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
-            for key in release_referring(client, &resource, Some(ns), uid).await? {
+            for key in release_referring::<Tenant>(client, &resource, Some(ns), uid).await? {
                 if !referred {
                     kept.objects
                         .push(format!("{} {ns}/{}", resource.kind, key.name));
@@ -237,7 +237,7 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
     }
     let resource = ApiResource::erase::<Namespace>(&());
     for ns in &namespaces {
-        if apply::release(client, &resource, ns, uid).await? {
+        if apply::release(client, &resource, ns, owner.label_names(), uid).await? {
             kept.namespaces.extend(ns.name.clone());
         }
     }

@@ -60,7 +60,8 @@ async fn release(pass: &Pass<TenantApp>, app: &TenantApp) -> Result<Vec<String>,
         ApiResource::erase::<Service>(&()),
     ] {
         let released =
-            release_referring(pass.client(), &resource, namespace.as_deref(), &uid).await?;
+            release_referring::<TenantApp>(pass.client(), &resource, namespace.as_deref(), &uid)
+                .await?;
         kept.extend(released.iter().map(|k| format!("{}/{}", k.kind, k.name)));
     }
     kept.sort();

@@ -10,10 +10,7 @@ use serde_json::{Value, json};
 use super::owner::DesiredChild;
 use super::report::{ApplyReport, ChildOutcome, Repair};
 use super::takeover::fold_patch;
-use super::{
-    ApplyError, FINGERPRINT_ANNOTATION, OWNER_UID_LABEL, Owner, RetryPolicy, is_already_exists,
-    is_conflict, is_not_found,
-};
+use super::{ApplyError, Labels, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found};
 use crate::cache::{Answers, ChildCaches, InFlight};
 use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
@@ -367,7 +364,8 @@ impl Applier {
             // that only claims the owner under a name that is not desired is never applied to,
             // so never recorded (see `super::record`).
             let record = meta.uid.clone().filter(|uid| !owner.may_prune(uid));
-            let judged = super::as_applied(&live, owner.field_manager(), &body);
+            let judged =
+                super::as_applied(&live, owner.label_names(), owner.field_manager(), &body);
             let drift = check(
                 &body,
                 judged.as_ref().unwrap_or(&live),
@@ -389,7 +387,9 @@ impl Applier {
             // kept from an earlier write or asked once with a dry-run apply.
             let desired_fp = fingerprint(&body);
             let mut asked = None;
-            if same_desired(&live, &body) && drift.iter().all(server_may_explain) {
+            if same_desired(&live, &body, owner.label_names())
+                && drift.iter().all(server_may_explain)
+            {
                 let uid = meta.uid.as_deref().unwrap_or_default();
                 let answer = match self.answers.get(&key, uid, desired_fp) {
                     Some(answer) => Some(answer),
@@ -442,7 +442,8 @@ impl Applier {
                 Ok(applied) => {
                     // What the server's own form of the desired body differs in from it
                     // (its defaults, its canonical forms) was never drift.
-                    let own_form = own_form(&body, &applied, owner.field_manager());
+                    let own_form =
+                        own_form(&body, &applied, owner.label_names(), owner.field_manager());
                     // A field another manager took is always theirs to report; a value that
                     // differs where the server's own form differs too is that form.
                     let mut drift: Vec<Drift> = drift
@@ -461,7 +462,7 @@ impl Applier {
                     self.keep_answer(&key, desired_fp, &applied, owner, &own_form);
                     // The desired body is the one applied last (same fingerprint): every
                     // difference was made by someone else.
-                    let same_desired = same_desired(&live, &body);
+                    let same_desired = same_desired(&live, &body, owner.label_names());
                     // A field we own that the desired body lacks (`Stale`) is reported only when
                     // the apply removed or changed it (a key someone added under our manager
                     // name); one the server defaults again (ours since the fold before an apply
@@ -551,7 +552,12 @@ impl Applier {
         body: &Value,
     ) -> Result<String, kube::Error> {
         let created_json = self.create_whole(api, owner, key, body).await?;
-        let own_form = own_form(body, &created_json, owner.field_manager());
+        let own_form = own_form(
+            body,
+            &created_json,
+            owner.label_names(),
+            owner.field_manager(),
+        );
         self.keep_answer(key, fingerprint(body), &created_json, owner, &own_form);
         let uid = created_json
             .pointer("/metadata/uid")
@@ -631,7 +637,7 @@ impl Applier {
         live: &Value,
     ) -> Result<Value, kube::Error> {
         let _in_flight = self.begin_write(key);
-        if let Some(patch) = fold_patch(live, owner.field_manager(), body) {
+        if let Some(patch) = fold_patch(live, owner.label_names(), owner.field_manager(), body) {
             let folded = api
                 .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
@@ -718,13 +724,16 @@ impl Applier {
         let cached = self
             .caches
             .as_ref()
-            .and_then(|c| c.owned_by(resource, scope, owner.uid()));
+            .and_then(|c| c.owned_by(resource, scope, owner.label_names(), owner.uid()));
         let items = match cached {
             Some(items) => items,
             None => {
                 let api = self.api(resource, scope);
-                let lp =
-                    ListParams::default().labels(&format!("{OWNER_UID_LABEL}={}", owner.uid()));
+                let lp = ListParams::default().labels(&format!(
+                    "{}={}",
+                    owner.label_names().owner_uid(),
+                    owner.uid()
+                ));
                 api.list_metadata(&lp)
                     .await
                     .map_err(|source| ApplyError::Api {
@@ -828,13 +837,19 @@ impl Applier {
             .is_some_and(|ns| kind.release_in.contains(ns))
         {
             let _in_flight = self.begin_write(&key);
-            super::release(&self.client, kind.resource, meta, owner.uid())
-                .await
-                .map_err(|source| ApplyError::Api {
-                    child: key.clone(),
-                    action: "release",
-                    source: Box::new(source),
-                })?;
+            super::release(
+                &self.client,
+                kind.resource,
+                meta,
+                owner.label_names(),
+                owner.uid(),
+            )
+            .await
+            .map_err(|source| ApplyError::Api {
+                child: key.clone(),
+                action: "release",
+                source: Box::new(source),
+            })?;
             report.released.push(key);
             report.released_uids.push(uid);
             return Ok(());
@@ -908,16 +923,17 @@ fn uid_guarded(body: &Value, live: &Value) -> Value {
 
 /// What the convergence check finds between the desired body `body` and `written`, the object
 /// our write of it left: the server's own form of the body, where it differs from it.
-fn own_form(body: &Value, written: &Value, manager: &str) -> Vec<Drift> {
-    let judged = super::as_applied(written, manager, body);
+fn own_form(body: &Value, written: &Value, labels: Labels, manager: &str) -> Vec<Drift> {
+    let judged = super::as_applied(written, labels, manager, body);
     check(body, judged.as_ref().unwrap_or(written), manager)
 }
 
-/// Whether `live` was last applied from the desired body `body` (same fingerprint annotation).
-fn same_desired(live: &Value, body: &Value) -> bool {
+/// Whether `live` was last applied from the desired body `body` (same fingerprint annotation,
+/// the owner kind's: `labels`).
+fn same_desired(live: &Value, body: &Value, labels: Labels) -> bool {
     let fp = |v: &Value| {
         v.pointer("/metadata/annotations")
-            .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
+            .and_then(|a| a.get(labels.fingerprint()))
             .cloned()
     };
     fp(live) == fp(body)

@@ -10,11 +10,15 @@
 //!   fields and every desired value equals the live one). A converged reconcile makes no write,
 //!   and with [`ChildCaches`] no request at all: children are read, and listed for pruning,
 //!   from the controller's watch caches. Each applied child also carries the fingerprint of
-//!   its desired body in [`FINGERPRINT_ANNOTATION`]: when it still matches, every drift was made
+//!   its desired body in the owner kind's fingerprint annotation ([`Labels::fingerprint`]):
+//!   when it still matches, every drift was made
 //!   by someone else and is reported as a [`Repair`] (the `DriftRepaired` event).
 //! - Every child gets a controller ownerReference to the owner (`controller: true`,
-//!   `blockOwnerDeletion: true`) and the labels [`MANAGED_BY_LABEL`], [`TENANT_LABEL`],
-//!   [`OWNER_UID_LABEL`] and [`SHARD_BUCKET_LABEL`]. A live object without our controller ownerReference is never
+//!   `blockOwnerDeletion: true`), the label [`MANAGED_BY_LABEL`] and, under the owner kind's
+//!   label prefix ([`Labels`]: `#[idempotent(label_prefix = "...")]`, default the CRD's
+//!   group), `<prefix>/tenant`, `<prefix>/owner-uid` and `<prefix>/shard-bucket` (for idem's
+//!   operator's kinds [`TENANT_LABEL`], [`OWNER_UID_LABEL`], [`SHARD_BUCKET_LABEL`] and
+//!   [`FINGERPRINT_ANNOTATION`]). A live object without our controller ownerReference is never
 //!   modified, adopted or deleted: it is reported as [`ChildOutcome::NotOwned`].
 //! - Applies carry no `resourceVersion` (a Deployment's status churn must not cost 409s) but
 //!   carry the observed `metadata.uid`: an object that replaced ours under the same name makes
@@ -60,7 +64,8 @@ pub use takeover::as_applied;
 pub use crate::backoff::RetryPolicy;
 pub use crate::cache::ChildCaches;
 pub use crate::labels::{
-    FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL,
+    FINGERPRINT_ANNOTATION, Labels, MANAGED_BY_LABEL, OPERATOR_PREFIX, OWNER_UID_LABEL,
+    SHARD_BUCKET_LABEL, TENANT_LABEL,
 };
 
 pub(crate) use crate::api_error::{

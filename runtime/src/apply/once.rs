@@ -32,16 +32,16 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::owner::{ChildScope, CreateOnce, DesiredChild, DesiredChildren};
-use super::{ApplyError, FINGERPRINT_ANNOTATION};
+use super::{ApplyError, Labels};
 use crate::key::ObjectKey;
 
-/// Removes idem's fingerprint annotation from a stamped create-once body (and the annotations
-/// map when nothing else is left in it).
-pub(crate) fn unprinted(mut body: Value) -> Value {
+/// Removes idem's fingerprint annotation (the owner kind's, `labels`) from a stamped
+/// create-once body (and the annotations map when nothing else is left in it).
+pub(crate) fn unprinted(mut body: Value, labels: Labels) -> Value {
     if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
         let empty = match meta.get_mut("annotations").and_then(Value::as_object_mut) {
             Some(a) => {
-                a.remove(FINGERPRINT_ANNOTATION);
+                a.remove(labels.fingerprint());
                 a.is_empty()
             }
             None => false,
@@ -177,6 +177,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::labels::FINGERPRINT_ANNOTATION;
 
     #[test]
     fn make_is_called_only_for_the_body_and_the_name_is_the_declared_one() {
@@ -235,10 +236,10 @@ mod tests {
     #[test]
     fn the_fingerprint_annotation_is_dropped() {
         let body = json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "1"}}});
-        assert_eq!(unprinted(body), json!({"metadata": {}}));
+        assert_eq!(unprinted(body, Labels::operator()), json!({"metadata": {}}));
         let body = json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "1", "a": "b"}}});
         assert_eq!(
-            unprinted(body),
+            unprinted(body, Labels::operator()),
             json!({"metadata": {"annotations": {"a": "b"}}})
         );
     }

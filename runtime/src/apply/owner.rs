@@ -8,12 +8,10 @@ use kube::core::{ApiResource, ClusterResourceScope, NamespaceResourceScope};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{
-    ApplyError, FINGERPRINT_ANNOTATION, MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL,
-    TENANT_LABEL,
-};
+use super::{ApplyError, Labels, MANAGED_BY_LABEL};
 use crate::compare::fingerprint;
 use crate::key::{ObjectKey, TenantKey};
+use crate::resource::IdempotentResource;
 
 /// Whether a kind's objects live in a namespace; implemented for k8s-openapi's scopes.
 pub trait ChildScope {
@@ -59,6 +57,8 @@ pub struct Owner {
     namespace: Option<String>,
     tenant: Option<TenantKey>,
     field_manager: String,
+    /// The names of the labels and the annotation stamped on the children (the owner kind's).
+    label_names: Labels,
     /// The children the owner's reconciles created, by uid (see [`super::record`]).
     created: Option<std::sync::Arc<BTreeMap<String, ObjectKey>>>,
     /// The owner's kind as the dynamic API knows it (to read the owner itself).
@@ -66,14 +66,29 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// The owner `obj`, writing under `field_manager` and labelling children with `tenant`.
+    /// The owner `obj`, writing under `field_manager` and labelling children with `tenant`,
+    /// under its kind's label prefix ([`Labels::of`]).
     ///
     /// # Errors
     /// [`ApplyError::OwnerNotStored`] when `obj` lacks `metadata.name` or `metadata.uid`.
-    pub fn new<K: Resource<DynamicType = ()>>(
+    pub fn new<K: IdempotentResource>(
         obj: &K,
         field_manager: &str,
         tenant: Option<TenantKey>,
+    ) -> Result<Self, ApplyError> {
+        Self::labelled(obj, field_manager, tenant, Labels::of::<K>())
+    }
+
+    /// The owner `obj` of a kind that is no [`IdempotentResource`] (a built-in kind, a kind of
+    /// another controller), stamping the label names `label_names` on its children.
+    ///
+    /// # Errors
+    /// [`ApplyError::OwnerNotStored`] when `obj` lacks `metadata.name` or `metadata.uid`.
+    pub fn labelled<K: Resource<DynamicType = ()>>(
+        obj: &K,
+        field_manager: &str,
+        tenant: Option<TenantKey>,
+        label_names: Labels,
     ) -> Result<Self, ApplyError> {
         let meta = obj.meta();
         let (Some(name), Some(uid)) = (meta.name.clone(), meta.uid.clone()) else {
@@ -89,6 +104,7 @@ impl Owner {
             namespace: meta.namespace.clone(),
             tenant,
             field_manager: field_manager.to_owned(),
+            label_names,
             created: None,
             resource: ApiResource::erase::<K>(&()),
         })
@@ -201,15 +217,23 @@ impl Owner {
         }
     }
 
-    /// The labels children carry.
+    /// The names of the labels and the annotation stamped on the children: the owner kind's
+    /// ([`Labels::of`]).
+    pub fn label_names(&self) -> Labels {
+        self.label_names
+    }
+
+    /// The labels children carry: [`MANAGED_BY_LABEL`] and, under the owner kind's prefix,
+    /// the owner's uid, its shard bucket and the tenant.
     pub fn labels(&self) -> BTreeMap<String, String> {
+        let names = self.label_names;
         let mut labels = BTreeMap::new();
         labels.insert(MANAGED_BY_LABEL.to_owned(), self.field_manager.clone());
-        labels.insert(OWNER_UID_LABEL.to_owned(), self.uid.clone());
+        labels.insert(names.owner_uid().to_owned(), self.uid.clone());
         let bucket = crate::shard::bucket_of(crate::shard::fnv1a64(self.uid.as_bytes()));
-        labels.insert(SHARD_BUCKET_LABEL.to_owned(), bucket.to_string());
+        labels.insert(names.shard_bucket().to_owned(), bucket.to_string());
         if let Some(t) = &self.tenant {
-            labels.insert(TENANT_LABEL.to_owned(), t.to_string());
+            labels.insert(names.tenant().to_owned(), t.to_string());
         }
         labels
     }
@@ -223,7 +247,7 @@ impl Owner {
     }
 
     /// Whether `meta` is a child of ours that lost its ownerReference: it has no controller
-    /// ownerReference at all, carries [`OWNER_UID_LABEL`] with this owner's uid, and our field
+    /// ownerReference at all, carries the owner-uid label ([`Labels::owner_uid`]) with this owner's uid, and our field
     /// manager has an `Apply` entry on it (the server's record that we applied it). Such a
     /// child is applied again (which restores the reference); it is never pruned on this
     /// evidence alone.
@@ -236,7 +260,7 @@ impl Owner {
         let labelled = meta
             .labels
             .as_ref()
-            .and_then(|l| l.get(OWNER_UID_LABEL))
+            .and_then(|l| l.get(self.label_names.owner_uid()))
             .is_some_and(|v| *v == self.uid);
         let applied = meta.managed_fields.iter().flatten().any(|e| {
             e.manager.as_deref() == Some(self.field_manager.as_str())
@@ -420,7 +444,7 @@ impl DesiredChildren {
 
     /// Releases instead of pruning: an undesired child of the owner in namespace `namespace`
     /// (found by the prune: claiming the owner, or in its record) gets the owner's
-    /// ownerReferences and [`OWNER_UID_LABEL`] removed ([`super::release`]) and leaves the
+    /// ownerReferences and owner-uid label removed ([`super::release`]) and leaves the
     /// record, instead of being deleted; it is reported in
     /// [`ApplyReport::released`](super::ApplyReport::released). For the contents of a
     /// namespace the owner no longer controls (an administrator released it, see
@@ -542,7 +566,7 @@ impl DesiredChild {
         if !meta.get("annotations").is_some_and(Value::is_object) {
             meta["annotations"] = json!({});
         }
-        meta["annotations"][FINGERPRINT_ANNOTATION] = json!(print);
+        meta["annotations"][owner.label_names.fingerprint()] = json!(print);
         Ok((key, body))
     }
 }

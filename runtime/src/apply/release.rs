@@ -1,7 +1,7 @@
 //! Releasing an object from an owner, as `kubectl delete --cascade=orphan` has the garbage
 //! collector do: every ownerReference to the owner's uid (controller or not: the collector
 //! deletes a dependent whose owners are all gone, whichever reference names them) and the
-//! [`OWNER_UID_LABEL`] naming it are removed; nothing else changes. The object is then no
+//! owner-uid label naming it ([`Labels::owner_uid`] of the owner's kind) are removed; nothing else changes. The object is then no
 //! longer the owner's: neither pruned nor repaired, and kept when the owner is deleted.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -10,7 +10,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
-use super::{OWNER_UID_LABEL, is_conflict, is_not_found};
+use super::{Labels, is_conflict, is_not_found};
 
 /// How often a release is tried again after 409 Conflict (someone changed the object since
 /// it was read), reading it again each time.
@@ -25,13 +25,13 @@ pub fn refers_to(meta: &ObjectMeta, owner_uid: &str) -> bool {
         .any(|r| r.uid == owner_uid)
 }
 
-/// The JSON merge patch that releases `meta` from `owner_uid`, guarded by its
-/// `resourceVersion`; `None` when nothing on it names the owner.
-fn release_patch(meta: &ObjectMeta, owner_uid: &str) -> Option<Value> {
+/// The JSON merge patch that releases `meta` from `owner_uid` (an owner of a kind with
+/// `labels`), guarded by its `resourceVersion`; `None` when nothing on it names the owner.
+fn release_patch(meta: &ObjectMeta, labels: Labels, owner_uid: &str) -> Option<Value> {
     let labelled = meta
         .labels
         .as_ref()
-        .and_then(|l| l.get(OWNER_UID_LABEL))
+        .and_then(|l| l.get(labels.owner_uid()))
         .is_some_and(|v| v == owner_uid);
     if !labelled && !refers_to(meta, owner_uid) {
         return None;
@@ -52,13 +52,14 @@ fn release_patch(meta: &ObjectMeta, owner_uid: &str) -> Option<Value> {
         };
     }
     if labelled {
-        patch["metadata"]["labels"] = json!({ OWNER_UID_LABEL: null });
+        patch["metadata"]["labels"] = json!({ labels.owner_uid(): null });
     }
     Some(patch)
 }
 
 /// Releases the object `meta` (as read, with its `uid` and `resourceVersion`) of kind
-/// `resource` from the owner with `owner_uid`: one JSON merge patch (any kind, custom
+/// `resource` from the owner with `owner_uid`, whose kind's label names are `labels`
+/// ([`Labels::of`] the owner kind): one JSON merge patch (any kind, custom
 /// resources too) guarded by the `resourceVersion`, so a concurrent change is never
 /// overwritten: on 409 the object is read again and released again, unless it was replaced
 /// by another object of the same name (another uid: not ours to touch).
@@ -72,6 +73,7 @@ pub async fn release(
     client: &Client,
     resource: &ApiResource,
     meta: &ObjectMeta,
+    labels: Labels,
     owner_uid: &str,
 ) -> Result<bool, kube::Error> {
     let api = match meta.namespace.as_deref() {
@@ -82,7 +84,7 @@ pub async fn release(
     let mut meta = meta.clone();
     let mut attempt = 0;
     loop {
-        let Some(patch) = release_patch(&meta, owner_uid) else {
+        let Some(patch) = release_patch(&meta, labels, owner_uid) else {
             return Ok(false);
         };
         let err = match api
@@ -107,6 +109,7 @@ pub async fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labels::OWNER_UID_LABEL;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn reference(uid: &str, controller: bool) -> OwnerReference {
@@ -128,7 +131,7 @@ mod tests {
             labels: Some([(OWNER_UID_LABEL.to_owned(), "ours".to_owned())].into()),
             ..ObjectMeta::default()
         };
-        let patch = release_patch(&meta, "ours").expect("a patch");
+        let patch = release_patch(&meta, Labels::operator(), "ours").expect("a patch");
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
         let refs = patch["metadata"]["ownerReferences"].as_array().unwrap();
         assert_eq!(refs.len(), 1);
@@ -143,9 +146,9 @@ mod tests {
             labels: Some([(OWNER_UID_LABEL.to_owned(), "other".to_owned())].into()),
             ..ObjectMeta::default()
         };
-        let patch = release_patch(&meta, "ours").expect("a patch");
+        let patch = release_patch(&meta, Labels::operator(), "ours").expect("a patch");
         assert_eq!(patch["metadata"]["ownerReferences"], Value::Null);
         assert!(patch["metadata"].get("labels").is_none(), "{patch}");
-        assert_eq!(release_patch(&meta, "someone"), None);
+        assert_eq!(release_patch(&meta, Labels::operator(), "someone"), None);
     }
 }

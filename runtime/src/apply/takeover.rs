@@ -26,7 +26,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use serde_json::{Map, Value, json};
 
-use super::FINGERPRINT_ANNOTATION;
+use super::Labels;
 
 /// `entries` with `manager`'s main-resource `Update` entry folded into its `Apply` entry: the
 /// `Update` entry becomes the `Apply` entry when there is none, otherwise its field set is
@@ -90,9 +90,10 @@ fn entries_of<'a>(
 }
 
 /// Whether `manager`'s `Update` entry is the record of a create of `desired`: it owns the
-/// [`FINGERPRINT_ANNOTATION`], whose value is `desired`'s (the fingerprint covers the whole
-/// stamped body).
+/// fingerprint annotation ([`Labels::fingerprint`]), whose value is `desired`'s (the
+/// fingerprint covers the whole stamped body).
 fn create_record_of(
+    labels: Labels,
     live: &Value,
     entries: &[ManagedFieldsEntry],
     manager: &str,
@@ -100,20 +101,20 @@ fn create_record_of(
 ) -> bool {
     let print = |v: &Value| {
         v.pointer("/metadata/annotations")
-            .and_then(|a| a.get(FINGERPRINT_ANNOTATION))
+            .and_then(|a| a.get(labels.fingerprint()))
             .cloned()
     };
-    entries_of(entries, manager, "Update").any(owns_print)
+    entries_of(entries, manager, "Update").any(|e| owns_print(labels, e))
         && print(live).is_some()
         && print(live) == print(desired)
 }
 
-/// Whether `e` owns the [`FINGERPRINT_ANNOTATION`].
-fn owns_print(e: &ManagedFieldsEntry) -> bool {
+/// Whether `e` owns the fingerprint annotation ([`Labels::fingerprint`]).
+fn owns_print(labels: Labels, e: &ManagedFieldsEntry) -> bool {
     e.fields_v1
         .as_ref()
         .and_then(|f| f.0.pointer("/f:metadata/f:annotations"))
-        .and_then(|a| a.get(format!("f:{FINGERPRINT_ANNOTATION}")))
+        .and_then(|a| a.get(format!("f:{}", labels.fingerprint())))
         .is_some()
 }
 
@@ -121,8 +122,8 @@ fn managed_fields(live: &Value) -> Option<Vec<ManagedFieldsEntry>> {
     serde_json::from_value(live.pointer("/metadata/managedFields")?.clone()).ok()
 }
 
-/// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`, when
-/// we have an `Update` entry (the record of our `POST` create, or of someone's write under our
+/// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`
+/// (stamping the owner kind's `labels`), when we have an `Update` entry (the record of our `POST` create, or of someone's write under our
 /// name); `None` when the child is to be judged as it is.
 ///
 /// - Created from `desired` and not applied to since: with that `Update` entry replaced by
@@ -137,7 +138,7 @@ fn managed_fields(live: &Value) -> Option<Vec<ManagedFieldsEntry>> {
 ///
 /// Anyone else's change of a field since moves it out of our `Update` entry (or removes it
 /// from every entry) exactly as it would have from an `Apply` entry, so drift is still seen.
-pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value> {
+pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) -> Option<Value> {
     let entries = managed_fields(live)?;
     let record: Vec<&ManagedFieldsEntry> = entries_of(&entries, manager, "Update").collect();
     if record.is_empty() {
@@ -155,7 +156,7 @@ pub fn as_applied(live: &Value, manager: &str, desired: &Value) -> Option<Value>
     }
     let recorded = crate::compare::restrict_to_desired(desired, &all);
     let ours: Vec<ManagedFieldsEntry> = match entries_of(&entries, manager, "Apply").next() {
-        None if create_record_of(live, &entries, manager, desired) => {
+        None if create_record_of(labels, live, &entries, manager, desired) => {
             // Of what the apply records, what our create's record still holds: a field another
             // manager took since is not ours, as it would not be in an Apply entry.
             let mut mine = Value::Null;
@@ -232,10 +233,15 @@ fn members_in_both(
 /// when the `Update` entry is the record of a create of `desired` itself: the apply records
 /// the whole body in our `Apply` entry, and the create's record beside it removes nothing
 /// until the desired body changes (then this folds it).
-pub(crate) fn fold_patch(live: &Value, manager: &str, desired: &Value) -> Option<Value> {
+pub(crate) fn fold_patch(
+    live: &Value,
+    labels: Labels,
+    manager: &str,
+    desired: &Value,
+) -> Option<Value> {
     let entries = managed_fields(live)?;
     entries_of(&entries, manager, "Update").next()?;
-    if create_record_of(live, &entries, manager, desired) {
+    if create_record_of(labels, live, &entries, manager, desired) {
         return None;
     }
     let moved = fold_update_into_apply(&entries, manager, None);
@@ -248,6 +254,7 @@ pub(crate) fn fold_patch(live: &Value, manager: &str, desired: &Value) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labels::FINGERPRINT_ANNOTATION;
 
     fn entry(manager: &str, op: &str, fields: Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
@@ -323,7 +330,8 @@ mod tests {
     fn a_create_is_judged_as_applied_only_while_its_body_is_desired() {
         let live = created();
         let same = desired("p1", json!({"a": "x"}));
-        let judged = as_applied(&live, "idem", &same).expect("created from the desired body");
+        let judged = as_applied(&live, Labels::operator(), "idem", &same)
+            .expect("created from the desired body");
         let entries = judged["metadata"]["managedFields"].as_array().unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0]["operation"], "Apply");
@@ -336,7 +344,7 @@ mod tests {
         assert!(crate::compare::check(&same, &judged, "idem").is_empty());
 
         // Another desired body (another fingerprint): judged as it is, never applied.
-        assert!(as_applied(&live, "idem", &desired("p2", json!({}))).is_none());
+        assert!(as_applied(&live, Labels::operator(), "idem", &desired("p2", json!({}))).is_none());
         // The fingerprint written by someone else (their entry owns it): as it is.
         let mut forged = live.clone();
         forged["metadata"]["managedFields"] = json!([
@@ -348,36 +356,50 @@ mod tests {
                 format!("f:{FINGERPRINT_ANNOTATION}"): {}}}})
             ),
         ]);
-        assert!(as_applied(&forged, "idem", &same).is_none());
+        assert!(as_applied(&forged, Labels::operator(), "idem", &same).is_none());
         // Someone applied a part under our name since: judged never applied.
         let mut applied = live.clone();
         applied["metadata"]["managedFields"]
             .as_array_mut()
             .unwrap()
             .push(serde_json::to_value(entry("idem", "Apply", json!({"f:data": {}}))).unwrap());
-        let split = as_applied(&applied, "idem", &same).expect("split record");
+        let split = as_applied(&applied, Labels::operator(), "idem", &same).expect("split record");
         assert_eq!(split["metadata"]["managedFields"], json!([]));
         assert!(!crate::compare::check(&same, &split, "idem").is_empty());
         // Our own apply since (the whole body): judged as it is.
         let whole = &judged["metadata"]["managedFields"][0]["fieldsV1"];
         applied["metadata"]["managedFields"][1]["fieldsV1"] = whole.clone();
-        assert!(as_applied(&applied, "idem", &same).is_none());
+        assert!(as_applied(&applied, Labels::operator(), "idem", &same).is_none());
         // Folded and applied: the Apply entry alone is the record.
         let mut folded = live.clone();
         folded["metadata"]["managedFields"] = json!([entry("idem", "Apply", json!({}))]);
-        assert!(as_applied(&folded, "idem", &same).is_none());
+        assert!(as_applied(&folded, Labels::operator(), "idem", &same).is_none());
     }
 
     #[test]
     fn a_fold_for_a_changed_body_keeps_every_field_the_create_set() {
         let live = created();
         // Desired now lacks `a`: the moved entry must own it for the apply to remove it.
-        let patch = fold_patch(&live, "idem", &desired("p2", json!({"b": "y"}))).unwrap();
+        let patch = fold_patch(
+            &live,
+            Labels::operator(),
+            "idem",
+            &desired("p2", json!({"b": "y"})),
+        )
+        .unwrap();
         let moved = &patch["metadata"]["managedFields"][0];
         assert_eq!(moved["operation"], "Apply");
         assert_eq!(moved["fieldsV1"]["f:data"], json!({".": {}, "f:a": {}}));
         assert_eq!(patch["metadata"]["resourceVersion"], "5");
         // The same body: nothing to fold, the apply records it whole.
-        assert!(fold_patch(&live, "idem", &desired("p1", json!({"a": "x"}))).is_none());
+        assert!(
+            fold_patch(
+                &live,
+                Labels::operator(),
+                "idem",
+                &desired("p1", json!({"a": "x"}))
+            )
+            .is_none()
+        );
     }
 }

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use super::KindView;
 use super::trust::Trust;
 use crate::key::ObjectKey;
-use crate::labels::{MANAGED_BY_LABEL, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL};
+use crate::labels::{Labels, MANAGED_BY_LABEL};
 
 /// The annotation client-side `kubectl apply` keeps a copy of the whole object in
 /// (kubectl's `LastAppliedConfigAnnotation`).
@@ -69,13 +69,27 @@ pub(crate) fn strip(obj: &mut Value, keep_status: bool) {
     }
 }
 
-/// The labels a [`stub`] keeps: those idem selects children by or lists them by.
-const STUB_LABELS: &[&str] = &[
-    MANAGED_BY_LABEL,
-    OWNER_UID_LABEL,
-    TENANT_LABEL,
-    SHARD_BUCKET_LABEL,
-];
+/// The labels a [`stub`] keeps: those idem selects children by or lists them by —
+/// [`MANAGED_BY_LABEL`] and the owner-uid, tenant and shard-bucket labels of every owner kind's
+/// [`Labels`] (bounded by the kinds compiled in, never by the object).
+fn stub_labels() -> Vec<&'static str> {
+    let mut keys = vec![MANAGED_BY_LABEL];
+    for l in Labels::known() {
+        keys.extend([l.owner_uid(), l.tenant(), l.shard_bucket()]);
+    }
+    keys
+}
+
+/// The owner-uid labels of `obj`, one per owner kind's [`Labels`] it carries.
+fn owner_uids(obj: &Value) -> Box<[(Labels, Box<str>)]> {
+    let Some(labels) = obj.pointer("/metadata/labels") else {
+        return Box::default();
+    };
+    Labels::known()
+        .into_iter()
+        .filter_map(|l| Some((l, labels.get(l.owner_uid())?.as_str()?.into())))
+        .collect()
+}
 
 /// The most of any string a [`stub`] keeps, in bytes (a DNS subdomain's length; label values
 /// are at most 63, but an ownerReference's fields are not length-checked by the API server).
@@ -92,7 +106,7 @@ fn capped(s: &str) -> Value {
 
 /// What identifies `obj`, and nothing of its content: `apiVersion`, `kind`, and of its
 /// metadata `name`, `namespace`, `uid`, `resourceVersion`, `deletionTimestamp`, the labels in
-/// [`STUB_LABELS`] and the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`),
+/// [`stub_labels`] and the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`),
 /// every string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the
 /// prune reports it, never deletes it: its uid is in no record), to map its events to that
 /// owner, and to know that the name is taken; the engine reads the whole object from the API
@@ -116,9 +130,9 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
         }
     }
     if let Some(Value::Object(labels)) = meta.get("labels") {
-        let kept: Map<String, Value> = STUB_LABELS
-            .iter()
-            .filter_map(|k| Some(((*k).to_owned(), capped(labels.get(*k)?.as_str()?))))
+        let kept: Map<String, Value> = stub_labels()
+            .into_iter()
+            .filter_map(|k| Some((k.to_owned(), capped(labels.get(k)?.as_str()?))))
             .collect();
         if !kept.is_empty() {
             m.insert("labels".into(), Value::Object(kept));
@@ -152,8 +166,9 @@ type Name = (Option<String>, String);
 
 /// One cached child.
 struct Entry {
-    /// Its [`OWNER_UID_LABEL`], for listing an owner's children without parsing the others.
-    owner: Option<Box<str>>,
+    /// Its owner-uid labels (one per owner kind's [`Labels`] it carries), for listing an
+    /// owner's children without parsing the others.
+    owner: Box<[(Labels, Box<str>)]>,
     /// The stripped object, or its [`stub`], as JSON text (with `apiVersion` and `kind`).
     json: Box<str>,
     /// Whether `json` is only a [`stub`].
@@ -216,11 +231,7 @@ fn entry(
     } else {
         obj = stub(&obj, api_version, kind);
     }
-    let owner = obj
-        .pointer("/metadata/labels")
-        .and_then(|l| l.get(OWNER_UID_LABEL))
-        .and_then(Value::as_str)
-        .map(Into::into);
+    let owner = owner_uids(&obj);
     let json = obj.to_string().into_boxed_str();
     Some((
         name,
@@ -422,13 +433,13 @@ impl KindView for CompactStore {
         self.keep_status
     }
 
-    fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta> {
+    fn owned_by(&self, namespace: Option<&str>, labels: Labels, uid: &str) -> Vec<ObjectMeta> {
         let Ok(live) = self.live.read() else {
             return Vec::new();
         };
         live.iter()
             .filter(|((ns, _), _)| namespace.is_none() || ns.as_deref() == namespace)
-            .filter(|(_, e)| e.owner.as_deref() == Some(uid))
+            .filter(|(_, e)| e.owner.iter().any(|(l, v)| *l == labels && **v == *uid))
             .filter_map(|(_, e)| serde_json::from_str::<MetaOnly>(&e.json).ok())
             .map(|m| m.metadata)
             .collect()

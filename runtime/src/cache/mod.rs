@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use self::own_writes::OwnWrites;
 use crate::key::ObjectKey;
-use crate::labels::OWNER_UID_LABEL;
+use crate::labels::Labels;
 
 mod answers;
 mod compact;
@@ -46,8 +46,9 @@ trait KindView: Send + Sync {
     fn upgrade(&self, obj: &Value) {
         let _ = obj;
     }
-    /// Metadata of the objects labelled [`OWNER_UID_LABEL`]`=uid`, in `namespace` when given.
-    fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta>;
+    /// Metadata of the objects labelled `<labels.owner_uid()>=uid` ([`Labels::owner_uid`] of
+    /// the owner's kind), in `namespace` when given.
+    fn owned_by(&self, namespace: Option<&str>, labels: Labels, uid: &str) -> Vec<ObjectMeta>;
     /// Objects stored.
     fn len(&self) -> usize;
     /// Whether the objects keep their `status` (a kind watched to read it).
@@ -73,7 +74,7 @@ where
         Some((v, false))
     }
 
-    fn owned_by(&self, namespace: Option<&str>, uid: &str) -> Vec<ObjectMeta> {
+    fn owned_by(&self, namespace: Option<&str>, labels: Labels, uid: &str) -> Vec<ObjectMeta> {
         self.state()
             .iter()
             .map(|o| o.meta())
@@ -81,7 +82,7 @@ where
             .filter(|m| {
                 m.labels
                     .as_ref()
-                    .and_then(|l| l.get(OWNER_UID_LABEL))
+                    .and_then(|l| l.get(labels.owner_uid()))
                     .is_some_and(|v| v == uid)
             })
             .cloned()
@@ -267,14 +268,16 @@ impl ChildCaches {
         Some(found.and_then(|v| serde_json::from_value(v).ok()))
     }
 
-    /// Metadata of the children labelled as `uid`'s; `None` when the kind is not cached.
+    /// Metadata of the children labelled as `uid`'s (an owner of a kind with `labels`);
+    /// `None` when the kind is not cached.
     pub(crate) fn owned_by(
         &self,
         resource: &ApiResource,
         namespace: Option<&str>,
+        labels: Labels,
         uid: &str,
     ) -> Option<Vec<ObjectMeta>> {
-        Some(self.view(resource)?.owned_by(namespace, uid))
+        Some(self.view(resource)?.owned_by(namespace, labels, uid))
     }
 
     /// Remembers the server's answer to our write of `key`: that object is ours (kept whole).

@@ -13,6 +13,7 @@ use super::mapping::fingerprint;
 use super::namespaces::NamespaceTenants;
 use super::watch::TenantFn;
 use crate::key::TenantKey;
+use crate::labels::Labels;
 use crate::resource::{IdempotentResource, SpecDiff, TenantRef, TenantRule};
 
 /// The fair-queue tenant of every object whose rule does not resolve — its namespace unknown,
@@ -67,7 +68,7 @@ where
     /// controller reads the tenant its children are labelled with there too, so a converged
     /// reconcile makes no request for it.
     pub fn for_derived(api: Api<K>, watcher_config: watcher::Config) -> Self {
-        let mut c = Self::new(api, watcher_config);
+        let mut c = Self::new(api, watcher_config).label_names(Labels::of::<K>());
         if let TenantRule::NamespaceLabel(label) = K::TENANT_RULE {
             c.namespaces = Some((NamespaceTenants::new(label), watcher::Config::default()));
         }
@@ -159,7 +160,7 @@ mod tests {
         // Nor the object's own tenant label.
         let mut forged = thing("other", 1, "");
         forged.metadata.labels = Some(std::collections::BTreeMap::from([(
-            crate::labels::TENANT_LABEL.to_string(),
+            Labels::of::<Thing>().tenant().to_string(),
             "blue".to_string(),
         )]));
         assert_eq!(f(&forged), TenantKey::new(UNRESOLVED_TENANT));

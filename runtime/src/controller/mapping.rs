@@ -10,10 +10,7 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use crate::key::{ObjectKey, TenantKey};
-use crate::labels::OWNER_UID_LABEL;
-
-/// The label that names an object's tenant (defined once, in [`crate::apply`]).
-pub use crate::apply::TENANT_LABEL;
+use crate::labels::Labels;
 
 /// Whether `K` is cluster-scoped.
 pub fn is_cluster_scoped<K: Resource>() -> bool
@@ -32,10 +29,11 @@ pub fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectKey {
     }
 }
 
-/// idem's default tenant of an object: its `tenancy.idem.dev/tenant` label, else its
+/// idem's default tenant of an object: its tenant label under `labels`
+/// ([`Labels::tenant`], e.g. `tenancy.idem.dev/tenant` for the operator's kinds), else its
 /// namespace, else its own name (a cluster-scoped root such as `Tenant` is its own tenant).
-pub fn default_tenant(meta: &ObjectMeta) -> TenantKey {
-    if let Some(t) = meta.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)) {
+pub fn default_tenant(meta: &ObjectMeta, labels: Labels) -> TenantKey {
+    if let Some(t) = meta.labels.as_ref().and_then(|l| l.get(labels.tenant())) {
         return TenantKey::new(t);
     }
     TenantKey::new(
@@ -50,16 +48,18 @@ pub fn default_tenant(meta: &ObjectMeta) -> TenantKey {
 /// store (`uid_of` gives the uid of the cached owner of a key, `None` when there is none):
 /// the owner reference with `controller: true` whose kind and apiVersion are `K`'s and whose
 /// uid is the cached owner's; failing that, and only when `K` is cluster-scoped, the object
-/// named by the child's `tenancy.idem.dev/tenant` label, but only if the child's
-/// `tenancy.idem.dev/owner-uid` label carries that owner's uid (a child of ours whose
-/// ownerReference was removed: the owner's reconcile puts it back).
+/// named by the child's tenant label, but only if the child's owner-uid label carries that
+/// owner's uid (a child of ours whose ownerReference was removed: the owner's reconcile puts
+/// it back); both labels are `K`'s children's, `names` ([`Labels::tenant`],
+/// [`Labels::owner_uid`]), e.g. `tenancy.idem.dev/tenant` for the operator's kinds.
 ///
 /// A label alone never maps: anyone who may write objects in a namespace may set
-/// `tenancy.idem.dev/tenant: <other tenant>`, and that must not make idem reconcile (and
+/// `<prefix>/tenant: <other tenant>`, and that must not make idem reconcile (and
 /// charge) another tenant. An owner uid is not guessable and not readable across tenants.
 /// An owner not cached yet maps nothing: the primary watch's own list enqueues it.
 pub fn owners_of<K>(
     child: &ObjectMeta,
+    names: Labels,
     uid_of: impl Fn(&ObjectKey) -> Option<String>,
 ) -> Vec<ObjectKey>
 where
@@ -88,8 +88,8 @@ where
     }
     let labels = child.labels.as_ref();
     let (Some(tenant), Some(uid)) = (
-        labels.and_then(|l| l.get(TENANT_LABEL)),
-        labels.and_then(|l| l.get(OWNER_UID_LABEL)),
+        labels.and_then(|l| l.get(names.tenant())),
+        labels.and_then(|l| l.get(names.owner_uid())),
     ) else {
         return Vec::new();
     };
@@ -130,6 +130,7 @@ pub fn is_gone(meta: &ObjectMeta) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labels::{OWNER_UID_LABEL, TENANT_LABEL};
     use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 
@@ -202,12 +203,14 @@ mod tests {
             owner_ref("ConfigMap", "v1", "boss", true),
         ]);
         assert_eq!(
-            owners_of::<ConfigMap>(&m, cached),
+            owners_of::<ConfigMap>(&m, Labels::operator(), cached),
             [ObjectKey::namespaced("ConfigMap", "ns", "boss")]
         );
         // An owner not cached, or cached with another uid (a forged or stale reference).
-        assert!(owners_of::<ConfigMap>(&m, |_| None).is_empty());
-        assert!(owners_of::<ConfigMap>(&m, |_| Some("other".into())).is_empty());
+        assert!(owners_of::<ConfigMap>(&m, Labels::operator(), |_| None).is_empty());
+        assert!(
+            owners_of::<ConfigMap>(&m, Labels::operator(), |_| Some("other".into())).is_empty()
+        );
     }
 
     #[test]
@@ -215,27 +218,50 @@ mod tests {
         let mut m = meta(Some("acme-dev"));
         m.labels = Some([(TENANT_LABEL.to_owned(), "acme".to_owned())].into());
         // A forged tenant label alone maps nothing.
-        assert!(owners_of::<Namespace>(&m, cached).is_empty());
+        assert!(owners_of::<Namespace>(&m, Labels::operator(), cached).is_empty());
         m.labels
             .as_mut()
             .unwrap()
             .insert(OWNER_UID_LABEL.to_owned(), "u".to_owned());
         assert_eq!(
-            owners_of::<Namespace>(&m, cached),
+            owners_of::<Namespace>(&m, Labels::operator(), cached),
             [ObjectKey::cluster("Namespace", "acme")]
         );
-        assert!(owners_of::<Namespace>(&m, |_| Some("other".into())).is_empty());
-        assert!(owners_of::<ConfigMap>(&m, cached).is_empty());
+        assert!(
+            owners_of::<Namespace>(&m, Labels::operator(), |_| Some("other".into())).is_empty()
+        );
+        assert!(owners_of::<ConfigMap>(&m, Labels::operator(), cached).is_empty());
         assert!(is_cluster_scoped::<Namespace>() && !is_cluster_scoped::<ConfigMap>());
+        // Another kind's names (another prefix) are not this kind's children's labels.
+        let theirs = Labels::with_prefix("teams.example.com");
+        assert!(owners_of::<Namespace>(&m, theirs, cached).is_empty());
+        m.labels = Some(
+            [
+                (theirs.tenant().to_owned(), "acme".to_owned()),
+                (theirs.owner_uid().to_owned(), "u".to_owned()),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            owners_of::<Namespace>(&m, theirs, cached),
+            [ObjectKey::cluster("Namespace", "acme")]
+        );
+        assert!(owners_of::<Namespace>(&m, Labels::operator(), cached).is_empty());
     }
 
     #[test]
     fn default_tenant_prefers_label_then_namespace_then_name() {
         let mut m = meta(Some("ns"));
-        assert_eq!(default_tenant(&m), TenantKey::new("ns"));
+        assert_eq!(default_tenant(&m, Labels::operator()), TenantKey::new("ns"));
         m.labels = Some([(TENANT_LABEL.to_owned(), "acme".to_owned())].into());
-        assert_eq!(default_tenant(&m), TenantKey::new("acme"));
-        assert_eq!(default_tenant(&meta(None)), TenantKey::new("child"));
+        assert_eq!(
+            default_tenant(&m, Labels::operator()),
+            TenantKey::new("acme")
+        );
+        assert_eq!(
+            default_tenant(&meta(None), Labels::operator()),
+            TenantKey::new("child")
+        );
     }
 
     #[test]

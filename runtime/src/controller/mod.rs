@@ -64,6 +64,7 @@ use self::watch::{ChangeFn, RecordFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
 use crate::backoff::{Backoff, BackoffConfig, BackoffError};
 use crate::key::TenantKey;
+use crate::labels::Labels;
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, QueueError, ShutdownReport, WorkQueue};
 
@@ -194,6 +195,9 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     owned: Vec<(String, String)>,
     /// The child kinds whose status the reconcile reads (their watches keep it).
     reads_status: KindSet,
+    /// The names of the labels idem stamps on the children of `K` (see
+    /// [`Controller::label_names`]).
+    label_names: Labels,
 }
 
 impl<K> Controller<K>
@@ -203,6 +207,8 @@ where
 {
     /// Watch objects of `api` selected by `watcher_config`. The tenant of an object defaults to
     /// [`mapping::default_tenant`]; every tenant has weight 1 until [`Controller::weight_of`].
+    /// The children's labels are read under idem's operator's names ([`Labels::operator`])
+    /// until [`Controller::label_names`]; [`Controller::for_derived`] takes the kind's own.
     pub fn new(api: Api<K>, watcher_config: watcher::Config) -> Self {
         let (store, writer) = reflector::store::<K>();
         let (blocked, blocked_triggers) = BlockedWatches::new();
@@ -210,7 +216,7 @@ where
             api,
             watcher_config,
             children: Vec::new(),
-            tenant_of: Arc::new(|obj: &K| mapping::default_tenant(obj.meta())),
+            tenant_of: Arc::new(|obj: &K| mapping::default_tenant(obj.meta(), Labels::operator())),
             weight_of: None,
             change_of: None,
             tenant_weight: None,
@@ -227,7 +233,21 @@ where
             namespaces: None,
             owned: Vec::new(),
             reads_status: KindSet::default(),
+            label_names: Labels::operator(),
         }
+    }
+
+    /// The names of the labels idem stamps on the children of `K` (those of the [`Owner`]s
+    /// made of its objects, [`Owner::label_names`]): the child-to-owner mapping reads the
+    /// owner-uid and tenant labels under them. [`Controller::for_derived`] sets
+    /// [`Labels::of`] `K`.
+    ///
+    /// [`Owner`]: crate::apply::Owner
+    /// [`Owner::label_names`]: crate::apply::Owner::label_names
+    #[must_use]
+    pub fn label_names(mut self, labels: Labels) -> Self {
+        self.label_names = labels;
+        self
     }
 
     /// A read handle on the tenants of namespaces this controller will watch once it runs,
@@ -494,6 +514,7 @@ where
             queue: queue.clone(),
             store: store.clone(),
             tenant_of: self.tenant_of,
+            label_names: self.label_names,
             weight_of: self.weight_of,
             change_of: self.change_of,
             caches: self.caches.clone(),

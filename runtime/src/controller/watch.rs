@@ -18,6 +18,7 @@ use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
 use crate::cache::{ChildCaches, CompactStore, Origin};
 use crate::key::{ObjectKey, TenantKey};
+use crate::labels::Labels;
 use crate::queue::{Priority, WorkQueue};
 
 /// Maps a primary object to its tenant.
@@ -35,6 +36,8 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub queue: WorkQueue,
     pub store: Store<K>,
     pub tenant_of: TenantFn<K>,
+    /// The names of the labels on `K`'s children.
+    pub label_names: Labels,
     pub weight_of: Option<WeightFn<K>>,
     pub change_of: Option<ChangeFn<K>>,
     /// Where child watches publish their stores for the apply engine.
@@ -83,7 +86,7 @@ where
         }
         match self.store.get(&r) {
             Some(obj) => self.tenant(&obj),
-            None => default_tenant(child),
+            None => default_tenant(child, self.label_names),
         }
     }
 }
@@ -398,7 +401,7 @@ where
             let replay = !deleted && first_list;
             let key = key_of(&obj);
             let mut owners: Vec<(ObjectKey, TenantKey)> =
-                owners_of::<K>(obj.meta(), |o| shared.owner_uid(o))
+                owners_of::<K>(obj.meta(), shared.label_names, |o| shared.owner_uid(o))
                     .into_iter()
                     .map(|owner| {
                         let tenant = shared.owner_tenant(&owner, obj.meta());

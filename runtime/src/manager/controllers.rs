@@ -13,7 +13,7 @@ use kube::{Client, CustomResourceExt, Resource};
 use schemars::JsonSchema;
 use tokio::sync::watch;
 
-use crate::apply::{ChildCaches, ChildScope, DriftMetrics, SHARD_BUCKET_LABEL};
+use crate::apply::{ChildCaches, ChildScope, DriftMetrics, Labels};
 use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
@@ -51,10 +51,11 @@ impl Shard {
     }
 
     /// `config` (a child watch's) narrowed to the children labelled with one of this replica's
-    /// buckets ([`SHARD_BUCKET_LABEL`], the bucket of the owner's uid, which the apply engine
-    /// puts on every child): for the children of a primary sharded by its uid.
-    pub fn children_config(&self, config: watcher::Config) -> watcher::Config {
-        match self.ranges.label_selector(SHARD_BUCKET_LABEL) {
+    /// buckets (the shard-bucket label under the owner kind's `labels`,
+    /// [`Labels::shard_bucket`]: the bucket of the owner's uid, which the apply engine puts on
+    /// every child): for the children of a primary sharded by its uid.
+    pub fn children_config(&self, labels: Labels, config: watcher::Config) -> watcher::Config {
+        match self.ranges.label_selector(labels.shard_bucket()) {
             Some(buckets) => {
                 let labels = match config.label_selector.as_deref() {
                     Some(l) if !l.is_empty() => format!("{l},{buckets}"),
@@ -224,7 +225,7 @@ where
         let client = start.client;
         let base = children_config::<R::Resource>();
         let children = match start.shard {
-            Some(shard) => shard.children_config(base),
+            Some(shard) => shard.children_config(Labels::of::<R::Resource>(), base),
             None => base,
         };
         let mut controller =
@@ -282,14 +283,40 @@ mod tests {
         let base = || watcher::Config::default().labels("app.kubernetes.io/managed-by=x");
         let alone = Shard::new(Ring::new(["a"]).ranges_of("a"), Arc::new(|| true));
         assert_eq!(
-            alone.children_config(base()).label_selector.as_deref(),
+            alone
+                .children_config(Labels::operator(), base())
+                .label_selector
+                .as_deref(),
             Some("app.kubernetes.io/managed-by=x")
         );
         let ring = Ring::new(["a", "b", "c"]);
         let shard = Shard::new(ring.ranges_of("b"), Arc::new(|| true));
-        let selector = shard.children_config(base()).label_selector.unwrap();
-        let prefix = format!("app.kubernetes.io/managed-by=x,{SHARD_BUCKET_LABEL} in (");
+        let selector = shard
+            .children_config(Labels::operator(), base())
+            .label_selector
+            .unwrap();
+        let prefix = format!(
+            "app.kubernetes.io/managed-by=x,{} in (",
+            crate::apply::SHARD_BUCKET_LABEL
+        );
         assert!(selector.starts_with(&prefix), "{selector}");
+        // A user kind's children are selected by the bucket label under its own prefix.
+        let theirs = Labels::with_prefix("teams.example.com");
+        let selector = shard
+            .children_config(theirs, base())
+            .label_selector
+            .unwrap();
+        assert_eq!(
+            selector
+                .strip_prefix("app.kubernetes.io/managed-by=x,teams.example.com/shard-bucket in ("),
+            shard
+                .children_config(Labels::operator(), base())
+                .label_selector
+                .unwrap()
+                .strip_prefix(&prefix),
+            "{selector}"
+        );
+        assert!(!selector.contains("tenancy.idem.dev"), "{selector}");
         let meta = ObjectMeta {
             uid: Some("0f0c9a6e-0000-4000-8000-000000000001".into()),
             ..ObjectMeta::default()

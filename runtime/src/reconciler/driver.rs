@@ -79,6 +79,9 @@ where
     /// A driver of `reconciler` using `client`; Events are published as reporter
     /// `FIELD_MANAGER` (change it with [`Driver::with_reporter`]).
     pub fn new(client: Client, reconciler: R) -> Self {
+        // The kind's label names are known to the child caches from now on (they keep these
+        // labels of the objects they list, see `crate::cache`), before any watch starts.
+        let _ = crate::apply::Labels::of::<K<R>>();
         let reporter = Reporter {
             controller: K::<R>::FIELD_MANAGER.into(),
             instance: None,

@@ -25,7 +25,7 @@
 //! };
 //! let (uid, namespace) = (owner.uid().unwrap_or_default(), owner.namespace());
 //! let config_map = ApiResource::erase::<ConfigMap>(&());
-//! let kept = release_referring(pass.client(), &config_map, namespace.as_deref(), &uid).await?;
+//! let kept = release_referring::<K>(pass.client(), &config_map, namespace.as_deref(), &uid).await?;
 //! pass.publish(retained(format!("deleted; {why}; kept {} objects", kept.len()))).await;
 //! Ok(Cleanup::Done)
 //! # }
@@ -39,8 +39,9 @@ use kube::core::ApiResource;
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 
-use crate::apply::{refers_to, release};
+use crate::apply::{Labels, refers_to, release};
 use crate::key::ObjectKey;
+use crate::resource::IdempotentResource;
 
 /// Why nothing of a deleted owner may be deleted, whatever its spec says: its kind's
 /// CustomResourceDefinition is being deleted (or gone), or could not be read to rule that out.
@@ -101,7 +102,8 @@ pub async fn crd_retention<K: Resource<DynamicType = ()>>(client: &Client) -> Op
 }
 
 /// Releases ([`release`]) every object of kind `resource` in `namespace` (`None`: a
-/// cluster-scoped kind, or every namespace) that refers to the owner with `owner_uid` — any
+/// cluster-scoped kind, or every namespace) that refers to the owner with `owner_uid`, of kind
+/// `K` (whose owner-uid label, [`Labels::of`], the release removes too) — any
 /// ownerReference with that uid, controller or not, as the garbage collector reads them;
 /// never by a label, which anyone who may edit the object can remove. One LIST of the kind's
 /// metadata, then one merge patch per object released. Returns the keys of the objects
@@ -113,7 +115,7 @@ pub async fn crd_retention<K: Resource<DynamicType = ()>>(client: &Client) -> Op
 /// # Cancel safety
 /// Not cancel safe as a whole: cancelled midway, some objects are released and others not;
 /// running it again releases the rest.
-pub async fn release_referring(
+pub async fn release_referring<K: IdempotentResource>(
     client: &Client,
     resource: &ApiResource,
     namespace: Option<&str>,
@@ -128,7 +130,15 @@ pub async fn release_referring(
         if !refers_to(&obj.metadata, owner_uid) {
             continue;
         }
-        if release(client, resource, &obj.metadata, owner_uid).await? {
+        if release(
+            client,
+            resource,
+            &obj.metadata,
+            Labels::of::<K>(),
+            owner_uid,
+        )
+        .await?
+        {
             let name = obj.metadata.name.unwrap_or_default();
             kept.push(match obj.metadata.namespace.as_deref() {
                 Some(ns) => ObjectKey::namespaced(&resource.kind, ns, &name),

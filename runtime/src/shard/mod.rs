@@ -15,7 +15,7 @@
 //! ```
 //!
 //! A primary sharded by its uid has children with uids of their own: the apply engine labels
-//! each with the bucket of its owner's uid ([`crate::apply::SHARD_BUCKET_LABEL`]) and the child
+//! each with the bucket of its owner's uid ([`crate::apply::Labels::shard_bucket`] of the owner's kind) and the child
 //! watches select this replica's buckets by label. The labels only narrow watches: which
 //! replica reconciles an object is decided by the hash of the primary's own uid (or
 //! namespace), which no one can forge.

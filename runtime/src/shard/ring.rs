@@ -139,7 +139,7 @@ impl Ranges {
     /// A label selector requirement that matches objects whose `label` holds one of these
     /// buckets in decimal (`label in (0,3,17)`, the set-based syntax of the Kubernetes label
     /// selector), for objects labelled with the bucket of another object's hash (a Tenant's
-    /// children with the Tenant's, see `SHARD_BUCKET_LABEL` of the apply engine). `None` when
+    /// children with the Tenant's, see `Labels::shard_bucket` of the apply engine). `None` when
     /// these ranges are the whole hash space (no restriction needed); when they are empty it
     /// selects nothing (`label in (none)`; `none` is never a bucket). At most 256 values of at
     /// most 3 digits: about 1 kB, well within the API server's URL limits.

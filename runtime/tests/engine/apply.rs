@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use idem_runtime::apply::{ChildOutcome, FINGERPRINT_ANNOTATION};
+use idem_runtime::apply::{ChildOutcome, Labels};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -215,7 +215,7 @@ async fn field_dropped_from_desired_is_removed_from_child() {
         cm.metadata
             .annotations
             .expect("annotations")
-            .contains_key(FINGERPRINT_ANNOTATION)
+            .contains_key(Labels::of::<Widget>().fingerprint())
     );
 }
 
@@ -282,9 +282,10 @@ async fn prune_deletes_only_owned_children() {
 
     // An object carrying our labels but not our ownerReference must survive pruning.
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let owner_uid = Labels::of::<Widget>().owner_uid();
     let mut impostor: Service = serde_json::from_value(json!({
         "metadata": {"name": "impostor", "labels": {
-            "tenancy.idem.dev/owner-uid": w.metadata.uid.clone().expect("uid"),
+            owner_uid: w.metadata.uid.clone().expect("uid"),
             "app.kubernetes.io/managed-by": "idem-operator"}},
         "spec": {"ports": [{"port": 80}]}
     }))

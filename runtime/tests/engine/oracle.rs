@@ -502,7 +502,7 @@ async fn check_agrees_with_a_dry_run_apply_of_the_real_api_server() {
             // `Update` entry seen as the `Apply` entry an apply records (`as_applied`): the
             // dry-run apply leaves that `Update` entry beside its new `Apply` entry, so it is
             // set aside there, and the server's `Apply` entry must equal the one seen.
-            let judged = as_applied(&live, FM, &body);
+            let judged = as_applied(&live, owner.label_names(), FM, &body);
             let would_change = match result {
                 Ok(res) => {
                     let mut dry = serde_json::to_value(&res).expect("json");

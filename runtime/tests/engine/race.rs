@@ -1,7 +1,7 @@
 //! Concurrency: two reconciles of one object at once, and a child created by someone else
 //! between our read and our create.
 
-use idem_runtime::apply::{Applier, ChildOutcome, Owner};
+use idem_runtime::apply::{Applier, ChildOutcome, Labels, Owner};
 use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Service};
@@ -42,7 +42,7 @@ async fn outcome(client: &kube::Client, ns: &str, name: &str) -> Outcome {
         .expect("service");
     let w = get_widget(client, ns, name).await;
     let uid = w.metadata.uid.clone().expect("uid");
-    let lp = ListParams::default().labels(&format!("tenancy.idem.dev/owner-uid={uid}"));
+    let lp = ListParams::default().labels(&format!("{}={uid}", Labels::of::<Widget>().owner_uid()));
     let mut labelled = 0;
     labelled += Api::<ConfigMap>::namespaced(client.clone(), ns)
         .list(&lp)

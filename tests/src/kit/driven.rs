@@ -1,12 +1,12 @@
 //! A ready-made [`Subject`] for a reconciler run by idem-runtime's [`Driver`]: the session
 //! caches the child kinds the reconciler declares ([`Reconciler::children`]) and each pass is
 //! one [`Driver::reconcile_once`]; the compared children are those kinds, selected by the
-//! primary's tenant label.
+//! primary's tenant label (under the primary kind's label prefix).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::apply::{ChildScope, OWNER_UID_LABEL, TENANT_LABEL};
+use idem_runtime::apply::{ChildScope, Labels};
 use idem_runtime::reconciler::{ChildWatches, Driver, Reconciler};
 use idem_runtime::resource::{IdempotentResource, TenantRef};
 use kube::{Client, Resource};
@@ -64,13 +64,14 @@ pub trait DriverSubject: Send + Sync {
 }
 
 /// The children of `primary` that reconciler `R` makes: objects of the kinds it declares
-/// ([`Reconciler::children`]) labelled with the primary's tenant (`TENANT_LABEL`) when its
-/// derive's rule names it from the object alone, else with the primary's uid
-/// (`OWNER_UID_LABEL`), or owned by it.
+/// ([`Reconciler::children`]) labelled with the primary's tenant ([`Labels::tenant`] of its
+/// kind) when its derive's rule names it from the object alone, else with the primary's uid
+/// ([`Labels::owner_uid`]), or owned by it.
 pub fn declared_children<R: Reconciler>(primary: &R::Resource) -> Children {
+    let names = Labels::of::<R::Resource>();
     let selector = match primary.tenant() {
-        Ok(TenantRef::Known(tenant)) => Some(format!("{TENANT_LABEL}={tenant}")),
-        _ => (primary.meta().uid.as_ref()).map(|uid| format!("{OWNER_UID_LABEL}={uid}")),
+        Ok(TenantRef::Known(tenant)) => Some(format!("{}={tenant}", names.tenant())),
+        _ => (primary.meta().uid.as_ref()).map(|uid| format!("{}={uid}", names.owner_uid())),
     };
     Children {
         selector,
@@ -156,6 +157,10 @@ where
         primary: Arc<Self::Primary>,
     ) -> Result<(), BoxError> {
         session.reconcile(primary).await
+    }
+
+    fn label_names(&self) -> Labels {
+        Labels::of::<Primary<S>>()
     }
 
     fn normalize(&self, child: &mut Value) {

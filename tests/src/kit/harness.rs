@@ -9,6 +9,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::ApiResource;
 use kube::{Client, Resource, ResourceExt};
 
+use idem_runtime::apply::Labels;
+
 use super::identity::Identity;
 use super::probe::{ABORTED, Probe, Sent};
 use super::state::{EndState, key};
@@ -403,7 +405,7 @@ impl<'a, S: Subject> Harness<'a, S> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut state = EndState::new(primary, children);
         for child in state.children.values_mut() {
-            strip_bookkeeping(child);
+            strip_bookkeeping(child, self.subject.label_names());
             self.subject.normalize(child);
         }
         Ok(state)
@@ -507,15 +509,13 @@ pub(crate) fn describe(pass: &Pass) -> String {
     )
 }
 
-/// idem's own bookkeeping annotation on every applied child: a hash of the desired body, which
-/// names the instance (its namespace, its uid label), so it differs between instances by
-/// construction, not by state.
-pub(crate) use idem_runtime::apply::FINGERPRINT_ANNOTATION;
-
 /// Removes idem's own bookkeeping from a child before end states are compared: the
-/// [`FINGERPRINT_ANNOTATION`] (and `metadata.annotations` when nothing else is left in it).
-/// idem's bucket labels stay, anonymised by [`EndState::anonymized`](super::EndState::anonymized).
-pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
+/// fingerprint annotation of the owner kind's `labels` ([`Labels::fingerprint`]: a hash of the
+/// desired body, which names the instance (its namespace, its uid label), so it differs
+/// between instances by construction, not by state; and `metadata.annotations` when nothing
+/// else is left in it). idem's bucket labels stay,
+/// anonymised by [`EndState::anonymized`](super::EndState::anonymized).
+pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value, labels: Labels) {
     let Some(meta) = child
         .pointer_mut("/metadata")
         .and_then(serde_json::Value::as_object_mut)
@@ -526,7 +526,7 @@ pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
         .get_mut("annotations")
         .and_then(serde_json::Value::as_object_mut)
     {
-        a.remove(FINGERPRINT_ANNOTATION);
+        a.remove(labels.fingerprint());
         if a.is_empty() {
             meta.remove("annotations");
         }
@@ -536,15 +536,16 @@ pub(crate) fn strip_bookkeeping(child: &mut serde_json::Value) {
 #[cfg(test)]
 mod bookkeeping_tests {
     use super::*;
+    use idem_runtime::apply::FINGERPRINT_ANNOTATION;
 
     #[test]
     fn the_fingerprint_and_a_then_empty_annotations_map_are_dropped() {
         let mut only =
             serde_json::json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "x"}}});
-        strip_bookkeeping(&mut only);
+        strip_bookkeeping(&mut only, Labels::operator());
         assert_eq!(only, serde_json::json!({"metadata": {}}));
         let mut more = serde_json::json!({"metadata": {"annotations": {FINGERPRINT_ANNOTATION: "x", "a": "b"}}});
-        strip_bookkeeping(&mut more);
+        strip_bookkeeping(&mut more, Labels::operator());
         assert_eq!(
             more,
             serde_json::json!({"metadata": {"annotations": {"a": "b"}}})

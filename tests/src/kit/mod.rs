@@ -45,6 +45,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_runtime::apply::Labels;
 use kube::core::ApiResource;
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -108,8 +109,15 @@ pub trait Subject: Send + Sync {
         primary: Arc<Self::Primary>,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
 
+    /// The names of the labels and the annotation idem stamps on the children of
+    /// [`Subject::Primary`] ([`Labels::of`] the kind when it derives `IdempotentResource`, as
+    /// [`Driven`] says). Default: idem's operator's ([`Labels::operator`]).
+    fn label_names(&self) -> Labels {
+        Labels::operator()
+    }
+
     /// Removes from a child (as JSON, after the kit dropped its volatile metadata, status and
-    /// idem's own bookkeeping annotation `tenancy.idem.dev/applied-fingerprint`) what other
+    /// idem's own bookkeeping annotation `<prefix>/applied-fingerprint`) what other
     /// controllers change on their own, if anything. Default: nothing. Not for values the
     /// reconcile generates once per instance: declare those with [`Subject::created_once`]
     /// (normalised away, a value a racing reconcile overwrote would go unnoticed).

@@ -161,7 +161,7 @@ fn anonymize(v: &Value, name: &str, uid: &str) -> Value {
                 .map(|(k, v)| {
                     let v = if is_time_key(k) && v.is_string() {
                         Value::String("{time}".into())
-                    } else if BUCKET_LABELS.contains(&k.as_str()) && v.is_string() {
+                    } else if is_bucket_label(k) && v.is_string() {
                         Value::String("{bucket}".into())
                     } else {
                         anonymize(v, name, uid)
@@ -174,13 +174,13 @@ fn anonymize(v: &Value, name: &str, uid: &str) -> Value {
     }
 }
 
-/// idem's sharding labels, whose values are hashes of the owner's uid (the runtime's
-/// `SHARD_BUCKET_LABEL`) or of a namespace's name (the operator's tenant Namespaces): they
-/// differ between instances as their uids and names do, and are anonymised as `{bucket}`.
-const BUCKET_LABELS: [&str; 2] = [
-    "tenancy.idem.dev/shard-bucket",
-    "tenancy.idem.dev/namespace-bucket",
-];
+/// Whether `k` is one of idem's sharding labels, whose values are hashes of the owner's uid
+/// (the runtime's `<prefix>/shard-bucket`, under any owner kind's prefix) or of a namespace's
+/// name (the operator's tenant Namespaces): they differ between instances as their uids and
+/// names do, and are anonymised as `{bucket}`.
+fn is_bucket_label(k: &str) -> bool {
+    k.ends_with("/shard-bucket") || k == "tenancy.idem.dev/namespace-bucket"
+}
 
 /// `lastTransitionTime`, `lastUpdateTime`, `creationTimestamp`, …: Kubernetes' naming of
 /// timestamp fields (API conventions: "…Time" / "…Timestamp").

@@ -47,7 +47,7 @@ impl Applier {
             .as_ref()
             .expect("ensure_once is for create-once children");
         let (key, stamp) = child.stamped(owner)?;
-        let stamp = unprinted(stamp);
+        let stamp = unprinted(stamp, owner.label_names());
         if let Some(c) = &self.caches {
             c.note_manager(owner.field_manager());
         }
@@ -98,6 +98,7 @@ impl Applier {
                     }
                     .stamped(owner)?
                     .1,
+                    owner.label_names(),
                 );
                 match self.create_whole(&api, owner, &key, &body).await {
                     Ok(created) => {

@@ -1,6 +1,7 @@
 //! Unit tests of ownership stamping and desired-children bookkeeping.
 
 use super::*;
+use crate::labels::{FINGERPRINT_ANNOTATION, OWNER_UID_LABEL, SHARD_BUCKET_LABEL, TENANT_LABEL};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 
@@ -34,17 +35,18 @@ fn cm(name: &str, ns: Option<&str>) -> ConfigMap {
 fn owner_needs_a_stored_object() {
     let fresh = ConfigMap::default();
     assert!(matches!(
-        Owner::new(&fresh, "m", None),
+        Owner::labelled(&fresh, "m", None, Labels::operator()),
         Err(ApplyError::OwnerNotStored { .. })
     ));
 }
 
 #[test]
 fn stamping_adds_ownership_and_strips_server_fields() {
-    let owner = Owner::new(
+    let owner = Owner::labelled(
         &stored_cm(Some("ns")),
         "idem-operator",
         Some(TenantKey::new("acme")),
+        Labels::operator(),
     )
     .expect("owner");
     let mut d = DesiredChildren::new();
@@ -82,8 +84,9 @@ fn stamping_adds_ownership_and_strips_server_fields() {
 
 #[test]
 fn scope_rules_of_owner_references() {
-    let namespaced = Owner::new(&stored_cm(Some("ns")), "m", None).expect("owner");
-    let cluster = Owner::new(
+    let namespaced =
+        Owner::labelled(&stored_cm(Some("ns")), "m", None, Labels::operator()).expect("owner");
+    let cluster = Owner::labelled(
         &Namespace {
             metadata: ObjectMeta {
                 name: Some("acme".into()),
@@ -94,6 +97,7 @@ fn scope_rules_of_owner_references() {
         },
         "m",
         None,
+        Labels::operator(),
     )
     .expect("owner");
     let stamp = |owner: &Owner, d: &mut DesiredChildren| d.children()[0].stamped(owner).map(|_| ());
@@ -144,7 +148,8 @@ fn a_child_without_a_name_is_an_error() {
 
 #[test]
 fn ownership_is_by_controller_reference_uid() {
-    let owner = Owner::new(&stored_cm(Some("ns")), "m", None).expect("owner");
+    let owner =
+        Owner::labelled(&stored_cm(Some("ns")), "m", None, Labels::operator()).expect("owner");
     let mut meta = ObjectMeta::default();
     assert!(!owner.owns(&meta));
     let mut r = owner.owner_reference();

@@ -2,6 +2,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::cache::Trust;
+use crate::labels::OWNER_UID_LABEL;
 
 /// A RoleBinding as the API server returns it after our apply, with a `kubectl apply`
 /// (client-side) annotation and a status some controller wrote.
@@ -100,7 +101,7 @@ fn owned_by_lists_only_the_owners_children_in_the_namespace() {
     s.apply(elsewhere);
     let names = |ns: Option<&str>| {
         let mut v: Vec<_> = s
-            .owned_by(ns, "owner-1")
+            .owned_by(ns, Labels::operator(), "owner-1")
             .into_iter()
             .map(|m| (m.namespace.unwrap_or_default(), m.name.unwrap_or_default()))
             .collect();
@@ -185,7 +186,7 @@ fn an_object_no_record_holds_is_kept_as_a_small_stub_whatever_it_claims() {
                                  "name": "web", "uid": "owner-1", "controller": true}]}})
     );
     // Still listed as claiming the owner (the prune reports it, never deletes it).
-    let claims = s.owned_by(Some("acme"), "owner-1");
+    let claims = s.owned_by(Some("acme"), Labels::operator(), "owner-1");
     assert_eq!(claims.len(), 2);
     let (whole, is_stub) = s.get(Some("acme"), "child").expect("listed");
     assert!(!is_stub);

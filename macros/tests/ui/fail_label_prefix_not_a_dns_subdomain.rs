@@ -1,0 +1,23 @@
+use idem_runtime::IdempotentResource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "example.idem.dev", version = "v1", kind = "App", namespaced, status = "AppStatus")]
+#[idempotent(label_prefix = "Teams_Example.com")]
+pub struct AppSpec {
+    pub image: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AppStatus {
+    pub observed_generation: Option<i64>,
+    pub conditions: Vec<Condition>,
+}
+
+fn main() {
+    // Uses the impl, so a missing impl would show as a follow-on error.
+    let _ = <App as idem_runtime::resource::IdempotentResource>::LABEL_PREFIX;
+}
