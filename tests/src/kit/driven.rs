@@ -65,12 +65,16 @@ pub trait DriverSubject: Send + Sync {
 
 /// The children of `primary` that reconciler `R` makes: objects of the kinds it declares
 /// ([`Reconciler::children`]) labelled with the primary's tenant ([`Labels::tenant`] of its
-/// kind) when its derive's rule names it from the object alone, else with the primary's uid
+/// kind) when its derive's rule names it from the object alone and it is a label value
+/// ([`Labels::is_value`]), else with the primary's uid
 /// ([`Labels::owner_uid`]), or owned by it.
 pub fn declared_children<R: Reconciler>(primary: &R::Resource) -> Children {
     let names = Labels::of::<R::Resource>();
     let selector = match primary.tenant() {
-        Ok(TenantRef::Known(tenant)) => Some(format!("{}={tenant}", names.tenant())),
+        // A tenant that is no label value is not stamped on the children (`Labels::tenant`).
+        Ok(TenantRef::Known(tenant)) if Labels::is_value(tenant.as_str()) => {
+            Some(format!("{}={tenant}", names.tenant()))
+        }
         _ => (primary.meta().uid.as_ref()).map(|uid| format!("{}={uid}", names.owner_uid())),
     };
     Children {
