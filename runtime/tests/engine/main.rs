@@ -3,6 +3,7 @@
 
 mod apply;
 mod common;
+mod concurrent;
 mod drift;
 mod kinds;
 mod oracle;
