@@ -8,8 +8,12 @@
 //!   child is made again; a child no longer desired is pruned (listed by the prefixed
 //!   owner-uid label);
 //! - the example `BaseTenant`, relying on the default (its group, `example.idem.dev`): its
-//!   children carry `example.idem.dev/*` and no `tenancy.idem.dev/*` key, and a converged
-//!   pass makes no write.
+//!   children carry `example.idem.dev/*` and no `tenancy.idem.dev/*` key; a converged pass
+//!   of a `Driver` whose child watches fill its caches (no controller) makes no request
+//!   (counted by the API server for the pass's own user); a deleted child is made again; a
+//!   foreign object at a desired child's name is not owned (`ChildNotOwned`) and left alone.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use std::time::Duration;
 mod base_tenant;
 
 use base_tenant::{BaseTenant, BaseTenants};
+use common::user::CountedUser;
 use idem_runtime::IdempotentResource;
 use idem_runtime::apply::{CreatedChild, DesiredChildren};
 use idem_runtime::controller::Action;
@@ -110,11 +115,6 @@ async fn request_counts(resources: &[(&str, &str)]) -> BTreeMap<String, u64> {
 /// `resources` (`(group, plural)`).
 async fn requests(resources: &[(&str, &str)]) -> u64 {
     counted(resources, |verb| verb != "WATCH").await
-}
-
-/// Writes the API server counted on `resources` (`(group, plural)`).
-async fn writes(resources: &[(&str, &str)]) -> u64 {
-    counted(resources, |verb| !matches!(verb, "GET" | "LIST" | "WATCH")).await
 }
 
 /// Requests with a verb `verb` accepts on `resources`.
@@ -352,7 +352,7 @@ async fn the_example_base_tenants_children_carry_its_group_as_prefix() {
         .await
         .expect("quota");
     assert_under("example.idem.dev", &quota.metadata, &uid, &name);
-    let limits = Api::<LimitRange>::namespaced(client.clone(), &name)
+    let limits = limits_api(&client, &name)
         .get("limits")
         .await
         .expect("limits");
@@ -385,18 +385,106 @@ async fn the_example_base_tenants_children_carry_its_group_as_prefix() {
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("example.idem.dev", "basetenants"),
     ];
-    // (Without a controller's records, this pass reads the namespaced children by name: it
-    // makes GETs, on main's code too; it must not write.)
-    let (before, seen) = (writes(counted).await, request_counts(counted).await);
+    // Converged: a pass through the caches the driver's child watches fill makes no request.
+    // Counted for the pass's own user (a FlowSchema of its own): the garbage collector reads
+    // each namespaced child of a cluster-scoped owner once, at a time of its choosing, which
+    // a count of every client's requests on these kinds would charge to the pass.
+    let user = CountedUser::create(&client, "label-prefix").await;
+    let (before, seen) = (user.requests().await, request_counts(counted).await);
     let action = driver
-        .reconcile_once(client.clone(), Arc::clone(&bt))
+        .reconcile_once(user.client(), Arc::clone(&bt))
         .await
         .expect("reconcile");
     assert_eq!(action, Action::await_change());
     assert_eq!(
-        writes(counted).await - before,
+        user.requests().await - before,
         0,
-        "a converged pass makes no write: before {seen:?}, after {:?}",
+        "a converged pass makes no request: the API server's counts on these kinds before \
+         {seen:?}, after {:?}",
         request_counts(counted).await
     );
+
+    // A child that really is missing is created again (the cache says it is gone).
+    limits_api(&client, &name)
+        .delete("limits", &DeleteParams::default())
+        .await
+        .expect("delete limits");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let remade = loop {
+        let bt = Arc::new(api.get(&name).await.expect("get"));
+        driver
+            .reconcile_once(client.clone(), bt)
+            .await
+            .expect("reconcile");
+        match limits_api(&client, &name)
+            .get_opt("limits")
+            .await
+            .expect("get")
+        {
+            Some(l) if l.metadata.deletion_timestamp.is_none() => break l,
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "limits not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_under("example.idem.dev", &remade.metadata, &uid, &name);
+    assert_ne!(remade.uid(), limits.uid(), "a new LimitRange");
+
+    // A foreign object at a desired name (someone's own binding, not labelled for the child
+    // watches) is not owned: the owner is Stalled with ChildNotOwned and the binding is left
+    // as it is.
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &name);
+    bindings
+        .delete("owners", &DeleteParams::default())
+        .await
+        .expect("delete owners");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while bindings.get_opt("owners").await.expect("get").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "owners not gone");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let foreign: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "owners"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "erin"}],
+    }))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign binding");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let bt = Arc::new(api.get(&name).await.expect("get"));
+        let stalled = bt.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "ChildNotOwned")
+        });
+        if stalled {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not ChildNotOwned: {bt:?}"
+        );
+        driver
+            .reconcile_once(client.clone(), bt)
+            .await
+            .expect("reconcile");
+    }
+    let left = bindings.get("owners").await.expect("owners");
+    assert_eq!(
+        left.subjects.unwrap_or_default()[0].name,
+        "erin",
+        "left as it is"
+    );
+    assert!(left.metadata.owner_references.is_none_or(|r| r.is_empty()));
+}
+
+fn limits_api(client: &Client, namespace: &str) -> Api<LimitRange> {
+    Api::namespaced(client.clone(), namespace)
 }

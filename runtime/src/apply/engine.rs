@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 
+use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
@@ -16,6 +17,10 @@ use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled}
 use crate::key::ObjectKey;
 
 mod once;
+
+/// The most children of one reconcile applied at the same time (within a wave, see
+/// [`Applier::reconcile`]).
+const CHILDREN_IN_FLIGHT: usize = 8;
 
 /// Applies desired children for an owner; cheap to clone.
 #[derive(Clone)]
@@ -40,6 +45,8 @@ struct Applied {
     /// [`release_orphans`](super::DesiredChildren::release_orphans) kind whose ownerReference
     /// was removed (released).
     released: Option<String>,
+    /// A create-once child that was deleted and made again with new values.
+    regenerated: bool,
 }
 
 impl Applier {
@@ -94,7 +101,9 @@ impl Applier {
     /// Applies every desired child, then prunes the owner's children (of the desired kinds)
     /// that are no longer desired.
     ///
-    /// Children are applied one after another in the given order. A child that fails does not
+    /// Children are applied in two waves, cluster-scoped children (such as Namespaces) first,
+    /// then namespaced ones; the children of a wave are applied concurrently (at most 8 at
+    /// once), and the report lists them in the given order. A child that fails does not
     /// stop the others (every child is tried, so one invalid child cannot keep a sibling such
     /// as an isolation NetworkPolicy from being applied); then the first error is returned and
     /// nothing is pruned (a failed reconcile never deletes).
@@ -137,21 +146,34 @@ impl Applier {
                 return Err(ApplyError::Duplicate(key));
             }
         }
+        // Children are applied in two waves: cluster-scoped ones (a tenant's Namespaces) first,
+        // then the namespaced ones, which may live in them. Within a wave every child is
+        // independent of the others and applied at the same time, at most
+        // `CHILDREN_IN_FLIGHT` at once (the tenant's request slots, when the client has them,
+        // share those requests fairly with other tenants'). Results are recorded in the
+        // desired order, whatever order the answers come in.
+        //
         // A child that fails does not stop the others: one invalid child (a RoleBinding the
         // server rejects) must not leave a sibling that protects the tenant (its
         // NetworkPolicy) unapplied. The first error is returned after every child was tried.
-        let mut first_error = None;
-        for child in &desired.children {
-            let (key, _) = child.stamped(owner)?;
-            let applied = if child.once.is_some() {
-                self.ensure_once_into(owner, child, report).await
-            } else {
-                match self.read(&child.resource, &key).await {
-                    Ok(live) => self.apply_live(owner, child, live).await,
-                    Err(e) => Err(e),
+        let mut results: Vec<Option<Result<Applied, ApplyError>>> =
+            (0..desired.children.len()).map(|_| None).collect();
+        for cluster_wave in [true, false] {
+            let mut wave = Vec::new();
+            for (i, child) in desired.children.iter().enumerate() {
+                if child.namespaced != cluster_wave {
+                    wave.push(async move { (i, self.apply_one(owner, child).await) });
                 }
-            };
-            let applied = match applied {
+            }
+            let mut answers = futures::stream::iter(wave).buffer_unordered(CHILDREN_IN_FLIGHT);
+            while let Some((i, result)) = answers.next().await {
+                results[i] = Some(result);
+            }
+        }
+        let mut first_error = None;
+        for (child, result) in desired.children.iter().zip(results) {
+            let (key, _) = child.stamped(owner)?;
+            let applied = match result.expect("every child is in one wave") {
                 Ok(applied) => applied,
                 Err(e) => {
                     tracing::warn!(child = %key, error = %e, "child not applied; applying the others");
@@ -159,6 +181,9 @@ impl Applier {
                     continue;
                 }
             };
+            if applied.regenerated {
+                report.regenerated.push(key.clone());
+            }
             if let Some(uid) = &applied.created {
                 report.created.push(super::CreatedChild::new(&key, uid));
             }
@@ -191,6 +216,16 @@ impl Applier {
             self.prune_kind(owner, &kind, &keep, report).await?;
         }
         Ok(())
+    }
+
+    /// Reads and applies one desired child (ensures it, when it is created once).
+    async fn apply_one(&self, owner: &Owner, child: &DesiredChild) -> Result<Applied, ApplyError> {
+        if child.once.is_some() {
+            return self.ensure_once_applied(owner, child).await;
+        }
+        let (key, _) = child.stamped(owner)?;
+        let live = self.read(&child.resource, &key).await?;
+        self.apply_live(owner, child, live).await
     }
 
     /// The child from the cache when its kind is cached, else from the API server.
@@ -288,6 +323,7 @@ impl Applier {
                 repaired: None,
                 created: None,
                 released: None,
+                regenerated: false,
             })
         };
         let created = |outcome, uid| {
@@ -296,6 +332,7 @@ impl Applier {
                 repaired: None,
                 created: Some(uid),
                 released: None,
+                regenerated: false,
             })
         };
         let attempts = self.retry.attempts();
@@ -340,6 +377,7 @@ impl Applier {
                     created: None,
                     // An administrator released a recorded child of such a kind.
                     released: meta.uid.clone().filter(|_| recorded),
+                    regenerated: false,
                 });
             }
             if meta.deletion_timestamp.is_some() {
@@ -377,6 +415,7 @@ impl Applier {
                     repaired: None,
                     created: record,
                     released: None,
+                    regenerated: false,
                 })
             };
             if drift.is_empty() {
@@ -488,6 +527,7 @@ impl Applier {
                         }),
                         created: record,
                         released: None,
+                        regenerated: false,
                     });
                 }
                 Err(e) => e,
@@ -513,6 +553,7 @@ impl Applier {
                     repaired: None,
                     created: None,
                     released: None,
+                    regenerated: false,
                 });
             }
             if is_invalid(&e) && child.recreate && !uid_mismatch(&e) {
@@ -523,6 +564,7 @@ impl Applier {
                     repaired: None,
                     created: uid,
                     released: None,
+                    regenerated: false,
                 });
             }
             // 409: the fold's resourceVersion guard; 404: deleted since our read; 422 on

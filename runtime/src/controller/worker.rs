@@ -110,9 +110,10 @@ where
                 .metrics
                 .as_ref()
                 .map(|m| Active::new(&m.active_workers));
-            // The reconcile's requests are its tenant's (`inflight::RequestSlots`).
-            let run = crate::inflight::scoped(
+            // The reconcile's requests are its tenant's, at its weight (`inflight::RequestSlots`).
+            let run = crate::inflight::scoped_weighted(
                 tenant.clone(),
+                lease.weight(),
                 reconcile(obj, Arc::clone(&self.ctx), attempt),
             );
             let result = AssertUnwindSafe(run).catch_unwind().await;

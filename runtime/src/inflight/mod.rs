@@ -50,7 +50,7 @@ pub use self::limit::AdaptiveLimit;
 use self::limit::{Class, Tuner};
 
 tokio::task_local! {
-    static SCOPE: (TenantKey, u64);
+    static SCOPE: (TenantKey, u64, u32);
 }
 
 /// Orders reconciles (by start) and plain acquires (by arrival) on one scale.
@@ -60,15 +60,24 @@ fn next_order() -> u64 {
     ORDER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Runs `fut` with `tenant` as the tenant of every request it makes through a client wrapped
-/// by [`RequestSlots::client`]. The controller's workers run each reconcile this way.
+/// Runs `fut` with `tenant` (weight 1) as the tenant of every request it makes through a
+/// client wrapped by [`RequestSlots::client`].
 pub async fn scoped<F: Future>(tenant: TenantKey, fut: F) -> F::Output {
-    SCOPE.scope((tenant, next_order()), fut).await
+    scoped_weighted(tenant, 1, fut).await
+}
+
+/// [`scoped`] for a tenant of fair-share `weight` (at least 1): among busy tenants, a
+/// tenant's share of the slots is proportional to its weight. The controller's workers run
+/// each reconcile this way, with the weight the fair queue dispatched it with.
+pub async fn scoped_weighted<F: Future>(tenant: TenantKey, weight: u32, fut: F) -> F::Output {
+    SCOPE
+        .scope((tenant, next_order(), weight.max(1)), fut)
+        .await
 }
 
 /// The tenant of the reconcile running in this task, if any (see [`scoped`]).
 pub fn current_tenant() -> Option<TenantKey> {
-    SCOPE.try_with(|(tenant, _)| tenant.clone()).ok()
+    SCOPE.try_with(|(tenant, _, _)| tenant.clone()).ok()
 }
 
 /// A cap on concurrent API requests, shared fairly among tenants; see the [module](self) docs.
@@ -94,22 +103,40 @@ struct State {
     tenants: HashMap<TenantKey, Tenant>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tenant {
     in_flight: usize,
+    /// Its fair-share weight, as its latest request gave it (at least 1).
+    weight: u32,
     /// Waiting requests, each with its order (the start of its reconcile, or its arrival
     /// outside one), lowest first.
     waiting: VecDeque<(u64, oneshot::Sender<()>)>,
 }
 
+impl Tenant {
+    fn new(weight: u32) -> Self {
+        Self {
+            in_flight: 0,
+            weight: weight.max(1),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    /// Requests in flight per unit of weight, in fixed point: the tenant with the least gets
+    /// the next free slot (weighted max-min fairness).
+    fn load(&self) -> u64 {
+        ((self.in_flight as u64) << 32) / u64::from(self.weight)
+    }
+}
+
 impl State {
-    /// Hands free slots to waiters, the tenant with the fewest in flight first.
+    /// Hands free slots to waiters, the tenant with the fewest in flight for its weight first.
     fn dispatch(&mut self) {
         while self.busy < self.slots {
             let next = self
                 .tenants
                 .iter()
-                .filter_map(|(k, t)| Some((t.in_flight, t.waiting.front()?.0, k)))
+                .filter_map(|(k, t)| Some((t.load(), t.waiting.front()?.0, k)))
                 .min()
                 .map(|(_, _, k)| k.clone());
             let Some(key) = next else { return };
@@ -219,25 +246,36 @@ impl RequestSlots {
     /// # Cancel safety
     /// Cancel safe: a slot granted to a waiter that is dropped is released.
     pub async fn acquire(&self, tenant: TenantKey) -> SlotPermit {
-        self.acquire_in_order(tenant, next_order()).await
+        self.acquire_in_order(tenant, next_order(), 1).await
     }
 
     /// [`acquire`](Self::acquire) for a request whose place among its tenant's waiters (and
-    /// in ties between tenants) is `order`, lowest first.
-    async fn acquire_in_order(&self, tenant: TenantKey, order: u64) -> SlotPermit {
+    /// in ties between tenants) is `order`, lowest first, for a tenant of `weight`.
+    async fn acquire_in_order(&self, tenant: TenantKey, order: u64, weight: u32) -> SlotPermit {
         let rx = {
             let mut s = self.lock();
+            s.tenants
+                .entry(tenant.clone())
+                .or_insert_with(|| Tenant::new(weight))
+                .weight = weight.max(1);
             let waiting_anywhere = s.tenants.values().any(|t| !t.waiting.is_empty());
             if s.busy < s.slots && !waiting_anywhere {
                 s.busy += 1;
-                s.tenants.entry(tenant.clone()).or_default().in_flight += 1;
+                s.tenants
+                    .entry(tenant.clone())
+                    .or_insert_with(|| Tenant::new(1))
+                    .in_flight += 1;
                 None
             } else {
                 if let Some(tuner) = s.tuner.as_mut() {
                     tuner.saturated();
                 }
                 let (tx, rx) = oneshot::channel();
-                let waiting = &mut s.tenants.entry(tenant.clone()).or_default().waiting;
+                let waiting = &mut s
+                    .tenants
+                    .entry(tenant.clone())
+                    .or_insert_with(|| Tenant::new(1))
+                    .waiting;
                 let at = waiting.partition_point(|(o, _)| *o <= order);
                 waiting.insert(at, (order, tx));
                 // Normally a no-op (waiters exist only while every slot is busy); it keeps a
@@ -259,7 +297,10 @@ impl RequestSlots {
                 // slot anyway, so the permit's release stays balanced.
                 let mut s = self.lock();
                 s.busy += 1;
-                s.tenants.entry(tenant.clone()).or_default().in_flight += 1;
+                s.tenants
+                    .entry(tenant.clone())
+                    .or_insert_with(|| Tenant::new(1))
+                    .in_flight += 1;
             }
         }
         SlotPermit {
@@ -349,11 +390,11 @@ impl tower::Service<http::Request<Body>> for SlotService {
             // buffer's task but polls the returned future in the caller's task, inside the
             // reconcile's `scoped`.
             let scope = SCOPE.try_with(Clone::clone).ok();
-            let Some((tenant, order)) = scope.filter(|_| !is_watch(request.uri())) else {
+            let Some((tenant, order, weight)) = scope.filter(|_| !is_watch(request.uri())) else {
                 return client.send(request).await.map_err(Into::into);
             };
             let asked = tokio::time::Instant::now();
-            let permit = slots.acquire_in_order(tenant.clone(), order).await;
+            let permit = slots.acquire_in_order(tenant.clone(), order, weight).await;
             let sent = tokio::time::Instant::now();
             let (method, path) = (request.method().clone(), request.uri().path().to_owned());
             let response = client.send(request).await;

@@ -12,7 +12,7 @@ use kube::client::Body;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::{AdaptiveLimit, RequestSlots, current_tenant, is_watch, scoped};
+use super::{AdaptiveLimit, RequestSlots, current_tenant, is_watch, scoped, scoped_weighted};
 use crate::TenantKey;
 
 /// How long the fake server works on one request.
@@ -169,6 +169,48 @@ async fn the_cap_bounds_requests_at_the_server_and_a_tenant_alone_uses_every_slo
         32,
         "without slots every request reaches the server"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_tenants_share_the_slots_in_proportion_to_their_weights() {
+    // Two tenants keep 16 reconciles each waiting for slots; tenant "heavy" has weight 4.
+    // Over the same time, heavy's requests answered ÷ light's ≈ 4 (weighted max-min
+    // fairness); with equal weights they would be equal.
+    for (weight, want) in [(4u32, 4.0f64), (1, 1.0)] {
+        // 10 slots: 8 + 2 at weights 4 and 1, 5 + 5 at equal weights.
+        let server = FakeServer::new(10);
+        let slots = RequestSlots::new(10);
+        let client = slots.client(fake_client(&server));
+        let answered: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let mut tasks = Vec::new();
+        for (i, (name, w)) in [("heavy", weight), ("light", 1)].into_iter().enumerate() {
+            for _ in 0..16 {
+                let (client, answered) = (client.clone(), Arc::clone(&answered));
+                tasks.push(tokio::spawn(scoped_weighted(
+                    TenantKey::new(name),
+                    w,
+                    async move {
+                        loop {
+                            get(&client, "").await;
+                            answered[i].fetch_add(1, Ordering::SeqCst);
+                        }
+                    },
+                )));
+            }
+        }
+        tokio::time::sleep(WORK * 200).await;
+        for t in tasks {
+            t.abort();
+        }
+        let heavy = answered[0].load(Ordering::SeqCst) as f64;
+        let light = answered[1].load(Ordering::SeqCst) as f64;
+        let ratio = heavy / light;
+        println!("weight {weight}: heavy {heavy}, light {light}, ratio {ratio:.2}");
+        assert!(
+            (ratio - want).abs() <= want * 0.1,
+            "weight {weight}: heavy {heavy} ÷ light {light} = {ratio:.2}, want ≈ {want}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -74,10 +74,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
     /// API requests of reconciles in flight at once, each free slot going to the tenant with
-    /// the fewest in flight: `auto` tunes itself from the API server's latency and 429s
-    /// (gauge `idem_request_slots_limit`), a number pins it, 0 (default) means no cap. The
-    /// slots share requests equally, not by tenant weight.
-    #[arg(long, default_value = "0", value_parser = RequestsInFlight::parse)]
+    /// the fewest in flight for its weight: `auto` (default) tunes itself from the API
+    /// server's latency and 429s (gauge `idem_request_slots_limit`), a number pins it, 0
+    /// means no cap.
+    #[arg(long, default_value = "auto", value_parser = RequestsInFlight::parse)]
     pub requests_in_flight: RequestsInFlight,
 }
 
@@ -165,6 +165,9 @@ mod tests {
         assert_eq!(options.resync_period, defaults.resync_period);
         assert_eq!(options.shutdown_grace, defaults.shutdown_grace);
         assert!(!options.shards && !options.leader_elect);
+        // The reconciles' requests go through self-tuning fair slots unless told otherwise.
+        assert_eq!(options.requests_in_flight, RequestsInFlight::Auto);
+        assert_eq!(defaults.requests_in_flight, RequestsInFlight::Auto);
         let Command::Run(args) = Cli::parse_from_for("x", ["x", "run", "--shards", "auto"]) else {
             panic!("not run")
         };

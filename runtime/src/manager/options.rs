@@ -39,20 +39,17 @@ pub struct ManagerOptions {
 }
 
 /// How many API requests of reconciles may be in flight at once (`--requests-in-flight`),
-/// each free slot going to the tenant with the fewest in flight.
-///
-/// The slots share requests equally among tenants, not by the queue's tenant weights: under
-/// a cap the API server sees, a weight-4 tenant's reconciles wait for slots as often as a
-/// weight-1 tenant's. So no cap is the default until the slots follow the weights.
+/// each free slot going to the tenant with the fewest in flight for its fair-share weight
+/// (the weight the queue dispatched its reconcile with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RequestsInFlight {
     /// A cap that tunes itself from the API server's latency and throttling
-    /// ([`crate::inflight::AdaptiveLimit::default`]).
+    /// ([`crate::inflight::AdaptiveLimit::default`]); the default.
+    #[default]
     Auto,
     /// A cap pinned at this many (at least 1).
     Fixed(usize),
-    /// No cap (and no fair sharing of requests); the default.
-    #[default]
+    /// No cap (and no fair sharing of requests).
     Unlimited,
 }
 
@@ -97,7 +94,7 @@ impl Default for ManagerOptions {
             identity: None,
             shutdown_grace: Duration::from_secs(30),
             shards: false,
-            requests_in_flight: RequestsInFlight::Unlimited,
+            requests_in_flight: RequestsInFlight::Auto,
         }
     }
 }

@@ -95,6 +95,8 @@ pub(crate) struct Dispatch {
     pub key: ObjectKey,
     pub tenant: TenantKey,
     pub priority: Priority,
+    /// The tenant's weight at this dispatch.
+    pub weight: u32,
 }
 
 /// The queue state; see the module docs of [`super`] for the rules it keeps.
@@ -387,6 +389,7 @@ impl Core {
                     key: slot.key.clone(),
                     tenant: self.fair.name(tenant).clone(),
                     priority: Priority::from_level(level),
+                    weight: self.fair.weight(tenant),
                 });
             }
         }

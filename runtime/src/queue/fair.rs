@@ -212,6 +212,15 @@ impl Fair {
         &self.t(tenant).name
     }
 
+    /// A tenant's weight now: its lookup's answer, else the weight set for it (at least 1).
+    pub fn weight(&self, tenant: u32) -> u32 {
+        let looked_up = match &self.lookup {
+            Some(lookup) => lookup(self.name(tenant)).filter(|&w| w > 0),
+            None => None,
+        };
+        looked_up.unwrap_or(self.t(tenant).weight).max(1)
+    }
+
     /// Set a tenant's weight (`weight` ≥ 1, checked by the caller); it applies from the
     /// tenant's next dispatch.
     pub fn set_weight(&mut self, tenant: u32, weight: u32) {
@@ -304,12 +313,8 @@ impl Fair {
             if !self.eligible(tenant, level) {
                 continue; // ran dry or hit its cap since it entered; re-enters when ready
             }
-            let weight = match &self.lookup {
-                Some(lookup) => lookup(self.name(tenant)).filter(|&w| w > 0),
-                None => None,
-            };
+            let weight = self.weight(tenant);
             let t = self.t_mut(tenant);
-            let weight = weight.unwrap_or(t.weight).max(1);
             let mut found = None;
             while let Some(entry) = t.queues[level].pop_front() {
                 if valid(entry) {

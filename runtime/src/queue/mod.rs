@@ -279,6 +279,7 @@ impl WorkQueue {
             key: dispatch.key,
             tenant: dispatch.tenant,
             priority: dispatch.priority,
+            weight: dispatch.weight,
             dispatched_at: self.shared.metrics.as_ref().map(|m| {
                 let at = Instant::now();
                 (at, m.in_flight.start(at))
@@ -412,6 +413,7 @@ pub struct Lease {
     key: ObjectKey,
     tenant: TenantKey,
     priority: Priority,
+    weight: u32,
     /// Dispatch time and in-flight id, kept only for the work metrics.
     dispatched_at: Option<(Instant, u64)>,
     released: bool,
@@ -426,6 +428,11 @@ impl Lease {
     /// The tenant the key was queued under.
     pub fn tenant(&self) -> &TenantKey {
         &self.tenant
+    }
+
+    /// The tenant's fair-share weight when the key was handed out (at least 1).
+    pub fn weight(&self) -> u32 {
+        self.weight
     }
 
     /// The priority it was served at (a promoted resync key reports [`Priority::Event`]).

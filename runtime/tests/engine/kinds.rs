@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::common::*;
+use crate::user::CountedUser;
 
 /// A custom kind of the test's own: an atomic list whose items the server defaults, an
 /// int-or-string, a quantity-like string, a field the server defaults outside what we own,
@@ -122,9 +123,14 @@ async fn live(api: &Api<DynamicObject>, name: &str) -> DynamicObject {
     api.get(name).await.expect("get the child")
 }
 
-/// One pass given the live object (no read): its outcome and the requests it made.
+/// One pass given the live object (no read): its outcome and the requests it made, as
+/// (dry-run applies, other requests). The pass's applier acts as `user`, whose requests the
+/// API server counts apart (a FlowSchema of its own), so that other clients' requests on the
+/// kind meanwhile (the namespace controller emptying other tests' namespaces, the garbage
+/// collector) are not taken for the pass's; only the engine makes dry-runs.
 async fn pass_counted(
     applier: &Applier,
+    user: &CountedUser,
     owner: &Owner,
     desired: &DesiredChildren,
     api: &Api<DynamicObject>,
@@ -133,13 +139,14 @@ async fn pass_counted(
 ) -> (ChildOutcome, (u64, u64)) {
     let name = desired.children()[0].key().name.to_string();
     let observed = live(api, &name).await;
-    let before = requests(group, plural).await;
+    let (dry_before, all_before) = (requests(group, plural).await.0, user.requests().await);
     let outcome = applier
         .apply_observed(owner, &desired.children()[0], Some(observed))
         .await
         .expect("pass");
-    let after = requests(group, plural).await;
-    (outcome, (after.0 - before.0, after.1 - before.1))
+    let (dry_after, all_after) = (requests(group, plural).await.0, user.requests().await);
+    let dry = dry_after - dry_before;
+    (outcome, (dry, (all_after - all_before).saturating_sub(dry)))
 }
 
 async fn run<K>(kind: &str, case: Case)
@@ -158,9 +165,10 @@ where
     let (group, plural) = (ar.group.clone(), ar.plural.clone());
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
     let name = desired.children()[0].key().name.to_string();
+    let user = CountedUser::create(&client, "engine-kinds").await;
 
     // 1. Created; then converged with no request and no drift report.
-    let applier = Applier::new(client.clone());
+    let applier = Applier::new(user.client());
     let first = requests(&group, &plural).await;
     let report = applier.reconcile(&owner, &desired).await.expect("create");
     assert_eq!(
@@ -184,7 +192,7 @@ where
         "{kind}: the first convergence asked the server (its create's answer is enough)"
     );
     let (outcome, (dry, other)) =
-        pass_counted(&applier, &owner, &desired, &api, &group, &plural).await;
+        pass_counted(&applier, &user, &owner, &desired, &api, &group, &plural).await;
     assert_eq!(outcome, ChildOutcome::Unchanged, "{kind}");
     assert_eq!(
         (dry, other),
@@ -192,15 +200,16 @@ where
         "{kind}: a converged pass made requests"
     );
     // A restarted process: at most one dry-run, no write; then nothing.
-    let restarted = Applier::new(client.clone());
+    let restarted = Applier::new(user.client());
     let (outcome, (dry, other)) =
-        pass_counted(&restarted, &owner, &desired, &api, &group, &plural).await;
+        pass_counted(&restarted, &user, &owner, &desired, &api, &group, &plural).await;
     assert_eq!(outcome, ChildOutcome::Unchanged, "{kind}: after a restart");
     assert!(
         dry <= 1 && other == 0,
         "{kind}: after a restart a converged pass made {dry} dry-runs and {other} other requests"
     );
-    let (outcome, counts) = pass_counted(&restarted, &owner, &desired, &api, &group, &plural).await;
+    let (outcome, counts) =
+        pass_counted(&restarted, &user, &owner, &desired, &api, &group, &plural).await;
     assert_eq!(
         (outcome, counts),
         (ChildOutcome::Unchanged, (0, 0)),
@@ -248,7 +257,8 @@ where
         ChildOutcome::Unchanged,
         "{kind}: not converged after the repair: {restored}"
     );
-    let (outcome, counts) = pass_counted(&applier, &owner, &desired, &api, &group, &plural).await;
+    let (outcome, counts) =
+        pass_counted(&applier, &user, &owner, &desired, &api, &group, &plural).await;
     assert_eq!(
         (outcome, counts),
         (ChildOutcome::Unchanged, (0, 0)),
@@ -283,7 +293,7 @@ where
         );
         assert!(report.repaired.is_empty(), "{kind}: {:?}", report.repaired);
         let (outcome, counts) =
-            pass_counted(&applier, &owner, &desired, &api, &group, &plural).await;
+            pass_counted(&applier, &user, &owner, &desired, &api, &group, &plural).await;
         assert_eq!(
             (outcome, counts),
             (ChildOutcome::Unchanged, (0, 0)),

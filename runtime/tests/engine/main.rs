@@ -3,6 +3,7 @@
 
 mod apply;
 mod common;
+mod concurrent;
 mod drift;
 mod kinds;
 mod oracle;
@@ -11,3 +12,8 @@ mod race;
 mod replace;
 mod stale;
 mod status;
+#[path = "../common/user.rs"]
+mod user;
+
+/// Field manager of the tests' own writes (the counted user's FlowSchema and binding).
+const MANAGER: &str = "idem-engine-tests";

@@ -1,7 +1,8 @@
 //! A ready-made [`Subject`] for a reconciler run by idem-runtime's [`Driver`]: the session
 //! caches the child kinds the reconciler declares ([`Reconciler::children`]) and each pass is
 //! one [`Driver::reconcile_once`]; the compared children are those kinds, selected by the
-//! primary's tenant label (under the primary kind's label prefix).
+//! primary's uid (the owner-uid label under the primary kind's label prefix, or an
+//! ownerReference), see [`declared_children`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,18 +65,22 @@ pub trait DriverSubject: Send + Sync {
 }
 
 /// The children of `primary` that reconciler `R` makes: objects of the kinds it declares
-/// ([`Reconciler::children`]) labelled with the primary's tenant ([`Labels::tenant`] of its
-/// kind) when its derive's rule names it from the object alone and it is a label value
-/// ([`Labels::is_value`]), else with the primary's uid
-/// ([`Labels::owner_uid`]), or owned by it.
+/// ([`Reconciler::children`]) that carry the owner-uid label of the primary's kind
+/// ([`Labels::owner_uid`], under its label prefix) with the primary's uid, or that have an
+/// ownerReference to that uid (a child that lost its labels still counts). Both name this
+/// one object: the tenant label ([`Labels::tenant`]) does not, since every object of a kind
+/// whose tenant is its namespace (`tenant = namespace`) shares it with the others in that
+/// namespace. Without a uid (not yet created), objects labelled with the primary's tenant
+/// when its derive's rule names it from the object alone and it is a label value
+/// ([`Labels::is_value`]: no other is stamped), else none.
 pub fn declared_children<R: Reconciler>(primary: &R::Resource) -> Children {
     let names = Labels::of::<R::Resource>();
-    let selector = match primary.tenant() {
-        // A tenant that is no label value is not stamped on the children (`Labels::tenant`).
-        Ok(TenantRef::Known(tenant)) if Labels::is_value(tenant.as_str()) => {
+    let selector = match (primary.meta().uid.as_ref(), primary.tenant()) {
+        (Some(uid), _) => Some(format!("{}={uid}", names.owner_uid())),
+        (None, Ok(TenantRef::Known(tenant))) if Labels::is_value(tenant.as_str()) => {
             Some(format!("{}={tenant}", names.tenant()))
         }
-        _ => (primary.meta().uid.as_ref()).map(|uid| format!("{}={uid}", names.owner_uid())),
+        (None, _) => None,
     };
     Children {
         selector,
@@ -181,5 +186,99 @@ where
 
     fn flipped(&self, primary: &Self::Primary) -> Option<Self::Primary> {
         self.0.flipped(primary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_runtime::apply::{CreatedChild, DesiredChildren};
+    use idem_runtime::reconciler::{ChildKinds, ReconcileError};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use kube::CustomResource;
+    use kube::core::ApiResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    /// A kind whose tenant is its namespace, under a label prefix of its own.
+    #[derive(
+        CustomResource,
+        idem_runtime::IdempotentResource,
+        Clone,
+        Debug,
+        Serialize,
+        Deserialize,
+        JsonSchema,
+    )]
+    #[kube(
+        group = "driven.test.idem.dev",
+        version = "v1",
+        kind = "Crew",
+        namespaced,
+        status = "CrewStatus"
+    )]
+    #[idempotent(tenant = namespace, label_prefix = "crews.example.com")]
+    struct CrewSpec {
+        size: u32,
+    }
+
+    #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    struct CrewStatus {
+        observed_generation: Option<i64>,
+        #[serde(default)]
+        conditions: Vec<Condition>,
+        #[serde(default)]
+        created_children: Vec<CreatedChild>,
+    }
+
+    struct Crews;
+
+    impl Reconciler for Crews {
+        type Resource = Crew;
+
+        fn children() -> ChildKinds<Crew> {
+            ChildKinds::new().owns::<ConfigMap>()
+        }
+
+        fn desired(&self, _: &Crew) -> Result<DesiredChildren, ReconcileError> {
+            Ok(DesiredChildren::new())
+        }
+    }
+
+    fn crew(name: &str, uid: Option<&str>) -> Crew {
+        let mut c = Crew::new(name, CrewSpec { size: 1 });
+        c.metadata.namespace = Some("shared".into());
+        c.metadata.uid = uid.map(Into::into);
+        c
+    }
+
+    #[test]
+    fn two_primaries_of_a_namespace_tenanted_kind_in_one_namespace_select_only_their_own() {
+        let (a, b) = (crew("a", Some("uid-a")), crew("b", Some("uid-b")));
+        let (of_a, of_b) = (
+            declared_children::<Crews>(&a),
+            declared_children::<Crews>(&b),
+        );
+        assert_eq!(
+            of_a.selector.as_deref(),
+            Some("crews.example.com/owner-uid=uid-a")
+        );
+        assert_eq!(
+            of_b.selector.as_deref(),
+            Some("crews.example.com/owner-uid=uid-b")
+        );
+        assert_eq!(of_a.kinds, [ApiResource::erase::<ConfigMap>(&())]);
+    }
+
+    #[test]
+    fn a_primary_without_a_uid_is_selected_by_its_tenant() {
+        let children = declared_children::<Crews>(&crew("a", None));
+        assert_eq!(
+            children.selector.as_deref(),
+            Some("crews.example.com/tenant=shared")
+        );
     }
 }

@@ -6,7 +6,6 @@ use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 
 use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, uid_mismatch, unclaim_patch};
-use crate::apply::ApplyReport;
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
 use crate::apply::{ApplyError, Owner, is_already_exists, is_conflict, is_not_found};
@@ -221,23 +220,19 @@ impl Applier {
         })
     }
 
-    /// [`Applier::ensure_once`] within [`Applier::reconcile_into`]: a regenerated child is
-    /// added to `report`.
-    pub(super) async fn ensure_once_into(
+    /// [`Applier::ensure_once`] as one child of [`Applier::reconcile_into`].
+    pub(super) async fn ensure_once_applied(
         &self,
         owner: &Owner,
         child: &DesiredChild,
-        report: &mut ApplyReport,
     ) -> Result<Applied, ApplyError> {
         let ensured = self.ensure_once(owner, child).await?;
-        if ensured.regenerated {
-            report.regenerated.push(child.stamped(owner)?.0);
-        }
         Ok(Applied {
             outcome: ensured.outcome,
             repaired: None,
             created: ensured.created,
             released: None,
+            regenerated: ensured.regenerated,
         })
     }
 }
