@@ -128,42 +128,13 @@ impl Reconciler for BaseTenants {
         desired(tenant)
     }
     /// While the CRD is being deleted (an uninstall), the namespace and what idem made in it
-    /// are released (no ownerReference to the BaseTenant, no owner-uid label), so the garbage
-    /// collector deletes none of the users' data, now or once the CRD is installed again.
+    /// are released, so the garbage collector deletes none of the users' data.
     async fn cleanup(
         &self,
         tenant: &BaseTenant,
         pass: &mut Pass<BaseTenant>,
     ) -> Result<Cleanup<BaseTenant>, ReconcileError> {
-        use idem_runtime::reconciler::retention::{crd_retention, release_referring, retained};
-        use kube::core::ApiResource;
-        let Some(why) = crd_retention::<BaseTenant>(pass.client()).await else {
-            return Ok(Cleanup::Done); // an ordinary deletion: the garbage collector's
-        };
-        let (uid, ns) = (tenant.uid().unwrap_or_default(), tenant.name_any());
-        let mut kept = release_referring::<BaseTenant>(
-            pass.client(),
-            &ApiResource::erase::<Namespace>(&()),
-            None,
-            &uid,
-        )
-        .await?;
-        for kind in [
-            ApiResource::erase::<ResourceQuota>(&()),
-            ApiResource::erase::<LimitRange>(&()),
-            ApiResource::erase::<RoleBinding>(&()),
-        ] {
-            kept.extend(
-                release_referring::<BaseTenant>(pass.client(), &kind, Some(&ns), &uid).await?,
-            );
-        }
-        let names: Vec<String> = kept.iter().map(ToString::to_string).collect();
-        pass.publish(retained(format!(
-            "deleted; {why}: kept {}",
-            names.join(", ")
-        )))
-        .await;
-        Ok(Cleanup::Done)
+        idem_runtime::reconciler::retention::retain_children::<Self>(tenant, pass).await
     }
 }
 
