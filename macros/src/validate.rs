@@ -277,9 +277,18 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
     let field_manager = match &opts.field_manager {
         Some(fm) => {
             let v = fm.as_str();
-            if v.is_empty() || v.len() > 128 || !v.chars().all(|c| c.is_ascii_graphic()) {
+            // Also the value of the `app.kubernetes.io/managed-by` label on every child and of
+            // the child watches' label selector: a label value, not just a fieldManager.
+            let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+            let label_value = !v.is_empty()
+                && v.len() <= 63
+                && alnum(v.chars().next())
+                && alnum(v.chars().last())
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !label_value {
                 errors.push(err(
-                    "field_manager must be 1-128 printable characters without spaces (Kubernetes fieldManager rules)",
+                    "field_manager must be a label value (1-63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit): it is also the app.kubernetes.io/managed-by label of every child and the child watches' selector",
                     fm.span(),
                 ));
             }

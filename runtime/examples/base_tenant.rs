@@ -21,6 +21,7 @@
 //! Everything but the resource, its desired children and the few lines of `Reconciler` and
 //! `main` comes from idem-runtime: apply with the convergence check and prune, status with
 //! observedGeneration and kstatus conditions, Events, `Stalled` after repeated failures, the
+//! retention of the namespaces when the CRD is deleted (its finalizer's cleanup), the
 //! tracing span, and from its [`Manager`] the command line, `/metrics`, `/healthz`, `/readyz`,
 //! leader election or sharding with write fences, and graceful shutdown.
 //! `runtime/tests/kit_base_tenant.rs` proves it idempotent with idem-tests' kit.
@@ -111,6 +112,9 @@ pub struct BaseTenants;
 
 impl Reconciler for BaseTenants {
     type Resource = BaseTenant;
+    /// Deleting a BaseTenant deletes its namespace (garbage collection); an uninstall (the
+    /// CRD being deleted) deletes nothing: [`BaseTenants::cleanup`] releases the children.
+    const FINALIZER: Option<&'static str> = Some("example.idem.dev/retain");
     /// The child kinds, declared once: the controller's watches, its caches, the prune and
     /// idem-tests' kit follow from it.
     fn children() -> ChildKinds<BaseTenant> {
@@ -122,6 +126,15 @@ impl Reconciler for BaseTenants {
     }
     fn desired(&self, tenant: &BaseTenant) -> Result<DesiredChildren, ReconcileError> {
         desired(tenant)
+    }
+    /// While the CRD is being deleted (an uninstall), the namespace and what idem made in it
+    /// are released, so the garbage collector deletes none of the users' data.
+    async fn cleanup(
+        &self,
+        tenant: &BaseTenant,
+        pass: &mut Pass<BaseTenant>,
+    ) -> Result<Cleanup<BaseTenant>, ReconcileError> {
+        idem_runtime::reconciler::retention::retain_children::<Self>(tenant, pass).await
     }
 }
 

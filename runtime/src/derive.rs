@@ -68,7 +68,7 @@
 //! | `tenant = namespace_label("key")` | namespaced roots, with `"<label_prefix>/tenant"` (`"tenancy.idem.dev/tenant"` for the operator's kinds) | the tenant is the value of label `key` on the object's namespace, resolved with [`TenantRef::resolve`](crate::resource::TenantRef::resolve) (one GET) or [`TenantRef::resolve_with_labels`](crate::resource::TenantRef::resolve_with_labels) (from a cache) |
 //! | `tenant = field(a.b)` | — | the tenant is spec field `a.b`: `String`, `Option<String>`, `&str` or [`TenantKey`](crate::TenantKey) |
 //! | `label_prefix = "..."` | the `#[kube(group = ...)]` group | the prefix of the labels and the annotation idem stamps on children (`<prefix>/owner-uid`, `<prefix>/tenant`, `<prefix>/shard-bucket`, `<prefix>/applied-fingerprint`; [`Labels`](crate::apply::Labels)); a DNS subdomain, checked at compile time; `app.kubernetes.io/managed-by` is the same for every kind |
-//! | `field_manager = "..."` | the deriving crate's package name (`CARGO_PKG_NAME`) | the server-side apply field manager (1–128 printable characters, no spaces); also an inherent `Kind::FIELD_MANAGER`, reachable without importing the trait |
+//! | `field_manager = "..."` | the deriving crate's package name (`CARGO_PKG_NAME`) | the server-side apply field manager, also the value of the `app.kubernetes.io/managed-by` label on every child and of the child watches' selector, so a label value (1–63 letters, digits, `-`, `_`, `.`, beginning and ending with a letter or digit); also an inherent `Kind::FIELD_MANAGER`, reachable without importing the trait |
 //! | `conditions(A, B, "prefix.example/C")` | `Ready, Reconciling, Stalled` | condition types the status engine may set: CamelCase identifiers or qualified-name strings |
 //! | `prune = owner_references` | `prune = record` | what the prune trusts. By default (`record`) the status field `created_children: Vec<CreatedChild>` (`status.createdChildren`, a subresource users who may edit the object cannot write) records the uid of every child the reconciles created, and only those are pruned, and a deleted create-once child is told from one never created; a status without the field is a compile error at `status = "..."`. `owner_references` opts out: no record, the prune deletes whatever carries the owner's controller ownerReference — which anyone who may create the child kind where the children live can forge, making the owner delete it — and create-once children are refused (terminal `CreateOnceWithoutRecord`) |
 //! | `crate = "path"` | `"::idem_runtime"` | where idem-runtime is, when it is renamed or re-exported |
@@ -152,5 +152,5 @@
 //! condition type that is not CamelCase or not a qualified name, a condition listed twice,
 //! an empty `conditions()`, enums, tuple and unit structs, generic specs, a `tenant` form that
 //! does not exist or does not fit the scope, a bad label key, a `field(...)` that is not in
-//! the spec or not a string, a field manager with spaces. The cases are in
+//! the spec or not a string, a field manager that is no label value. The cases are in
 //! `macros/tests/ui/`.

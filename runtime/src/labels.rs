@@ -104,10 +104,27 @@ impl Labels {
         self.0.prefix
     }
 
-    /// `<prefix>/tenant`: the label naming the tenant a child belongs to.
+    /// `<prefix>/tenant`: the label naming the tenant a child belongs to. Stamped only when
+    /// the tenant is a label value ([`Labels::is_value`]): a tenant named by a spec field may
+    /// be any string ("Acme Corp"), and a child carrying it would be refused as invalid.
     #[must_use]
     pub fn tenant(self) -> &'static str {
         self.0.tenant
+    }
+
+    /// Whether `value` is a valid label value, by the API server's rule: at most 63
+    /// characters, alphanumerics, `-`, `_` and `.`, beginning and ending with an alphanumeric
+    /// (or empty).
+    #[must_use]
+    pub fn is_value(value: &str) -> bool {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        value.is_empty()
+            || (value.len() <= 63
+                && alnum(value.chars().next())
+                && alnum(value.chars().last())
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
     }
 
     /// `<prefix>/owner-uid`: the label holding the owner's `metadata.uid`; used to list an
@@ -152,6 +169,16 @@ mod tests {
         let b = Labels::with_prefix(&String::from("teams.example.com"));
         assert!(std::ptr::eq(a.0, b.0), "one set per prefix");
         assert!(Labels::known().contains(&a));
+    }
+
+    #[test]
+    fn label_values_follow_the_api_servers_rule() {
+        for ok in ["", "acme", "Acme_Corp.1", "a-b", &"t".repeat(63)] {
+            assert!(Labels::is_value(ok), "{ok:?}");
+        }
+        for bad in ["Acme Corp", "ééé", "-a", "a-", "a/b", &"t".repeat(64)] {
+            assert!(!Labels::is_value(bad), "{bad:?}");
+        }
     }
 
     #[test]

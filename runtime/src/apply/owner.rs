@@ -224,7 +224,10 @@ impl Owner {
     }
 
     /// The labels children carry: [`MANAGED_BY_LABEL`] and, under the owner kind's prefix,
-    /// the owner's uid, its shard bucket and the tenant.
+    /// the owner's uid, its shard bucket and the tenant — the tenant only when it is a label
+    /// value ([`Labels::is_value`]; a tenant named by a spec field may be any string, and the
+    /// API server refuses a child with an invalid label; the queue charges the owner's
+    /// tenant from the owner, never from this label).
     pub fn labels(&self) -> BTreeMap<String, String> {
         let names = self.label_names;
         let mut labels = BTreeMap::new();
@@ -232,7 +235,11 @@ impl Owner {
         labels.insert(names.owner_uid().to_owned(), self.uid.clone());
         let bucket = crate::shard::bucket_of(crate::shard::fnv1a64(self.uid.as_bytes()));
         labels.insert(names.shard_bucket().to_owned(), bucket.to_string());
-        if let Some(t) = &self.tenant {
+        if let Some(t) = self
+            .tenant
+            .as_ref()
+            .filter(|t| Labels::is_value(t.as_str()))
+        {
             labels.insert(names.tenant().to_owned(), t.to_string());
         }
         labels

@@ -41,6 +41,7 @@ use kube::{Client, Resource};
 
 use crate::apply::{Labels, refers_to, release};
 use crate::key::ObjectKey;
+use crate::reconciler::{Cleanup, Pass, ReconcileError, Reconciler};
 use crate::resource::IdempotentResource;
 
 /// Why nothing of a deleted owner may be deleted, whatever its spec says: its kind's
@@ -147,6 +148,47 @@ pub async fn release_referring<K: IdempotentResource>(
         }
     }
     Ok(kept)
+}
+
+/// The whole protocol for a reconciler's declared children, as the body of its `cleanup()`:
+/// while `R`'s kind's CRD is being deleted (or cannot be read), every object of each kind
+/// [`Reconciler::children`] declares that refers to `owner` — in the owner's namespace for a
+/// namespaced owner, anywhere for a cluster-scoped one — is released
+/// ([`release_referring`]) and [`retained`] names them; an ordinary deletion leaves the
+/// children to the garbage collector. With a [`Reconciler::FINALIZER`], this keeps user data
+/// through an uninstall.
+///
+/// # Errors
+/// [`ReconcileError::Kube`] of a list or a release: the finalizer stays and the next pass
+/// tries again.
+///
+/// # Cancel safety
+/// As [`release_referring`].
+pub async fn retain_children<R: Reconciler>(
+    owner: &R::Resource,
+    pass: &mut Pass<R::Resource>,
+) -> Result<Cleanup<R::Resource>, ReconcileError> {
+    let Some(why) = crd_retention::<R::Resource>(pass.client()).await else {
+        return Ok(Cleanup::Done);
+    };
+    let uid = owner.meta().uid.clone().unwrap_or_default();
+    let namespace = owner.meta().namespace.clone();
+    let mut kept = Vec::new();
+    for (resource, namespaced) in R::children().scoped() {
+        let scope = if namespaced {
+            namespace.as_deref()
+        } else {
+            None
+        };
+        kept.extend(release_referring::<R::Resource>(pass.client(), resource, scope, &uid).await?);
+    }
+    let names: Vec<String> = kept.iter().map(ToString::to_string).collect();
+    pass.publish(retained(format!(
+        "deleted; {why}: kept {}",
+        names.join(", ")
+    )))
+    .await;
+    Ok(Cleanup::Done)
 }
 
 /// The `Normal` Event `Retained` (action `Finalize`) that says what a deletion kept.

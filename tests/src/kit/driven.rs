@@ -71,12 +71,15 @@ pub trait DriverSubject: Send + Sync {
 /// one object: the tenant label ([`Labels::tenant`]) does not, since every object of a kind
 /// whose tenant is its namespace (`tenant = namespace`) shares it with the others in that
 /// namespace. Without a uid (not yet created), objects labelled with the primary's tenant
-/// when its derive's rule names it from the object alone, else none.
+/// when its derive's rule names it from the object alone and it is a label value
+/// ([`Labels::is_value`]: no other is stamped), else none.
 pub fn declared_children<R: Reconciler>(primary: &R::Resource) -> Children {
     let names = Labels::of::<R::Resource>();
     let selector = match (primary.meta().uid.as_ref(), primary.tenant()) {
         (Some(uid), _) => Some(format!("{}={uid}", names.owner_uid())),
-        (None, Ok(TenantRef::Known(tenant))) => Some(format!("{}={tenant}", names.tenant())),
+        (None, Ok(TenantRef::Known(tenant))) if Labels::is_value(tenant.as_str()) => {
+            Some(format!("{}={tenant}", names.tenant()))
+        }
         (None, _) => None,
     };
     Children {

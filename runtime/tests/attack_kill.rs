@@ -1,0 +1,227 @@
+//! Two sharded replicas of the example `BaseTenant` binary (runtime/examples/base_tenant.rs,
+//! `run --shards auto`) as processes against the real control plane; one is killed (SIGKILL:
+//! no graceful stop, its member Lease is left to expire): the other takes its share over and
+//! reconciles every BaseTenant's change.
+//!
+//! Runs the example's binary: `cargo build -p idem-runtime --example base_tenant` first.
+
+#[allow(dead_code)]
+#[path = "../examples/base_tenant.rs"]
+mod base_tenant;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base_tenant::{BaseTenant, BaseTenantSpec};
+use idem_tests::ports::free_addr;
+use idem_tests::{create_namespace, shared, unique_name};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Longest wait for any condition (two cores, other builds beside the tests).
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// BaseTenants reconciled by the two replicas.
+const TENANTS: usize = 6;
+
+/// Polls `check` every 250 ms until it returns `Ok`; panics with the last `Err` after
+/// [`TIMEOUT`].
+async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
+    what: &str,
+    mut check: impl FnMut() -> Fut,
+) -> T {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; last state: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `GET path` on `addr`: status code and body.
+async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut stream = (tokio::net::TcpStream::connect(addr).await).map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    (stream.write_all(request.as_bytes()).await).map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    (stream.read_to_string(&mut reply).await).map_err(|e| e.to_string())?;
+    let (head, body) = reply.split_once("\r\n\r\n").ok_or("not HTTP")?;
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    Ok((code.ok_or("no status")?, body.to_string()))
+}
+
+/// The value of gauge `name` in a `/metrics` text.
+fn gauge(metrics: &str, name: &str) -> Option<i64> {
+    (metrics.lines())
+        .find(|l| l.split([' ', '{']).next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// One replica: the example's binary, killed when dropped.
+struct Process {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Process {
+    fn start(name: &str, namespace: &str, identity: &str) -> Self {
+        let binary =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/examples/base_tenant");
+        assert!(
+            binary.exists(),
+            "{}: run `cargo build -p idem-runtime --example base_tenant` first",
+            binary.display()
+        );
+        let addr = free_addr();
+        let health = free_addr();
+        let log =
+            std::fs::File::create(std::env::temp_dir().join(format!("{name}-{identity}.log")))
+                .expect("log file");
+        let child = Command::new(binary)
+            .args(["run", "--shards", "auto", "--workers", "2"])
+            .arg("--identity")
+            .arg(identity)
+            .arg("--leader-elect-namespace")
+            .arg(namespace)
+            .arg("--kubeconfig")
+            .arg(shared().kubeconfig_path())
+            .arg("--metrics-addr")
+            .arg(addr.to_string())
+            .arg("--health-addr")
+            .arg(health.to_string())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the example");
+        Self { addr, child }
+    }
+
+    async fn metrics(&self) -> Result<String, String> {
+        match get(self.addr, "/metrics").await? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("{code} {body}")),
+        }
+    }
+
+    /// Waits until it works on a ring of `members` members.
+    async fn working(&self, members: i64) {
+        eventually("the replica working on its ring", || async {
+            let m = self.metrics().await?;
+            match (
+                gauge(&m, "idem_shard_working"),
+                gauge(&m, "idem_shard_members"),
+            ) {
+                (Some(1), Some(n)) if n == members => Ok(()),
+                other => Err(format!("working, members: {other:?}")),
+            }
+        })
+        .await;
+    }
+
+    async fn owned(&self) -> i64 {
+        (self.metrics().await.ok())
+            .and_then(|m| gauge(&m, "idem_shard_owned_tenants"))
+            .unwrap_or(-1)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether every BaseTenant in `names` is Ready at its generation with quota `cpu`.
+async fn all_ready(client: &Client, names: &[String], cpu: &str) -> Result<(), String> {
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    for name in names {
+        let t = tenants.get(name).await.map_err(|e| e.to_string())?;
+        let status = t.status.clone().unwrap_or_default();
+        let ready = (status.conditions.iter()).any(|c| c.type_ == "Ready" && c.status == "True");
+        if !ready || status.observed_generation != t.metadata.generation {
+            return Err(format!("{name}: {status:?}"));
+        }
+        let quota = Api::<ResourceQuota>::namespaced(client.clone(), name);
+        let quota = quota.get("quota").await.map_err(|e| e.to_string())?;
+        let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+        if hard.get("requests.cpu").map(|q| q.0.as_str()) != Some(cpu) {
+            return Err(format!("{name}: quota {hard:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_share_is_taken_over() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "kill").await.unwrap();
+    let name = unique_name("base-tenant");
+    base_tenant::install_crd(&client).await.unwrap();
+    let mut a = Process::start(&name, &ns, "replica-a");
+    let b = Process::start(&name, &ns, "replica-b");
+    a.working(2).await;
+    b.working(2).await;
+
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    let mut names = Vec::new();
+    for _ in 0..TENANTS {
+        let spec = BaseTenantSpec {
+            owners: vec!["alice".into()],
+            cpu: "1".into(),
+            memory: "1Gi".into(),
+        };
+        let created = tenants
+            .create(
+                &PostParams::default(),
+                &BaseTenant::new(&unique_name("bt"), spec),
+            )
+            .await
+            .unwrap();
+        names.push(created.name_any());
+    }
+    eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
+    eventually("both replicas owning a share", || async {
+        let (x, y) = (a.owned().await, b.owned().await);
+        (x > 0 && y > 0 && x + y == TENANTS as i64)
+            .then_some(())
+            .ok_or(format!("a {x}, b {y}"))
+    })
+    .await;
+
+    // SIGKILL: no graceful stop, the member Lease stays until it expires.
+    a.child.kill().expect("kill replica-a");
+    a.child.wait().expect("reap replica-a");
+    let killed = tokio::time::Instant::now();
+    let change = serde_json::json!({"spec": {"cpu": "2"}});
+    for name in &names {
+        (tenants
+            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
+            .await)
+            .unwrap();
+    }
+    eventually("every BaseTenant Ready after the change", || {
+        all_ready(&client, &names, "2")
+    })
+    .await;
+    println!(
+        "taken over and reconciled {:?} after the kill",
+        killed.elapsed()
+    );
+    eventually("replica-b owning every BaseTenant", || async {
+        let n = b.owned().await;
+        (n == TENANTS as i64).then_some(()).ok_or(format!("b {n}"))
+    })
+    .await;
+}
