@@ -140,11 +140,13 @@ impl Applier {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let mut keep = BTreeSet::new();
+        let mut keys = Vec::with_capacity(desired.children.len());
         for child in &desired.children {
             let (key, _) = child.stamped(owner)?;
             if !keep.insert(key.clone()) {
                 return Err(ApplyError::Duplicate(key));
             }
+            keys.push(key);
         }
         // Children are applied in two waves: cluster-scoped ones (a tenant's Namespaces) first,
         // then the namespaced ones, which may live in them. Within a wave every child is
@@ -171,8 +173,7 @@ impl Applier {
             }
         }
         let mut first_error = None;
-        for (child, result) in desired.children.iter().zip(results) {
-            let (key, _) = child.stamped(owner)?;
+        for (key, result) in keys.into_iter().zip(results) {
             let applied = match result.expect("every child is in one wave") {
                 Ok(applied) => applied,
                 Err(e) => {
