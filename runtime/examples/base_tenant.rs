@@ -134,7 +134,7 @@ impl Reconciler for BaseTenants {
         tenant: &BaseTenant,
         pass: &mut Pass<BaseTenant>,
     ) -> Result<Cleanup<BaseTenant>, ReconcileError> {
-        idem_runtime::reconciler::retention::retain_children::<Self>(tenant, pass).await
+        retain_children::<Self>(tenant, pass).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! What a resource on idem needs, in one import: `use idem_runtime::prelude::*;`.
 //!
 //! The derive and the trait it implements ([`IdempotentResource`], one name for both), the
-//! reconciler ([`Reconciler`], [`Pass`], [`Outcome`], [`Cleanup`], [`ReconcileError`], the
+//! reconciler ([`Reconciler`], [`Pass`], [`Outcome`], [`Cleanup`], [`ReconcileError`], [`retain_children`], the
 //! child kinds it declares, [`ChildKinds`], and what its readiness reads, [`Children`]), the
 //! desired children ([`DesiredChildren`]) and what their apply did ([`ApplyReport`],
 //! [`ChildOutcome`], [`CreatedChild`] for the record in its status), the readiness its status
@@ -36,6 +36,7 @@ pub use crate::apply::{ApplyError, ApplyReport, ChildOutcome, CreatedChild, Desi
 pub use crate::controller::{Action, Controller, ControllerConfig};
 pub use crate::key::{ObjectKey, TenantKey};
 pub use crate::manager::{Manager, ManagerError, Reconciles};
+pub use crate::reconciler::retention::retain_children;
 pub use crate::reconciler::{
     ChildKinds, Children, Cleanup, Driver, DriverConfig, Outcome, Pass, ReconcileError, Reconciler,
 };
