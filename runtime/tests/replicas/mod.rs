@@ -1,0 +1,74 @@
+//! What the tests that run replicas of the example's manager share: polling for a condition,
+//! its HTTP endpoints, and whether its BaseTenants converged. Included by those tests as
+//! `mod replicas;` beside `mod base_tenant;`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::{Api, Client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::base_tenant::BaseTenant;
+
+/// Longest wait for any condition (two cores, other builds beside the tests).
+pub const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Polls `check` every 250 ms until it returns `Ok`; panics with the last `Err` after
+/// [`TIMEOUT`].
+pub async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
+    what: &str,
+    mut check: impl FnMut() -> Fut,
+) -> T {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; last state: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `GET path` on `addr`: status code and body.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut stream = (tokio::net::TcpStream::connect(addr).await).map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    (stream.write_all(request.as_bytes()).await).map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    (stream.read_to_string(&mut reply).await).map_err(|e| e.to_string())?;
+    let (head, body) = reply.split_once("\r\n\r\n").ok_or("not HTTP")?;
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    Ok((code.ok_or("no status")?, body.to_string()))
+}
+
+/// The value of gauge `name` in a `/metrics` text.
+pub fn gauge(metrics: &str, name: &str) -> Option<i64> {
+    (metrics.lines())
+        .find(|l| l.split([' ', '{']).next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Whether every BaseTenant in `names` is Ready at its generation with quota `cpu`.
+pub async fn all_ready(client: &Client, names: &[String], cpu: &str) -> Result<(), String> {
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    for name in names {
+        let t = tenants.get(name).await.map_err(|e| e.to_string())?;
+        let status = t.status.clone().unwrap_or_default();
+        let ready = (status.conditions.iter()).any(|c| c.type_ == "Ready" && c.status == "True");
+        if !ready || status.observed_generation != t.metadata.generation {
+            return Err(format!("{name}: {status:?}"));
+        }
+        let quota = Api::<ResourceQuota>::namespaced(client.clone(), name);
+        let quota = quota.get("quota").await.map_err(|e| e.to_string())?;
+        let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+        if hard.get("requests.cpu").map(|q| q.0.as_str()) != Some(cpu) {
+            return Err(format!("{name}: quota {hard:?}"));
+        }
+    }
+    Ok(())
+}
