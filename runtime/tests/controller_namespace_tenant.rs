@@ -195,8 +195,15 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
     );
 
     // Converged passes: every request the controller's user makes counts, from before a whole
-    // pass started until after it ended (the passes of one key run one after the other).
+    // pass started until after it ended (the passes of one key run one after the other). The
+    // pass that wrote Ready may still be running (it publishes the Ready Event after the status
+    // write): wait for one more pass to end first, so its requests are not counted.
     let passes = r#"controller_runtime_reconcile_total{controller="notebook",result="success"}"#;
+    let ended = value(&scrape(&registry), passes);
+    common::wait_until("the pass that wrote Ready to end", WAIT, || {
+        value(&scrape(&registry), passes) >= ended + 1.0
+    })
+    .await;
     let before = user.requests().await;
     let done = value(&scrape(&registry), passes);
     common::wait_until("two more converged passes", WAIT, || {
