@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value};
 
 use super::KindView;
+use super::template::{Interner, Templated};
 use super::trust::Trust;
 use crate::key::ObjectKey;
 use crate::labels::{Labels, MANAGED_BY_LABEL};
@@ -78,17 +79,6 @@ fn stub_labels() -> Vec<&'static str> {
         keys.extend([l.owner_uid(), l.tenant(), l.shard_bucket()]);
     }
     keys
-}
-
-/// The owner-uid labels of `obj`, one per owner kind's [`Labels`] it carries.
-fn owner_uids(obj: &Value) -> Box<[(Labels, Box<str>)]> {
-    let Some(labels) = obj.pointer("/metadata/labels") else {
-        return Box::default();
-    };
-    Labels::known()
-        .into_iter()
-        .filter_map(|l| Some((l, labels.get(l.owner_uid())?.as_str()?.into())))
-        .collect()
 }
 
 /// The most of any string a [`stub`] keeps, in bytes (a DNS subdomain's length; label values
@@ -161,31 +151,211 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
     serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": m})
 }
 
-/// `(namespace, name)`.
-type Name = (Option<String>, String);
+/// `namespace/name`, or `name` for a cluster-scoped object (neither may hold a `/`).
+type Name = Box<str>;
 
-/// One cached child.
+fn key(namespace: Option<&str>, name: &str) -> Name {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}").into(),
+        None => name.into(),
+    }
+}
+
+/// `(namespace, name)` of a [`key`].
+fn split(key: &str) -> (Option<&str>, &str) {
+    match key.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, key),
+    }
+}
+
+/// One cached child: its text as a template shared with the children made alike, and what is
+/// its own (see [`super::template`]); about 250 bytes however large the object.
 struct Entry {
-    /// Its owner-uid labels (one per owner kind's [`Labels`] it carries), for listing an
-    /// owner's children without parsing the others.
-    owner: Box<[(Labels, Box<str>)]>,
-    /// The stripped object, or its [`stub`], as JSON text (with `apiVersion` and `kind`).
-    json: Box<str>,
-    /// Whether `json` is only a [`stub`].
-    stub: bool,
+    /// The stripped object, or its [`stub`], without `apiVersion`, `kind`, name, namespace,
+    /// and the uid and resourceVersion when they are kept below.
+    text: Templated,
+    /// The uid, when it is a UUID in canonical form other than the nil one (else zeros: it
+    /// stays in the text).
+    uid: [u8; 16],
+    /// The resourceVersion, when it is a decimal number in `1..2^63` (else 0: in the text),
+    /// and in the top bit, whether `text` is only a [`stub`].
+    rv_stub: u64,
+}
+
+/// The bit of [`Entry::rv_stub`] that says the entry is a stub.
+const STUB_BIT: u64 = 1 << 63;
+
+/// `uid` as 16 bytes, when it is a lower-case UUID that prints back the same.
+fn compact_uid(uid: &str) -> Option<[u8; 16]> {
+    let b = uid.as_bytes();
+    if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
+        return None;
+    }
+    let hex: Vec<u8> = b.iter().copied().filter(|&c| c != b'-').collect();
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    (out != [0; 16]).then_some(out)
+}
+
+fn uid_text(uid: &[u8; 16]) -> String {
+    let hex: String = uid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// `rv` as a number, when it prints back the same and is above 0.
+fn compact_rv(rv: &str) -> Option<u64> {
+    rv.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0 && *n < STUB_BIT && n.to_string() == rv)
+}
+
+/// The values of an object that differ between children made alike, replaced in its template:
+/// the owner-uid labels of every owner kind first (an owner's children are listed by them),
+/// then its owners' uids and names, its tenant and shard labels, its fingerprints and its
+/// creation time.
+fn own_values(meta: &Map<String, Value>) -> Vec<&str> {
+    let labels = meta.get("labels");
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    let known = Labels::known();
+    let mut out: Vec<&str> = known.iter().filter_map(|l| label(l.owner_uid())).collect();
+    for r in meta
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.extend(["uid", "name"].iter().filter_map(|f| r.get(*f)?.as_str()));
+    }
+    for l in &known {
+        out.extend(label(l.tenant()));
+        out.extend(label(l.shard_bucket()));
+        out.extend(annotation(meta, *l));
+    }
+    out.extend(meta.get("creationTimestamp").and_then(Value::as_str));
+    out
+}
+
+/// The fingerprint annotation of owner kind `labels` in `meta`.
+fn annotation(meta: &Map<String, Value>, labels: Labels) -> Option<&str> {
+    meta.get("annotations")?.get(labels.fingerprint())?.as_str()
 }
 
 impl Entry {
-    /// The `(uid, resourceVersion)` of a stub (cheap: a stub is small).
-    fn stub_identity(&self) -> Option<(Option<String>, Option<u64>)> {
-        if !self.stub {
+    /// The entry of `obj` (stripped, or a stub) at `key`, its texts interned in `interner`.
+    fn new(mut obj: Value, key: &str, stub: bool, interner: &Interner) -> Self {
+        let (namespace, name) = split(key);
+        let (mut uid, mut rv) = (None, 0);
+        if let Some(o) = obj.as_object_mut() {
+            o.remove("apiVersion");
+            o.remove("kind");
+        }
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("name");
+            meta.remove("namespace");
+            uid = meta
+                .get("uid")
+                .and_then(Value::as_str)
+                .and_then(compact_uid);
+            if uid.is_some() {
+                meta.remove("uid");
+            }
+            rv = meta
+                .get("resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(compact_rv)
+                .unwrap_or(0);
+            if rv > 0 {
+                meta.remove("resourceVersion");
+            }
+        }
+        let json = obj.to_string();
+        let empty = Map::new();
+        let meta = obj
+            .get("metadata")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        let print = Labels::known()
+            .into_iter()
+            .find_map(|l| annotation(meta, l));
+        let text = Templated::new(&json, name, namespace, own_values(meta), print, interner);
+        Self {
+            text,
+            uid: uid.unwrap_or_default(),
+            rv_stub: rv | if stub { STUB_BIT } else { 0 },
+        }
+    }
+
+    fn stub(&self) -> bool {
+        self.rv_stub & STUB_BIT != 0
+    }
+
+    fn rv(&self) -> u64 {
+        self.rv_stub & !STUB_BIT
+    }
+
+    fn uid(&self) -> Option<String> {
+        (self.uid != [0; 16]).then(|| uid_text(&self.uid))
+    }
+
+    /// The object back, as JSON, with `apiVersion` and `kind`.
+    fn object(&self, key: &str, api_version: &str, kind: &str) -> Option<Value> {
+        let (namespace, name) = split(key);
+        let mut obj: Value = serde_json::from_str(&self.text.text(name, namespace)).ok()?;
+        let o = obj.as_object_mut()?;
+        o.insert("apiVersion".into(), api_version.into());
+        o.insert("kind".into(), kind.into());
+        let meta = o
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()))
+            .as_object_mut()?;
+        meta.insert("name".into(), name.into());
+        if let Some(ns) = namespace {
+            meta.insert("namespace".into(), ns.into());
+        }
+        if let Some(uid) = self.uid() {
+            meta.insert("uid".into(), uid.into());
+        }
+        if self.rv() > 0 {
+            meta.insert("resourceVersion".into(), self.rv().to_string().into());
+        }
+        Some(obj)
+    }
+
+    /// The `(uid, resourceVersion)` of a stub.
+    fn stub_identity(&self, key: &str) -> Option<(Option<String>, Option<u64>)> {
+        if !self.stub() {
             return None;
         }
-        let meta = serde_json::from_str::<MetaOnly>(&self.json).ok()?.metadata;
+        if let (Some(uid), true) = (self.uid(), self.rv() > 0) {
+            return Some((Some(uid), Some(self.rv())));
+        }
+        let obj = self.object(key, "", "")?;
+        let meta = obj.get("metadata")?;
         Some((
-            meta.uid,
-            meta.resource_version.and_then(|rv| rv.parse().ok()),
+            meta.get("uid").and_then(Value::as_str).map(str::to_owned),
+            super::rv_of(&obj),
         ))
+    }
+
+    /// Whether the object may be labelled `<labels.owner_uid()>=uid` (exactly when `uid` is a
+    /// value JSON writes as it is, as a uid the API server made always is; else maybe).
+    fn may_be_owned_by(&self, uid: &str) -> bool {
+        self.text.has_value(uid) || uid.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
     }
 }
 
@@ -198,49 +368,17 @@ pub(crate) struct CompactStore {
     keep_status: bool,
     /// Which objects are kept whole; `None`: all of them.
     trust: Option<Arc<Trust>>,
+    /// The texts and values the entries share.
+    interner: Interner,
     live: RwLock<HashMap<Name, Entry>>,
     relist: Mutex<Option<HashMap<Name, Entry>>>,
 }
 
-/// The object's `(namespace, name)`; `None` without a name.
+/// The object's key; `None` without a name.
 fn name_of(obj: &Value) -> Option<Name> {
     let meta = obj.get("metadata")?;
-    let name = meta.get("name")?.as_str()?.to_owned();
-    let namespace = meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    Some((namespace, name))
-}
-
-/// The object's `(namespace, name)` and its entry (whole, or its [`stub`]); `None` without a
-/// name.
-fn entry(
-    mut obj: Value,
-    api_version: &str,
-    kind: &str,
-    keep_status: bool,
-    whole: bool,
-) -> Option<(Name, Entry)> {
-    let name = name_of(&obj)?;
-    if whole {
-        strip(&mut obj, keep_status);
-        // Typed objects may serialise without apiVersion/kind.
-        obj["apiVersion"] = Value::String(api_version.to_owned());
-        obj["kind"] = Value::String(kind.to_owned());
-    } else {
-        obj = stub(&obj, api_version, kind);
-    }
-    let owner = owner_uids(&obj);
-    let json = obj.to_string().into_boxed_str();
-    Some((
-        name,
-        Entry {
-            owner,
-            json,
-            stub: !whole,
-        },
-    ))
+    let name = meta.get("name")?.as_str()?;
+    Some(key(meta.get("namespace").and_then(Value::as_str), name))
 }
 
 impl CompactStore {
@@ -257,6 +395,7 @@ impl CompactStore {
             kind: kind.to_owned(),
             keep_status,
             trust,
+            interner: Interner::default(),
             live: RwLock::default(),
             relist: Mutex::default(),
         }
@@ -293,8 +432,16 @@ impl CompactStore {
         trust.is_ours(&key, uid)
     }
 
-    fn entry(&self, obj: Value, whole: bool) -> Option<(Name, Entry)> {
-        entry(obj, &self.api_version, &self.kind, self.keep_status, whole)
+    /// The entry of `obj`: stripped when `whole`, else its [`stub`].
+    fn entry(&self, mut obj: Value, whole: bool) -> Option<(Name, Entry)> {
+        let name = name_of(&obj)?;
+        if whole {
+            strip(&mut obj, self.keep_status);
+        } else {
+            obj = stub(&obj, &self.api_version, &self.kind);
+        }
+        let e = Entry::new(obj, &name, !whole, &self.interner);
+        Some((name, e))
     }
 
     /// Stores the object with metadata `meta`, in the relist under way when `initial`: whole
@@ -353,12 +500,12 @@ impl CompactStore {
         let uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
         let rv = super::rv_of(obj);
         let replaces = |e: &Entry| {
-            e.stub_identity().is_some_and(|(stub_uid, stub_rv)| {
+            e.stub_identity(&name).is_some_and(|(stub_uid, stub_rv)| {
                 stub_uid.as_deref() == uid && uid.is_some() && stub_rv <= rv
             })
         };
         let whole = || self.entry(obj.clone(), true).map(|(_, e)| e);
-        let stubbed = |map: &HashMap<Name, Entry>| map.get(&name).is_some_and(|e| e.stub);
+        let stubbed = |map: &HashMap<Name, Entry>| map.get(&name).is_some_and(|e| e.stub());
         let in_live = self.live.read().is_ok_and(|live| stubbed(&live));
         let in_relist = self
             .relist
@@ -385,7 +532,7 @@ impl CompactStore {
     /// A watch `Delete` event.
     pub(crate) fn delete(&self, namespace: Option<&str>, name: &str) {
         if let Ok(mut live) = self.live.write() {
-            live.remove(&(namespace.map(str::to_owned), name.to_owned()));
+            live.remove(&*key(namespace, name));
         }
     }
 
@@ -412,17 +559,12 @@ impl CompactStore {
     }
 }
 
-/// `{"metadata": …}`, parsed from a cached object without the rest.
-#[derive(serde::Deserialize)]
-struct MetaOnly {
-    metadata: ObjectMeta,
-}
-
 impl KindView for CompactStore {
     fn get(&self, namespace: Option<&str>, name: &str) -> Option<(Value, bool)> {
         let live = self.live.read().ok()?;
-        let e = live.get(&(namespace.map(str::to_owned), name.to_owned()))?;
-        Some((serde_json::from_str(&e.json).ok()?, e.stub))
+        let k = key(namespace, name);
+        let e = live.get(&k)?;
+        Some((e.object(&k, &self.api_version, &self.kind)?, e.stub()))
     }
 
     fn upgrade(&self, obj: &Value) {
@@ -438,10 +580,16 @@ impl KindView for CompactStore {
             return Vec::new();
         };
         live.iter()
-            .filter(|((ns, _), _)| namespace.is_none() || ns.as_deref() == namespace)
-            .filter(|(_, e)| e.owner.iter().any(|(l, v)| *l == labels && **v == *uid))
-            .filter_map(|(_, e)| serde_json::from_str::<MetaOnly>(&e.json).ok())
-            .map(|m| m.metadata)
+            .filter(|(k, _)| namespace.is_none() || split(k).0 == namespace)
+            .filter(|(_, e)| e.may_be_owned_by(uid))
+            .filter_map(|(k, e)| e.object(k, &self.api_version, &self.kind))
+            .filter(|obj| {
+                obj.pointer("/metadata/labels")
+                    .and_then(|l| l.get(labels.owner_uid()))
+                    .and_then(Value::as_str)
+                    == Some(uid)
+            })
+            .filter_map(|mut obj| serde_json::from_value::<ObjectMeta>(obj["metadata"].take()).ok())
             .collect()
     }
 

@@ -22,6 +22,7 @@ use crate::labels::Labels;
 mod answers;
 mod compact;
 mod own_writes;
+mod template;
 mod trust;
 pub(crate) use answers::Answers;
 pub(crate) use compact::CompactStore;

@@ -230,3 +230,233 @@ fn without_a_trust_every_object_is_kept_whole() {
     s.apply(claiming("forged", "theirs", 100));
     assert!(!s.get(Some("acme"), "forged").expect("stored").1);
 }
+
+/// Every allocation of this test binary, counted: what a fill of a store keeps is weighed in
+/// a process of its own ([`a_cached_child_costs_at_most_300_bytes`]).
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// A uid as the API server makes them (a v4 UUID), distinct per `n`.
+fn uid(n: u64) -> String {
+    let h = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5DEE_CE66_D1CE_4E5B;
+    let l = n.wrapping_mul(0xC2B2_AE3D_27D4_EB4F).rotate_left(17);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
+        h >> 32,
+        (h >> 16) & 0xffff,
+        h & 0xfff,
+        l >> 52,
+        l & 0xffff_ffff_ffff
+    )
+}
+
+/// Child `kind` of tenant `t` in its namespace `j`, as the API server answers a watch after the
+/// engine applied it for a `BaseTenant` (group `example.idem.dev`): identity, idem's labels and
+/// fingerprint annotation, the controller ownerReference, the engine's `Apply` entry in
+/// `managedFields` (and the server's own entries where it keeps some) and the body.
+fn fleet_child(kind: &str, t: u64, j: u64) -> Value {
+    let prefix = Labels::with_prefix("example.idem.dev").prefix();
+    let tenant = format!("team-{t:04}");
+    let ns = format!("{tenant}-ns{j}");
+    let owner = uid(t);
+    let n = t * 16
+        + j * 4
+        + [("Namespace", 0), ("ResourceQuota", 1), ("LimitRange", 2)]
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(3, |(_, i)| *i);
+    let labels = json!({
+        "app.kubernetes.io/managed-by": "base-tenant-controller",
+        format!("{prefix}/owner-uid"): owner,
+        format!("{prefix}/tenant"): tenant,
+    });
+    let fields_meta = json!({
+        "f:annotations": {format!("f:{prefix}/applied-fingerprint"): {}},
+        "f:labels": {
+            "f:app.kubernetes.io/managed-by": {},
+            format!("f:{prefix}/owner-uid"): {},
+            format!("f:{prefix}/tenant"): {},
+        },
+        "f:ownerReferences": {format!("k:{{\"uid\":\"{owner}\"}}"): {}},
+    });
+    let (name, body, fields_body, api_version) = match kind {
+        "Namespace" => (
+            ns.clone(),
+            json!({"spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+            json!({}),
+            "v1",
+        ),
+        "ResourceQuota" => (
+            "quota".to_owned(),
+            json!({"spec": {"hard": {"pods": "10", "requests.cpu": "2", "requests.memory": "4Gi"}},
+                   "status": {"hard": {"pods": "10", "requests.cpu": "2", "requests.memory": "4Gi"},
+                              "used": {"pods": "0", "requests.cpu": "0", "requests.memory": "0"}}}),
+            json!({"f:spec": {"f:hard": {"f:pods": {}, "f:requests.cpu": {}, "f:requests.memory": {}}}}),
+            "v1",
+        ),
+        "LimitRange" => (
+            "limits".to_owned(),
+            json!({"spec": {"limits": [{"type": "Container",
+                                        "default": {"cpu": "500m", "memory": "512Mi"},
+                                        "defaultRequest": {"cpu": "100m", "memory": "128Mi"}}]}}),
+            json!({"f:spec": {"f:limits": {}}}),
+            "v1",
+        ),
+        _ => (
+            "owners".to_owned(),
+            json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": "admin"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                 "name": format!("{tenant}-owner@example.com")}]}),
+            json!({"f:roleRef": {}, "f:subjects": {}}),
+            "rbac.authorization.k8s.io/v1",
+        ),
+    };
+    let mut fields = fields_body;
+    fields["f:metadata"] = fields_meta;
+    let mut meta = json!({
+        "name": name,
+        "uid": uid(1_000_000 + n),
+        "resourceVersion": (100_000 + n).to_string(),
+        "creationTimestamp": "2026-12-02T18:09:30Z",
+        "labels": labels,
+        "annotations": {format!("{prefix}/applied-fingerprint"): format!("{:016x}", n.wrapping_mul(0x2545_F491_4F6C_DD1D))},
+        "ownerReferences": [{"apiVersion": "example.idem.dev/v1", "kind": "BaseTenant",
+                             "name": tenant, "uid": owner, "controller": true,
+                             "blockOwnerDeletion": true}],
+        "managedFields": [{"manager": "base-tenant-controller", "operation": "Apply",
+                           "apiVersion": api_version, "time": "2026-12-02T18:09:30Z",
+                           "fieldsType": "FieldsV1", "fieldsV1": fields}],
+    });
+    if kind == "Namespace" {
+        meta["labels"]["kubernetes.io/metadata.name"] = json!(ns);
+    } else {
+        meta["namespace"] = json!(ns);
+    }
+    if kind == "ResourceQuota" {
+        meta["managedFields"].as_array_mut().unwrap().push(json!({
+            "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+            "time": "2026-12-02T18:09:31Z", "fieldsType": "FieldsV1", "subresource": "status",
+            "fieldsV1": {"f:status": {"f:hard": {".": {}, "f:pods": {}, "f:requests.cpu": {},
+                                                 "f:requests.memory": {}},
+                                      "f:used": {".": {}, "f:pods": {}, "f:requests.cpu": {},
+                                                 "f:requests.memory": {}}}}}));
+    }
+    let mut obj = body;
+    obj["metadata"] = meta;
+    obj
+}
+
+/// The bench's four child kinds.
+const FLEET_KINDS: [(&str, &str); 4] = [
+    ("Namespace", "v1"),
+    ("ResourceQuota", "v1"),
+    ("LimitRange", "v1"),
+    ("RoleBinding", "rbac.authorization.k8s.io/v1"),
+];
+
+/// Tenants (of 3 namespaces each) of the weighed fill.
+const FLEET_TENANTS: u64 = 1_000;
+
+/// Fills a store of each fleet kind and prints what it keeps per child: the bytes its live
+/// allocations asked for, plus 16 per allocation (the system allocator's header and rounding).
+/// Only meaningful alone in its process, which the test below arranges.
+#[test]
+#[ignore = "run by a_cached_child_costs_at_most_300_bytes in a process of its own"]
+fn weigh_a_fill() {
+    for (kind, api_version) in FLEET_KINDS {
+        let region = stats_alloc::Region::new(ALLOCATOR);
+        let store = CompactStore::new(api_version, kind, false, None);
+        for t in 0..FLEET_TENANTS {
+            for j in 0..3 {
+                store.apply(fleet_child(kind, t, j));
+            }
+        }
+        let c = region.change();
+        let live = c.allocations as i64 - c.deallocations as i64;
+        // A realloc counts its growth as allocated and its shrinking as deallocated.
+        let bytes = c.bytes_allocated as i64 - c.bytes_deallocated as i64;
+        let children = store.len() as i64;
+        assert_eq!(children as u64, FLEET_TENANTS * 3);
+        let mut one = fleet_child(kind, 0, 0);
+        strip(&mut one, false);
+        println!(
+            "weighed {kind} {} ({} allocations, {} bytes of JSON each)",
+            (bytes + 16 * live) / children,
+            live / children,
+            one.to_string().len()
+        );
+    }
+}
+
+#[test]
+fn a_cached_child_costs_at_most_300_bytes() {
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "cache::compact::tests::weigh_a_fill",
+            "--ignored",
+        ])
+        .args(["--nocapture", "--test-threads=1"])
+        .output()
+        .expect("run the weighing in a process of its own");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let weights: Vec<(&str, i64)> = text
+        .lines()
+        .filter_map(|l| Some(l.split_once("weighed ")?.1))
+        .filter_map(|l| {
+            let mut words = l.split(' ');
+            Some((words.next()?, words.next()?.parse().ok()?))
+        })
+        .collect();
+    for l in text.lines().filter(|l| l.contains("weighed ")) {
+        println!("{l}");
+    }
+    println!("bytes per cached child ({FLEET_TENANTS} tenants × 3 namespaces): {weights:?}");
+    assert_eq!(weights.len(), FLEET_KINDS.len(), "{text}");
+    for (kind, bytes) in weights {
+        assert!(bytes <= 300, "a cached {kind} costs {bytes} bytes");
+    }
+}
+
+#[test]
+fn a_child_comes_back_as_it_was_stored_whatever_it_shares() {
+    for (kind, api_version) in FLEET_KINDS {
+        let store = CompactStore::new(api_version, kind, true, None);
+        let mut odd = fleet_child(kind, 7, 1);
+        // What an owner's values may collide with: another owner's uid in a label, a value
+        // equal to the name, a uid and resourceVersion the compact forms do not take.
+        odd["metadata"]["labels"]["x"] = json!(uid(8));
+        odd["metadata"]["labels"]["same"] = odd["metadata"]["name"].clone();
+        odd["metadata"]["uid"] = json!("NOT-A-UUID");
+        odd["metadata"]["resourceVersion"] = json!("007");
+        let children = [fleet_child(kind, 7, 0), odd, fleet_child(kind, 8, 2)];
+        for c in &children {
+            store.apply(c.clone());
+        }
+        for c in &children {
+            let mut expected = c.clone();
+            strip(&mut expected, true);
+            expected["apiVersion"] = json!(api_version);
+            expected["kind"] = json!(kind);
+            let meta = &c["metadata"];
+            let (got, stub) = store
+                .get(meta["namespace"].as_str(), meta["name"].as_str().unwrap())
+                .expect("cached");
+            assert!(!stub);
+            assert_eq!(got, expected);
+        }
+        // Listed by the owner-uid label, not by any value that equals it.
+        let labels = Labels::with_prefix("example.idem.dev");
+        let owned = |uid: &str| store.owned_by(None, labels, uid).len();
+        assert_eq!(
+            (owned(&uid(7)), owned(&uid(8)), owned("team-0007")),
+            (2, 1, 0)
+        );
+    }
+}
