@@ -228,10 +228,9 @@ fn compact_rv(rv: &str) -> Option<u64> {
 /// the owner-uid labels of every owner kind first (an owner's children are listed by them),
 /// then its owners' uids and names, its tenant and shard labels, its fingerprints and its
 /// creation time.
-fn own_values(meta: &Map<String, Value>) -> Vec<&str> {
+fn own_values<'a>(meta: &'a Map<String, Value>, known: &[Labels]) -> Vec<&'a str> {
     let labels = meta.get("labels");
     let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    let known = Labels::known();
     let mut out: Vec<&str> = known.iter().filter_map(|l| label(l.owner_uid())).collect();
     for r in meta
         .get("ownerReferences")
@@ -241,7 +240,7 @@ fn own_values(meta: &Map<String, Value>) -> Vec<&str> {
     {
         out.extend(["uid", "name"].iter().filter_map(|f| r.get(*f)?.as_str()));
     }
-    for l in &known {
+    for l in known {
         out.extend(label(l.tenant()));
         out.extend(label(l.shard_bucket()));
         out.extend(annotation(meta, *l));
@@ -289,10 +288,17 @@ impl Entry {
             .get("metadata")
             .and_then(Value::as_object)
             .unwrap_or(&empty);
-        let print = Labels::known()
-            .into_iter()
-            .find_map(|l| annotation(meta, l));
-        let text = Templated::new(&json, name, namespace, own_values(meta), print, interner);
+        // One look at the interned label sets per object (they are behind a global lock).
+        let known = Labels::known();
+        let print = known.iter().find_map(|l| annotation(meta, *l));
+        let text = Templated::new(
+            &json,
+            name,
+            namespace,
+            own_values(meta, &known),
+            print,
+            interner,
+        );
         Self {
             text,
             uid: uid.unwrap_or_default(),
