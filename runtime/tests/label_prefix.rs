@@ -30,6 +30,7 @@ use idem_runtime::apply::{CreatedChild, DesiredChildren};
 use idem_runtime::controller::Action;
 use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -253,6 +254,28 @@ async fn a_kinds_children_carry_its_label_prefix_and_converge_repair_and_prune_b
     let mut names: Vec<String> = listed.items.iter().map(ResourceExt::name_any).collect();
     names.sort();
     assert_eq!(names, ["a", "b"], "listed by the prefixed owner-uid label");
+    // One `Created` Event per child, each naming it (a series per related child, not one
+    // series counting up the first child's note).
+    let mut created: Vec<String> = Api::<Event>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("Created")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("blue")
+        })
+        .filter_map(|e| e.note)
+        .collect();
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            format!("created ConfigMap/{ns}/a"),
+            format!("created ConfigMap/{ns}/b")
+        ]
+    );
     for cm in &listed.items {
         assert_under("teams.example.com", &cm.metadata, &uid, &ns);
         assert!(

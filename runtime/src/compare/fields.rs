@@ -105,15 +105,18 @@ pub fn check(desired: &Value, live: &Value, field_manager: &str) -> Vec<Drift> {
         .get("fieldsV1")
         .and_then(Value::as_object)
         .unwrap_or(&empty);
+    // Every other entry, a subresource's too: `kubectl scale` records `.spec.replicas` in an
+    // entry of the `scale` subresource, and that writer, not a removal, took the field.
     let others: Vec<(String, &Map<String, Value>)> = entries
         .iter()
-        .filter(|e| main(e) && !std::ptr::eq(*e, ours))
+        .filter(|e| !std::ptr::eq(*e, ours))
         .filter_map(|e| {
-            let name = format!(
-                "{} ({})",
-                e.get("manager").and_then(Value::as_str).unwrap_or("?"),
-                e.get("operation").and_then(Value::as_str).unwrap_or("?")
-            );
+            let manager = e.get("manager").and_then(Value::as_str).unwrap_or("?");
+            let operation = e.get("operation").and_then(Value::as_str).unwrap_or("?");
+            let name = match e.get("subresource").and_then(Value::as_str) {
+                Some(sub) if !sub.is_empty() => format!("{manager} ({operation}, {sub})"),
+                _ => format!("{manager} ({operation})"),
+            };
             Some((name, e.get("fieldsV1")?.as_object()?))
         })
         .collect();

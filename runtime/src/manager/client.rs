@@ -37,7 +37,10 @@ pub enum ConfigError {
         source: KubeconfigError,
     },
     /// Neither `KUBECONFIG`, `~/.kube/config` nor the in-cluster configuration worked.
-    #[error("no Kubernetes client configuration: {0}")]
+    #[error(
+        "no Kubernetes client configuration (set KUBECONFIG, pass --kubeconfig or run in a \
+         cluster): {0}"
+    )]
     Infer(#[from] kube::config::InferConfigError),
 }
 

@@ -1,9 +1,14 @@
 //! Why a [`Manager`](super::Manager) stopped with an error.
 
+use std::fmt;
+
 use crate::controller::ControllerError;
 
 /// Why a manager could not start or stopped abnormally.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its message, because `main` returning `Err` prints the error's `Debug`: a
+/// user's binary without a kubeconfig says so in a sentence, not as nested structs.
+#[derive(thiserror::Error)]
 pub enum ManagerError {
     /// No client configuration could be loaded.
     #[error(transparent)]
@@ -44,4 +49,28 @@ pub enum ManagerError {
         /// What failed.
         message: String,
     },
+}
+
+impl fmt::Debug for ManagerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn main_returning_the_error_prints_its_message() {
+        let e = ManagerError::Io {
+            what: "binding the metrics address 127.0.0.1:8080",
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        assert_eq!(format!("{e:?}"), e.to_string());
+        assert!(
+            format!("{e:?}").starts_with("binding the metrics address"),
+            "{e:?}"
+        );
+    }
 }

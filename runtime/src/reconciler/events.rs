@@ -50,7 +50,9 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
                 reason: "Created".into(),
                 note: Some(format!("created {key}")),
                 action: "Apply".into(),
-                secondary: None,
+                // The child as related object: kube's recorder folds events with the same
+                // related object into one series, so each child gets its own.
+                secondary: Some(child_reference(key)),
             },
             ChildOutcome::Recreated { reason } => Event {
                 type_: EventType::Warning,
@@ -96,7 +98,7 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
             reason: "Deleted".into(),
             note: Some(format!("deleted {key}, no longer desired")),
             action: "Prune".into(),
-            secondary: None,
+            secondary: Some(child_reference(key)),
         };
         publish(recorder, reference, event).await;
     }

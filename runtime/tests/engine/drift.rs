@@ -1,8 +1,10 @@
 //! Drift that only the server's record reveals: a value changed under our own field manager
-//! name, an integer beyond 2^53, and the repair report naming who changed what.
+//! name, an integer beyond 2^53, and the repair report naming who changed what (through a
+//! subresource too).
 
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildOutcome, DesiredChildren, Owner};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -90,4 +92,38 @@ async fn a_repair_names_the_fields_and_the_manager_that_changed_them() {
     // A change of our own desired body is not a repair.
     let (report, _) = reconcile(&client, &w).await.expect("converged");
     assert!(report.repaired.is_empty() && !report.wrote(), "{report:?}");
+}
+
+/// `kubectl scale` writes `.spec.replicas` through the `scale` subresource: the server records
+/// that writer in an entry of the subresource, and the repair names it (not "removed").
+#[tokio::test]
+async fn a_repair_names_a_writer_through_the_scale_subresource() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "repair-scale").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let pp = PatchParams {
+        field_manager: Some("kubectl-scale".into()),
+        ..PatchParams::default()
+    };
+    deployments
+        .patch_scale("w", &pp, &Patch::Merge(&json!({"spec": {"replicas": 5}})))
+        .await
+        .expect("scale");
+    let (report, _) = reconcile(&client, &w).await.expect("repair");
+    assert_eq!(report.repaired.len(), 1, "{report:?}");
+    assert_eq!(
+        report.repaired[0].to_string(),
+        format!(
+            "Deployment/{ns}/w: .spec.replicas changed by kubectl-scale (Update, scale), restored"
+        )
+    );
+    let live = deployments.get("w").await.expect("get");
+    assert_eq!(
+        live.spec.and_then(|s| s.replicas),
+        Some(widget_spec().replicas)
+    );
 }
