@@ -19,7 +19,8 @@
 //! 3. it owns **nothing the desired body lacks** (else the apply would remove that field);
 //! 4. every desired value equals the live value: scalars exactly, quantities by value only in
 //!    the fields whose type is `resource.Quantity` ([`schema`](self) table, by kind and path,
-//!    never by key name); a value owned as a whole equals as a whole (same keys, same list
+//!    never by key name), unless another manager owns the field too (the apply's other
+//!    spelling takes it from them); a value owned as a whole equals as a whole (same keys, same list
 //!    length and order), except keys or items another manager owns (a granular map or list we
 //!    applied empty: theirs); an owned field that is absent from the live object counts as
 //!    equal only when Go drops it on the wire (an empty map or list, a zero scalar of a

@@ -107,6 +107,28 @@ fn quantities_by_path_only() {
 }
 
 #[test]
+fn a_quantity_spelled_otherwise_is_drift_while_another_manager_owns_it_too() {
+    // The server compares the applied "0.5" with the stored "500m" as text: the apply takes
+    // the field from their entry, so it is not converged while they own it too.
+    let d = json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"requests.storage": "0.5"}}});
+    let f = json!({"f:spec": {"f:hard": {"f:requests.storage": {}}}});
+    let live = json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"requests.storage": "500m"}}});
+    let shared = with_fields(
+        live.clone(),
+        vec![
+            entry("their-apply", "Apply", f.clone()),
+            entry(M, "Apply", f.clone()),
+        ],
+    );
+    assert_eq!(check(&d, &shared, M)[0].path, ".spec.hard.requests.storage");
+    let ours = with_fields(live.clone(), vec![entry(M, "Apply", f.clone())]);
+    assert!(is_converged(&d, &ours, M));
+    // Spelled as stored, the apply changes nothing whoever else owns it.
+    let d = json!({"kind": "ResourceQuota", "metadata": {}, "spec": {"hard": {"requests.storage": "500m"}}});
+    assert!(is_converged(&d, &shared, M));
+}
+
+#[test]
 fn removed_field_is_drift_and_omitted_zero_is_not() {
     let d = json!({"kind": "X", "metadata": {}, "spec": {"a": false, "b": false}});
     // `a` was removed (its ownership went with it); `b` is owned but Go omitted the zero value.
