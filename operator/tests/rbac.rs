@@ -704,21 +704,25 @@ async fn the_operators_lease_requests_are_served_at_the_leader_election_priority
         }
     };
     // A new FlowSchema takes effect once the API server has loaded it: poll until it does.
-    eventually("the operator's Lease requests at leader-election", TIMEOUT, || {
-        let (served_at, schema_uid, level_uid) = (&served_at, &schema_uid, &level_uid);
-        async move {
-            for path in [
-                "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases",
-                "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases/idem-operator",
-            ] {
-                let (schema, level) = served_at(path).await?;
-                if (&schema, &level) != (schema_uid, level_uid) {
-                    return Err(format!("{path}: schema {schema}, level {level}"));
+    eventually(
+        "the operator's Lease requests at leader-election",
+        TIMEOUT,
+        || {
+            let (served_at, schema_uid, level_uid) = (&served_at, &schema_uid, &level_uid);
+            async move {
+                for path in [
+                    "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases",
+                    "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases/idem-operator",
+                ] {
+                    let (schema, level) = served_at(path).await?;
+                    if (&schema, &level) != (schema_uid, level_uid) {
+                        return Err(format!("{path}: schema {schema}, level {level}"));
+                    }
                 }
+                Ok(())
             }
-            Ok(())
-        }
-    })
+        },
+    )
     .await;
     // Its other requests are not.
     let (schema, level) = served_at("/api/v1/namespaces/idem-system/configmaps")

@@ -129,31 +129,34 @@ async fn a_member_whose_lease_requests_are_slow_stays_in_the_ring() {
     // began (so a stretch longer than a lease passed with every request slow), no member may
     // hand over or leave the ring of three.
     let until = slowed + (LEASE_DURATION + Duration::from_secs(5));
-    eventually("a's Lease renewed a lease duration into the slowdown", || async {
-        for (m, before) in members.iter().zip(&handovers) {
-            assert_eq!(
-                m.metrics.handovers.get(),
-                *before,
-                "{} handed over while a's Lease requests were slow",
-                m.identity
-            );
-            if let Err(why) = m.working(3) {
-                panic!("the ring changed while a's Lease requests were slow: {why}");
+    eventually(
+        "a's Lease renewed a lease duration into the slowdown",
+        || async {
+            for (m, before) in members.iter().zip(&handovers) {
+                assert_eq!(
+                    m.metrics.handovers.get(),
+                    *before,
+                    "{} handed over while a's Lease requests were slow",
+                    m.identity
+                );
+                if let Err(why) = m.working(3) {
+                    panic!("the ring changed while a's Lease requests were slow: {why}");
+                }
             }
-        }
-        let lease = leases
-            .get(&a_lease)
-            .await
-            .map_err(|e| format!("reading a's Lease: {e}"))?;
-        let renewed = lease
-            .spec
-            .and_then(|s| s.renew_time)
-            .map(|t| t.0)
-            .ok_or("no renewTime")?;
-        (renewed >= until)
-            .then_some(())
-            .ok_or_else(|| format!("a's Lease last renewed at {renewed}, waiting for {until}"))
-    })
+            let lease = leases
+                .get(&a_lease)
+                .await
+                .map_err(|e| format!("reading a's Lease: {e}"))?;
+            let renewed = lease
+                .spec
+                .and_then(|s| s.renew_time)
+                .map(|t| t.0)
+                .ok_or("no renewTime")?;
+            (renewed >= until)
+                .then_some(())
+                .ok_or_else(|| format!("a's Lease last renewed at {renewed}, waiting for {until}"))
+        },
+    )
     .await;
     let sent = faults.sent();
     println!("a's Lease requests sent slowly: {sent:?}");

@@ -1,7 +1,8 @@
 //! `cargo xtask bench --scenario shards`: the operator itself (`idem-operator run
 //! --shards=auto`) on N Tenants with 1 replica and with 3, with the `ShardedListAndWatch`
-//! gate off and on (a fresh control plane each time): time to all Ready, watch events, bytes
-//! and RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
+//! gate off and on (a fresh control plane each time): time to all Ready (the fill starts once
+//! the replicas work on a settled ring), ring changes during the fill, watch events, bytes and
+//! RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
 //! meanwhile, are Ready again, tenants written by two replicas, tenants lost) and a 4th replica
 //! joining (tenants moved, tenants written by two replicas). Writers are judged by the server's
 //! record: the `reportingInstance` of the Events each write leaves on its Tenant.
@@ -263,7 +264,10 @@ async fn one(
     members(&ops.iter().collect::<Vec<_>>(), replicas as u64).await?;
     let mut handovers = Vec::new();
     for op in &ops {
-        handovers.push(metric(&metrics(op.addr).await, "idem_shard_handovers_total"));
+        handovers.push(metric(
+            &metrics(op.addr).await,
+            "idem_shard_handovers_total",
+        ));
     }
     let step = Step::start(format!("{label}: {tenants} tenants to Ready"));
     let tenant_names: BTreeSet<String> = (0..tenants).map(|i| format!("shard-{i:05}")).collect();
