@@ -656,3 +656,80 @@ async fn pause(client: &kube::Client, name: &str) {
         .unwrap();
     common::tenants::wait_condition(client, name, "Stalled", "Paused").await;
 }
+
+/// The shipped FlowSchema puts the operator's Lease requests in its namespace into the API
+/// server's `leader-election` priority level (its reconcile traffic stays where every
+/// ServiceAccount's goes): the server names the schema and level it served each request at in
+/// the response headers.
+#[tokio::test]
+async fn the_operators_lease_requests_are_served_at_the_leader_election_priority_level() {
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+    use kube::ResourceExt;
+    use kube::api::Api;
+
+    install().await;
+    let client = shared().client();
+    let schema = Api::<FlowSchema>::all(client.clone())
+        .get("idem-operator-leases")
+        .await
+        .expect("the shipped FlowSchema");
+    let level = Api::<PriorityLevelConfiguration>::all(client.clone())
+        .get("leader-election")
+        .await
+        .expect("the API server's leader-election priority level");
+    let (schema_uid, level_uid) = (schema.uid().unwrap(), level.uid().unwrap());
+    let mut config = shared().config();
+    config.auth_info.impersonate = Some(OPERATOR.into());
+    let operator = kube::Client::try_from(config).unwrap();
+    // The schema and level the server served a GET of `path` as the operator at.
+    let served_at = |path: &'static str| {
+        let operator = operator.clone();
+        async move {
+            let request = http::Request::get(path)
+                .body(Vec::new().into())
+                .map_err(|e| e.to_string())?;
+            let response = operator.send(request).await.map_err(|e| e.to_string())?;
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Ok::<_, String>((
+                header("X-Kubernetes-PF-FlowSchema-UID"),
+                header("X-Kubernetes-PF-PriorityLevel-UID"),
+            ))
+        }
+    };
+    // A new FlowSchema takes effect once the API server has loaded it: poll until it does.
+    eventually(
+        "the operator's Lease requests at leader-election",
+        TIMEOUT,
+        || {
+            let (served_at, schema_uid, level_uid) = (&served_at, &schema_uid, &level_uid);
+            async move {
+                for path in [
+                    "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases",
+                    "/apis/coordination.k8s.io/v1/namespaces/idem-system/leases/idem-operator",
+                ] {
+                    let (schema, level) = served_at(path).await?;
+                    if (&schema, &level) != (schema_uid, level_uid) {
+                        return Err(format!("{path}: schema {schema}, level {level}"));
+                    }
+                }
+                Ok(())
+            }
+        },
+    )
+    .await;
+    // Its other requests are not.
+    let (schema, level) = served_at("/api/v1/namespaces/idem-system/configmaps")
+        .await
+        .unwrap();
+    assert!(
+        schema != schema_uid && level != level_uid,
+        "a ConfigMap list served at the Lease schema {schema} / level {level}"
+    );
+}

@@ -2,7 +2,9 @@
 //! least-privilege ClusterRole and its binding, the leader-election Role and its binding, the
 //! TenantApp ClusterRoles aggregated into `admin`/`edit`/`view`, the Deployment with probes,
 //! the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
-//! manages, and the one that lets only the operator write the shard ring's member Leases.
+//! manages, the one that lets only the operator write the shard ring's member Leases, and the
+//! FlowSchema that serves the operator's Lease requests at the API server's `leader-election`
+//! priority level.
 
 use std::path::Path;
 
@@ -23,6 +25,15 @@ pub const POLICY: &str = "idem-operator-managed-namespaces";
 /// The ValidatingAdmissionPolicy (and its binding) that lets only the operator's
 /// ServiceAccount write the shard ring's member Leases.
 pub const RING_POLICY: &str = "idem-operator-shard-ring";
+/// The FlowSchema that puts the operator's Lease requests in its namespace (leader election
+/// and the shard ring's member Leases) into the `leader-election` priority level.
+pub const LEASE_FLOWS: &str = "idem-operator-leases";
+/// The API server's priority level for leader-election traffic (one of its suggested
+/// configurations, where Kubernetes' own controllers renew their Leases).
+pub const LEADER_ELECTION_PRIORITY: &str = "leader-election";
+/// The FlowSchema's matching precedence: that of the API server's suggested schema for
+/// workloads' leader election, ahead of the schema every ServiceAccount's requests match.
+pub const LEASE_FLOWS_PRECEDENCE: i32 = 200;
 /// Namespaces the operator never writes nor writes into, whatever their labels and
 /// ownerReferences: Kubernetes' own and the operator's.
 pub const SYSTEM_NAMESPACES: &[&str] = &[
@@ -149,6 +160,25 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": RING_POLICY, "labels": labels},
         "spec": {"policyName": RING_POLICY, "validationActions": ["Deny"]}});
+    // Under load, the operator's reconcile traffic fills the priority level of every
+    // ServiceAccount; a member Lease renewed behind it would expire and change the shard ring
+    // (every replica stops and relists). Its Lease requests get the level the API server gives
+    // its own components' Leases instead.
+    let flow_schema = json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+    "kind": "FlowSchema",
+    "metadata": {"name": LEASE_FLOWS, "labels": labels},
+    "spec": {
+        "priorityLevelConfiguration": {"name": LEADER_ELECTION_PRIORITY},
+        "matchingPrecedence": LEASE_FLOWS_PRECEDENCE,
+        "distinguisherMethod": {"type": "ByUser"},
+        "rules": [{
+            "subjects": [{"kind": "ServiceAccount",
+                "serviceAccount": {"name": NAME, "namespace": NAMESPACE}}],
+            "resourceRules": [{"verbs": ["get", "list", "watch", "create", "update", "delete"],
+                "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "namespaces": [NAMESPACE]}],
+        }],
+    }});
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
     let objects: Vec<(&str, Vec<Value>)> = vec![
         (
@@ -235,6 +265,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             "05-admission-policy",
             vec![policy, policy_binding, ring_policy, ring_binding],
         ),
+        ("06-flowschema", vec![flow_schema]),
     ];
     objects
         .into_iter()

@@ -3,16 +3,25 @@
 //! once every member of that ring has acknowledged it, so no object is worked on by two
 //! replicas at once. No leader and no extra component.
 //!
-//! Each round (every [`RETRY_PERIOD`]) a replica renews its Lease, lists the members' Leases
-//! and computes the ring of the live ones. A Lease is live while its record changed within its
-//! `leaseDurationSeconds` *as measured on this replica's clock* (client-go's leader-election
-//! rule, no cross-node clock comparison). Then:
+//! Each round (every [`RETRY_PERIOD`], counted from the previous round's start) a replica
+//! renews its Lease and lists the members' Leases, both at once, and computes the ring of the
+//! live ones. The renewal is one request (a replace of the Lease as its last write returned
+//! it; only a conflict reads it again), and each waits at most [`ROUND_TIMEOUT`], the renewal
+//! deadline, so a server that answers slowly but within the lease still renews it: a late
+//! renewal is not a departure. A Lease is live while a list sent less than its
+//! `leaseDurationSeconds` after its record last changed still shows it, the change dated
+//! *on this replica's clock* (client-go's leader-election rule, no cross-node clock
+//! comparison; below, how a change is dated). A list vouches for the renewal answered before
+//! it was sent (the previous round's, or an earlier one), not for the one sent beside it: the
+//! members' acknowledgements it shows were read after that renewal was on the server. Then:
 //! - ring unchanged, running, and every other member's Lease still acknowledging it: the write
-//!   fence is extended to `renewal sent + LEASE_DURATION − CLOCK_SKEW` (as
-//!   [`crate::leader`] does for the leader). A round whose renewal fails leaves the controllers running with
-//!   the fence running out (their writes are refused and retried with backoff), so a slow API
-//!   server does not make every replica relist; the next good round resumes, or hands over if
-//!   a member acknowledges another ring (it dropped this replica, or it restarted);
+//!   fence is extended to `vouched renewal sent + LEASE_DURATION − CLOCK_SKEW` (as
+//!   [`crate::leader`] does for the leader). A round whose renewal or list fails or is late
+//!   leaves the controllers running with the fence running out (their writes are refused and
+//!   retried with backoff) and the ring as it is: the others keep this replica in the ring
+//!   until its Lease really expires, and a slow API server does not make every replica
+//!   relist; the next good round resumes, or hands over if a member acknowledges another ring
+//!   (it dropped this replica, or it restarted);
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
 //!   and the controllers are told to stop; once the manager reports them stopped — their
 //!   reconciles cancelled, their client refusing every write for good, and every write they
@@ -20,10 +29,15 @@
 //!   acknowledges the new ring by writing its version in its Lease's [`APPLIED_ANNOTATION`]
 //!   (the handshake), so no write of the old ring can reach the server after the ack;
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
-//!   version, polling every [`HANDSHAKE_POLL`] meanwhile. A member that crashed stops
-//!   counting once its Lease expires, and a replica wakes up for that instant rather than at
-//!   its next round, so its share is taken over about `LEASE_DURATION` after its last renewal
-//!   plus one handshake.
+//!   version (and the renewal the list vouches for can still open the fence), polling every
+//!   [`HANDSHAKE_POLL`] meanwhile. A member that crashed stops counting once its Lease
+//!   expires, and a replica wakes up for that instant rather than at its next round, so its
+//!   share is taken over about `LEASE_DURATION` after its last renewal plus one handshake.
+//!
+//! A member that starts a ring without this replica decided so from a list that did not show
+//! this replica's renewal yet, and only once every member of that ring had acknowledged it;
+//! so a list sent after that renewal was answered shows those acknowledgements, and this
+//! replica hands over instead of extending its fence.
 //!
 //! When a Lease changed since the previous list, the change is placed at the `renewTime` its
 //! holder wrote, but clamped into the interval in which this replica knows it happened: after
@@ -77,8 +91,15 @@ pub const APPLIED_ANNOTATION: &str = "tenancy.idem.dev/applied-ring";
 pub const INSTANCE_ANNOTATION: &str = "tenancy.idem.dev/instance";
 /// What follows the ring's name in a member Lease's name (`<ring>-shard-<identity>`).
 pub const LEASE_INFIX: &str = "-shard-";
-/// Longest wait for one Lease request.
+/// Longest wait for one Lease request outside the rounds (reading the Lease at start,
+/// deleting it on leave).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for a round's renewal and for its list: the renewal deadline. A renewal
+/// answered later would extend the fence to an instant already past
+/// (`sent + LEASE_DURATION − CLOCK_SKEW`), but one answered sooner does, however slow the
+/// server: giving up earlier and sending it again would only queue it again behind the load
+/// that made it slow.
+const ROUND_TIMEOUT: Duration = LEASE_DURATION.saturating_sub(CLOCK_SKEW);
 /// A non-live Lease unchanged for this many lease durations is deleted.
 const GC_AFTER: u32 = 3;
 /// How often a replica that is not working (waiting for members to acknowledge a ring) renews
@@ -168,11 +189,13 @@ impl Membership {
             assignment: tx,
             stopped: stopped_rx,
             claimed: false,
+            own: None,
             metrics,
             observed: HashMap::new(),
             applied: String::new(),
             running: None,
             last_renewal: None,
+            round_started: Instant::now(),
             previous_list: None,
             next_expiry: None,
         };
@@ -256,6 +279,9 @@ struct Member {
     stopped: watch::Receiver<u64>,
     /// Whether this process has written its Lease (and its instance id) once.
     claimed: bool,
+    /// This replica's Lease as its last write returned it: the next renewal replaces it at
+    /// that resourceVersion in one request (a conflict means someone else wrote it).
+    own: Option<Lease>,
     metrics: MembershipMetrics,
     /// Per Lease name: its last resourceVersion and when (this replica's clock) it changed.
     observed: HashMap<String, (Option<String>, Instant)>,
@@ -263,7 +289,10 @@ struct Member {
     applied: String,
     /// The ring version it works on.
     running: Option<String>,
+    /// When the last renewal that was answered was sent.
     last_renewal: Option<Instant>,
+    /// When the current (or last) round started.
+    round_started: Instant,
     /// When the previous list of the member Leases was sent.
     previous_list: Option<Instant>,
     /// The earliest instant at which a live member's Lease expires if it is not renewed.
@@ -297,14 +326,22 @@ impl Member {
     }
 
     /// The wait before the next round: [`HANDSHAKE_POLL`] while not working, else
-    /// [`RETRY_PERIOD`] or until just after the next member's Lease expires, if earlier.
+    /// [`RETRY_PERIOD`] or until just after the next member's Lease expires, if earlier. The
+    /// period counts from the start of the round that just ended, so a round slowed by the
+    /// server does not also delay the next renewal by a whole period.
     fn next_wait(&self) -> Duration {
+        let period = if self.running.is_none() {
+            HANDSHAKE_POLL
+        } else {
+            RETRY_PERIOD
+        };
+        let wait = period.saturating_sub(self.round_started.elapsed());
         if self.running.is_none() {
-            return HANDSHAKE_POLL;
+            return wait;
         }
         self.next_expiry
             .map(|t| t.saturating_duration_since(Instant::now()) + EXPIRY_SLACK)
-            .map_or(RETRY_PERIOD, |d| d.min(RETRY_PERIOD))
+            .map_or(wait, |d| d.min(wait))
     }
 
     /// At start: `Some(why)` when this replica's Lease exists, carries another process's id
@@ -388,15 +425,44 @@ impl Member {
         }
     }
 
+    /// While working: closes the fence once the last answered renewal is too old to keep it
+    /// open (it would run out by itself; this says so in the log).
+    fn fence_if_late(&self) {
+        if self.running.is_some()
+            && self
+                .last_renewal
+                .is_none_or(|t| t.elapsed() >= LEASE_DURATION - CLOCK_SKEW)
+        {
+            self.fence.revoke();
+            tracing::warn!(identity = %self.identity, "member Lease not renewed in time: writes fenced");
+        }
+    }
+
     /// Whether the manager reports stopped every ring handed out so far.
     fn previous_ring_stopped(&self) -> bool {
         *self.stopped.borrow() >= self.assignment.borrow().seq
     }
 
     /// One round; `Err(why)` when another process renews this replica's Lease.
+    ///
+    /// The renewal and the list go out together, so a slow server costs one request's
+    /// latency a round, not two. What this list can vouch for is the renewal answered before
+    /// it was sent (the previous round's, or an earlier one): its members' acknowledgements
+    /// are read after that renewal was on the server, so the fence is extended from that
+    /// renewal's send time, never from this round's.
     async fn round(&mut self) -> Result<(), String> {
         let sent = Instant::now();
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
+        self.round_started = sent;
+        // The latest renewal answered before this list is sent.
+        let vouched = self.last_renewal;
+        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.ring));
+        let api = self.api.clone();
+        let list = async move { api.list(&params).await };
+        let (renewal, listed) = tokio::join!(
+            tokio::time::timeout(ROUND_TIMEOUT, self.renew()),
+            tokio::time::timeout(ROUND_TIMEOUT, list),
+        );
+        match renewal {
             Ok(Ok(())) => self.last_renewal = Some(sent),
             Ok(Err(Renewal::Taken(why))) => return Err(why),
             Ok(Err(Renewal::Failed(e))) => {
@@ -404,31 +470,31 @@ impl Member {
             }
             Err(_) => tracing::warn!("renewing the member Lease timed out"),
         }
-        let renewed = self.last_renewal == Some(sent);
-        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.ring));
-        let list_sent = Instant::now();
-        let leases = match tokio::time::timeout(REQUEST_TIMEOUT, self.api.list(&params)).await {
-            Ok(Ok(list)) if renewed => list.items,
+        let leases = match listed {
+            Ok(Ok(list)) => list.items,
             other => {
                 if let Ok(Err(e)) = other {
                     tracing::warn!(error = %e, "listing the member Leases failed");
+                } else {
+                    tracing::warn!("listing the member Leases timed out");
                 }
                 // The fence runs out by itself (it was extended from an older renewal). The
                 // controllers keep running, their writes refused: restarting them would relist
                 // everything on a server that is already slow. Work resumes when a later round
                 // finds the same ring acknowledged by every member (below).
-                if self.running.is_some()
-                    && self
-                        .last_renewal
-                        .is_none_or(|t| t.elapsed() >= LEASE_DURATION - CLOCK_SKEW)
-                {
-                    self.fence.revoke();
-                    tracing::warn!(identity = %self.identity, "member Lease not renewed in time: writes fenced");
-                }
+                self.fence_if_late();
                 return Ok(());
             }
         };
-        let (ring, acks) = self.live(&leases, list_sent).await;
+        // The first round's list vouches for no renewal: the next one does.
+        let Some(vouched) = vouched else {
+            return Ok(());
+        };
+        // The fence may stay open until the renewal the list vouches for, plus the lease
+        // duration, less the clock skew allowed for (the leader's rule).
+        let fence_until = vouched + LEASE_DURATION - CLOCK_SKEW;
+        let fresh = Instant::now() < fence_until;
+        let (ring, acks) = self.live(&leases, sent).await;
         self.metrics.members.set(ring.members().len() as i64);
         let version = ring.version();
         let moved_on: Vec<&String> = ring
@@ -439,10 +505,15 @@ impl Member {
         if self.running.as_deref() == Some(version.as_str()) {
             // Every other member still acknowledges this ring: none can be working on another
             // one (a member starts a ring only after all its members' acknowledgements, which
-            // this list, taken after this round's renewal, would show). Otherwise one of them
-            // restarted or dropped this replica while its Lease was not renewed: hand over.
+            // this list, sent after the renewal it vouches for was answered, would show).
+            // Otherwise one of them restarted or dropped this replica while its Lease was not
+            // renewed: hand over.
             if moved_on.is_empty() {
-                self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
+                if fresh {
+                    self.fence.extend(fence_until);
+                } else {
+                    self.fence_if_late();
+                }
                 return Ok(());
             }
             self.stop_working("a member acknowledges another ring");
@@ -456,21 +527,25 @@ impl Member {
             }
             self.applied.clone_from(&version);
             tracing::info!(ring = %version, members = ?ring.members(), "acknowledging a new ring");
-            match tokio::time::timeout(REQUEST_TIMEOUT, self.renew()).await {
+            let ack_sent = Instant::now();
+            match tokio::time::timeout(ROUND_TIMEOUT, self.renew()).await {
+                Ok(Ok(())) => self.last_renewal = Some(ack_sent),
                 Ok(Err(Renewal::Taken(why))) => return Err(why),
                 Ok(Err(Renewal::Failed(e))) => {
                     tracing::warn!(error = %e, "writing the ring acknowledgement failed")
                 }
-                _ => {}
+                Err(_) => tracing::warn!("writing the ring acknowledgement timed out"),
             }
             return Ok(());
         }
         let waiting = moved_on;
         if waiting.is_empty() && !self.previous_ring_stopped() {
             tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
+        } else if waiting.is_empty() && !fresh {
+            tracing::info!(ring = %version, "acknowledged by every member, but this replica's Lease is not fresh");
         } else if waiting.is_empty() {
             tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
-            self.fence.extend(sent + LEASE_DURATION - CLOCK_SKEW);
+            self.fence.extend(fence_until);
             self.running = Some(version);
             self.metrics.working.set(1);
             self.assignment.send_modify(|a| {
@@ -522,7 +597,9 @@ impl Member {
                 continue;
             };
             let duration = member_lease_duration(spec.lease_duration_seconds);
-            let quiet = now.duration_since(changed_at);
+            // Unchanged at least until this list was sent (the server answered it later): a
+            // slow list does not add its own latency to a member's silence.
+            let quiet = list_sent.saturating_duration_since(changed_at);
             if quiet < duration {
                 let expiry = changed_at + duration;
                 self.next_expiry = Some(self.next_expiry.map_or(expiry, |e| e.min(expiry)));
@@ -554,8 +631,20 @@ impl Member {
 
     /// Creates or renews this replica's Lease, carrying [`Member::applied`] and this
     /// process's id; [`Renewal::Taken`] once another process's id is in it.
+    ///
+    /// One request while nobody else wrote the Lease: a replace of [`Member::own`] at its
+    /// resourceVersion. Only a conflict (someone wrote it: another process, or this one's
+    /// earlier renewal that timed out here but reached the server) or a missing Lease reads it
+    /// again and writes once more.
     async fn renew(&mut self) -> Result<(), Renewal> {
-        let now = MicroTime(Timestamp::now());
+        if let Some(own) = self.own.clone() {
+            match self.write(Some(own)).await {
+                Err(Renewal::Failed(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
+                    self.own = None;
+                }
+                other => return other,
+            }
+        }
         let existing = self.api.get_opt(&self.name).await?;
         if self.claimed
             && let Some(lease) = &existing
@@ -569,6 +658,13 @@ impl Member {
                 instance_of(lease).unwrap_or("unknown")
             )));
         }
+        self.write(existing).await
+    }
+
+    /// Writes this replica's Lease over `existing` (as read, or as last written), or creates
+    /// it; keeps what the server returned in [`Member::own`].
+    async fn write(&mut self, existing: Option<Lease>) -> Result<(), Renewal> {
+        let now = MicroTime(Timestamp::now());
         let mut lease = existing.clone().unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
@@ -598,7 +694,7 @@ impl Member {
         spec.holder_identity = Some(self.identity.clone());
         spec.lease_duration_seconds = Some(LEASE_SECONDS as i32);
         spec.renew_time = Some(now);
-        match existing {
+        let written = match existing {
             None => self.api.create(&PostParams::default(), &lease).await?,
             Some(_) => {
                 self.api
@@ -606,6 +702,7 @@ impl Member {
                     .await?
             }
         };
+        self.own = Some(written);
         self.claimed = true;
         Ok(())
     }

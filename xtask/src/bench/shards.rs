@@ -1,7 +1,8 @@
 //! `cargo xtask bench --scenario shards`: the operator itself (`idem-operator run
 //! --shards=auto`) on N Tenants with 1 replica and with 3, with the `ShardedListAndWatch`
-//! gate off and on (a fresh control plane each time): time to all Ready, watch events, bytes
-//! and RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
+//! gate off and on (a fresh control plane each time): time to all Ready (the fill starts once
+//! the replicas work on a settled ring), ring changes during the fill, watch events, bytes and
+//! RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
 //! meanwhile, are Ready again, tenants written by two replicas, tenants lost) and a 4th replica
 //! joining (tenants moved, tenants written by two replicas). Writers are judged by the server's
 //! record: the `reportingInstance` of the Events each write leaves on its Tenant.
@@ -34,6 +35,8 @@ struct Replica {
     bytes: u64,
     rss_kib: u64,
     owned: u64,
+    /// Times it stopped for a new ring during the fill (`idem_shard_handovers_total`).
+    handovers: u64,
 }
 
 /// A running operator process.
@@ -257,6 +260,15 @@ async fn one(
         "gate {}, {replicas} replica(s)",
         if gate { "on" } else { "off" }
     );
+    // The fill starts on a settled ring: the replicas' joins are not ring changes of the fill.
+    members(&ops.iter().collect::<Vec<_>>(), replicas as u64).await?;
+    let mut handovers = Vec::new();
+    for op in &ops {
+        handovers.push(metric(
+            &metrics(op.addr).await,
+            "idem_shard_handovers_total",
+        ));
+    }
     let step = Step::start(format!("{label}: {tenants} tenants to Ready"));
     let tenant_names: BTreeSet<String> = (0..tenants).map(|i| format!("shard-{i:05}")).collect();
     let started = Instant::now();
@@ -288,9 +300,10 @@ async fn one(
     // Let the last status writes' watch events arrive before reading the counters.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut figures = Vec::new();
-    for op in &ops {
+    for (op, before) in ops.iter().zip(&handovers) {
         let m = metrics(op.addr).await;
         figures.push(Replica {
+            handovers: metric(&m, "idem_shard_handovers_total").saturating_sub(*before),
             name: op.name.clone(),
             events: metric(&m, "idem_watch_events_received_total"),
             bytes: metric(&m, "idem_received_bytes_total"),
@@ -299,17 +312,19 @@ async fn one(
         });
     }
     println!(
-        "shards, {label}: all {tenants} Ready after {:.1}s",
-        ready_after.as_secs_f64()
+        "shards, {label}: all {tenants} Ready after {:.1}s; {} ring change(s) during the fill",
+        ready_after.as_secs_f64(),
+        figures.iter().map(|f| f.handovers).max().unwrap_or(0)
     );
     for f in &figures {
         println!(
-            "  {}: owns {} tenants, {} watch events, {:.1} MiB received, RSS {:.1} MiB",
+            "  {}: owns {} tenants, {} watch events, {:.1} MiB received, RSS {:.1} MiB, stopped for {} new ring(s)",
             f.name,
             f.owned,
             f.events,
             f.bytes as f64 / 1048576.0,
-            f.rss_kib as f64 / 1024.0
+            f.rss_kib as f64 / 1024.0,
+            f.handovers
         );
     }
     if replicas == 3 {

@@ -1,0 +1,176 @@
+//! The shard ring under a slow API server, on the real control plane: three members, one of
+//! them seeing every Lease request delayed by seconds (less than the lease duration, more
+//! than a round), keeps its place in the ring: no member hands over, every member keeps
+//! working on the ring of three, and the slow member's Lease goes on being renewed for longer
+//! than a lease duration. The test plays the manager's part of a handover
+//! ([`Membership::stopped`] when told to stop), as idem-runtime's manager does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::shard::membership::{Membership, MembershipMetrics, lease_name};
+use idem_tests::faults::Faults;
+use idem_tests::{create_namespace, shared, unique_name};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+
+/// Longest wait for any condition (two cores, other builds beside the tests).
+const TIMEOUT: Duration = Duration::from_secs(180);
+/// The lease duration every member writes (`leaseDurationSeconds`).
+const LEASE_DURATION: Duration = idem_runtime::leader::DEFAULT_LEASE_DURATION;
+/// How long each of the slow member's Lease requests waits before it is sent: more than a
+/// round ([`idem_runtime::leader::DEFAULT_RETRY_PERIOD`]), less than the lease duration.
+const LATENCY: Duration = Duration::from_secs(3);
+
+/// One member of the ring and what the test reads of it.
+struct Member {
+    identity: &'static str,
+    membership: Arc<Membership>,
+    metrics: MembershipMetrics,
+    manager: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    /// Joins ring `ring` in `namespace` with `client` and plays its manager: every
+    /// assignment without a ring is reported stopped at once (nothing runs here).
+    fn start(client: kube::Client, ring: &str, namespace: &str, identity: &'static str) -> Self {
+        let metrics = MembershipMetrics::default();
+        let membership = Arc::new(Membership::start(
+            client,
+            ring,
+            namespace,
+            identity,
+            metrics.clone(),
+        ));
+        let manager = tokio::spawn({
+            let membership = Arc::clone(&membership);
+            async move {
+                let mut rx = membership.assignments();
+                loop {
+                    let a = rx.borrow_and_update().clone();
+                    if a.ring.is_none() {
+                        membership.stopped(a.seq);
+                    }
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Self {
+            identity,
+            membership,
+            metrics,
+            manager,
+        }
+    }
+
+    /// `Ok` when it works on a ring of `members`.
+    fn working(&self, members: i64) -> Result<(), String> {
+        let (working, seen) = (self.metrics.working.get(), self.metrics.members.get());
+        let ring = self.membership.assignments().borrow().ring.clone();
+        match ring {
+            Some(r) if working == 1 && seen == members && r.members().len() as i64 == members => {
+                Ok(())
+            }
+            _ => Err(format!(
+                "{}: working {working}, members {seen}",
+                self.identity
+            )),
+        }
+    }
+}
+
+/// Polls `check` every 250 ms until it returns `Ok`; panics with the last `Err` after
+/// [`TIMEOUT`].
+async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
+    what: &str,
+    mut check: impl FnMut() -> Fut,
+) -> T {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; last state: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_requests_are_slow_stays_in_the_ring() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("slow-ring");
+    // Member a's Lease client passes a fault layer that delays its requests when told to.
+    let faults = Faults::new();
+    let slow_client = faults.client(shared().config()).unwrap();
+    let members = [
+        Member::start(slow_client, &ring, &ns, "ring-a"),
+        Member::start(client.clone(), &ring, &ns, "ring-b"),
+        Member::start(client.clone(), &ring, &ns, "ring-c"),
+    ];
+    eventually("every member working on the ring of three", || async {
+        members.iter().try_for_each(|m| m.working(3))
+    })
+    .await;
+    let handovers: Vec<u64> = members.iter().map(|m| m.metrics.handovers.get()).collect();
+
+    // From now on every Lease request of a waits LATENCY before it is sent.
+    faults.latency(LATENCY);
+    let slowed = Timestamp::now();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a_lease = lease_name(&ring, "ring-a");
+    // Until a's Lease shows a renewal sent more than a lease duration after the slowdown
+    // began (so a stretch longer than a lease passed with every request slow), no member may
+    // hand over or leave the ring of three.
+    let until = slowed + (LEASE_DURATION + Duration::from_secs(5));
+    eventually(
+        "a's Lease renewed a lease duration into the slowdown",
+        || async {
+            for (m, before) in members.iter().zip(&handovers) {
+                assert_eq!(
+                    m.metrics.handovers.get(),
+                    *before,
+                    "{} handed over while a's Lease requests were slow",
+                    m.identity
+                );
+                if let Err(why) = m.working(3) {
+                    panic!("the ring changed while a's Lease requests were slow: {why}");
+                }
+            }
+            let lease = leases
+                .get(&a_lease)
+                .await
+                .map_err(|e| format!("reading a's Lease: {e}"))?;
+            let renewed = lease
+                .spec
+                .and_then(|s| s.renew_time)
+                .map(|t| t.0)
+                .ok_or("no renewTime")?;
+            (renewed >= until)
+                .then_some(())
+                .ok_or_else(|| format!("a's Lease last renewed at {renewed}, waiting for {until}"))
+        },
+    )
+    .await;
+    let sent = faults.sent();
+    println!("a's Lease requests sent slowly: {sent:?}");
+    // The slow member's own fence stays usable: it renewed within the renewal deadline.
+    assert!(
+        members[0].membership.fence().is_valid(),
+        "a's write fence closed although its renewals were answered in time"
+    );
+    faults.clear();
+    for m in members {
+        m.manager.abort();
+        let _ = m.manager.await;
+        if let Ok(membership) = Arc::try_unwrap(m.membership) {
+            membership.leave().await;
+        }
+    }
+}
