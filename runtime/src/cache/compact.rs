@@ -151,9 +151,8 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
     serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": m})
 }
 
-/// `namespace/name`, or `name` for a cluster-scoped object (neither may hold a `/`); shared by
-/// the store and its owner index.
-type Name = Arc<str>;
+/// `namespace/name`, or `name` for a cluster-scoped object (neither may hold a `/`).
+type Name = Box<str>;
 
 fn key(namespace: Option<&str>, name: &str) -> Name {
     match namespace {

@@ -38,6 +38,9 @@ pub const LARGE_TENANTS: usize = 10_000;
 /// The peers `--peers` accepts.
 pub const PEERS: [&str; 2] = ["kube", "controller-runtime"];
 
+/// What `--peers` also accepts: no peer, idem alone.
+const NO_PEER: &str = "none";
+
 /// The bench's controller-manager runs without the garbage collector: it GETs owners and
 /// dependents it has not seen yet (basetenants, limitranges, …), requests the API server
 /// counts under the very resources the controllers use. Nothing in the bench is deleted.
@@ -83,8 +86,8 @@ pub struct Args {
     /// both, off first).
     #[arg(long, value_parser = ["on", "off"])]
     pub gate: Option<String>,
-    /// The peers idem is compared with, comma-separated (default: both).
-    #[arg(long, value_delimiter = ',', value_parser = PEERS, default_values_t = PEERS.map(str::to_owned))]
+    /// The peers idem is compared with, comma-separated (default: both; `none`: idem alone).
+    #[arg(long, value_delimiter = ',', value_parser = [PEERS[0], PEERS[1], NO_PEER], default_values_t = PEERS.map(str::to_owned))]
     pub peers: Vec<String>,
     /// Build the Rust controllers with the dev profile instead of `--release` (a quicker
     /// build on a machine that has the workspace built for tests; slower controllers).

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use hashbrown::HashTable;
+
 use serde_json::Value;
 
 use super::{Entry, Interner, Name};
@@ -26,28 +28,47 @@ pub(super) fn owner_uids(obj: &Value) -> Vec<String> {
     out
 }
 
+/// A 32-bit hash of `s` (fixed seed: the index keeps these).
+fn h32(s: &str) -> u32 {
+    use std::hash::BuildHasher;
+    let h = foldhash::fast::FixedState::with_seed(0x1de3).hash_one(s);
+    (h ^ (h >> 32)) as u32
+}
+
+/// The table hash of a 32-bit hash: its bits spread over the 64 the table reads (the bucket
+/// from the low ones, the tag from the top seven).
+fn spread(h: u32) -> u64 {
+    u64::from(h).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// The entries of one kind by name, and by the owner uids their labels carry.
 ///
-/// An entry is indexed under each of its owner uids, as the text its template's values share
-/// when it is one of them (as a uid of an owner kind known when the entry was made is, see
-/// [`crate::cache::template`]), else as its own interned copy, which is then also kept beside the
-/// entry (in `apart`) for its removal. [`Objects::owned`] therefore finds every entry that
-/// carries an owner-uid label with `uid`, at the cost of that owner's children, not of the
-/// kind's whole cache.
+/// The owner index holds one pair of 32-bit hashes, the owner uid's and the name's, per owner
+/// uid of an entry (8 bytes, not a copy of the name): [`Objects::owned`] goes from a uid to
+/// the pairs hashed alike, and from each name hash to the entries whose names hash alike, so
+/// it finds every entry that carries an owner-uid label with `uid` (and, rarely, an entry
+/// whose hashes collide with one, which its callers drop: they check the label), at the cost
+/// of that owner's children, not of the kind's whole cache.
+///
+/// An entry's owner uids are found again, to take its pairs out, among its template's values
+/// (where an owner kind's owner-uid label value is, see [`crate::cache::template`]); an entry
+/// with an owner uid that is not (one JSON escapes, or the label of an owner kind not known
+/// when the entry was made) keeps those uids in `apart`.
 #[derive(Default)]
 pub(super) struct Objects {
-    by_name: HashMap<Name, Entry>,
-    /// Names of the entries indexed under each uid.
-    by_owner: HashMap<Arc<str>, Vec<Name>>,
-    /// The owner uids of the entries that have some not among their template's values (where
-    /// [`Objects::unindex`] looks for the others).
+    by_name: HashTable<(Name, Entry)>,
+    /// `(h32(owner uid), h32(name))`, hashed by the first.
+    by_owner: HashTable<(u32, u32)>,
+    /// The owner uids of the entries that have some not among their template's values.
     apart: HashMap<Name, Box<[Arc<str>]>>,
 }
 
 impl Objects {
     /// The entry named `name`.
     pub(super) fn get(&self, name: &str) -> Option<&Entry> {
-        self.by_name.get(name)
+        self.by_name
+            .find(spread(h32(name)), |(n, _)| &**n == name)
+            .map(|(_, e)| e)
     }
 
     /// Entries held.
@@ -65,59 +86,61 @@ impl Objects {
         owners: &[String],
         interner: &Interner,
     ) {
-        self.unindex(&name);
+        self.remove(&name);
+        let nh = h32(&name);
         let mut apart = Vec::new();
         for uid in owners {
-            let shared = match entry.text.values.iter().find(|v| ***v == **uid) {
-                Some(shared) => Arc::clone(shared),
-                None => {
-                    let own = interner.intern(uid);
-                    apart.push(Arc::clone(&own));
-                    own
-                }
-            };
-            self.by_owner.entry(shared).or_default().push(name.clone());
+            if !entry.text.values.iter().any(|v| **v == **uid) {
+                apart.push(interner.intern(uid));
+            }
+            let oh = h32(uid);
+            self.by_owner
+                .insert_unique(spread(oh), (oh, nh), |(o, _)| spread(*o));
         }
         if !apart.is_empty() {
             self.apart.insert(name.clone(), apart.into_boxed_slice());
         }
-        self.by_name.insert(name, entry);
+        self.by_name
+            .insert_unique(spread(nh), (name, entry), |(n, _)| spread(h32(n)));
     }
 
     /// Removes the entry at `name`.
     pub(super) fn remove(&mut self, name: &str) {
-        self.unindex(name);
-        self.by_name.remove(name);
-    }
-
-    /// Takes the entry at `name` out of the owner index (it stays stored).
-    fn unindex(&mut self, name: &str) {
-        let Some(old) = self.by_name.get(name) else {
+        let nh = h32(name);
+        let Ok(found) = self.by_name.find_entry(spread(nh), |(n, _)| &**n == name) else {
             return;
         };
+        let ((_, old), _) = found.remove();
         let apart = self.apart.remove(name);
-        // Indexed under values of its template, or under the uids kept apart.
-        for v in old.text.values.iter().chain(apart.iter().flatten()) {
-            if let Some(names) = self.by_owner.get_mut(v)
-                && let Some(i) = names.iter().position(|n| &**n == name)
-            {
-                names.swap_remove(i);
-                if names.is_empty() {
-                    self.by_owner.remove(v);
-                } else if names.capacity() > 2 * names.len() + 4 {
-                    names.shrink_to_fit();
-                }
+        // Its pairs: one per owner uid, each among its template's values or kept apart.
+        let mut owners: Vec<&str> = old.text.values.iter().map(|v| &**v).collect();
+        owners.extend(apart.iter().flatten().map(|v| &**v));
+        for uid in owners {
+            let oh = h32(uid);
+            if let Ok(pair) = self.by_owner.find_entry(spread(oh), |p| *p == (oh, nh)) {
+                pair.remove();
             }
         }
     }
 
-    /// The entries that carry an owner-uid label (of any owner kind) with value `uid`.
+    /// The entries that may carry an owner-uid label (of any owner kind) with value `uid`:
+    /// every one that does, each once.
     pub(super) fn owned(&self, uid: &str) -> impl Iterator<Item = (&Name, &Entry)> {
-        self.by_owner
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .filter_map(|n| self.by_name.get_key_value(n))
+        let oh = h32(uid);
+        let mut names: Vec<u32> = self
+            .by_owner
+            .iter_hash(spread(oh))
+            .filter(|(o, _)| *o == oh)
+            .map(|(_, n)| *n)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names.into_iter().flat_map(move |nh| {
+            self.by_name
+                .iter_hash(spread(nh))
+                .filter(move |(n, _)| h32(n) == nh)
+                .map(|(n, e)| (n, e))
+        })
     }
 }
 
@@ -166,7 +189,7 @@ mod tests {
     fn an_owner_finds_exactly_its_entries_through_replaces_and_removes() {
         let interner = Interner::default();
         let mut objects = Objects::default();
-        let mut put = |objects: &mut Objects, name: &str, uids: &[(&str, &str)]| {
+        let put = |objects: &mut Objects, name: &str, uids: &[(&str, &str)]| {
             let (e, owners) = entry(&obj(uids), &interner);
             objects.insert(name.into(), e, &owners, &interner);
         };
@@ -192,8 +215,8 @@ mod tests {
         assert_eq!(owned(&objects, "u1"), Vec::<String>::new());
         assert_eq!(owned(&objects, "u2"), ["a", "c"]);
         assert_eq!(objects.len(), 3);
-        // Nothing is left indexed under an owner without entries.
-        assert!(!objects.by_owner.contains_key("u1"));
+        // One pair per owner uid of each entry left: a's and c's.
+        assert_eq!(objects.by_owner.len(), 2);
     }
 
     #[test]
