@@ -542,7 +542,7 @@ impl CompactStore {
     /// A watch `Delete` event.
     pub(crate) fn delete(&self, namespace: Option<&str>, name: &str) {
         if let Ok(mut live) = self.live.write() {
-            live.remove(&*key(namespace, name));
+            live.remove(&key(namespace, name));
         }
     }
 
