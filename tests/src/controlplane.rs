@@ -396,6 +396,10 @@ fn launch(
             format!("--initial-advertise-peer-urls={peer_url}"),
             format!("--initial-cluster=idem={peer_url}"),
             "--unsafe-no-fsync".into(),
+            // etcd's largest recommended backend (its default is 2 GiB): a bench fleet of
+            // 10,000 tenants per controller is hundreds of thousands of objects with their
+            // history.
+            "--quota-backend-bytes=8589934592".into(),
             "--log-level=warn".into(),
         ],
     )?;

@@ -11,12 +11,12 @@
 //! other object its watch delivers, whatever its labels claim, is kept as a [`stub`] of a few
 //! hundred bytes, whatever its size.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value};
 
+use self::objects::{Objects, owner_uids};
 use super::KindView;
 use super::template::{Interner, Templated};
 use super::trust::Trust;
@@ -376,8 +376,8 @@ pub(crate) struct CompactStore {
     trust: Option<Arc<Trust>>,
     /// The texts and values the entries share.
     interner: Interner,
-    live: RwLock<HashMap<Name, Entry>>,
-    relist: Mutex<Option<HashMap<Name, Entry>>>,
+    live: RwLock<Objects>,
+    relist: Mutex<Option<Objects>>,
 }
 
 /// The object's key; `None` without a name.
@@ -438,16 +438,17 @@ impl CompactStore {
         trust.is_ours(&key, uid)
     }
 
-    /// The entry of `obj`: stripped when `whole`, else its [`stub`].
-    fn entry(&self, mut obj: Value, whole: bool) -> Option<(Name, Entry)> {
+    /// The entry of `obj`: stripped when `whole`, else its [`stub`]; with its owner uids.
+    fn entry(&self, mut obj: Value, whole: bool) -> Option<(Name, Entry, Vec<String>)> {
         let name = name_of(&obj)?;
         if whole {
             strip(&mut obj, self.keep_status);
         } else {
             obj = stub(&obj, &self.api_version, &self.kind);
         }
+        let owners = owner_uids(&obj);
         let e = Entry::new(obj, &name, !whole, &self.interner);
-        Some((name, e))
+        Some((name, e, owners))
     }
 
     /// Stores the object with metadata `meta`, in the relist under way when `initial`: whole
@@ -461,21 +462,21 @@ impl CompactStore {
             let Ok(mut relist) = self.relist.lock() else {
                 return;
             };
-            let listed = relist.get_or_insert_with(HashMap::new);
+            let listed = relist.get_or_insert_with(Objects::default);
             let e = if self.whole(meta) {
                 whole().and_then(|v| self.entry(v, true))
             } else {
                 stub_entry()
             };
-            if let Some((name, e)) = e {
-                listed.insert(name, e);
+            if let Some((name, e, owners)) = e {
+                listed.insert(name, e, &owners, &self.interner);
             }
         } else if self.whole(meta) {
             // Built outside the lock (a whole object may be large).
-            if let Some((name, e)) = whole().and_then(|v| self.entry(v, true))
+            if let Some((name, e, owners)) = whole().and_then(|v| self.entry(v, true))
                 && let Ok(mut live) = self.live.write()
             {
-                live.insert(name, e);
+                live.insert(name, e, &owners, &self.interner);
             }
         } else if let Ok(mut live) = self.live.write() {
             let e = if self.whole(meta) {
@@ -483,8 +484,8 @@ impl CompactStore {
             } else {
                 stub_entry()
             };
-            if let Some((name, e)) = e {
-                live.insert(name, e);
+            if let Some((name, e, owners)) = e {
+                live.insert(name, e, &owners, &self.interner);
             }
         }
     }
@@ -510,8 +511,11 @@ impl CompactStore {
                 stub_uid.as_deref() == uid && uid.is_some() && stub_rv <= rv
             })
         };
-        let whole = || self.entry(obj.clone(), true).map(|(_, e)| e);
-        let stubbed = |map: &HashMap<Name, Entry>| map.get(&name).is_some_and(|e| e.stub());
+        let whole = || {
+            self.entry(obj.clone(), true)
+                .map(|(_, e, owners)| (e, owners))
+        };
+        let stubbed = |map: &Objects| map.get(&name).is_some_and(|e| e.stub());
         let in_live = self.live.read().is_ok_and(|live| stubbed(&live));
         let in_relist = self
             .relist
@@ -522,30 +526,30 @@ impl CompactStore {
         }
         if let Ok(mut live) = self.live.write()
             && live.get(&name).is_some_and(replaces)
-            && let Some(e) = whole()
+            && let Some((e, owners)) = whole()
         {
-            live.insert(name.clone(), e);
+            live.insert(name.clone(), e, &owners, &self.interner);
         }
         if let Ok(mut relist) = self.relist.lock()
             && let Some(listed) = relist.as_mut()
             && listed.get(&name).is_some_and(replaces)
-            && let Some(e) = whole()
+            && let Some((e, owners)) = whole()
         {
-            listed.insert(name, e);
+            listed.insert(name, e, &owners, &self.interner);
         }
     }
 
     /// A watch `Delete` event.
     pub(crate) fn delete(&self, namespace: Option<&str>, name: &str) {
         if let Ok(mut live) = self.live.write() {
-            live.remove(&*key(namespace, name));
+            live.remove(&key(namespace, name));
         }
     }
 
     /// A watch `Init` event: a relist starts.
     pub(crate) fn init(&self) {
         if let Ok(mut relist) = self.relist.lock() {
-            *relist = Some(HashMap::new());
+            *relist = Some(Objects::default());
         }
     }
 
@@ -585,7 +589,8 @@ impl KindView for CompactStore {
         let Ok(live) = self.live.read() else {
             return Vec::new();
         };
-        live.iter()
+        // Only the entries that may carry the owner's uid, not the kind's whole cache.
+        live.owned(uid)
             .filter(|(k, _)| namespace.is_none() || split(k).0 == namespace)
             .filter(|(_, e)| e.may_be_owned_by(uid))
             .filter_map(|(k, e)| e.object(k, &self.api_version, &self.kind))
@@ -604,5 +609,6 @@ impl KindView for CompactStore {
     }
 }
 
+mod objects;
 #[cfg(test)]
 mod tests;

@@ -209,6 +209,16 @@ impl Controller {
         Ok(kb * 1024)
     }
 
+    /// The CPU time the controller has used so far, user and system (`utime` + `stime` of
+    /// `/proc/<pid>/stat`, in clock ticks of 100 Hz, the Linux value of `_SC_CLK_TCK`).
+    ///
+    /// # Errors
+    /// When the process is gone or the file does not parse.
+    pub fn cpu(&self) -> anyhow::Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        cpu_of_stat(&stat).context("unparsable /proc/<pid>/stat")
+    }
+
     /// Whether the process is still running.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
@@ -234,9 +244,33 @@ impl Drop for Controller {
     }
 }
 
+/// `utime` + `stime` of a `/proc/<pid>/stat` line (fields 14 and 15, counted after the
+/// command name, which is in parentheses and may hold spaces).
+fn cpu_of_stat(stat: &str) -> Option<Duration> {
+    /// Clock ticks per second of `/proc` times on Linux.
+    const TICKS: u64 = 100;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / TICKS))
+}
+
 fn wall_ms() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis() as i128
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_is_utime_plus_stime_whatever_the_command_name() {
+        let stat = "4242 (bench idem) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 18 0";
+        assert_eq!(cpu_of_stat(stat), Some(Duration::from_millis(3250)));
+        assert_eq!(cpu_of_stat("4242 (x) S 1"), None);
+    }
 }

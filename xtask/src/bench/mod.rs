@@ -32,8 +32,14 @@ use crate::dev::progress::Step;
 /// The scenarios `--scenario` accepts; all but `shards` run by default.
 pub const SCENARIOS: [&str; 6] = ["p2", "p3", "p4", "p5", "p6", "shards"];
 
+/// Tenants of the `--large` fleet.
+pub const LARGE_TENANTS: usize = 10_000;
+
 /// The peers `--peers` accepts.
 pub const PEERS: [&str; 2] = ["kube", "controller-runtime"];
+
+/// What `--peers` also accepts: no peer, idem alone.
+const NO_PEER: &str = "none";
 
 /// The bench's controller-manager runs without the garbage collector: it GETs owners and
 /// dependents it has not seen yet (basetenants, limitranges, …), requests the API server
@@ -47,7 +53,12 @@ pub struct Args {
     /// 3 minutes on 2 cores once built.
     #[arg(long)]
     pub quick: bool,
-    /// Tenants in the P2 fleet (default 100; 20 with --quick).
+    /// The fleet-size run: P2 alone (unless `--scenario` names others) with 10,000 tenants
+    /// (130,000 children) unless `--tenants` says otherwise; with its time and controller CPU
+    /// per tenant beside a run at 1,000 and 3,000 it tells whether they stay flat in N.
+    #[arg(long, conflicts_with = "quick")]
+    pub large: bool,
+    /// Tenants in the P2 fleet (default 100; 20 with --quick; 10,000 with --large).
     #[arg(long)]
     pub tenants: Option<usize>,
     /// BaseTenants in P4's flood, all of one tenant (default 1000; 100 with --quick).
@@ -75,13 +86,21 @@ pub struct Args {
     /// both, off first).
     #[arg(long, value_parser = ["on", "off"])]
     pub gate: Option<String>,
-    /// The peers idem is compared with, comma-separated (default: both).
-    #[arg(long, value_delimiter = ',', value_parser = PEERS, default_values_t = PEERS.map(str::to_owned))]
+    /// The peers idem is compared with, comma-separated (default: both; `none`: idem alone).
+    #[arg(long, value_delimiter = ',', value_parser = [PEERS[0], PEERS[1], NO_PEER], default_values_t = PEERS.map(str::to_owned))]
     pub peers: Vec<String>,
     /// Build the Rust controllers with the dev profile instead of `--release` (a quicker
     /// build on a machine that has the workspace built for tests; slower controllers).
     #[arg(long)]
     pub debug: bool,
+    /// Run this `bench-idem` binary instead of building one (another build of it, or one
+    /// built with other flags to profile it).
+    #[arg(long)]
+    pub idem_binary: Option<PathBuf>,
+    /// Skip P2's raw-client limit (`tenants × 13` creates from a plain client before the
+    /// controllers run; its row is then absent), which at 10,000 tenants takes minutes.
+    #[arg(long)]
+    pub no_raw_limit: bool,
     /// Where `report.html`, `benchmarks.md` and the controllers' logs go (default
     /// `target/bench/`).
     #[arg(long)]
@@ -115,7 +134,9 @@ impl Args {
     }
 
     fn plan(&self) -> Plan {
-        let scenarios: BTreeSet<String> = if self.scenario.is_empty() {
+        let scenarios: BTreeSet<String> = if self.scenario.is_empty() && self.large {
+            BTreeSet::from(["p2".to_owned()])
+        } else if self.scenario.is_empty() {
             SCENARIOS
                 .iter()
                 .filter(|s| **s != "shards")
@@ -127,7 +148,14 @@ impl Args {
         let quick = self.quick;
         Plan {
             scenarios,
-            tenants: self.tenants.unwrap_or(if quick { 20 } else { 100 }).max(1),
+            tenants: self
+                .tenants
+                .unwrap_or(match (quick, self.large) {
+                    (true, _) => 20,
+                    (_, true) => LARGE_TENANTS,
+                    _ => 100,
+                })
+                .max(1),
             flood: self.flood.unwrap_or(if quick { 100 } else { 1000 }).max(1),
             resync_secs: self
                 .resync_secs
@@ -176,9 +204,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ));
     let mut bins = Vec::new();
     for side in &sides {
-        let bin = match side.cargo_bin() {
-            Some(bin) => build_bin_with(step.bar(), "idem-bench", bin, !args.debug)?,
-            None => gopeer::ensure_built(step.bar())?,
+        let bin = match (side, side.cargo_bin(), &args.idem_binary) {
+            (Side::Idem, _, Some(given)) => given.clone(),
+            (_, Some(bin), _) => build_bin_with(step.bar(), "idem-bench", bin, !args.debug)?,
+            (_, None, _) => gopeer::ensure_built(step.bar())?,
         };
         bins.push((*side, bin));
     }
@@ -200,7 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let results = rt.block_on(async {
         let client = cp.client();
         fleet::install_crd(&client).await?;
-        let raw = if plan.has("p2") {
+        let raw = if plan.has("p2") && !args.no_raw_limit {
             let step = Step::start(format!(
                 "raw-client limit: {} creates at {} concurrent requests",
                 plan.tenants as u64 * scenarios::WRITES_PER_TENANT,

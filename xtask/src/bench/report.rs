@@ -214,6 +214,27 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             1,
             "flat in N",
         );
+        t.row(
+            "p2-cpu",
+            "controller CPU, user + system (s)",
+            &all(&|r| secs(r.p2.cpu)),
+            2,
+            "",
+        );
+        t.row(
+            "p2-cpu-per-tenant",
+            "controller CPU per tenant (ms)",
+            &all(&|r| secs(r.p2.cpu) * 1000.0 / n as f64),
+            2,
+            "flat in N",
+        );
+        t.row(
+            "p2-rss",
+            format!("RSS once all Ready ({} objects cached) (MB)", n * 13),
+            &all(&|r| mb(r.p2.rss)),
+            1,
+            "",
+        );
         if let Some(raw) = raw {
             t.row(
                 "p2-raw",
@@ -324,13 +345,6 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             "P5",
             "resident memory of the controller process (VmRSS)".into(),
             &sides,
-        );
-        t.row(
-            "p5-rss-p2",
-            format!("RSS with the P2 fleet cached ({} objects) (MB)", n * 13),
-            &all(&|r| mb(r.p2.rss)),
-            1,
-            "",
         );
         t.row(
             "p5-rss",

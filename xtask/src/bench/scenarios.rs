@@ -62,6 +62,9 @@ pub struct P2 {
     pub ready_latencies: Vec<Duration>,
     /// RSS once the fleet is Ready.
     pub rss: u64,
+    /// The controller's CPU time (user + system) from the first create to the last tenant
+    /// Ready.
+    pub cpu: Duration,
 }
 
 /// P4's figures for one controller.
@@ -136,6 +139,7 @@ pub async fn run_side(
         plan.tenants
     ));
     let before = cp.metrics().await?;
+    let cpu_before = ctrl.cpu()?;
     let start = Instant::now();
     let created = fleet::create_all(&Api::all(client.clone()), fleet_objs).await?;
     let timeout = Duration::from_secs(120) + Duration::from_millis(500) * plan.tenants as u32;
@@ -147,6 +151,7 @@ pub async fn run_side(
         })
         .await?;
     let time = start.elapsed();
+    let cpu = ctrl.cpu()?.saturating_sub(cpu_before);
     let after = cp.metrics().await?;
     let reconciles = ctrl.reconciles_since(start).len();
     let mut ready_latencies: Vec<Duration> = names
@@ -163,10 +168,12 @@ pub async fn run_side(
         reconciles_per_tenant: reconciles as f64 / plan.tenants as f64,
         ready_latencies,
         rss: ctrl.rss_bytes()?,
+        cpu,
     };
     step.done(&format!(
-        "{:.1}s, {}",
+        "{:.1}s, {:.1}s CPU, {}",
         time.as_secs_f64(),
+        cpu.as_secs_f64(),
         p2.counts.summary()
     ));
     let mut result = SideResult {
