@@ -604,6 +604,16 @@ impl KindView for CompactStore {
             .collect()
     }
 
+    fn resource_version(&self, namespace: Option<&str>, name: &str) -> Option<u64> {
+        let live = self.live.read().ok()?;
+        let k = key(namespace, name);
+        let e = live.get(&k)?;
+        match e.rv() {
+            0 => super::rv_of(&e.object(&k, &self.api_version, &self.kind)?),
+            rv => Some(rv),
+        }
+    }
+
     fn len(&self) -> usize {
         self.live.read().map(|l| l.len()).unwrap_or(0)
     }

@@ -50,6 +50,9 @@ trait KindView: Send + Sync {
     /// Metadata of the objects labelled `<labels.owner_uid()>=uid` ([`Labels::owner_uid`] of
     /// the owner's kind), in `namespace` when given.
     fn owned_by(&self, namespace: Option<&str>, labels: Labels, uid: &str) -> Vec<ObjectMeta>;
+    /// The `resourceVersion` (as a number) of the object `namespace/name` held, whole or as a
+    /// stub; `None` when none is held or its version is not a number.
+    fn resource_version(&self, namespace: Option<&str>, name: &str) -> Option<u64>;
     /// Objects stored.
     fn len(&self) -> usize;
     /// Whether the objects keep their `status` (a kind watched to read it).
@@ -88,6 +91,19 @@ where
             })
             .cloned()
             .collect()
+    }
+
+    fn resource_version(&self, namespace: Option<&str>, name: &str) -> Option<u64> {
+        let mut r = ObjectRef::<C>::new(name);
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        Store::get(self, &r)?
+            .meta()
+            .resource_version
+            .as_deref()?
+            .parse()
+            .ok()
     }
 
     fn len(&self) -> usize {
@@ -281,18 +297,43 @@ impl ChildCaches {
         Some(self.view(resource)?.owned_by(namespace, labels, uid))
     }
 
-    /// Remembers the server's answer to our write of `key`: that object is ours (kept whole).
+    /// Remembers the server's answer to our write of `key`: that object is ours (kept whole),
+    /// and it stands in for the store's copy until the store shows that version.
+    ///
+    /// A watch often delivers the write before its answer arrives: the store then already shows
+    /// that version (or a later one), which [`ChildCaches::stored`] saw before the answer was
+    /// here to drop, and the answer is not kept (kept, it would stay until the child is next
+    /// read: a whole object per child written, for as long as the fleet is converged). The
+    /// store is looked at under the overlay's lock, which `stored` takes after the store has
+    /// the event: either this sees the version, or `stored` sees the answer.
     pub(crate) fn wrote(&self, key: &ObjectKey, obj: Value) {
-        if let Some(rv) = rv_of(&obj) {
+        let rv = rv_of(&obj);
+        if let Some(rv) = rv {
             self.own.wrote(key, rv);
         }
         self.ours(key, &obj);
+        let view = self.view_of(&obj);
         if let Ok(mut overlay) = self.overlay.lock() {
+            let shown = rv.is_some_and(|mine| {
+                view.and_then(|v| v.resource_version(key.namespace.as_deref(), &key.name))
+                    .is_some_and(|stored| stored >= mine)
+            });
+            if shown {
+                overlay.remove(key);
+                return;
+            }
             if overlay.len() >= OVERLAY_CAP {
                 overlay.clear();
             }
             overlay.insert(key.clone(), (Instant::now(), obj));
         }
+    }
+
+    /// The store of `obj`'s kind (its `apiVersion` and `kind`), if one serves it.
+    fn view_of(&self, obj: &Value) -> Option<Arc<dyn KindView>> {
+        let field = |f: &str| obj.get(f).and_then(Value::as_str).map(str::to_owned);
+        let kind_key = (field("apiVersion")?, field("kind")?);
+        self.kinds.read().ok()?.get(&kind_key).cloned()
     }
 
     /// `obj` at `key` is one of idem's children (the engine wrote it, or read it and judged it
@@ -308,14 +349,7 @@ impl ChildCaches {
         if !self.trust.is_ours(key, uid) {
             self.trust.own(key, uid);
         }
-        let kind = |field: &str| obj.get(field).and_then(Value::as_str).map(str::to_owned);
-        if let (Some(api_version), Some(kind)) = (kind("apiVersion"), kind("kind"))
-            && let Some(view) = self
-                .kinds
-                .read()
-                .ok()
-                .and_then(|k| k.get(&(api_version, kind)).cloned())
-        {
+        if let Some(view) = self.view_of(obj) {
             view.upgrade(obj);
         }
     }
@@ -479,6 +513,34 @@ mod tests {
         caches.set_record(&ObjectKey::cluster("Tenant", "t"), Some(vec!["u1".into()]));
         caches.ours(&key(), &obj);
         assert_eq!(caches.get(&resource, &key()), Some(Some(obj)));
+    }
+
+    #[test]
+    fn an_own_write_result_the_store_already_shows_is_not_kept() {
+        let caches = ChildCaches::new();
+        let store = Arc::new(CompactStore::new("v1", "ConfigMap", false, None));
+        caches.register_compact(Arc::clone(&store));
+        let resource = ApiResource::erase::<ConfigMap>(&());
+        let obj = |rv: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": rv},
+                "data": {"k": "v"}})
+        };
+        // The watch delivered version 8 (ours, or a later change) before the answer to our
+        // write of version 7 arrived: `stored` found nothing to drop then.
+        store.apply(obj("8"));
+        caches.stored(&key(), "8");
+        caches.wrote(&key(), obj("7"));
+        assert!(caches.overlay.lock().unwrap().is_empty());
+        caches.wrote(&key(), obj("8"));
+        assert!(caches.overlay.lock().unwrap().is_empty());
+        assert_eq!(caches.get(&resource, &key()), Some(Some(obj("8"))));
+        // An answer newer than the store still stands in for it until the watch catches up.
+        caches.wrote(&key(), obj("9"));
+        assert_eq!(caches.get(&resource, &key()), Some(Some(obj("9"))));
+        store.apply(obj("9"));
+        caches.stored(&key(), "9");
+        assert!(caches.overlay.lock().unwrap().is_empty());
     }
 
     #[test]
