@@ -523,12 +523,6 @@ impl<'a> Walker<'a> {
         if !self.quantity_here() {
             return false;
         }
-        // Equal by value but spelled otherwise ("0.5" for the stored "500m"): the apply still
-        // reads as a change of the field to the server, which takes it from every other manager
-        // that owns it too. Converged only when nobody else does.
-        if !self.others_here().is_empty() {
-            return false;
-        }
         let text = |v: &Value| match v {
             Value::String(s) => Some(s.clone()),
             Value::Number(n) => Some(n.to_string()),

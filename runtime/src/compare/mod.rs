@@ -19,8 +19,7 @@
 //! 3. it owns **nothing the desired body lacks** (else the apply would remove that field);
 //! 4. every desired value equals the live value: scalars exactly, quantities by value only in
 //!    the fields whose type is `resource.Quantity` ([`schema`](self) table, by kind and path,
-//!    never by key name), unless another manager owns the field too (the apply's other
-//!    spelling takes it from them); a value owned as a whole equals as a whole (same keys, same list
+//!    never by key name); a value owned as a whole equals as a whole (same keys, same list
 //!    length and order), except keys or items another manager owns (a granular map or list we
 //!    applied empty: theirs); an owned field that is absent from the live object counts as
 //!    equal only when Go drops it on the wire (an empty map or list, a zero scalar of a
@@ -48,8 +47,15 @@
 //! and is reported with the manager's name ([`DriftKind::NotOwned`]). Fields other managers own
 //! and we never set stay theirs: a forced apply would not touch them either.
 //!
+//! A field we own that another manager owns too at an equal value is converged even when our
+//! spelling differs from the stored one (a quantity "0.5" stored as "500m", which they
+//! applied): the server would read our apply as a change and take the field from them, but
+//! the object's values and our own record would stay as they are, and taking it would start a
+//! fight with any co-applier that judges its own record (each apply strips the other).
+//!
 //! The property test `runtime/tests/engine/oracle.rs` checks the rule against the real API
-//! server: "`dryRun=All` forced apply would change the object" ⇔ "not converged".
+//! server: "`dryRun=All` forced apply would change the object's values or our own
+//! `managedFields` entry" ⇔ "not converged".
 
 mod fields;
 mod fingerprint;

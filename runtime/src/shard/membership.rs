@@ -35,9 +35,11 @@
 //!   share is taken over about `LEASE_DURATION` after its last renewal plus one handshake.
 //!
 //! A member that starts a ring without this replica decided so from a list that did not show
-//! this replica's renewal yet, and only once every member of that ring had acknowledged it;
-//! so a list sent after that renewal was answered shows those acknowledgements, and this
-//! replica hands over instead of extending its fence.
+//! this replica's renewal yet, and only once every member of that ring had acknowledged it
+//! and its own acknowledgement had been answered before that list was sent (a renewal's
+//! answer is remembered with the ring it carried); so a list sent after this replica's
+//! renewal was answered shows those acknowledgements, and this replica hands over instead of
+//! extending its fence.
 //!
 //! When a Lease changed since the previous list, the change is placed at the `renewTime` its
 //! holder wrote, but clamped into the interval in which this replica knows it happened: after
@@ -195,6 +197,7 @@ impl Membership {
             applied: String::new(),
             running: None,
             last_renewal: None,
+            renewal_applied: String::new(),
             round_started: Instant::now(),
             previous_list: None,
             next_expiry: None,
@@ -291,6 +294,9 @@ struct Member {
     running: Option<String>,
     /// When the last renewal that was answered was sent.
     last_renewal: Option<Instant>,
+    /// The ring version that renewal carried as this replica's acknowledgement: a ring is
+    /// started only from a list sent after its acknowledgement was on the server.
+    renewal_applied: String,
     /// When the current (or last) round started.
     round_started: Instant,
     /// When the previous list of the member Leases was sent.
@@ -455,6 +461,9 @@ impl Member {
         self.round_started = sent;
         // The latest renewal answered before this list is sent.
         let vouched = self.last_renewal;
+        let vouched_applied = self.renewal_applied.clone();
+        // What this round's renewal carries (the acknowledgement changes only further down).
+        let carried = self.applied.clone();
         let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.ring));
         let api = self.api.clone();
         let list = async move { api.list(&params).await };
@@ -463,7 +472,10 @@ impl Member {
             tokio::time::timeout(ROUND_TIMEOUT, list),
         );
         match renewal {
-            Ok(Ok(())) => self.last_renewal = Some(sent),
+            Ok(Ok(())) => {
+                self.last_renewal = Some(sent);
+                self.renewal_applied = carried;
+            }
             Ok(Err(Renewal::Taken(why))) => return Err(why),
             Ok(Err(Renewal::Failed(e))) => {
                 tracing::warn!(error = %e, "renewing the member Lease failed")
@@ -529,7 +541,10 @@ impl Member {
             tracing::info!(ring = %version, members = ?ring.members(), "acknowledging a new ring");
             let ack_sent = Instant::now();
             match tokio::time::timeout(ROUND_TIMEOUT, self.renew()).await {
-                Ok(Ok(())) => self.last_renewal = Some(ack_sent),
+                Ok(Ok(())) => {
+                    self.last_renewal = Some(ack_sent);
+                    self.renewal_applied.clone_from(&version);
+                }
                 Ok(Err(Renewal::Taken(why))) => return Err(why),
                 Ok(Err(Renewal::Failed(e))) => {
                     tracing::warn!(error = %e, "writing the ring acknowledgement failed")
@@ -543,6 +558,11 @@ impl Member {
             tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
         } else if waiting.is_empty() && !fresh {
             tracing::info!(ring = %version, "acknowledged by every member, but this replica's Lease is not fresh");
+        } else if waiting.is_empty() && vouched_applied != version {
+            // Its own acknowledgement may not be on the server yet (it failed or is late): a
+            // member it dropped could still find every member acknowledging the old ring and
+            // keep working. Start once a list sent after the acknowledgement was answered.
+            tracing::info!(ring = %version, "waiting for this replica's acknowledgement to be answered");
         } else if waiting.is_empty() {
             tracing::info!(ring = %version, members = ?ring.members(), "working on the ring");
             self.fence.extend(fence_until);

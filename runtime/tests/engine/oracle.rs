@@ -405,11 +405,16 @@ fn without_update_entry(obj: &mut Value, manager: &str) {
 }
 
 /// The object without what changes on every write regardless of content (resourceVersion,
-/// managedFields timestamps) and with managedFields in a canonical order.
+/// managedFields timestamps) and with managedFields in a canonical order, keeping only our
+/// field manager's entries: what an apply would change in other managers' entries alone is
+/// a field they co-own at an equal value (a quantity spelled otherwise), which the rule
+/// counts as converged (`idem_runtime::compare`); a change of a value or of our own entry
+/// still shows.
 fn normalised(mut v: Value) -> Value {
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
         if let Some(Value::Array(entries)) = m.get_mut("managedFields") {
+            entries.retain(|e| e["manager"] == FM);
             for e in entries.iter_mut() {
                 if let Some(e) = e.as_object_mut() {
                     e.remove("time");

@@ -28,10 +28,13 @@ pub(super) fn owner_uids(obj: &Value) -> Vec<String> {
     out
 }
 
-/// A 32-bit hash of `s` (fixed seed: the index keeps these).
+/// A 32-bit hash of `s`, with a seed drawn once per process: the index keeps these for the
+/// process's life only, and a seed nobody outside knows keeps tenants from crafting names or
+/// uids that collide (one long probe sequence per watch event).
 fn h32(s: &str) -> u32 {
     use std::hash::BuildHasher;
-    let h = foldhash::fast::FixedState::with_seed(0x1de3).hash_one(s);
+    static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(rand::random);
+    let h = foldhash::fast::FixedState::with_seed(*SEED).hash_one(s);
     (h ^ (h >> 32)) as u32
 }
 
