@@ -32,12 +32,18 @@ struct Member {
 }
 
 impl Member {
-    /// Joins ring `ring` in `namespace` with `client` and plays its manager: every
-    /// assignment without a ring is reported stopped at once (nothing runs here).
-    fn start(client: kube::Client, ring: &str, namespace: &str, identity: &'static str) -> Self {
+    /// Joins ring `ring` in `namespace` with the client `make_client` builds (on the
+    /// membership's own runtime) and plays its manager: every assignment without a ring is
+    /// reported stopped at once (nothing runs here).
+    fn start(
+        make_client: impl FnOnce() -> kube::Client + Send + 'static,
+        ring: &str,
+        namespace: &str,
+        identity: &'static str,
+    ) -> Self {
         let metrics = MembershipMetrics::default();
-        let membership = Arc::new(Membership::start(
-            client,
+        let membership = Arc::new(Membership::start_with(
+            make_client,
             ring,
             namespace,
             identity,
@@ -101,6 +107,109 @@ async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
     }
 }
 
+/// `Err` until every Lease of `names` shows a renewal sent at or after `until`; panics as soon
+/// as a member handed over since `handovers` were read or works on a ring other than the
+/// ring of three.
+async fn steady(
+    members: &[Member],
+    handovers: &[u64],
+    leases: &Api<Lease>,
+    names: &[String],
+    until: Timestamp,
+) -> Result<(), String> {
+    for (m, before) in members.iter().zip(handovers) {
+        assert_eq!(
+            m.metrics.handovers.get(),
+            *before,
+            "{} handed over while the ring should have stayed as it was",
+            m.identity
+        );
+        if let Err(why) = m.working(3) {
+            panic!("the ring changed: {why}");
+        }
+    }
+    for name in names {
+        let lease = leases
+            .get(name)
+            .await
+            .map_err(|e| format!("reading Lease {name}: {e}"))?;
+        let renewed = lease
+            .spec
+            .and_then(|s| s.renew_time)
+            .map(|t| t.0)
+            .ok_or("no renewTime")?;
+        if renewed < until {
+            return Err(format!(
+                "Lease {name} last renewed at {renewed}, waiting for {until}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The members' loops run on threads of their own: while the runtime that started them
+/// (this test's only thread, as a manager's runtime busy with reconciles) is blocked for
+/// longer than a lease duration, every member goes on renewing and none hands over.
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocked_caller_runtime_does_not_stop_the_renewals() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("busy-ring");
+    let plain = || {
+        let config = shared().config();
+        move || kube::Client::try_from(config).expect("a client")
+    };
+    let members = [
+        Member::start(plain(), &ring, &ns, "ring-a"),
+        Member::start(plain(), &ring, &ns, "ring-b"),
+        Member::start(plain(), &ring, &ns, "ring-c"),
+    ];
+    eventually("every member working on the ring of three", || async {
+        members.iter().try_for_each(|m| m.working(3))
+    })
+    .await;
+    let handovers: Vec<u64> = members.iter().map(|m| m.metrics.handovers.get()).collect();
+    let names: Vec<String> = members
+        .iter()
+        .map(|m| lease_name(&ring, m.identity))
+        .collect();
+    let until = Timestamp::now() + (LEASE_DURATION + Duration::from_secs(5));
+    // This runtime's only thread blocks until another thread, with a runtime and a client of
+    // its own, sees every Lease renewed a lease duration after the block began.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the observer");
+                runtime.block_on(async {
+                    let leases: Api<Lease> = Api::namespaced(plain()(), &ns);
+                    eventually(
+                        "every Lease renewed a lease duration into the block",
+                        || steady(&members, &handovers, &leases, &names, until),
+                    )
+                    .await;
+                });
+            })
+            .join()
+            .expect("the observer thread");
+    });
+    for m in members {
+        m.manager.abort();
+        let _ = m.manager.await;
+        if let Ok(membership) = Arc::try_unwrap(m.membership) {
+            membership.leave().await;
+        }
+    }
+    // Leaving deleted every member's Lease.
+    let leases: Api<Lease> = Api::namespaced(client, &ns);
+    for name in &names {
+        let left = leases.get_opt(name).await.expect("reading a member Lease");
+        assert!(left.is_none(), "Lease {name} was not deleted on leave");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_lease_requests_are_slow_stays_in_the_ring() {
     let client = shared().client();
@@ -108,11 +217,22 @@ async fn a_member_whose_lease_requests_are_slow_stays_in_the_ring() {
     let ring = unique_name("slow-ring");
     // Member a's Lease client passes a fault layer that delays its requests when told to.
     let faults = Faults::new();
-    let slow_client = faults.client(shared().config()).unwrap();
+    let slow = {
+        let (faults, config) = (faults.clone(), shared().config());
+        move || {
+            faults
+                .client(config)
+                .expect("a client with the fault layer")
+        }
+    };
+    let plain = || {
+        let config = shared().config();
+        move || kube::Client::try_from(config).expect("a client")
+    };
     let members = [
-        Member::start(slow_client, &ring, &ns, "ring-a"),
-        Member::start(client.clone(), &ring, &ns, "ring-b"),
-        Member::start(client.clone(), &ring, &ns, "ring-c"),
+        Member::start(slow, &ring, &ns, "ring-a"),
+        Member::start(plain(), &ring, &ns, "ring-b"),
+        Member::start(plain(), &ring, &ns, "ring-c"),
     ];
     eventually("every member working on the ring of three", || async {
         members.iter().try_for_each(|m| m.working(3))
@@ -131,30 +251,14 @@ async fn a_member_whose_lease_requests_are_slow_stays_in_the_ring() {
     let until = slowed + (LEASE_DURATION + Duration::from_secs(5));
     eventually(
         "a's Lease renewed a lease duration into the slowdown",
-        || async {
-            for (m, before) in members.iter().zip(&handovers) {
-                assert_eq!(
-                    m.metrics.handovers.get(),
-                    *before,
-                    "{} handed over while a's Lease requests were slow",
-                    m.identity
-                );
-                if let Err(why) = m.working(3) {
-                    panic!("the ring changed while a's Lease requests were slow: {why}");
-                }
-            }
-            let lease = leases
-                .get(&a_lease)
-                .await
-                .map_err(|e| format!("reading a's Lease: {e}"))?;
-            let renewed = lease
-                .spec
-                .and_then(|s| s.renew_time)
-                .map(|t| t.0)
-                .ok_or("no renewTime")?;
-            (renewed >= until)
-                .then_some(())
-                .ok_or_else(|| format!("a's Lease last renewed at {renewed}, waiting for {until}"))
+        || {
+            steady(
+                &members,
+                &handovers,
+                &leases,
+                std::slice::from_ref(&a_lease),
+                until,
+            )
         },
     )
     .await;
