@@ -224,10 +224,13 @@ pub(super) async fn run(
         None
     };
     let membership_metrics = MembershipMetrics::default();
+    // The membership builds its Lease client on its own thread and runtime, so reconciles
+    // on this runtime cannot delay a renewal.
+    let membership_client = kube::client::ClientBuilder::try_from(kube_config.clone())?;
     let membership = options.shards.then(|| {
         tracing::info!(%identity, %namespace, "joining the shard ring");
-        Membership::start(
-            lease_client.clone(),
+        Membership::start_with(
+            move || membership_client.build(),
             &name,
             &namespace,
             &identity,

@@ -48,6 +48,10 @@
 //! LEASE_DURATION − RETRY_PERIOD`, which is past the dead holder's fence (`renewal sent +
 //! LEASE_DURATION − CLOCK_SKEW`, [`CLOCK_SKEW`] > [`RETRY_PERIOD`]): no overlap.
 //!
+//! The loop runs on a thread of its own with a single-threaded Tokio runtime, its Lease client
+//! built there ([`Membership::start_with`]): reconciles keeping the manager's runtime busy
+//! do not delay a renewal or a list.
+//!
 //! A replica that renews its Lease but has not acknowledged a new ring keeps the others
 //! waiting; a replica paused past its lease duration finds its fence closed when it wakes and
 //! sees the new ring before its next write. On shutdown it deletes its Lease, so the others
@@ -72,7 +76,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::leader::{
     DEFAULT_CLOCK_SKEW as CLOCK_SKEW, DEFAULT_LEASE_DURATION as LEASE_DURATION,
@@ -155,19 +159,29 @@ pub struct Assignment {
 }
 
 /// This replica's place in the ring; dropping it stops the loop without deleting the Lease.
+///
+/// The loop (renewals, lists, handshakes) runs on a thread of its own with a single-threaded
+/// Tokio runtime, so work on the caller's runtime (reconciles, caches) cannot delay a renewal.
 pub struct Membership {
     assignment: watch::Receiver<Assignment>,
     stopped: watch::Sender<u64>,
     fence: Arc<Fence>,
+    /// `true`: leave the ring (delete the Lease); dropped: stop where the loop is.
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-    api: Api<Lease>,
-    name: String,
+    /// Closed once the loop's thread has ended, its runtime and connections gone.
+    done: Option<oneshot::Receiver<()>>,
 }
 
 impl Membership {
     /// Joins ring `ring` (the value of [`MEMBER_LABEL`]) with a Lease in `namespace` held by
-    /// `identity`.
+    /// `identity`, its requests sent with `client`.
+    ///
+    /// `client`'s connections are served by the runtime it was built on, so a busy runtime
+    /// can still delay them; [`Membership::start_with`] builds the client on the loop's own
+    /// runtime instead.
+    ///
+    /// # Panics
+    /// When the operating system refuses a thread or a Tokio runtime for the loop.
     pub fn start(
         client: Client,
         ring: &str,
@@ -175,42 +189,73 @@ impl Membership {
         identity: &str,
         metrics: MembershipMetrics,
     ) -> Self {
-        let api = Api::<Lease>::namespaced(client, namespace);
+        Self::start_with(move || client, ring, namespace, identity, metrics)
+    }
+
+    /// As [`Membership::start`], with the client built by `make_client` on the loop's own
+    /// thread and runtime: its requests and connections wait for nothing on the caller's
+    /// runtime (e.g. `move || builder.build()` with a [`kube::client::ClientBuilder`]).
+    ///
+    /// # Panics
+    /// When the operating system refuses a thread or a Tokio runtime for the loop.
+    pub fn start_with(
+        make_client: impl FnOnce() -> Client + Send + 'static,
+        ring: &str,
+        namespace: &str,
+        identity: &str,
+        metrics: MembershipMetrics,
+    ) -> Self {
         let fence = Fence::new(FenceMode::ShardMembership);
         let (tx, assignment) = watch::channel(Assignment::default());
         let (stopped, stopped_rx) = watch::channel(0);
         let (stop, stop_rx) = watch::channel(false);
+        let (done_tx, done) = oneshot::channel();
         let name = lease_name(ring, identity);
-        let member = Member {
-            api: api.clone(),
-            ring: ring.to_string(),
-            name: name.clone(),
-            identity: identity.to_string(),
-            instance: instance_id(),
-            fence: Arc::clone(&fence),
-            assignment: tx,
-            stopped: stopped_rx,
-            claimed: false,
-            own: None,
-            metrics,
-            observed: HashMap::new(),
-            applied: String::new(),
-            running: None,
-            last_renewal: None,
-            renewal_applied: String::new(),
-            round_started: Instant::now(),
-            previous_list: None,
-            next_expiry: None,
-        };
-        let task = tokio::spawn(member.run(stop_rx));
+        let namespace = namespace.to_string();
+        let (ring, identity) = (ring.to_string(), identity.to_string());
+        let loop_fence = Arc::clone(&fence);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime for the shard ring");
+        std::thread::Builder::new()
+            .name("idem-shard-ring".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let member = Member {
+                        api: Api::<Lease>::namespaced(make_client(), &namespace),
+                        ring,
+                        name,
+                        identity,
+                        instance: instance_id(),
+                        fence: loop_fence,
+                        assignment: tx,
+                        stopped: stopped_rx,
+                        claimed: false,
+                        own: None,
+                        metrics,
+                        observed: HashMap::new(),
+                        applied: String::new(),
+                        running: None,
+                        last_renewal: None,
+                        renewal_applied: String::new(),
+                        round_started: Instant::now(),
+                        previous_list: None,
+                        next_expiry: None,
+                    };
+                    member.serve(stop_rx).await;
+                });
+                // Every task of the loop (the client's connections too) ends here.
+                drop(runtime);
+                drop(done_tx);
+            })
+            .expect("a thread for the shard ring");
         Self {
             assignment,
             stopped,
             fence,
             stop,
-            task,
-            api,
-            name,
+            done: Some(done),
         }
     }
 
@@ -240,30 +285,18 @@ impl Membership {
 
     /// Leaves the ring: stops the loop, closes the fence and deletes this replica's Lease so
     /// the other members take its share over at their next round (not when it refused to
-    /// work: the Lease is then another process's).
+    /// work: the Lease is then another process's). Returns once the loop's thread has ended.
+    ///
+    /// # Cancel safety
+    /// Cancelled, it drops the membership: the loop stops where it is, perhaps before the
+    /// Lease is deleted.
     pub async fn leave(mut self) {
         let _ = self.stop.send(true);
-        let _ = (&mut self.task).await;
+        if let Some(done) = self.done.take() {
+            // An error only says the thread ended without a word (it always does).
+            let _ = done.await;
+        }
         self.fence.revoke();
-        if self.assignment.borrow().refused.is_some() {
-            return;
-        }
-        let deleted = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            self.api.delete(&self.name, &DeleteParams::default()),
-        )
-        .await;
-        match deleted {
-            Ok(Ok(_)) => tracing::info!(lease = %self.name, "left the shard ring"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete the member Lease"),
-            Err(_) => tracing::warn!("deleting the member Lease timed out"),
-        }
-    }
-}
-
-impl Drop for Membership {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -306,7 +339,40 @@ struct Member {
 }
 
 impl Member {
-    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    /// Runs the loop until [`Membership::leave`] (then leaves the ring) or until the
+    /// [`Membership`] is dropped (then stops where it is, the Lease kept).
+    async fn serve(self, stop: watch::Receiver<bool>) {
+        let mut dropped = stop.clone();
+        tokio::select! {
+            () = self.run_and_leave(stop) => {}
+            () = async { while dropped.changed().await.is_ok() {} } => {}
+        }
+    }
+
+    /// Runs the loop; once told to leave, closes the fence and deletes the Lease (unless this
+    /// replica refused to work: the Lease is then another process's).
+    async fn run_and_leave(mut self, mut stop: watch::Receiver<bool>) {
+        self.run(stop.clone()).await;
+        if stop.wait_for(|s| *s).await.is_err() {
+            return;
+        }
+        self.fence.revoke();
+        if self.assignment.borrow().refused.is_some() {
+            return;
+        }
+        let deleted = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.api.delete(&self.name, &DeleteParams::default()),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(_)) => tracing::info!(lease = %self.name, "left the shard ring"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete the member Lease"),
+            Err(_) => tracing::warn!("deleting the member Lease timed out"),
+        }
+    }
+
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let refused = tokio::select! {
             refused = self.renewed_by_another() => refused,
             _ = stop.wait_for(|s| *s) => return,
