@@ -10,13 +10,12 @@
 #[path = "../examples/base_tenant.rs"]
 mod base_tenant;
 
-use std::future::Future;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerOptions, Reconciles};
 use idem_tests::ports::free_addr;
-use idem_tests::shared;
+use idem_tests::{eventually, shared};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, PostParams};
@@ -25,21 +24,6 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Polls `check` until it is `Ok` (a condition on the server's state, not a sleep).
-async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
-    what: &str,
-    mut check: impl FnMut() -> Fut,
-) -> T {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) if tokio::time::Instant::now() > deadline => panic!("{what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_base_tenant_crd_deletes_no_users_data() {

@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerError, ManagerOptions, Reconciles};
+use idem_tests::WAIT as TIMEOUT;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use replicas::{TIMEOUT, all_ready, eventually, gauge, get};
+use replicas::{all_ready, eventually, gauge, get};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

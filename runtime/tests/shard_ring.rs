@@ -10,13 +10,11 @@ use std::time::Duration;
 
 use idem_runtime::shard::membership::{Membership, MembershipMetrics, lease_name};
 use idem_tests::faults::Faults;
-use idem_tests::{create_namespace, shared, unique_name};
+use idem_tests::{create_namespace, eventually, shared, unique_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-/// Longest wait for any condition (two cores, other builds beside the tests).
-const TIMEOUT: Duration = Duration::from_secs(180);
 /// The lease duration every member writes (`leaseDurationSeconds`).
 const LEASE_DURATION: Duration = idem_runtime::leader::DEFAULT_LEASE_DURATION;
 /// How long each of the slow member's Lease requests waits before it is sent: more than a
@@ -91,25 +89,6 @@ impl Member {
                 self.identity
             )),
         }
-    }
-}
-
-/// Polls `check` every 250 ms until it returns `Ok`; panics with the last `Err` after
-/// [`TIMEOUT`].
-async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
-    what: &str,
-    mut check: impl FnMut() -> Fut,
-) -> T {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(why) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}; last state: {why}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -32,6 +32,7 @@ pub mod ports;
 pub mod process;
 mod readiness;
 pub mod state;
+mod wait;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,6 +45,7 @@ pub use controlplane::{
 pub use error::{Error, Result};
 pub use process::Lifetime;
 pub use readiness::is_ready;
+pub use wait::{WAIT, eventually};
 
 /// The control plane shared by every test of one test binary, started on first use.
 ///

@@ -2,9 +2,7 @@
 //! its HTTP endpoints, and whether its BaseTenants converged. Included by those tests as
 //! `mod replicas;` beside `mod base_tenant;`.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{Api, Client};
@@ -12,27 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::base_tenant::BaseTenant;
 
-/// Longest wait for any condition (two cores, other builds beside the tests).
-pub const TIMEOUT: Duration = Duration::from_secs(180);
-
-/// Polls `check` every 250 ms until it returns `Ok`; panics with the last `Err` after
-/// [`TIMEOUT`].
-pub async fn eventually<T, Fut: Future<Output = Result<T, String>>>(
-    what: &str,
-    mut check: impl FnMut() -> Fut,
-) -> T {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(why) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}; last state: {why}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
+/// Polls a condition until it holds (the harness's own).
+pub use idem_tests::eventually;
 
 /// `GET path` on `addr`: status code and body.
 pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
