@@ -135,24 +135,37 @@ async fn steady(
 /// The members' loops run on threads of their own: while the runtime that started them
 /// (this test's only thread, as a manager's runtime busy with reconciles) is blocked for
 /// longer than a lease duration, every member goes on renewing and none hands over.
-#[tokio::test(flavor = "current_thread")]
-async fn a_blocked_caller_runtime_does_not_stop_the_renewals() {
-    let client = shared().client();
-    let ns = create_namespace(&client, "ring").await.unwrap();
-    let ring = unique_name("busy-ring");
-    let plain = || {
-        let config = shared().config();
-        move || kube::Client::try_from(config).expect("a client")
-    };
+/// A plain Lease client of the shared control plane, built where it is called.
+fn plain() -> impl FnOnce() -> kube::Client + Send + 'static {
+    let config = shared().config();
+    move || kube::Client::try_from(config).expect("a client")
+}
+
+/// Members `ring-a` (its Lease client built by `first`), `ring-b` and `ring-c` of `ring`,
+/// once all three work on the ring of three.
+async fn ring_of_three(
+    first: impl FnOnce() -> kube::Client + Send + 'static,
+    ring: &str,
+    ns: &str,
+) -> [Member; 3] {
     let members = [
-        Member::start(plain(), &ring, &ns, "ring-a"),
-        Member::start(plain(), &ring, &ns, "ring-b"),
-        Member::start(plain(), &ring, &ns, "ring-c"),
+        Member::start(first, ring, ns, "ring-a"),
+        Member::start(plain(), ring, ns, "ring-b"),
+        Member::start(plain(), ring, ns, "ring-c"),
     ];
     eventually("every member working on the ring of three", || async {
         members.iter().try_for_each(|m| m.working(3))
     })
     .await;
+    members
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocked_caller_runtime_does_not_stop_the_renewals() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("busy-ring");
+    let members = ring_of_three(plain(), &ring, &ns).await;
     let handovers: Vec<u64> = members.iter().map(|m| m.metrics.handovers.get()).collect();
     let names: Vec<String> = members
         .iter()
@@ -223,19 +236,7 @@ async fn slow_member_stays(latency: Duration, fence_usable: bool) {
                 .expect("a client with the fault layer")
         }
     };
-    let plain = || {
-        let config = shared().config();
-        move || kube::Client::try_from(config).expect("a client")
-    };
-    let members = [
-        Member::start(slow, &ring, &ns, "ring-a"),
-        Member::start(plain(), &ring, &ns, "ring-b"),
-        Member::start(plain(), &ring, &ns, "ring-c"),
-    ];
-    eventually("every member working on the ring of three", || async {
-        members.iter().try_for_each(|m| m.working(3))
-    })
-    .await;
+    let members = ring_of_three(slow, &ring, &ns).await;
     let handovers: Vec<u64> = members.iter().map(|m| m.metrics.handovers.get()).collect();
 
     // From now on every Lease request of a waits `latency` before it is sent.
