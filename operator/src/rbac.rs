@@ -68,12 +68,15 @@ const RULES: &[Rule] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
         names: &[],
     },
-    // Binding ClusterRole `admin` to tenant owners needs `bind` on it (RBAC escalation check).
+    // Binding ClusterRole `admin` to tenant owners, and the built-in `edit` and `view` of a
+    // Tenant's `roleBindings`, needs `bind` on them (RBAC escalation check). A Tenant that
+    // binds another ClusterRole stalls with the API server's refusal until an administrator
+    // adds it here.
     Rule {
         group: "rbac.authorization.k8s.io",
         resources: &["clusterroles"],
         verbs: &["bind"],
-        names: &["admin"],
+        names: &["admin", "edit", "view"],
     },
     // The Tenant and TenantApp finalizers read their own CRD to tell "the CRD is being
     // deleted" (retain everything) from an ordinary deletion (`tenant/finalize.rs`,

@@ -67,6 +67,16 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
                "namespaces": ["dev", "prod"], "quota": {"hard": {"cpu": "4", "memory": "8Gi"}}, "weight": 5}),
     );
     assert_eq!(try_create(&tenants, good).await, None);
+    let extras = tenant(
+        &unique_name("extras"),
+        json!({"namespaces": ["dev"],
+               "roleBindings": [{"name": "ops", "clusterRole": "system:aggregate-to-view",
+                                 "subjects": [{"kind": "Group", "name": "ops"}]}],
+               "namespaceMetadata": {"labels": {"team": "payments", "example.com/tier": "gold",
+                                                "kubernetes.io.example.com/x": "y"},
+                                     "annotations": {"example.com/note": "any text at all"}}}),
+    );
+    assert_eq!(try_create(&tenants, extras).await, None);
 
     let cases = [
         (
@@ -213,6 +223,70 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             "bad-policy",
             json!({"deletionPolicy": "Cascade"}),
             "deletionPolicy",
+        ),
+        // Namespace metadata: no key in a domain Kubernetes or idem reserves, valid labels.
+        (
+            "ns-pod-security",
+            json!({"namespaceMetadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+            "reserved for Kubernetes and idem",
+        ),
+        (
+            "ns-metadata-name",
+            json!({"namespaceMetadata": {"labels": {"kubernetes.io/metadata.name": "kube-system"}}}),
+            "reserved for Kubernetes and idem",
+        ),
+        (
+            "ns-idem-label",
+            json!({"namespaceMetadata": {"labels": {"tenancy.idem.dev/owner-uid": "x"}}}),
+            "reserved for Kubernetes and idem",
+        ),
+        (
+            "ns-k8s-annotation",
+            json!({"namespaceMetadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}}}),
+            "reserved for Kubernetes and idem",
+        ),
+        (
+            "ns-bad-value",
+            json!({"namespaceMetadata": {"labels": {"team": "not a value"}}}),
+            "label values",
+        ),
+        (
+            "ns-bad-key",
+            json!({"namespaceMetadata": {"annotations": {"a b": "x"}}}),
+            "qualified names",
+        ),
+        (
+            "ns-many-labels",
+            json!({"namespaceMetadata": {"labels": many_of(33, "k", "v")}}),
+            "must have at most 32",
+        ),
+        // Role bindings: unique names, a ClusterRole name, at least one subject.
+        (
+            "rb-dup",
+            json!({"roleBindings": [
+                {"name": "r", "clusterRole": "view", "subjects": [{"kind": "User", "name": "a"}]},
+                {"name": "r", "clusterRole": "edit", "subjects": [{"kind": "User", "name": "b"}]}]}),
+            "Duplicate value",
+        ),
+        (
+            "rb-no-subjects",
+            json!({"roleBindings": [{"name": "r", "clusterRole": "view", "subjects": []}]}),
+            "subjects",
+        ),
+        (
+            "rb-dotdot",
+            json!({"roleBindings": [{"name": "r", "clusterRole": "..", "subjects": [{"kind": "User", "name": "a"}]}]}),
+            "never named",
+        ),
+        (
+            "rb-slash",
+            json!({"roleBindings": [{"name": "r", "clusterRole": "a/b", "subjects": [{"kind": "User", "name": "a"}]}]}),
+            "clusterRole",
+        ),
+        (
+            "rb-bad-name",
+            json!({"roleBindings": [{"name": "Readers", "clusterRole": "view", "subjects": [{"kind": "User", "name": "a"}]}]}),
+            "roleBindings[0].name",
         ),
     ];
     for (prefix, spec, expect) in cases {

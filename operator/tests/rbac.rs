@@ -7,52 +7,14 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Output;
 
-use common::{TIMEOUT, eventually, install_crds};
+use common::deployed::{OPERATOR, install, kubectl, operator_kubeconfig, text};
+use common::{TIMEOUT, eventually};
 use idem_operator::NAME as LEASE_NAME;
 use idem_tests::{create_namespace, shared, unique_name};
 
-const OPERATOR: &str = "system:serviceaccount:idem-system:idem-operator";
 const MANAGED: &str = "app.kubernetes.io/managed-by=idem-operator";
-
-fn kubectl(args: &[&str]) -> Output {
-    shared()
-        .kubectl()
-        .args(args)
-        .output()
-        .expect("running kubectl")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Applies every generated manifest but the Deployment (there is no image to run here).
-async fn install() {
-    install_crds(&shared().client()).await;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| !p.to_string_lossy().contains("deployment"))
-        .collect();
-    files.sort();
-    for file in files {
-        let out = kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "applying {}: {}",
-            file.display(),
-            text(&out)
-        );
-    }
-}
 
 /// `kubectl auth can-i` as `user`: true for "yes".
 fn can_i(user: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
@@ -100,6 +62,8 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
             Some(&ns),
         ),
         ("bind", "clusterroles.rbac.authorization.k8s.io/admin", None),
+        ("bind", "clusterroles.rbac.authorization.k8s.io/edit", None),
+        ("bind", "clusterroles.rbac.authorization.k8s.io/view", None),
         ("create", "events.events.k8s.io", Some("default")),
         ("get", &lease, Some("idem-system")),
         ("update", &lease, Some("idem-system")),
@@ -395,21 +359,6 @@ async fn only_the_operator_may_write_the_shard_rings_member_leases() {
         },
     )
     .await;
-}
-
-/// A kubeconfig of the shared control plane that acts as the operator's ServiceAccount: the
-/// admin impersonates it, so the API server authorises and admits every request as the account
-/// (its ClusterRole, Role and the shipped admission policies), as in the Deployment.
-fn operator_kubeconfig() -> std::path::PathBuf {
-    let mut config = kube::config::Kubeconfig::read_from(shared().kubeconfig_path()).unwrap();
-    for user in &mut config.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.impersonate = Some(OPERATOR.into());
-        }
-    }
-    let path = std::env::temp_dir().join(format!("idem-as-operator-{}.yaml", std::process::id()));
-    idem_tests::kubeconfig::write(&config, &path).unwrap();
-    path
 }
 
 /// A Tenant namespace whose `app.kubernetes.io/managed-by` label an admin removed is still

@@ -37,7 +37,8 @@ async fn shrinking_the_spec_removes_fields_and_prunes_children_of_features_turne
     tenants::create(&client, &name, full_spec(&["a", "b"])).await;
     tenants::wait_ready(&client, &name).await;
 
-    // Fewer quota keys, a different single owner, no container defaults, no isolation.
+    // Fewer quota keys, a different single owner, no container defaults, no isolation, no
+    // extra RoleBindings, no namespace labels or annotations.
     patch_spec(
         &client,
         &name,
@@ -47,11 +48,21 @@ async fn shrinking_the_spec_removes_fields_and_prunes_children_of_features_turne
             "owners": [{"kind": "User", "name": "bob"}],
             "limits": null,
             "isolation": false,
+            "roleBindings": [],
+            "namespaceMetadata": null,
         }),
     )
     .await;
     let tenant = tenants::wait_ready(&client, &name).await;
     assert_eq!(tenant.status.as_ref().unwrap().namespace_count, 2);
+    for ns in labelled::<Namespace>(&client, &name).await {
+        assert_eq!(ns.labels().get("team"), None, "namespace label removed");
+        assert_eq!(
+            ns.annotations().get("example.com/cost-center"),
+            None,
+            "namespace annotation removed"
+        );
+    }
 
     let quotas: Vec<ResourceQuota> = labelled(&client, &name).await;
     assert_eq!(quotas.len(), 2);

@@ -181,6 +181,69 @@ pub fn config(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Most labels, and most annotations, `namespaceMetadata` may set.
+pub const MAX_NAMESPACE_METADATA: usize = 32;
+
+/// Label and annotation keys a Tenant may not set on its namespaces: those in the domains
+/// Kubernetes reserves for its own components (`kubernetes.io`, `k8s.io` and their subdomains:
+/// Pod Security's `pod-security.kubernetes.io/*`, `kubernetes.io/metadata.name`,
+/// `app.kubernetes.io/managed-by`, …) and idem's own (`idem.dev` and its subdomains: the
+/// operator's owner and shard labels). A CEL rule over key `k`, true when `k` is allowed.
+pub fn unreserved_key(k: &str) -> String {
+    format!(r"!{k}.matches(r'^([^/]*\.)?(kubernetes\.io|k8s\.io|idem\.dev)/')")
+}
+
+/// The domains [`unreserved_key`] refuses, for messages and docs.
+pub const RESERVED_KEY_DOMAINS: &str = "kubernetes.io, k8s.io, idem.dev and their subdomains";
+
+/// Rules for the keys of `namespaceMetadata.labels` / `.annotations` (`what`): qualified
+/// names outside the reserved domains.
+fn metadata_key_rules(what: &str) -> Vec<serde_json::Value> {
+    vec![
+        serde_json::json!({
+            "rule": format!("self.all(k, size(k) <= {MAX_RESOURCE_NAME_LENGTH} && k.matches(r'{QUALIFIED_NAME}'))"),
+            "message": format!("{what} keys are qualified names: a name or prefix/name"),
+        }),
+        serde_json::json!({
+            "rule": format!("self.all(k, {})", unreserved_key("k")),
+            "message": format!("{what} keys in {RESERVED_KEY_DOMAINS} are reserved for Kubernetes and idem: a tenant's namespaces may not set them"),
+        }),
+    ]
+}
+
+/// `namespaceMetadata.labels`: at most [`MAX_NAMESPACE_METADATA`] labels, keys as
+/// [`unreserved_key`] allows, values label values (at most 63 characters of letters, digits,
+/// `-`, `_` and `.`, starting and ending with a letter or digit; `IsValidLabelValue`).
+pub fn namespace_labels(_: &mut SchemaGenerator) -> Schema {
+    let mut rules = metadata_key_rules("label");
+    rules.push(serde_json::json!({
+        "rule": "self.all(k, self[k].matches(r'^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$'))",
+        "message": "label values have at most 63 letters, digits, '-', '_' or '.', and start and end with a letter or digit",
+    }));
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_NAMESPACE_METADATA,
+        "additionalProperties": {"type": "string", "maxLength": 63},
+        "x-kubernetes-validations": rules,
+    })
+}
+
+/// `namespaceMetadata.annotations`: at most [`MAX_NAMESPACE_METADATA`] annotations, keys as
+/// [`unreserved_key`] allows, values of at most 4096 characters (well under the API server's
+/// 256 KiB for all of an object's annotations).
+pub fn namespace_annotations(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_NAMESPACE_METADATA,
+        "additionalProperties": {"type": "string", "maxLength": 4096},
+        "x-kubernetes-validations": metadata_key_rules("annotation"),
+    })
+}
+
+/// The name of a ClusterRole a Tenant binds: a path segment name (RBAC object names may hold
+/// `:`, e.g. `system:aggregate-to-view`), without `/` or `%`, not `.` or `..`.
+pub const CLUSTER_ROLE_NAME: &str = r"^[^/%]+$";
+
 /// A DNS-1123 subdomain (at most 253 characters), as an RE2 pattern.
 pub const DNS_SUBDOMAIN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
@@ -224,6 +287,28 @@ mod tests {
             "",
         ] {
             assert!(!image.is_match(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reserved_metadata_keys() {
+        // The CEL rule's regex, checked with the same RE2 syntax.
+        let rule = unreserved_key("k");
+        let pattern = rule.split("r'").nth(1).unwrap().trim_end_matches("')");
+        let reserved = re(pattern);
+        for key in [
+            "pod-security.kubernetes.io/enforce",
+            "kubernetes.io/metadata.name",
+            "app.kubernetes.io/managed-by",
+            "k8s.io/x",
+            "node.k8s.io/x",
+            "tenancy.idem.dev/owner-uid",
+            "idem.dev/x",
+        ] {
+            assert!(reserved.is_match(key), "{key} must be reserved");
+        }
+        for key in ["team", "example.com/team", "kubernetes.io.example.com/x", "notidem.dev/x"] {
+            assert!(!reserved.is_match(key), "{key} must be allowed");
         }
     }
 

@@ -30,6 +30,8 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   isolation: true
 ///   weight: 1
 ///   deletionPolicy: Retain         # or Delete: deleting the Tenant deletes its namespaces
+///   roleBindings: [{name: readers, clusterRole: view, subjects: [{kind: Group, name: auditors}]}]
+///   namespaceMetadata: {labels: {team: payments}, annotations: {example.com/cost-center: "42"}}
 /// ```
 #[derive(
     CustomResource,
@@ -94,6 +96,49 @@ pub struct TenantSpec {
     /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`).
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// More RoleBindings in every namespace of the tenant, each binding a ClusterRole to
+    /// subjects (RoleBinding `idem-rb-<name>`). The operator binds only ClusterRoles it may
+    /// bind itself (`admin`, `edit` and `view` with the shipped RBAC): binding another is refused
+    /// by the API server and the Tenant reports `Stalled` with the server's reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub role_bindings: Vec<TenantRoleBinding>,
+    /// Labels and annotations set on every namespace of the tenant. Keys in the domains
+    /// Kubernetes and idem reserve (`kubernetes.io`, `k8s.io`, `idem.dev` and their subdomains,
+    /// e.g. `pod-security.kubernetes.io/enforce`) are refused at admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_metadata: Option<NamespaceMetadata>,
+}
+
+/// A RoleBinding the operator keeps in every namespace of the tenant.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.clusterRole != '.' && self.clusterRole != '..'").message("a ClusterRole is never named '.' or '..'"))]
+pub struct TenantRoleBinding {
+    /// Names the binding: RoleBinding `idem-rb-<name>` in each namespace; a DNS label of at
+    /// most 32 characters, unique in the list.
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The ClusterRole bound in each namespace, e.g. `edit` or `view`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = super::schema::CLUSTER_ROLE_NAME))]
+    pub cluster_role: String,
+    /// Who gets the role: users, groups and service accounts, as in `owners` (1 to 64).
+    #[schemars(length(min = 1, max = 64))]
+    pub subjects: Vec<Owner>,
+}
+
+/// Labels and annotations of every tenant namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceMetadata {
+    /// Labels, e.g. `{team: payments}` (see [`super::schema::namespace_labels`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::namespace_labels")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations (see [`super::schema::namespace_annotations`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::namespace_annotations")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What deleting a Tenant does to its namespaces (as a PersistentVolume's reclaim policy).

@@ -1,5 +1,6 @@
 //! The desired children of a Tenant: its namespaces (first pass), then in each namespace the
-//! ResourceQuota, LimitRange, owners' RoleBinding and isolation NetworkPolicy (second pass).
+//! ResourceQuota, LimitRange, owners' and extra RoleBindings and isolation NetworkPolicy
+//! (second pass).
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 
-use crate::resources::tenant::{OwnerKind, Tenant};
+use crate::resources::tenant::{Owner, OwnerKind, Tenant};
 
 /// ResourceQuota name in each tenant namespace.
 pub const QUOTA: &str = "idem-quota";
@@ -23,6 +24,8 @@ pub const QUOTA: &str = "idem-quota";
 pub const LIMITS: &str = "idem-limits";
 /// RoleBinding name in each tenant namespace.
 pub const OWNERS: &str = "idem-owners";
+/// Prefix of the RoleBindings of `spec.roleBindings`: entry `readers` is `idem-rb-readers`.
+pub const ROLE_BINDING_PREFIX: &str = "idem-rb-";
 /// NetworkPolicy name in each tenant namespace.
 pub const ISOLATION: &str = "idem-isolation";
 /// The ClusterRole bound to a tenant's owners (Kubernetes' built-in `admin`).
@@ -62,7 +65,13 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
         // The bucket of the namespace's name: the operator's namespace cache is sharded on it.
         let bucket = crate::shard::namespace_bucket(&name);
         let mut metadata = meta(&name, None);
-        metadata.labels = Some([(crate::shard::NAMESPACE_BUCKET_LABEL.to_owned(), bucket)].into());
+        // `spec.namespaceMetadata` first; its keys cannot be in idem's domain (refused at
+        // admission), so the bucket label cannot be overridden.
+        let extra = tenant.spec.namespace_metadata.clone().unwrap_or_default();
+        let mut labels = extra.labels;
+        labels.insert(crate::shard::NAMESPACE_BUCKET_LABEL.to_owned(), bucket);
+        metadata.labels = Some(labels);
+        metadata.annotations = (!extra.annotations.is_empty()).then_some(extra.annotations);
         desired.add(&Namespace {
             metadata,
             ..Namespace::default()
@@ -122,6 +131,37 @@ pub fn namespace_selector(namespaces: &[String]) -> LabelSelector {
     }
 }
 
+/// The RoleBinding `name` in namespace `ns` binding ClusterRole `role` to `subjects`.
+fn role_binding(ns: Option<&str>, name: &str, role: &str, subjects: &[Owner]) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(name, ns),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(
+            subjects
+                .iter()
+                .map(|o| match o.kind {
+                    OwnerKind::ServiceAccount => Subject {
+                        kind: "ServiceAccount".into(),
+                        name: o.name.clone(),
+                        namespace: o.namespace.clone(),
+                        api_group: None,
+                    },
+                    kind => Subject {
+                        kind: format!("{kind:?}"),
+                        name: o.name.clone(),
+                        namespace: None,
+                        api_group: Some("rbac.authorization.k8s.io".into()),
+                    },
+                })
+                .collect(),
+        ),
+    }
+}
+
 /// Second pass: the objects inside each of `namespaces` (those the tenant really owns).
 /// Kinds that are not wanted any more (quota removed, isolation off) are pruned; what the
 /// tenant made in `released` (namespaces it no longer controls) is released, not deleted:
@@ -139,7 +179,10 @@ pub fn contents(
         .prune_kind::<ResourceQuota>()
         .prune_kind::<LimitRange>()
         .prune_kind::<RoleBinding>()
-        .prune_kind::<NetworkPolicy>();
+        .prune_kind::<NetworkPolicy>()
+        // A RoleBinding's roleRef cannot change: a `roleBindings` entry bound to another
+        // ClusterRole is deleted and created again.
+        .allow_recreate::<RoleBinding>();
     for ns in released {
         desired.release_in(ns);
     }
@@ -154,33 +197,11 @@ pub fn contents(
             desired.add(&limits)?;
         }
         if !spec.owners.is_empty() {
-            desired.add(&RoleBinding {
-                metadata: meta(OWNERS, ns),
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: OWNER_ROLE.into(),
-                },
-                subjects: Some(
-                    spec.owners
-                        .iter()
-                        .map(|o| match o.kind {
-                            OwnerKind::ServiceAccount => Subject {
-                                kind: "ServiceAccount".into(),
-                                name: o.name.clone(),
-                                namespace: o.namespace.clone(),
-                                api_group: None,
-                            },
-                            kind => Subject {
-                                kind: format!("{kind:?}"),
-                                name: o.name.clone(),
-                                namespace: None,
-                                api_group: Some("rbac.authorization.k8s.io".into()),
-                            },
-                        })
-                        .collect(),
-                ),
-            })?;
+            desired.add(&role_binding(ns, OWNERS, OWNER_ROLE, &spec.owners))?;
+        }
+        for extra in &spec.role_bindings {
+            let name = format!("{ROLE_BINDING_PREFIX}{}", extra.name);
+            desired.add(&role_binding(ns, &name, &extra.cluster_role, &extra.subjects))?;
         }
         if spec.isolation {
             desired.add(&NetworkPolicy {

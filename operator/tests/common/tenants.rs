@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use idem_operator::resources::tenant::{
-    DeletionPolicy, Limits, Owner, OwnerKind, Quota, ShortName,
+    DeletionPolicy, Limits, NamespaceMetadata, Owner, OwnerKind, Quota, ShortName,
+    TenantRoleBinding,
 };
 use idem_operator::resources::{FIELD_MANAGER, FINALIZER, TENANT_LABEL, Tenant, TenantSpec};
 use idem_operator::tenant::desired::{
-    ISOLATION, LIMITS, NAMESPACE_NAME_LABEL, OWNER_ROLE, OWNERS, QUOTA,
+    ISOLATION, LIMITS, NAMESPACE_NAME_LABEL, OWNER_ROLE, OWNERS, QUOTA, ROLE_BINDING_PREFIX,
 };
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
@@ -64,6 +65,19 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
         weight: 1,
         paused: false,
         deletion_policy: DeletionPolicy::Delete,
+        role_bindings: vec![TenantRoleBinding {
+            name: "readers".into(),
+            cluster_role: "view".into(),
+            subjects: vec![Owner {
+                kind: OwnerKind::Group,
+                name: "auditors".into(),
+                namespace: None,
+            }],
+        }],
+        namespace_metadata: Some(NamespaceMetadata {
+            labels: [("team".to_string(), "payments".to_string())].into(),
+            annotations: [("example.com/cost-center".to_string(), "42".to_string())].into(),
+        }),
     }
 }
 
@@ -213,11 +227,28 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
+    exactly_each(client, tenant, namespaces, &[child]).await
+}
+
+/// As [`exactly_one_each`], with one object of each name in `children` per namespace.
+async fn exactly_each<K>(
+    client: &kube::Client,
+    tenant: &Tenant,
+    namespaces: &[String],
+    children: &[&str],
+) -> Vec<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
     let objects: Vec<K> = labelled(client, &tenant.name_any()).await;
-    let expected: Vec<String> = namespaces
+    let mut expected: Vec<String> = namespaces
         .iter()
-        .map(|ns| format!("{ns}/{child}"))
+        .flat_map(|ns| children.iter().map(move |child| format!("{ns}/{child}")))
         .collect();
+    expected.sort();
     assert_eq!(keys(&objects), expected, "{} children", K::kind(&()));
     for o in &objects {
         assert_owned(o.meta(), tenant);
@@ -226,8 +257,8 @@ where
 }
 
 /// Checks that the cluster holds exactly the children [`full_spec`] asks for — for each of
-/// the tenant's namespaces, one Namespace, one quota, one LimitRange, one RoleBinding and one
-/// NetworkPolicy, nothing else labelled for the tenant — with the spec's content, and that the
+/// the tenant's namespaces, one Namespace (with the spec's labels and annotations), one quota,
+/// one LimitRange, the owners' and the readers' RoleBindings and one NetworkPolicy, nothing else labelled for the tenant — with the spec's content, and that the
 /// tenant's status and finalizers match. `shorts` are the expected short names.
 ///
 /// # Panics
@@ -251,6 +282,16 @@ pub async fn assert_full_children(client: &kube::Client, tenant: &Tenant, shorts
     }
 
     let spec = full_spec(shorts);
+    let metadata = spec.namespace_metadata.clone().unwrap();
+    for ns in &namespaces {
+        let (labels, annotations) = (ns.labels(), ns.annotations());
+        for (k, v) in &metadata.labels {
+            assert_eq!(labels.get(k), Some(v), "label {k} of {}", ns.name_any());
+        }
+        for (k, v) in &metadata.annotations {
+            assert_eq!(annotations.get(k), Some(v), "annotation {k} of {}", ns.name_any());
+        }
+    }
     for quota in exactly_one_each::<ResourceQuota>(client, tenant, &expected, QUOTA).await {
         let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
         assert_eq!(hard, spec.quota.clone().unwrap().hard, "quota hard");
@@ -265,20 +306,29 @@ pub async fn assert_full_children(client: &kube::Client, tenant: &Tenant, shorts
             "LimitRange defaultRequest"
         );
     }
-    for binding in exactly_one_each::<RoleBinding>(client, tenant, &expected, OWNERS).await {
+    let readers = format!("{ROLE_BINDING_PREFIX}readers");
+    let bindings = [OWNERS, readers.as_str()];
+    for binding in exactly_each::<RoleBinding>(client, tenant, &expected, &bindings).await {
         assert_eq!(binding.role_ref.kind, "ClusterRole");
-        assert_eq!(binding.role_ref.name, OWNER_ROLE);
         let subjects: BTreeSet<(String, String)> = binding
             .subjects
+            .clone()
             .unwrap_or_default()
             .into_iter()
             .map(|s| (s.kind, s.name))
             .collect();
-        let want = BTreeSet::from([
-            ("User".to_string(), "alice".to_string()),
-            ("Group".to_string(), "admins".to_string()),
-        ]);
-        assert_eq!(subjects, want, "RoleBinding subjects");
+        let (role, want) = if binding.name_any() == OWNERS {
+            let owners = BTreeSet::from([
+                ("User".to_string(), "alice".to_string()),
+                ("Group".to_string(), "admins".to_string()),
+            ]);
+            (OWNER_ROLE, owners)
+        } else {
+            let auditors = BTreeSet::from([("Group".to_string(), "auditors".to_string())]);
+            ("view", auditors)
+        };
+        assert_eq!(binding.role_ref.name, role, "{}", binding.name_any());
+        assert_eq!(subjects, want, "subjects of {}", binding.name_any());
     }
     for policy in exactly_one_each::<NetworkPolicy>(client, tenant, &expected, ISOLATION).await {
         let spec = policy.spec.expect("NetworkPolicy spec");

@@ -1,0 +1,77 @@
+//! The operator as deployed: the generated manifests applied to the shared control plane, a
+//! kubeconfig that acts as its ServiceAccount, and `kubectl` as an admin or anyone else.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use idem_tests::shared;
+
+use super::install_crds;
+
+/// The operator's ServiceAccount as the API server names it.
+pub const OPERATOR: &str = "system:serviceaccount:idem-system:idem-operator";
+
+/// Runs `kubectl` with `args` against the shared control plane as its admin (`--as` in `args`
+/// acts as someone else).
+///
+/// # Panics
+/// When kubectl cannot be started.
+pub fn kubectl(args: &[&str]) -> Output {
+    shared()
+        .kubectl()
+        .args(args)
+        .output()
+        .expect("running kubectl")
+}
+
+/// What a command printed, stdout then stderr.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Installs the CRDs and applies every generated manifest of `deploy/operator/` but the
+/// Deployment (there is no image to run here).
+///
+/// # Panics
+/// When a manifest is refused.
+pub async fn install() {
+    install_crds(&shared().client()).await;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().contains("deployment"))
+        .collect();
+    files.sort();
+    for file in files {
+        let out = kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "applying {}: {}",
+            file.display(),
+            text(&out)
+        );
+    }
+}
+
+/// A kubeconfig of the shared control plane that acts as the operator's ServiceAccount: the
+/// admin impersonates it, so the API server authorises and admits every request as the account
+/// (its ClusterRole, Role and the shipped admission policies), as in the Deployment.
+///
+/// # Panics
+/// When the shared kubeconfig cannot be read or the copy written.
+pub fn operator_kubeconfig() -> PathBuf {
+    let mut config = kube::config::Kubeconfig::read_from(shared().kubeconfig_path()).unwrap();
+    for user in &mut config.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.impersonate = Some(OPERATOR.into());
+        }
+    }
+    let path = std::env::temp_dir().join(format!("idem-as-operator-{}.yaml", std::process::id()));
+    idem_tests::kubeconfig::write(&config, &path).unwrap();
+    path
+}
