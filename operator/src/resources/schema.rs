@@ -307,7 +307,12 @@ mod tests {
         ] {
             assert!(reserved.is_match(key), "{key} must be reserved");
         }
-        for key in ["team", "example.com/team", "kubernetes.io.example.com/x", "notidem.dev/x"] {
+        for key in [
+            "team",
+            "example.com/team",
+            "kubernetes.io.example.com/x",
+            "notidem.dev/x",
+        ] {
             assert!(!reserved.is_match(key), "{key} must be allowed");
         }
     }

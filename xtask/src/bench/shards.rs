@@ -227,6 +227,28 @@ async fn members(ops: &[&Operator], n: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Installs what `deploy/operator/` ships but the Deployment (the operator's namespace,
+/// ServiceAccount, RBAC, admission policies and the FlowSchema of its Lease requests) and
+/// writes a kubeconfig that acts as the operator's ServiceAccount; returns the namespace the
+/// replicas run in and that kubeconfig. The replicas then run as deployed: their renewals are
+/// served at the `leader-election` priority level the FlowSchema gives them, not queued with
+/// the fill's writes, and their writes pass the shipped policies.
+async fn as_deployed(cp: &ControlPlane, out: &Path) -> anyhow::Result<(String, PathBuf)> {
+    let root = crate::generated::repo_root();
+    let mut applier = crate::dev::apply::Applier::new(cp.client());
+    for m in crate::dev::apply::read_dir(&root.join(crate::manifests::DIR))? {
+        if m.kind() != "Deployment" {
+            applier.apply(&m).await?;
+        }
+    }
+    let kubeconfig = out.join("shards-as-operator.kubeconfig");
+    crate::dev::operator::impersonating_kubeconfig(
+        &kube::config::Kubeconfig::read_from(cp.kubeconfig_path())?,
+        &kubeconfig,
+    )?;
+    Ok(("idem-system".to_owned(), kubeconfig))
+}
+
 /// Runs one configuration and prints its figures.
 async fn one(
     cp: &ControlPlane,
@@ -248,13 +270,13 @@ async fn one(
         .await?;
     }
     tokio::time::sleep(Duration::from_secs(2)).await; // CRDs established (polled below by creates)
-    let ns = idem_tests::create_namespace(&client, "shards").await?;
+    let (ns, kubeconfig) = as_deployed(cp, out).await?;
     let names: Vec<String> = (0..replicas.max(3) + 1)
         .map(|i| format!("replica-{i}"))
         .collect();
     let mut ops: Vec<Operator> = Vec::new();
     for name in names.iter().take(replicas) {
-        ops.push(spawn(bin, cp.kubeconfig_path(), &ns, name, workers, out)?);
+        ops.push(spawn(bin, &kubeconfig, &ns, name, workers, out)?);
     }
     let label = format!(
         "gate {}, {replicas} replica(s)",
@@ -330,14 +352,7 @@ async fn one(
     if replicas == 3 {
         // A 4th replica joins: about a quarter of the tenants move, none written by two.
         let step = Step::start(format!("{label}: a 4th replica joins"));
-        ops.push(spawn(
-            bin,
-            cp.kubeconfig_path(),
-            &ns,
-            &names[3],
-            workers,
-            out,
-        )?);
+        ops.push(spawn(bin, &kubeconfig, &ns, &names[3], workers, out)?);
         members(&ops.iter().collect::<Vec<_>>(), 4).await?;
         let before: Vec<&str> = names[..3].iter().map(String::as_str).collect();
         let now: Vec<&str> = names[..4].iter().map(String::as_str).collect();

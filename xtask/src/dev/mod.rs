@@ -1,7 +1,7 @@
 //! `cargo xtask dev`: the whole product on one machine — control plane, CRDs, RBAC, the
 //! operator, the examples — converged, tabulated, and kept running until Ctrl-C.
 
-mod apply;
+pub(crate) mod apply;
 pub(crate) mod operator;
 pub(crate) mod progress;
 mod report;
