@@ -1,6 +1,7 @@
 //! `cargo xtask bench --scenario shards`: the operator itself (`idem-operator run
 //! --shards=auto`) on N Tenants with 1 replica and with 3, with the `ShardedListAndWatch`
-//! gate off and on (a fresh control plane each time): time to all Ready (the fill starts once
+//! gate off and on (a fresh control plane each time, the replicas running as deployed: as the
+//! operator's ServiceAccount under the shipped manifests): time to all Ready (the fill starts once
 //! the replicas work on a settled ring), ring changes during the fill, watch events, bytes and
 //! RSS per replica; with 3, a replica killed with SIGKILL (time until its tenants, changed
 //! meanwhile, are Ready again, tenants written by two replicas, tenants lost) and a 4th replica
