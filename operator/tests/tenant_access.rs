@@ -78,7 +78,10 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
     assert!(!can_i("bob", Some("auditors"), "list", "pods", "default"));
     let namespaces = Api::<Namespace>::all(client.clone());
     let live = namespaces.get(&ns).await.unwrap();
-    assert_eq!(live.labels().get("team").map(String::as_str), Some("payments"));
+    assert_eq!(
+        live.labels().get("team").map(String::as_str),
+        Some("payments")
+    );
     assert_eq!(live.labels().get("tier").map(String::as_str), Some("gold"));
     assert_eq!(
         live.annotations()
@@ -95,19 +98,40 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
         kubectl(&all)
     };
     let out = as_alice(&["label", "namespace", &ns, "team=other", "--overwrite"]);
-    assert!(!out.status.success(), "the owner relabelled: {}", text(&out));
+    assert!(
+        !out.status.success(),
+        "the owner relabelled: {}",
+        text(&out)
+    );
     assert!(text(&out).contains("forbidden"), "{}", text(&out));
     let out = as_alice(&[
-        "patch", "rolebinding", &readers, "-n", &ns, "--type=json",
-        "-p", r#"[{"op":"replace","path":"/subjects/0/name","value":"everyone"}]"#,
+        "patch",
+        "rolebinding",
+        &readers,
+        "-n",
+        &ns,
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/subjects/0/name","value":"everyone"}]"#,
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
-    eventually("the owner's edit of the binding to be repaired", TIMEOUT, || async {
-        let b = bindings.get(&readers).await.map_err(why)?;
-        let names: Vec<String> = b.subjects.unwrap_or_default().into_iter().map(|s| s.name).collect();
-        (names == ["auditors"]).then_some(()).ok_or(format!("{names:?}"))
-    })
+    eventually(
+        "the owner's edit of the binding to be repaired",
+        TIMEOUT,
+        || async {
+            let b = bindings.get(&readers).await.map_err(why)?;
+            let names: Vec<String> = b
+                .subjects
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| s.name)
+                .collect();
+            (names == ["auditors"])
+                .then_some(())
+                .ok_or(format!("{names:?}"))
+        },
+    )
     .await;
 
     // A label removed from the spec goes from the namespace; a binding moved to `edit` is
@@ -129,10 +153,16 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
     tenants::wait_ready(&client, &name).await;
     let live = namespaces.get(&ns).await.unwrap();
     assert_eq!(live.labels().get("tier"), None, "{:?}", live.labels());
-    assert_eq!(live.labels().get("team").map(String::as_str), Some("payments"));
+    assert_eq!(
+        live.labels().get("team").map(String::as_str),
+        Some("payments")
+    );
     let binding = bindings.get(&readers).await.unwrap();
     assert_eq!(binding.role_ref.name, "edit");
-    assert_ne!(binding.metadata.uid, uid_before, "recreated with the new roleRef");
+    assert_ne!(
+        binding.metadata.uid, uid_before,
+        "recreated with the new roleRef"
+    );
     assert!(can_i("bob", Some("auditors"), "create", "pods", &ns));
 
     // `cluster-admin` is not a ClusterRole the shipped RBAC lets the operator bind: the API
@@ -156,7 +186,13 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
         message.contains("forbidden") && message.contains("idem-rb-root"),
         "{message}"
     );
-    assert!(bindings.get_opt(&format!("{ROLE_BINDING_PREFIX}root")).await.unwrap().is_none());
+    assert!(
+        bindings
+            .get_opt(&format!("{ROLE_BINDING_PREFIX}root"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(!can_i("mallory", None, "delete", "namespaces", &ns));
     drop(operator);
 }

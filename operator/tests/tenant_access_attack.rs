@@ -53,19 +53,23 @@ fn can_i(user: &str, verb: &str, resource: &str, ns: &str) -> bool {
 /// `Stalled`; returns which (`"Ready"` or `"Stalled"`) and the condition's message.
 async fn settled(client: &kube::Client, name: &str) -> (String, String) {
     let api = tenants::api(client);
-    eventually(&format!("tenant {name} Ready or Stalled"), TIMEOUT, || async {
-        let t = api.get(name).await.map_err(why)?;
-        let generation = t.metadata.generation;
-        for type_ in ["Ready", "Stalled"] {
-            if let Some(c) = tenants::condition(&t, type_)
-                && c.status == "True"
-                && c.observed_generation == generation
-            {
-                return Ok((type_.to_string(), c.message.clone()));
+    eventually(
+        &format!("tenant {name} Ready or Stalled"),
+        TIMEOUT,
+        || async {
+            let t = api.get(name).await.map_err(why)?;
+            let generation = t.metadata.generation;
+            for type_ in ["Ready", "Stalled"] {
+                if let Some(c) = tenants::condition(&t, type_)
+                    && c.status == "True"
+                    && c.observed_generation == generation
+                {
+                    return Ok((type_.to_string(), c.message.clone()));
+                }
             }
-        }
-        Err(format!("{:?}", t.status))
-    })
+            Err(format!("{:?}", t.status))
+        },
+    )
     .await
 }
 
@@ -134,7 +138,16 @@ spec:
     }))
     .unwrap();
     eventually("the policy to be in force", TIMEOUT, || async {
-        match bindings.create(&PostParams { dry_run: true, ..PostParams::default() }, &probe).await {
+        match bindings
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                },
+                &probe,
+            )
+            .await
+        {
             Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -160,7 +173,10 @@ spec:
         before,
         "the owners' RoleBinding was deleted because a policy refused its new subjects: {message}"
     );
-    assert!(can_i("alice", "delete", "pods", &ns), "alice lost her rights");
+    assert!(
+        can_i("alice", "delete", "pods", &ns),
+        "alice lost her rights"
+    );
     let out = kubectl(&["delete", "-f", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
 }

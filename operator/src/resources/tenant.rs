@@ -117,7 +117,10 @@ pub struct TenantSpec {
 pub struct TenantRoleBinding {
     /// Names the binding: RoleBinding `idem-rb-<name>` in each namespace; a DNS label of at
     /// most 32 characters, unique in the list.
-    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// The ClusterRole bound in each namespace, e.g. `edit` or `view`.
     #[schemars(length(min = 1, max = 253), regex(pattern = super::schema::CLUSTER_ROLE_NAME))]

@@ -201,7 +201,12 @@ pub fn contents(
         }
         for extra in &spec.role_bindings {
             let name = format!("{ROLE_BINDING_PREFIX}{}", extra.name);
-            desired.add(&role_binding(ns, &name, &extra.cluster_role, &extra.subjects))?;
+            desired.add(&role_binding(
+                ns,
+                &name,
+                &extra.cluster_role,
+                &extra.subjects,
+            ))?;
         }
         if spec.isolation {
             desired.add(&NetworkPolicy {

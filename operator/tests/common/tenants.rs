@@ -289,7 +289,12 @@ pub async fn assert_full_children(client: &kube::Client, tenant: &Tenant, shorts
             assert_eq!(labels.get(k), Some(v), "label {k} of {}", ns.name_any());
         }
         for (k, v) in &metadata.annotations {
-            assert_eq!(annotations.get(k), Some(v), "annotation {k} of {}", ns.name_any());
+            assert_eq!(
+                annotations.get(k),
+                Some(v),
+                "annotation {k} of {}",
+                ns.name_any()
+            );
         }
     }
     for quota in exactly_one_each::<ResourceQuota>(client, tenant, &expected, QUOTA).await {
