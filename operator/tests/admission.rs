@@ -256,6 +256,14 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             "qualified names",
         ),
         (
+            // A prefix of 255 characters: the whole key is short enough, but a Namespace
+            // refuses it (`prefix part must be no more than 253 bytes`).
+            "ns-long-prefix",
+            json!({"namespaceMetadata": {"labels": {
+                format!("{}.example.com/team", vec!["a".repeat(60); 4].join(".")): "x"}}}),
+            "qualified names",
+        ),
+        (
             "ns-many-labels",
             json!({"namespaceMetadata": {"labels": many_of(33, "k", "v")}}),
             "must have at most 32",

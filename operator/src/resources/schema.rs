@@ -22,6 +22,11 @@ pub const MAX_RESOURCE_NAME_LENGTH: usize = 317;
 /// A qualified name (`[prefix/]name`, Kubernetes `IsQualifiedName`), as an RE2 pattern.
 const QUALIFIED_NAME: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
 
+/// A qualified name's prefix has at most 253 characters (a DNS subdomain): [`QUALIFIED_NAME`]
+/// alone cannot bound it (the size of the whole key can reach 253 + 1 + 63 with a longer
+/// prefix and a shorter name, which the API server refuses), as an RE2 pattern.
+const SHORT_PREFIX: &str = r"^([^/]{1,253}/)?[^/]*$";
+
 /// ResourceQuota names without a `/` the API server accepts (`IsStandardQuotaResourceName`),
 /// hugepages aside.
 pub const STANDARD_QUOTA_NAMES: &[&str] = &[
@@ -81,7 +86,7 @@ fn quantity_value() -> serde_json::Value {
 /// Rules common to the keys of every quantity map.
 fn key_rules(what: &str) -> Vec<serde_json::Value> {
     vec![serde_json::json!({
-        "rule": format!("self.all(k, size(k) <= {MAX_RESOURCE_NAME_LENGTH} && k.matches(r'{QUALIFIED_NAME}'))"),
+        "rule": format!("self.all(k, size(k) <= {MAX_RESOURCE_NAME_LENGTH} && k.matches(r'{QUALIFIED_NAME}') && k.matches(r'{SHORT_PREFIX}'))"),
         "message": format!("{what} keys are resource names: a name or prefix/name (Kubernetes qualified names)"),
     })]
 }
@@ -201,7 +206,7 @@ pub const RESERVED_KEY_DOMAINS: &str = "kubernetes.io, k8s.io, idem.dev and thei
 fn metadata_key_rules(what: &str) -> Vec<serde_json::Value> {
     vec![
         serde_json::json!({
-            "rule": format!("self.all(k, size(k) <= {MAX_RESOURCE_NAME_LENGTH} && k.matches(r'{QUALIFIED_NAME}'))"),
+            "rule": format!("self.all(k, size(k) <= {MAX_RESOURCE_NAME_LENGTH} && k.matches(r'{QUALIFIED_NAME}') && k.matches(r'{SHORT_PREFIX}'))"),
             "message": format!("{what} keys are qualified names: a name or prefix/name"),
         }),
         serde_json::json!({
@@ -331,5 +336,24 @@ mod tests {
         for bad in ["", "a b", "/x", "x/", "Foo.com/x", &"x".repeat(64)] {
             assert!(!q.is_match(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn qualified_name_prefixes_have_at_most_253_characters() {
+        let (q, short) = (re(QUALIFIED_NAME), re(SHORT_PREFIX));
+        // Four 60-character labels and `.com`: 247; with `.example.com`, 255.
+        let label = "a".repeat(60);
+        let prefix = [label.as_str(); 4].join(".");
+        let ok = format!("{prefix}.com/team");
+        let long = format!("{prefix}.example.com/team");
+        let longest = format!("{}/x", "a".repeat(253));
+        for key in [ok.as_str(), longest.as_str(), "team", "example.com/team"] {
+            assert!(q.is_match(key) && short.is_match(key), "{key}");
+        }
+        // A qualified name by its form, and short enough as a whole, but refused by the API
+        // server: `prefix part must be no more than 253 bytes`.
+        assert!(q.is_match(&long) && long.len() <= MAX_RESOURCE_NAME_LENGTH);
+        assert!(!short.is_match(&long), "{long}");
+        assert!(!short.is_match(&format!("{}/x", "a".repeat(254))));
     }
 }

@@ -287,7 +287,8 @@ impl Applier {
     /// except for kinds that opted in to recreation
     /// ([`DesiredChildren::allow_recreate`](super::DesiredChildren::allow_recreate)): those
     /// are deleted (with a `uid` precondition) and created again
-    /// ([`ChildOutcome::Recreated`]). Nothing is ever replaced with `PUT`, which would drop
+    /// ([`ChildOutcome::Recreated`]) — never for an admission webhook's or
+    /// ValidatingAdmissionPolicy's denial. Nothing is ever replaced with `PUT`, which would drop
     /// other managers' labels, annotations and finalizers.
     ///
     /// # Errors
@@ -557,7 +558,14 @@ impl Applier {
                     regenerated: false,
                 });
             }
-            if is_invalid(&e) && child.recreate && !uid_mismatch(&e) {
+            // Only the server's validation of the object (an immutable field differs) is mended
+            // by a recreate: an admission policy's denial would delete a child the policy let be
+            // (and a policy on updates alone would be got around by the create).
+            if is_invalid(&e)
+                && child.recreate
+                && !uid_mismatch(&e)
+                && !super::is_admission_denial(&e)
+            {
                 let reason = super::describe(&e);
                 let uid = self.recreate(&api, owner, &key, &body, &meta).await?;
                 return Ok(Applied {

@@ -36,7 +36,9 @@
 //! - An apply rejected as 422 Invalid is an error, never a silent `PUT` (which would drop other
 //!   managers' labels, annotations and finalizers). Kinds that opt in with
 //!   [`DesiredChildren::allow_recreate`] are deleted (uid precondition) and created again
-//!   instead ([`ChildOutcome::Recreated`]; the operator records an Event `Recreated`).
+//!   instead ([`ChildOutcome::Recreated`]; the operator records an Event `Recreated`), unless
+//!   the 422 is an admission webhook's or ValidatingAdmissionPolicy's denial (an
+//!   administrator's rule: the child stays as it is and the apply is an error).
 //! - The prune deletes a child only when the owner's record of the children it created holds
 //!   its uid ([`Owner::with_record`], [`record`]): a controller ownerReference and our labels
 //!   can be forged by whoever may create that kind there, so an object that only claims the
@@ -177,9 +179,20 @@ impl ApplyError {
                 .details
                 .as_ref()
                 .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
-            && !status.message.contains("admission webhook")
-            && !status.message.contains("ValidatingAdmissionPolicy")
+            && !is_admission_denial(source)
     }
+}
+
+/// Whether `err` is a denial by an admission webhook or a ValidatingAdmissionPolicy (which
+/// answers 422 Invalid when the policy names no other reason), not the server's validation of
+/// the object: an administrator's rule, which deleting and creating the object again must
+/// not get around.
+pub(crate) fn is_admission_denial(err: &kube::Error) -> bool {
+    let kube::Error::Api(status) = err else {
+        return false;
+    };
+    status.message.contains("admission webhook")
+        || status.message.contains("ValidatingAdmissionPolicy")
 }
 
 #[cfg(test)]

@@ -399,7 +399,8 @@ impl DesiredChildren {
     /// Opts kind `K` in to recreation: when the server-side apply of one of its children is
     /// rejected as 422 Invalid (typically an immutable field, such as a Job's template or a
     /// Service's `clusterIP`, changed), the child is deleted (with a `uid` precondition,
-    /// foreground) and created again, reported as [`ChildOutcome::Recreated`]. Without this, such
+    /// foreground) and created again, reported as [`ChildOutcome::Recreated`]; not when the 422
+    /// is an admission webhook's or ValidatingAdmissionPolicy's denial. Without this, such
     /// an apply is an error and the child is left as it is. Applies to children of `K` added
     /// before and after this call.
     ///
