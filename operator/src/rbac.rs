@@ -13,6 +13,13 @@ struct Rule {
     names: &'static [&'static str],
 }
 
+/// The ClusterRoles the operator may bind: its ClusterRole's `bind` rule names them, and its
+/// admission policy refuses a RoleBinding of any other (RBAC alone would let it bind any
+/// ClusterRole whose rules it holds, its own among them). A Tenant whose `roleBindings` name
+/// another stalls with the API server's refusal until an administrator adds the name to both
+/// (`deploy/operator/02-clusterrole.yaml`, `05-admission-policy.yaml`).
+pub const BINDABLE_CLUSTER_ROLES: &[&str] = &["admin", "edit", "view"];
+
 /// What the operator does with each resource and why (in the comment).
 const RULES: &[Rule] = &[
     // Primary resources: watched, read again before a status write, finalizers added and
@@ -68,15 +75,13 @@ const RULES: &[Rule] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
         names: &[],
     },
-    // Binding ClusterRole `admin` to tenant owners, and the built-in `edit` and `view` of a
-    // Tenant's `roleBindings`, needs `bind` on them (RBAC escalation check). A Tenant that
-    // binds another ClusterRole stalls with the API server's refusal until an administrator
-    // adds it here.
+    // Binding ClusterRole `admin` to tenant owners, and those of a Tenant's `roleBindings`,
+    // needs `bind` on them (RBAC escalation check).
     Rule {
         group: "rbac.authorization.k8s.io",
         resources: &["clusterroles"],
         verbs: &["bind"],
-        names: &["admin", "edit", "view"],
+        names: BINDABLE_CLUSTER_ROLES,
     },
     // The Tenant and TenantApp finalizers read their own CRD to tell "the CRD is being
     // deleted" (retain everything) from an ordinary deletion (`tenant/finalize.rs`,

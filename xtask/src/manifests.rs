@@ -89,6 +89,11 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "({}) || (has(namespaceObject.metadata.labels) && '{owner_uid}' in namespaceObject.metadata.labels)",
         managed("namespaceObject")
     );
+    let bindable: Vec<String> = rbac::BINDABLE_CLUSTER_ROLES
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    let bindable = format!("[{}]", bindable.join(", "));
     let system: Vec<String> = SYSTEM_NAMESPACES.iter().map(|n| format!("'{n}'")).collect();
     let system = format!("[{}]", system.join(", "));
     let operations = json!(["CREATE", "UPDATE", "DELETE"]);
@@ -123,6 +128,11 @@ pub fn files() -> anyhow::Result<Vec<File>> {
              "reason": "Forbidden"},
             {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({ours_inside}))"),
              "message": format!("idem-operator may only write into namespaces labelled {label} or {owner_uid}"),
+             "reason": "Forbidden"},
+            // RBAC lets an account bind any ClusterRole whose rules it holds, `bind` or not: the
+            // operator's own, or any narrower one. Only the names it has `bind` on may be bound.
+            {"expression": format!("request.resource.resource != 'rolebindings' || request.operation == 'DELETE' || (object.roleRef.kind == 'ClusterRole' && object.roleRef.name in {bindable})"),
+             "message": format!("idem-operator may only bind the ClusterRoles {} (its ClusterRole's `bind` rule and this policy name them)", rbac::BINDABLE_CLUSTER_ROLES.join(", ")),
              "reason": "Forbidden"},
         ],
     }});

@@ -190,16 +190,18 @@ pub fn config(_: &mut SchemaGenerator) -> Schema {
 pub const MAX_NAMESPACE_METADATA: usize = 32;
 
 /// Label and annotation keys a Tenant may not set on its namespaces: those in the domains
-/// Kubernetes reserves for its own components (`kubernetes.io`, `k8s.io` and their subdomains:
+/// Kubernetes reserves for its own components and SIG projects (`kubernetes.io`, `k8s.io`,
+/// `x-k8s.io` and their subdomains:
 /// Pod Security's `pod-security.kubernetes.io/*`, `kubernetes.io/metadata.name`,
 /// `app.kubernetes.io/managed-by`, …) and idem's own (`idem.dev` and its subdomains: the
 /// operator's owner and shard labels). A CEL rule over key `k`, true when `k` is allowed.
 pub fn unreserved_key(k: &str) -> String {
-    format!(r"!{k}.matches(r'^([^/]*\.)?(kubernetes\.io|k8s\.io|idem\.dev)/')")
+    format!(r"!{k}.matches(r'^([^/]*\.)?(kubernetes\.io|k8s\.io|x-k8s\.io|idem\.dev)/')")
 }
 
 /// The domains [`unreserved_key`] refuses, for messages and docs.
-pub const RESERVED_KEY_DOMAINS: &str = "kubernetes.io, k8s.io, idem.dev and their subdomains";
+pub const RESERVED_KEY_DOMAINS: &str =
+    "kubernetes.io, k8s.io, x-k8s.io, idem.dev and their subdomains";
 
 /// Rules for the keys of `namespaceMetadata.labels` / `.annotations` (`what`): qualified
 /// names outside the reserved domains.
@@ -309,6 +311,7 @@ mod tests {
             "node.k8s.io/x",
             "tenancy.idem.dev/owner-uid",
             "idem.dev/x",
+            "t1-dev.tree.hnc.x-k8s.io/depth",
         ] {
             assert!(reserved.is_match(key), "{key} must be reserved");
         }

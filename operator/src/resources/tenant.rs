@@ -98,13 +98,13 @@ pub struct TenantSpec {
     pub deletion_policy: DeletionPolicy,
     /// More RoleBindings in every namespace of the tenant, each binding a ClusterRole to
     /// subjects (RoleBinding `idem-rb-<name>`). The operator binds only ClusterRoles it may
-    /// bind itself (`admin`, `edit` and `view` with the shipped RBAC): binding another is refused
-    /// by the API server and the Tenant reports `Stalled` with the server's reason.
+    /// bind (`admin`, `edit` and `view` with the shipped RBAC and admission policy): binding
+    /// another is refused by the API server and the Tenant reports `Stalled` with its reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub role_bindings: Vec<TenantRoleBinding>,
     /// Labels and annotations set on every namespace of the tenant. Keys in the domains
-    /// Kubernetes and idem reserve (`kubernetes.io`, `k8s.io`, `idem.dev` and their subdomains,
+    /// Kubernetes and idem reserve (`kubernetes.io`, `k8s.io`, `x-k8s.io`, `idem.dev` and their subdomains,
     /// e.g. `pod-security.kubernetes.io/enforce`) are refused at admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_metadata: Option<NamespaceMetadata>,
