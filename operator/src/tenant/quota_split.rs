@@ -86,9 +86,11 @@ pub struct Observed {
 /// The quotas to write, in two steps.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
-    /// The namespaces whose quota must shrink (or be created) before anything grows, with the
-    /// `hard` to write first: per key the smaller of the live spec and the target.
-    pub first: Vec<(String, BTreeMap<String, Quantity>)>,
+    /// The namespaces whose quota must shrink (or be created) before anything grows.
+    pub shrinking: Vec<String>,
+    /// Every namespace's `hard` to write first when some shrink: per key the smaller of the
+    /// live spec and the target (the live spec where nothing shrinks).
+    pub first: BTreeMap<String, BTreeMap<String, Quantity>>,
     /// The `hard` of every namespace's quota in the pass's contents.
     pub hard: BTreeMap<String, BTreeMap<String, Quantity>>,
     /// Keys whose increases wait until the decreases are enforced.
@@ -330,7 +332,7 @@ pub fn plan(
             None => fin.clone(),
         };
         if obs(ns).spec.as_ref().is_none_or(|spec| !same(spec, &first)) {
-            plan.first.push((ns.clone(), first.clone()));
+            plan.shrinking.push(ns.clone());
         }
         firsts.insert(ns.clone(), first);
     }
@@ -378,6 +380,7 @@ pub fn plan(
         }
     }
     plan.hard = finals;
+    plan.first = firsts;
     Ok(plan)
 }
 
@@ -421,6 +424,10 @@ async fn observe(
 /// quotas of new namespaces) now, before anything else of the pass; returns the plan, whose
 /// [`Plan::hard`] the contents apply. `None` when the tenant has no `tenantHard`.
 ///
+/// The first apply desires the quota of every namespace (those that do not shrink as they
+/// are): an apply prunes the undesired children of the kinds it holds, and, as the contents'
+/// apply does, it releases rather than prunes what is in `released`.
+///
 /// # Errors
 /// A terminal [`ReconcileError`] (reason `QuotaInvalid`) when a quantity cannot be computed
 /// with; otherwise as [`Pass::apply`] — a decrease that fails fails the pass, so no increase
@@ -432,6 +439,7 @@ pub async fn settle(
     tenant: &Tenant,
     pass: &mut Pass<Tenant>,
     namespaces: &[String],
+    released: &[String],
 ) -> Result<Option<Plan>, ReconcileError> {
     let Some(quota) = tenant.spec.quota.as_ref() else {
         return Ok(None);
@@ -442,8 +450,12 @@ pub async fn settle(
     let observed = observe(tenant, pass, namespaces).await?;
     let mut plan = plan(quota, namespaces, &observed)
         .map_err(|e| ReconcileError::terminal("QuotaInvalid", e.to_string()))?;
-    if !plan.first.is_empty() {
+    if !plan.shrinking.is_empty() {
         let mut first = DesiredChildren::new();
+        first.prune_kind::<ResourceQuota>();
+        for ns in released {
+            first.release_in(ns);
+        }
         for (ns, hard) in &plan.first {
             if let Some(q) = quota_with(tenant, Some(ns), Some(hard)) {
                 first.add(&q)?;
@@ -614,12 +626,9 @@ mod tests {
         ]
         .into();
         let plan = plan(&quota, &ns, &obs).unwrap();
-        let first: Vec<(&str, &str)> = plan
-            .first
-            .iter()
-            .map(|(n, h)| (n.as_str(), pods(h)))
-            .collect();
-        assert_eq!(first, [("t-b", "1"), ("t-c", "1")]);
+        assert_eq!(plan.shrinking, ["t-b", "t-c"]);
+        let first: Vec<&str> = plan.first.values().map(pods).collect();
+        assert_eq!(first, ["2", "1", "1"]);
         // The decreases are not enforced yet: a keeps 2 for now.
         assert_eq!(plan.held, ["pods"]);
         let hard: Vec<&str> = plan.hard.values().map(pods).collect();
@@ -628,13 +637,13 @@ mod tests {
         obs.insert("t-b".into(), observed("1", Some("2"), "0"));
         obs.insert("t-c".into(), observed("1", Some("2"), "0"));
         let plan2 = super::plan(&quota, &ns, &obs).unwrap();
-        assert!(plan2.first.is_empty(), "{plan2:?}");
+        assert!(plan2.shrinking.is_empty(), "{plan2:?}");
         assert_eq!(plan2.held, ["pods"]);
         // Enforced: a grows to 4, Σ = 6.
         obs.insert("t-b".into(), observed("1", Some("1"), "0"));
         obs.insert("t-c".into(), observed("1", Some("1"), "0"));
         let plan3 = super::plan(&quota, &ns, &obs).unwrap();
-        assert!(plan3.first.is_empty() && plan3.held.is_empty(), "{plan3:?}");
+        assert!(plan3.shrinking.is_empty() && plan3.held.is_empty(), "{plan3:?}");
         let hard: Vec<&str> = plan3.hard.values().map(pods).collect();
         assert_eq!(hard, ["4", "1", "1"]);
     }
@@ -669,7 +678,7 @@ mod tests {
         let quota = quota(&[("pods", "6"), ("cpu", "3")], &[("pods", "3"), ("memory", "1Gi")]);
         let ns: Vec<String> = vec!["t-a".into(), "t-b".into()];
         let plan = plan(&quota, &ns, &BTreeMap::new()).unwrap();
-        assert_eq!(plan.first.len(), 2);
+        assert_eq!(plan.shrinking.len(), 2);
         assert!(plan.held.is_empty(), "nothing grows: {plan:?}");
         let a = &plan.hard["t-a"];
         assert_eq!(a["pods"].0, "3");
