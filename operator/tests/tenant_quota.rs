@@ -113,7 +113,10 @@ fn watch_sums(tenant: &str) -> Watch {
                 Ok(watcher::Event::Apply(q) | watcher::Event::InitApply(q)) => {
                     let ns = q.namespace().unwrap_or_default();
                     let hard = |q: Option<&ResourceQuota>| {
-                        pods_of(q.and_then(|q| q.spec.as_ref()).and_then(|s| s.hard.as_ref()))
+                        pods_of(
+                            q.and_then(|q| q.spec.as_ref())
+                                .and_then(|s| s.hard.as_ref()),
+                        )
                     };
                     if live.contains_key(&ns) && hard(live.get(&ns)) != hard(Some(&q)) {
                         changed.fetch_add(1, Ordering::SeqCst);
@@ -156,7 +159,10 @@ fn pod(name: &str) -> Pod {
 /// Creates a pod in `ns`: `Ok(true)` admitted, `Ok(false)` refused by quota (403).
 async fn try_pod(client: &kube::Client, ns: &str) -> Result<bool, String> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    match api.create(&PostParams::default(), &pod(&unique_name("p"))).await {
+    match api
+        .create(&PostParams::default(), &pod(&unique_name("p")))
+        .await
+    {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 403 => Ok(false),
         Err(e) => Err(format!("{e}")),
@@ -192,7 +198,11 @@ async fn enforced(tenant: &str) -> BTreeMap<String, ResourceQuota> {
                     && pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref()))
                         == pods_of(q.status.as_ref().and_then(|s| s.hard.as_ref()))
             });
-        if settled { Ok(q) } else { Err(format!("{q:?}")) }
+        if settled {
+            Ok(q)
+        } else {
+            Err(format!("{q:?}"))
+        }
     })
     .await
 }
@@ -246,7 +256,10 @@ async fn raced_pods_never_exceed_the_tenant_total_and_deleted_ones_give_room_els
         "race: {admitted} pods admitted of {} attempts, quota changes {}; existing {:?}",
         attempts.load(Ordering::SeqCst),
         changes.load(Ordering::SeqCst),
-        existing.iter().map(|(k, v)| (k, v.len())).collect::<Vec<_>>()
+        existing
+            .iter()
+            .map(|(k, v)| (k, v.len()))
+            .collect::<Vec<_>>()
     );
     let states: Vec<String> = quotas(&tenant)
         .await
@@ -254,7 +267,10 @@ async fn raced_pods_never_exceed_the_tenant_total_and_deleted_ones_give_room_els
         .map(|(ns, q)| format!("{ns}: spec {:?} status {:?}", q.spec, q.status))
         .collect();
     println!("quotas after the race: {states:#?}");
-    assert!(admitted as i128 <= TOTAL, "{admitted} pods admitted, total is {TOTAL}");
+    assert!(
+        admitted as i128 <= TOTAL,
+        "{admitted} pods admitted, total is {TOTAL}"
+    );
     assert!(total(&existing) as i128 <= TOTAL, "{existing:?}");
 
     // Fill up to the total: the operator moves what is left to where pods are asked for.
@@ -297,7 +313,10 @@ async fn raced_pods_never_exceed_the_tenant_total_and_deleted_ones_give_room_els
         if try_pod(&client, &needy).await? {
             Ok(())
         } else {
-            Err(format!("{:?}", quotas(&tenant).await.get(&needy).map(|q| &q.status)))
+            Err(format!(
+                "{:?}",
+                quotas(&tenant).await.get(&needy).map(|q| &q.status)
+            ))
         }
     })
     .await;
@@ -370,12 +389,20 @@ async fn a_converged_pass_with_a_split_quota_makes_no_request() {
             .expect("poke");
         eventually("a reconcile after the poke", TIMEOUT, || async {
             let now = operator.reconciles("tenant").await;
-            if now > reconciles { Ok(()) } else { Err(format!("{now}")) }
+            if now > reconciles {
+                Ok(())
+            } else {
+                Err(format!("{now}"))
+            }
         })
         .await;
         let grown = requests().await - before;
         if grown == 1 {
-            let t: Tenant = tenants::api(&client).get(&tenant).await.map_err(why).unwrap();
+            let t: Tenant = tenants::api(&client)
+                .get(&tenant)
+                .await
+                .map_err(why)
+                .unwrap();
             assert_eq!(
                 tenants::condition(&t, "Ready").map(|c| c.status.as_str()),
                 Some("True")

@@ -188,7 +188,12 @@ pub fn format(units: i128, scale: i32) -> Quantity {
 /// The targets of one key for namespaces using `used` whose quotas hold `current` (`None`:
 /// none yet): at most `cap` each, `Σ ≤ total` unless usage alone is above it (then each is
 /// held at its usage). Keeps `current` when it is still good enough (see the module docs).
-pub fn targets(total: i128, cap: Option<i128>, used: &[i128], current: &[Option<i128>]) -> Vec<i128> {
+pub fn targets(
+    total: i128,
+    cap: Option<i128>,
+    used: &[i128],
+    current: &[Option<i128>],
+) -> Vec<i128> {
     let used: Vec<i128> = used.iter().map(|u| (*u).max(0)).collect();
     let limit = |v: i128| cap.map_or(v, |c| v.min(c.max(0)));
     let sum_used: i128 = used.iter().sum();
@@ -200,9 +205,11 @@ pub fn targets(total: i128, cap: Option<i128>, used: &[i128], current: &[Option<
     if let Some(kept) = kept
         && kept.len() == used.len()
         && kept.iter().sum::<i128>() == fresh.iter().sum::<i128>()
-        && kept.iter().zip(&used).zip(&fresh).all(|((c, u), f)| {
-            *c >= *u && limit(*c) == *c && 2 * (c - u) >= f - u
-        })
+        && kept
+            .iter()
+            .zip(&used)
+            .zip(&fresh)
+            .all(|((c, u), f)| *c >= *u && limit(*c) == *c && 2 * (c - u) >= f - u)
     {
         return kept;
     }
@@ -260,9 +267,10 @@ fn pointwise_min(
 /// Whether two `hard` maps hold the same keys with the same values.
 fn same(a: &BTreeMap<String, Quantity>, b: &BTreeMap<String, Quantity>) -> bool {
     a.len() == b.len()
-        && a
-            .iter()
-            .all(|(k, v)| b.get(k).is_some_and(|w| compare(v, w) == Some(Ordering::Equal)))
+        && a.iter().all(|(k, v)| {
+            b.get(k)
+                .is_some_and(|w| compare(v, w) == Some(Ordering::Equal))
+        })
 }
 
 /// Splits `quota.tenantHard` over `namespaces` (the tenant's usable namespaces, sorted), from
@@ -339,7 +347,10 @@ pub fn plan(
     // Step two: a key's increases only when what every namespace could then use fits.
     for (key, total, used, enforced) in keys {
         let value = |m: &BTreeMap<String, BTreeMap<String, Quantity>>, ns: &String| {
-            m[ns].get(&key).map(|q| units("spec.hard", &key, q, true)).transpose()
+            m[ns]
+                .get(&key)
+                .map(|q| units("spec.hard", &key, q, true))
+                .transpose()
         };
         let mut grows = false;
         let mut fits_now = true;
@@ -547,11 +558,23 @@ mod tests {
         // Remainder in order.
         assert_eq!(targets(7, None, &[0, 0, 0], &[None, None, None]), [3, 2, 2]);
         // Capped namespaces leave their share to the others.
-        assert_eq!(targets(10, Some(2), &[0, 0, 0], &[None, None, None]), [2, 2, 2]);
-        assert_eq!(targets(10, Some(3), &[3, 0, 0], &[None, None, None]), [3, 3, 3]);
-        assert_eq!(targets(10, Some(6), &[0, 0, 0], &[None, None, None]), [4, 3, 3]);
+        assert_eq!(
+            targets(10, Some(2), &[0, 0, 0], &[None, None, None]),
+            [2, 2, 2]
+        );
+        assert_eq!(
+            targets(10, Some(3), &[3, 0, 0], &[None, None, None]),
+            [3, 3, 3]
+        );
+        assert_eq!(
+            targets(10, Some(6), &[0, 0, 0], &[None, None, None]),
+            [4, 3, 3]
+        );
         // Above the total: held at usage.
-        assert_eq!(targets(6, None, &[4, 3, 0], &[Some(4), Some(2), Some(0)]), [4, 3, 0]);
+        assert_eq!(
+            targets(6, None, &[4, 3, 0], &[Some(4), Some(2), Some(0)]),
+            [4, 3, 0]
+        );
     }
 
     #[test]
@@ -643,7 +666,10 @@ mod tests {
         obs.insert("t-b".into(), observed("1", Some("1"), "0"));
         obs.insert("t-c".into(), observed("1", Some("1"), "0"));
         let plan3 = super::plan(&quota, &ns, &obs).unwrap();
-        assert!(plan3.shrinking.is_empty() && plan3.held.is_empty(), "{plan3:?}");
+        assert!(
+            plan3.shrinking.is_empty() && plan3.held.is_empty(),
+            "{plan3:?}"
+        );
         let hard: Vec<&str> = plan3.hard.values().map(pods).collect();
         assert_eq!(hard, ["4", "1", "1"]);
     }
@@ -666,7 +692,8 @@ mod tests {
             .iter()
             .map(|(n, h)| {
                 let o = &obs[n];
-                let v = |m: &BTreeMap<String, Quantity>| units("x", "pods", &m["pods"], true).unwrap();
+                let v =
+                    |m: &BTreeMap<String, Quantity>| units("x", "pods", &m["pods"], true).unwrap();
                 v(h).max(v(&o.used)).max(v(&o.enforced))
             })
             .sum();
@@ -675,7 +702,10 @@ mod tests {
 
     #[test]
     fn new_quotas_are_created_first_and_keys_of_hard_are_kept() {
-        let quota = quota(&[("pods", "6"), ("cpu", "3")], &[("pods", "3"), ("memory", "1Gi")]);
+        let quota = quota(
+            &[("pods", "6"), ("cpu", "3")],
+            &[("pods", "3"), ("memory", "1Gi")],
+        );
         let ns: Vec<String> = vec!["t-a".into(), "t-b".into()];
         let plan = plan(&quota, &ns, &BTreeMap::new()).unwrap();
         assert_eq!(plan.shrinking.len(), 2);

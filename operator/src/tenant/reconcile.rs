@@ -13,8 +13,8 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
 
 use super::desired;
-use super::quota_split;
 use super::finalize::TERMINATING_POLL;
+use super::quota_split;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
 use crate::error::Error;

@@ -89,8 +89,15 @@ impl Quantity {
                 _ => 0,
             });
         };
-        let (quotient, rest) = (self.mantissa.div_euclid(divisor), self.mantissa.rem_euclid(divisor));
-        Some(if round_up && rest != 0 { quotient + 1 } else { quotient })
+        let (quotient, rest) = (
+            self.mantissa.div_euclid(divisor),
+            self.mantissa.rem_euclid(divisor),
+        );
+        Some(if round_up && rest != 0 {
+            quotient + 1
+        } else {
+            quotient
+        })
     }
 
     fn normalised(mut mantissa: i128, mut exp10: i32) -> Self {
