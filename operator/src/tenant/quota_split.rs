@@ -618,6 +618,61 @@ mod tests {
         }
     }
 
+    #[test]
+    fn random_plans_shrink_first_and_grow_only_within_the_total() {
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let quota = quota(&[("pods", "8")], &[]);
+        let total = 8;
+        let v = |m: &BTreeMap<String, Quantity>| {
+            m.get("pods").map(|q| units("x", "pods", q, true).unwrap())
+        };
+        for _ in 0..5_000 {
+            let n = 1 + rng.below(4) as usize;
+            let ns: Vec<String> = (0..n).map(|i| format!("t-{i}")).collect();
+            let mut obs = BTreeMap::new();
+            for name in &ns {
+                if rng.below(6) == 0 {
+                    continue; // no quota yet
+                }
+                let spec = rng.below(9).to_string();
+                let enforced = (rng.below(5) != 0).then(|| rng.below(9).to_string());
+                let used = rng.below(6).to_string();
+                obs.insert(name.clone(), observed(&spec, enforced.as_deref(), &used));
+            }
+            let plan = plan(&quota, &ns, &obs).unwrap();
+            let mut after = 0;
+            let mut before = 0;
+            let mut known = true;
+            let mut grows = false;
+            for name in &ns {
+                let o = obs.get(name).cloned().unwrap_or_default();
+                let (first, hard) = (v(&plan.first[name]).unwrap(), v(&plan.hard[name]).unwrap());
+                // Step one never raises a live limit.
+                if let Some(spec) = o.spec.as_ref().and_then(v) {
+                    assert!(first <= spec, "{obs:?} → {plan:?}");
+                }
+                assert!(hard >= first, "{obs:?} → {plan:?}");
+                grows |= hard > first;
+                let used = v(&o.used).unwrap_or(0);
+                match v(&o.enforced) {
+                    Some(e) => {
+                        after += used.max(e).max(hard);
+                        before += used.max(e).max(first);
+                    }
+                    None => known = false,
+                }
+            }
+            // Step two grows only what every namespace could then use within the total (or
+            // raises no namespace's bound), and nothing while a limit is not enforced.
+            if grows {
+                assert!(
+                    known && (after <= total || after <= before),
+                    "{obs:?} → {plan:?}"
+                );
+            }
+        }
+    }
+
     fn quota(tenant: &[(&str, &str)], hard: &[(&str, &str)]) -> Quota {
         Quota {
             hard: map(hard),
