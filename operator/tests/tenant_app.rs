@@ -258,6 +258,7 @@ async fn a_deployment_that_cannot_create_pods_makes_the_app_stalled_with_the_rea
     let mut spec = tenants::full_spec(&["apps"]);
     spec.quota = Some(idem_operator::resources::tenant::Quota {
         hard: tenants::quantities(&[("pods", "0")]),
+        ..Default::default()
     });
     tenants::create(&client, &tenant, spec).await;
     tenants::wait_ready(&client, &tenant).await;

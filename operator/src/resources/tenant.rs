@@ -228,6 +228,13 @@ pub struct Quota {
     #[serde(default)]
     #[schemars(schema_with = "super::schema::quota_hard")]
     pub hard: BTreeMap<String, Quantity>,
+    /// Limits for the whole tenant, same keys and values as `hard`: the namespaces' quotas
+    /// are split from it so that their sum never exceeds it, each namespace getting what it
+    /// uses plus a share of the headroom, moved as usage changes (shrinking quotas before
+    /// growing others). A namespace gets the smaller of the two where both name a key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::quota_hard")]
+    pub tenant_hard: BTreeMap<String, Quantity>,
 }
 
 /// The LimitRange (container defaults) of each tenant namespace. As the API server checks a

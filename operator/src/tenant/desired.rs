@@ -12,6 +12,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
@@ -82,11 +83,21 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
 
 /// The ResourceQuota `idem-quota` in namespace `ns`, when the tenant has a quota.
 pub fn quota(tenant: &Tenant, ns: Option<&str>) -> Option<ResourceQuota> {
+    quota_with(tenant, ns, None)
+}
+
+/// [`quota`] with `hard` instead of `quota.hard` when given (the namespace's part of
+/// `quota.tenantHard`, see [`super::quota_split`]).
+pub fn quota_with(
+    tenant: &Tenant,
+    ns: Option<&str>,
+    hard: Option<&BTreeMap<String, Quantity>>,
+) -> Option<ResourceQuota> {
     let quota = tenant.spec.quota.as_ref()?;
     Some(ResourceQuota {
         metadata: meta(QUOTA, ns),
         spec: Some(ResourceQuotaSpec {
-            hard: Some(quota.hard.clone()),
+            hard: Some(hard.unwrap_or(&quota.hard).clone()),
             ..ResourceQuotaSpec::default()
         }),
         ..ResourceQuota::default()
@@ -165,7 +176,8 @@ fn role_binding(ns: Option<&str>, name: &str, role: &str, subjects: &[Owner]) ->
 /// Second pass: the objects inside each of `namespaces` (those the tenant really owns).
 /// Kinds that are not wanted any more (quota removed, isolation off) are pruned; what the
 /// tenant made in `released` (namespaces it no longer controls) is released, not deleted:
-/// it stays with the namespace.
+/// it stays with the namespace. `quotas` holds the `hard` of the namespaces' quotas when
+/// `quota.tenantHard` is split ([`super::quota_split`]).
 ///
 /// # Errors
 /// [`ApplyError`] when a child cannot be serialised.
@@ -173,6 +185,7 @@ pub fn contents(
     tenant: &Tenant,
     namespaces: &[String],
     released: &[String],
+    quotas: &BTreeMap<String, BTreeMap<String, Quantity>>,
 ) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
     desired
@@ -189,8 +202,9 @@ pub fn contents(
     let spec = &tenant.spec;
     let own_namespaces = namespace_selector(namespaces);
     for ns in namespaces {
+        let hard = quotas.get(ns);
         let ns = Some(ns.as_str());
-        if let Some(quota) = quota(tenant, ns) {
+        if let Some(quota) = quota_with(tenant, ns, hard) {
             desired.add(&quota)?;
         }
         if let Some(limits) = limit_range(tenant, ns) {

@@ -14,6 +14,7 @@ use kube::ResourceExt;
 
 use super::desired;
 use super::finalize::TERMINATING_POLL;
+use super::quota_split;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
 use crate::error::Error;
@@ -47,7 +48,7 @@ impl Reconciler for Tenants {
     fn children() -> ChildKinds<Tenant> {
         ChildKinds::new()
             .owns::<Namespace>()
-            .owns::<ResourceQuota>()
+            .owns_reading_status::<ResourceQuota>()
             .owns::<LimitRange>()
             .owns::<RoleBinding>()
             .owns::<NetworkPolicy>()
@@ -67,19 +68,29 @@ impl Reconciler for Tenants {
         }
         let ns = NamespacePass::from_report(&pass.apply(&desired::namespaces(tenant)?).await?);
         let not_ours = ns.not_ours();
+        // The quotas' decreases first (quota_split), then everything with the increases.
+        let split = quota_split::settle(tenant, pass, &ns.owned, &not_ours).await?;
+        let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
         let contents = pass
-            .apply(&desired::contents(tenant, &ns.owned, &not_ours)?)
+            .apply(&desired::contents(tenant, &ns.owned, &not_ours, &quotas)?)
             .await?;
         for event in status::released_events(&ns, &contents) {
             pass.publish(event).await;
         }
+        let held = split.as_ref().is_some_and(|p| !p.held.is_empty());
         let requeue = if !ns.terminating.is_empty() {
             Some(TERMINATING_POLL)
+        } else if held {
+            Some(quota_split::HELD_POLL)
         } else {
             (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
         };
+        let mut readiness = status::readiness(&ns, &contents);
+        if let Some(plan) = &split {
+            readiness = quota_split::readiness(plan, readiness);
+        }
         let owned = ns.owned.clone();
-        Ok(Outcome::new(status::readiness(&ns, &contents))
+        Ok(Outcome::new(readiness)
             .requeue(requeue)
             .status(move |s| set_namespaces(s, &owned)))
     }

@@ -56,6 +56,7 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
         namespaces: namespaces.iter().map(|n| ShortName::from(*n)).collect(),
         quota: Some(Quota {
             hard: quantities(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "20")]),
+            ..Quota::default()
         }),
         limits: Some(Limits {
             default_request: quantities(&[("cpu", "100m"), ("memory", "128Mi")]),

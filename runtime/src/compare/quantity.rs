@@ -69,6 +69,37 @@ impl Quantity {
         Some(Self::normalised(sign * mantissa, exp10))
     }
 
+    /// The value in whole units of `10^scale` (`scale = -3`: milli-units), rounded down, or
+    /// up with `round_up`; `None` when it does not fit in an `i128`.
+    pub fn units(&self, scale: i32, round_up: bool) -> Option<i128> {
+        let shift = self.exp10.checked_sub(scale)?;
+        if shift >= 0 {
+            return self
+                .mantissa
+                .checked_mul(10i128.checked_pow(u32::try_from(shift).ok()?)?);
+        }
+        let Some(divisor) = u32::try_from(-i64::from(shift))
+            .ok()
+            .and_then(|p| 10i128.checked_pow(p))
+        else {
+            // Smaller than one unit by more than an i128 can tell.
+            return Some(match (round_up, self.mantissa.signum()) {
+                (true, 1) => 1,
+                (false, -1) => -1,
+                _ => 0,
+            });
+        };
+        let (quotient, rest) = (
+            self.mantissa.div_euclid(divisor),
+            self.mantissa.rem_euclid(divisor),
+        );
+        Some(if round_up && rest != 0 {
+            quotient + 1
+        } else {
+            quotient
+        })
+    }
+
     fn normalised(mut mantissa: i128, mut exp10: i32) -> Self {
         if mantissa == 0 {
             return Self {
@@ -90,6 +121,21 @@ mod tests {
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap_or_else(|| panic!("{s} should parse"))
+    }
+
+    #[test]
+    fn units_round_as_asked() {
+        assert_eq!(q("1500m").units(0, false), Some(1));
+        assert_eq!(q("1500m").units(0, true), Some(2));
+        assert_eq!(q("1500m").units(-3, false), Some(1500));
+        assert_eq!(q("2").units(-3, true), Some(2000));
+        assert_eq!(q("1Ki").units(0, false), Some(1024));
+        assert_eq!(q("3k").units(3, false), Some(3));
+        assert_eq!(q("1n").units(-3, false), Some(0));
+        assert_eq!(q("1n").units(-3, true), Some(1));
+        assert_eq!(q("-1500m").units(0, false), Some(-2));
+        assert_eq!(q("1e-60").units(0, true), Some(1));
+        assert_eq!(q("9e30").units(-10, false), None);
     }
 
     #[test]

@@ -1,0 +1,477 @@
+//! A Tenant's `quota.tenantHard` on the real control plane: pods raced into its three
+//! namespaces by many clients at once never exceed the tenant's total (the API server's quota
+//! admission enforces each namespace's share, and the shares never sum above the total, also
+//! while the operator moves headroom), pods deleted in one namespace give another room within
+//! seconds, and a converged pass makes no request.
+//!
+//! The tests of this binary run one at a time (one counts requests).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use common::{Operator, TIMEOUT, eventually, install_crds, tenants, why};
+use futures::StreamExt;
+use idem_operator::resources::tenant::Quota;
+use idem_operator::resources::{TENANT_LABEL, Tenant, TenantSpec};
+use idem_operator::tenant::desired::QUOTA;
+use idem_runtime::compare::Quantity as Exact;
+use idem_tests::{shared, unique_name};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::{Mutex, OnceCell};
+
+/// The tenant's total of pods.
+const TOTAL: i128 = 6;
+/// The namespaces' short names.
+const SHORTS: [&str; 3] = ["a", "b", "c"];
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+async fn operator() -> &'static Operator {
+    static OPERATOR: OnceCell<Operator> = OnceCell::const_new();
+    OPERATOR
+        .get_or_init(|| async {
+            install_crds(&shared().client()).await;
+            Operator::start(Duration::from_secs(3600)).await
+        })
+        .await
+}
+
+/// Three namespaces sharing `pods: 6`, nothing else.
+fn spec() -> TenantSpec {
+    let mut spec = tenants::full_spec(&SHORTS);
+    spec.limits = None;
+    spec.isolation = false;
+    spec.quota = Some(Quota {
+        tenant_hard: tenants::quantities(&[("pods", "6")]),
+        ..Quota::default()
+    });
+    spec
+}
+
+fn pods_of(hard: Option<&BTreeMap<String, Quantity>>) -> Option<i128> {
+    Exact::parse(&hard?.get("pods")?.0)?.units(0, true)
+}
+
+/// The tenant's quotas by namespace.
+async fn quotas(tenant: &str) -> BTreeMap<String, ResourceQuota> {
+    Api::<ResourceQuota>::all(shared().client())
+        .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={tenant}")))
+        .await
+        .expect("list quotas")
+        .items
+        .into_iter()
+        .filter(|q| q.name_any() == QUOTA)
+        .map(|q| (q.namespace().unwrap_or_default(), q))
+        .collect()
+}
+
+/// Σ `spec.hard.pods` (a missing value counting as unlimited) and Σ `status.hard.pods`
+/// (`None` until every quota is enforced: a quota the quota controller has not filled yet is
+/// not enforced at all, which the tenant's total cannot change).
+fn sums(quotas: &BTreeMap<String, ResourceQuota>) -> (i128, Option<i128>) {
+    let mut spec = 0;
+    let mut status = Some(0);
+    for q in quotas.values() {
+        spec += pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref())).unwrap_or(i128::MAX / 8);
+        status = status
+            .zip(pods_of(q.status.as_ref().and_then(|s| s.hard.as_ref())))
+            .map(|(a, b)| a + b);
+    }
+    (spec, status)
+}
+
+/// Watches the tenant's quotas and records every state seen whose sums (spec, or enforced once
+/// all are) exceed the total, and every deletion of one, and counts the changes of a quota's
+/// `spec.hard.pods`; the returned handle stops it.
+type Watch = (
+    Arc<StdMutex<Vec<String>>>,
+    Arc<AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+);
+
+fn watch_sums(tenant: &str) -> Watch {
+    let bad = Arc::new(StdMutex::new(Vec::new()));
+    let seen = bad.clone();
+    let changes = Arc::new(AtomicUsize::new(0));
+    let changed = changes.clone();
+    let api = Api::<ResourceQuota>::all(shared().client());
+    let config = watcher::Config::default().labels(&format!("{TENANT_LABEL}={tenant}"));
+    let task = tokio::spawn(async move {
+        let mut live: BTreeMap<String, ResourceQuota> = BTreeMap::new();
+        let mut events = std::pin::pin!(watcher(api, config));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(q) | watcher::Event::InitApply(q)) => {
+                    let ns = q.namespace().unwrap_or_default();
+                    let hard = |q: Option<&ResourceQuota>| {
+                        pods_of(
+                            q.and_then(|q| q.spec.as_ref())
+                                .and_then(|s| s.hard.as_ref()),
+                        )
+                    };
+                    if live.contains_key(&ns) && hard(live.get(&ns)) != hard(Some(&q)) {
+                        changed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    live.insert(ns, q);
+                }
+                Ok(watcher::Event::Delete(q)) => {
+                    // Deleted, the namespace would be unlimited until a new quota is enforced.
+                    let ns = q.namespace().unwrap_or_default();
+                    seen.lock().unwrap().push(format!("{ns}: quota deleted"));
+                    live.remove(&ns);
+                }
+                _ => continue,
+            }
+            if live.len() == SHORTS.len() {
+                let (spec, status) = sums(&live);
+                if spec > TOTAL || status.is_some_and(|s| s > TOTAL) {
+                    let state: Vec<String> = live
+                        .iter()
+                        .map(|(ns, q)| format!("{ns}: spec {:?} status {:?}", q.spec, q.status))
+                        .collect();
+                    seen.lock().unwrap().push(state.join("; "));
+                }
+            }
+        }
+    });
+    (bad, changes, task)
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+    }))
+    .expect("a pod")
+}
+
+/// Creates a pod in `ns`: `Ok(true)` admitted, `Ok(false)` refused by quota (403).
+async fn try_pod(client: &kube::Client, ns: &str) -> Result<bool, String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api
+        .create(&PostParams::default(), &pod(&unique_name("p")))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(false),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
+/// The pods that exist in the tenant's namespaces, by namespace.
+async fn pods(tenant: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for short in SHORTS {
+        let ns = format!("{tenant}-{short}");
+        let list = Api::<Pod>::namespaced(shared().client(), &ns)
+            .list(&ListParams::default())
+            .await
+            .expect("list pods");
+        out.insert(ns, list.items.iter().map(ResourceExt::name_any).collect());
+    }
+    out
+}
+
+fn total(pods: &BTreeMap<String, Vec<String>>) -> usize {
+    pods.values().map(Vec::len).sum()
+}
+
+/// Waits until every quota of the tenant is enforced as specified (the quota controller has
+/// copied `spec.hard` into `status.hard`) and returns them.
+async fn enforced(tenant: &str) -> BTreeMap<String, ResourceQuota> {
+    eventually("the quotas enforced", TIMEOUT, || async {
+        let q = quotas(tenant).await;
+        let settled = q.len() == SHORTS.len()
+            && q.values().all(|q| {
+                pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref())).is_some()
+                    && pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref()))
+                        == pods_of(q.status.as_ref().and_then(|s| s.hard.as_ref()))
+            });
+        if settled {
+            Ok(q)
+        } else {
+            Err(format!("{q:?}"))
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raced_pods_never_exceed_the_tenant_total_and_deleted_ones_give_room_elsewhere() {
+    let _serial = SERIAL.lock().await;
+    operator().await;
+    let client = shared().client();
+    let tenant = unique_name("tq");
+    let (bad, changes, watch) = watch_sums(&tenant);
+    tenants::create(&client, &tenant, spec()).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let split = enforced(&tenant).await;
+    let shares: Vec<Option<i128>> = split
+        .values()
+        .map(|q| pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref())))
+        .collect();
+    assert_eq!(shares, [Some(2), Some(2), Some(2)], "the first split");
+
+    // The race: 24 clients, unevenly spread (16 in a, 6 in b, 2 in c), each creating pods
+    // one after the other until the tenant has admitted 6 (or 150 attempts each), so that
+    // the namespaces fill at different speeds and the operator moves headroom while they do.
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (short, clients) in [("a", 16), ("b", 6), ("c", 2)] {
+        for _ in 0..clients {
+            let ns = format!("{tenant}-{short}");
+            let client = shared().client();
+            let (admitted, attempts) = (admitted.clone(), attempts.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..150 {
+                    if admitted.load(Ordering::SeqCst) as i128 >= TOTAL {
+                        break;
+                    }
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    // An error other than the quota's 403 (an admission timeout under the
+                    // load) is not counted as admitted; the pods that exist are counted below.
+                    if try_pod(&client, &ns).await == Ok(true) {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("a racing client");
+    }
+    let admitted = admitted.load(Ordering::SeqCst);
+    let existing = pods(&tenant).await;
+    println!(
+        "race: {admitted} pods admitted of {} attempts, quota changes {}; existing {:?}",
+        attempts.load(Ordering::SeqCst),
+        changes.load(Ordering::SeqCst),
+        existing
+            .iter()
+            .map(|(k, v)| (k, v.len()))
+            .collect::<Vec<_>>()
+    );
+    let states: Vec<String> = quotas(&tenant)
+        .await
+        .iter()
+        .map(|(ns, q)| format!("{ns}: spec {:?} status {:?}", q.spec, q.status))
+        .collect();
+    println!("quotas after the race: {states:#?}");
+    assert!(
+        admitted as i128 <= TOTAL,
+        "{admitted} pods admitted, total is {TOTAL}"
+    );
+    assert!(total(&existing) as i128 <= TOTAL, "{existing:?}");
+
+    // Fill up to the total: the operator moves what is left to where pods are asked for.
+    let full = eventually("6 pods in the tenant", TIMEOUT, || async {
+        let now = pods(&tenant).await;
+        if total(&now) as i128 >= TOTAL {
+            return Ok(now);
+        }
+        for short in SHORTS {
+            try_pod(&client, &format!("{tenant}-{short}")).await?;
+        }
+        Err(format!("{now:?}"))
+    })
+    .await;
+    assert_eq!(total(&full) as i128, TOTAL, "{full:?}");
+
+    // Delete the pods of the fullest namespace: another, full, gets room within seconds.
+    let (emptied, deleted) = full
+        .iter()
+        .max_by_key(|(_, p)| p.len())
+        .map(|(ns, p)| (ns.clone(), p.clone()))
+        .expect("a namespace");
+    let needy = full
+        .keys()
+        .find(|ns| **ns != emptied)
+        .expect("another namespace")
+        .clone();
+    assert!(
+        !try_pod(&client, &needy).await.expect("answered"),
+        "{needy} is full before the deletion"
+    );
+    let api: Api<Pod> = Api::namespaced(client.clone(), &emptied);
+    for name in &deleted {
+        api.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("delete pod");
+    }
+    let started = tokio::time::Instant::now();
+    eventually(&format!("room in {needy}"), TIMEOUT, || async {
+        if try_pod(&client, &needy).await? {
+            Ok(())
+        } else {
+            Err(format!(
+                "{:?}",
+                quotas(&tenant).await.get(&needy).map(|q| &q.status)
+            ))
+        }
+    })
+    .await;
+    println!(
+        "{needy} got room {:?} after {} pods of {emptied} were deleted",
+        started.elapsed(),
+        deleted.len()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "room came after {:?}",
+        started.elapsed()
+    );
+    let after = pods(&tenant).await;
+    assert!(total(&after) as i128 <= TOTAL, "{after:?}");
+    tenants::wait_ready(&client, &tenant).await;
+    let (spec_sum, status_sum) = sums(&enforced(&tenant).await);
+    assert!(
+        spec_sum <= TOTAL && status_sum.is_some_and(|s| s <= TOTAL),
+        "{spec_sum} {status_sum:?}"
+    );
+
+    watch.abort();
+    let bad = bad.lock().unwrap().clone();
+    assert!(bad.is_empty(), "states above the total: {bad:#?}");
+
+    // The total lowered below usage: every namespace is held at what it uses, and says so.
+    let existing = total(&pods(&tenant).await);
+    let lowered = json!({"spec": {"quota": {"tenantHard": {"pods": (existing - 1).to_string()}}}});
+    let patched = tenants::api(&client)
+        .patch(&tenant, &PatchParams::default(), &Patch::Merge(&lowered))
+        .await
+        .expect("lower tenantHard");
+    let held = eventually(
+        "the tenant says usage is above the total",
+        TIMEOUT,
+        || async {
+            let t = tenants::api(&client).get(&tenant).await.map_err(why)?;
+            match tenants::condition(&t, "Ready") {
+                Some(c)
+                    if c.status == "True"
+                        && c.observed_generation == patched.metadata.generation
+                        && c.message.contains("held at its usage") =>
+                {
+                    Ok(c.message.clone())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    println!("lowered to {}: {held}", existing - 1);
+    for (ns, q) in enforced(&tenant).await {
+        let used = pods_of(q.status.as_ref().and_then(|s| s.used.as_ref()));
+        let hard = pods_of(q.spec.as_ref().and_then(|s| s.hard.as_ref()));
+        assert_eq!(hard, used.or(Some(0)), "{ns} is held at its usage");
+    }
+}
+
+/// Requests (every verb but WATCH) on the resources a Tenant reconcile touches, from the API
+/// server's `/metrics`, by `verb resource.group`.
+async fn requests() -> BTreeMap<String, u64> {
+    let text = shared().metrics().await.expect("apiserver /metrics");
+    let mut out = BTreeMap::new();
+    for (group, resource) in [
+        ("", "namespaces"),
+        ("", "resourcequotas"),
+        ("", "limitranges"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("tenancy.idem.dev", "tenants"),
+        ("", "events"),
+        ("events.k8s.io", "events"),
+    ] {
+        for verb in ["GET", "LIST", "POST", "PUT", "PATCH", "APPLY", "DELETE"] {
+            let n = idem_tests::metrics::requests(&text, verb, group, resource);
+            out.insert(format!("{verb} {resource}.{group}"), n);
+        }
+    }
+    out
+}
+
+/// What grew from `a` to `b`.
+fn grown(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    b.iter()
+        .filter_map(|(k, v)| {
+            let d = v - a.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// Waits until no request is made on those resources for 2 s (the control plane's own
+/// controllers done with the new objects), as the read-repair tests do before they count.
+async fn quiet() {
+    eventually("2 s without requests", TIMEOUT, || async {
+        let a = requests().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let d = grown(&a, &requests().await);
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{d:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_converged_pass_with_a_split_quota_makes_no_request() {
+    let _serial = SERIAL.lock().await;
+    let operator = operator().await;
+    let client = shared().client();
+    let tenant = unique_name("tz");
+    tenants::create(&client, &tenant, spec()).await;
+    tenants::wait_ready(&client, &tenant).await;
+    enforced(&tenant).await;
+    // The control plane's own controllers read and write now and then: a count that includes
+    // one of theirs is taken again (a pass of ours that made requests would make them every
+    // time).
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        quiet().await;
+        let reconciles = operator.reconciles("tenant").await;
+        let before = requests().await;
+        let poke = json!({"metadata": {"annotations": {"example.com/poke": unique_name("p")}}});
+        tenants::api(&client)
+            .patch(&tenant, &PatchParams::default(), &Patch::Merge(&poke))
+            .await
+            .expect("poke");
+        eventually("a reconcile after the poke", TIMEOUT, || async {
+            let now = operator.reconciles("tenant").await;
+            if now > reconciles {
+                Ok(())
+            } else {
+                Err(format!("{now}"))
+            }
+        })
+        .await;
+        let grown = grown(&before, &requests().await);
+        if grown.values().sum::<u64>() == 1 {
+            let t: Tenant = tenants::api(&client)
+                .get(&tenant)
+                .await
+                .map_err(why)
+                .unwrap();
+            assert_eq!(
+                tenants::condition(&t, "Ready").map(|c| c.status.as_str()),
+                Some("True")
+            );
+            return;
+        }
+        seen.push(grown);
+    }
+    panic!("requests during a converged pass (besides the poke): {seen:?}");
+}
