@@ -30,6 +30,8 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   isolation: true
 ///   weight: 1
 ///   deletionPolicy: Retain         # or Delete: deleting the Tenant deletes its namespaces
+///   allowed: {storageClasses: [standard], registries: [docker.io/library, ghcr.io/acme]}
+///   cordoned: false                # true: creates and updates in its namespaces are refused
 /// ```
 #[derive(
     CustomResource,
@@ -49,6 +51,7 @@ pub const MAX_SHORT_NAME: usize = 32;
     shortname = "tnt",
     status = "TenantStatus",
     printcolumn = r#"{"name":"Namespaces","type":"integer","jsonPath":".status.namespaceCount"}"#,
+    printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".status.cordoned"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
@@ -94,6 +97,16 @@ pub struct TenantSpec {
     /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`).
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// The storage, ingress, priority and runtime classes and the image registries the
+    /// tenant's workloads may use; an absent list is no restriction. Enforced by the API
+    /// server (ValidatingAdmissionPolicy `idem-tenant-policy`), also while the operator is
+    /// down (see [`crate::tenant::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<super::tenant_policy::Allowed>,
+    /// With `true`, the API server refuses creates and updates in the tenant's namespaces
+    /// (deletes are allowed) to everyone but Kubernetes' own components and the operator.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 /// What deleting a Tenant does to its namespaces (as a PersistentVolume's reclaim policy).
@@ -226,6 +239,10 @@ pub struct TenantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub created_children: Vec<idem_runtime::apply::CreatedChild>,
+    /// Whether the tenant's namespaces are cordoned: `spec.cordoned` as last written to their
+    /// TenantPolicies (a paused tenant keeps what was enforced before).
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 impl Tenant {

@@ -1,5 +1,6 @@
 //! The desired children of a Tenant: its namespaces (first pass), then in each namespace the
-//! ResourceQuota, LimitRange, owners' RoleBinding and isolation NetworkPolicy (second pass).
+//! ResourceQuota, LimitRange, owners' RoleBinding, isolation NetworkPolicy and the TenantPolicy
+//! of the admission policy (second pass).
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 
+use crate::resources::TenantPolicy;
 use crate::resources::tenant::{OwnerKind, Tenant};
 
 /// ResourceQuota name in each tenant namespace.
@@ -139,13 +141,15 @@ pub fn contents(
         .prune_kind::<ResourceQuota>()
         .prune_kind::<LimitRange>()
         .prune_kind::<RoleBinding>()
-        .prune_kind::<NetworkPolicy>();
+        .prune_kind::<NetworkPolicy>()
+        .prune_kind::<TenantPolicy>();
     for ns in released {
         desired.release_in(ns);
     }
     let spec = &tenant.spec;
     let own_namespaces = namespace_selector(namespaces);
     for ns in namespaces {
+        desired.add(&super::policy::parameters(tenant, ns))?;
         let ns = Some(ns.as_str());
         if let Some(quota) = quota(tenant, ns) {
             desired.add(&quota)?;

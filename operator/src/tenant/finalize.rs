@@ -27,7 +27,7 @@ use idem_runtime::status::Readiness;
 use kube::Client;
 
 use crate::error::Error;
-use crate::resources::Tenant;
+use crate::resources::{Tenant, TenantPolicy};
 use crate::resources::tenant::DeletionPolicy;
 
 /// How often a tenant whose namespaces are still being deleted is looked at again.
@@ -224,6 +224,7 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
         ApiResource::erase::<LimitRange>(&()),
         ApiResource::erase::<RoleBinding>(&()),
         ApiResource::erase::<NetworkPolicy>(&()),
+        ApiResource::erase::<TenantPolicy>(&()),
     ] {
         for ns in &scopes {
             let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));

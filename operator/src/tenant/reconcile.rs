@@ -17,7 +17,7 @@ use super::finalize::TERMINATING_POLL;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
 use crate::error::Error;
-use crate::resources::{FINALIZER, Tenant, TenantStatus};
+use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
 
 /// How often a tenant stalled on a namespace conflict is looked at again. The runtime watches
 /// the conflicting namespace (`idem_runtime::controller::blocked`), but only for its deletion
@@ -51,6 +51,7 @@ impl Reconciler for Tenants {
             .owns::<LimitRange>()
             .owns::<RoleBinding>()
             .owns::<NetworkPolicy>()
+            .owns::<TenantPolicy>()
     }
 
     async fn reconcile(
@@ -79,9 +80,14 @@ impl Reconciler for Tenants {
             (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
         };
         let owned = ns.owned.clone();
-        Ok(Outcome::new(status::readiness(&ns, &contents))
+        let cordoned = tenant.spec.cordoned;
+        let readiness = super::policy::readiness(tenant, status::readiness(&ns, &contents));
+        Ok(Outcome::new(readiness)
             .requeue(requeue)
-            .status(move |s| set_namespaces(s, &owned)))
+            .status(move |s| {
+                set_namespaces(s, &owned);
+                s.cordoned = cordoned;
+            }))
     }
 
     async fn cleanup(

@@ -64,6 +64,8 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
         weight: 1,
         paused: false,
         deletion_policy: DeletionPolicy::Delete,
+        allowed: None,
+        cordoned: false,
     }
 }
 
