@@ -49,8 +49,8 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
 pub fn files() -> anyhow::Result<Vec<File>> {
     let labels = json!({"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "idem"});
     use idem_operator::rbac;
-    use idem_operator::tenant::policy as tenant_policy;
     use idem_operator::resources::{FIELD_MANAGER, MANAGED_BY_LABEL};
+    use idem_operator::tenant::policy as tenant_policy;
     let rules = serde_json::to_value(rbac::policy_rules())?;
     let lease_rules = serde_json::to_value(rbac::leader_election_rules())?;
     let edit_rules = serde_json::to_value(rbac::tenant_app_edit_rules())?;

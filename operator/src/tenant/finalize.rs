@@ -27,8 +27,8 @@ use idem_runtime::status::Readiness;
 use kube::Client;
 
 use crate::error::Error;
-use crate::resources::{Tenant, TenantPolicy};
 use crate::resources::tenant::DeletionPolicy;
+use crate::resources::{Tenant, TenantPolicy};
 
 /// How often a tenant whose namespaces are still being deleted is looked at again.
 pub const TERMINATING_POLL: std::time::Duration = std::time::Duration::from_secs(2);

@@ -18,9 +18,10 @@
 //!   parameter is decided before any exemption is read.
 //! - **Who is refused by a cordon.** Everyone but Kubernetes' own components keeping the
 //!   namespace working ([`EXEMPT_USERS`], [`EXEMPT_GROUPS`]: kubelets, controller-manager,
-//!   scheduler, kube-system ServiceAccounts, the API server) and the operator: the tenant's
-//!   owners, their ServiceAccounts and cluster admins alike (an admin lifts the cordon on the
-//!   Tenant). Deletes are never refused. Allowed classes and registries apply to everyone,
+//!   scheduler, kube-system ServiceAccounts, the API server and the `system:masters`
+//!   superusers it runs as) and the operator: the tenant's owners, their ServiceAccounts and
+//!   admins bound by RBAC (`cluster-admin`) alike (an admin lifts the cordon on the Tenant).
+//!   Deletes are never refused. Allowed classes and registries apply to everyone,
 //!   controllers included: the ReplicaSet controller's Pods are judged like a user's.
 //! - **Changes to old objects.** An update is judged only on what it changes: an image, or a
 //!   class, that the old object already had is not refused, so tightening the rules does not
@@ -48,9 +49,15 @@ pub const EXEMPT_USERS: &[&str] = &[
     "system:apiserver",
 ];
 
-/// Groups a cordon does not refuse: the kubelets, and the kube-system ServiceAccounts the
-/// controller-manager's controllers run as.
-pub const EXEMPT_GROUPS: &[&str] = &["system:nodes", "system:serviceaccounts:kube-system"];
+/// Groups a cordon does not refuse: the kubelets, the kube-system ServiceAccounts the
+/// controller-manager's controllers run as, and `system:masters`, the superuser group that
+/// bypasses authorization, which the API server's own loopback client uses (and, in some
+/// clusters and idem's local control plane, the controller-manager and scheduler too).
+pub const EXEMPT_GROUPS: &[&str] = &[
+    "system:nodes",
+    "system:serviceaccounts:kube-system",
+    "system:masters",
+];
 
 /// The TenantPolicy of `tenant` in its namespace `ns`: its `allowed` and `cordoned`.
 pub fn parameters(tenant: &Tenant, ns: &str) -> TenantPolicy {
@@ -102,9 +109,7 @@ fn under(r: &str, n: &str) -> String {
 /// CEL: the images of every container, init container and ephemeral container of `obj`.
 fn images(obj: &str) -> String {
     let list = |field: &str| {
-        format!(
-            "(has({obj}.spec.{field}) ? {obj}.spec.{field}.map(c, has(c.image), c.image) : [])"
-        )
+        format!("(has({obj}.spec.{field}) ? {obj}.spec.{field}.map(c, has(c.image), c.image) : [])")
     };
     format!(
         "{} + {} + {}",

@@ -82,12 +82,10 @@ impl Reconciler for Tenants {
         let owned = ns.owned.clone();
         let cordoned = tenant.spec.cordoned;
         let readiness = super::policy::readiness(tenant, status::readiness(&ns, &contents));
-        Ok(Outcome::new(readiness)
-            .requeue(requeue)
-            .status(move |s| {
-                set_namespaces(s, &owned);
-                s.cordoned = cordoned;
-            }))
+        Ok(Outcome::new(readiness).requeue(requeue).status(move |s| {
+            set_namespaces(s, &owned);
+            s.cordoned = cordoned;
+        }))
     }
 
     async fn cleanup(
