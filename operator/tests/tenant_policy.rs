@@ -431,6 +431,33 @@ async fn forbidden_registries_and_classes_are_refused_naming_the_tenants_rule() 
     .await
     .unwrap();
 
+    // Ephemeral containers (added through their subresource, which `admin` does not grant)
+    // are judged too, and the registries bind everyone, a superuser included.
+    let ephemeral = |image: &str| {
+        Patch::Strategic(json!({"spec": {"ephemeralContainers": [
+            {"name": format!("debug-{}", image.len()), "image": image}]}}))
+    };
+    let pods = Api::<Pod>::namespaced(admin.clone(), &ns);
+    let message = refusal(
+        pods.patch_subresource(
+            "ephemeralcontainers",
+            "good",
+            &PatchParams::default(),
+            &ephemeral("quay.io/evil/debug:1"),
+        )
+        .await,
+    )
+    .unwrap();
+    assert!(message.contains("quay.io/evil/debug:1"), "{message}");
+    pods.patch_subresource(
+        "ephemeralcontainers",
+        "good",
+        &PatchParams::default(),
+        &ephemeral("busybox"),
+    )
+    .await
+    .expect("an ephemeral container from an allowed registry");
+
     // Tightening the rules does not block updates of what already runs (its images are
     // unchanged), only what is new.
     patch_spec(
@@ -643,6 +670,29 @@ async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator(
             .filter(|b| b.metadata.deletion_timestamp.is_none())
             .map(|_| ())
             .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+
+    // A TenantPolicy an admin deletes is put back (meanwhile, no parameter: no restriction).
+    let params = Api::<TenantPolicy>::namespaced(admin.clone(), &ns);
+    let old = params.get(PARAMS).await.unwrap();
+    params
+        .delete(PARAMS, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the TenantPolicy recreated by the operator",
+        TIMEOUT,
+        || async {
+            match params.get_opt(PARAMS).await.map_err(why)? {
+                Some(p) if p.uid() != old.uid() && p.spec.cordoned => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    wait_refused("cordoned again", || {
+        create::<ConfigMap>(&owner, &ns, config_map("new"), true)
     })
     .await;
 
