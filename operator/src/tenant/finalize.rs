@@ -228,7 +228,14 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
     ] {
         for ns in &scopes {
             let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
-            for key in release_referring::<Tenant>(client, &resource, Some(ns), uid).await? {
+            // A kind whose CRD is gone (an uninstall deleting the TenantPolicy CRD too) has
+            // nothing to release.
+            let released = match release_referring::<Tenant>(client, &resource, Some(ns), uid).await
+            {
+                Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+                other => other?,
+            };
+            for key in released {
                 if !referred {
                     kept.objects
                         .push(format!("{} {ns}/{}", resource.kind, key.name));
