@@ -4,7 +4,8 @@
 //! shipped ClusterRole and the policy that confines its writes apply to it): refusals name
 //! the tenant's rule, Kubernetes' components and the operator keep working in a cordoned
 //! namespace, owners can neither change their rules nor escape them, and a namespace released
-//! by its deleted Tenant is free again.
+//! by its deleted Tenant is free again; and with no operator at all, the API server alone
+//! enforces a TenantPolicy.
 
 mod common;
 
@@ -830,4 +831,60 @@ async fn a_paused_tenant_keeps_its_rules_and_a_released_namespace_is_free() {
         "{:?}",
         kept.labels()
     );
+}
+
+/// The API server alone enforces the rules: a namespace labelled as a tenant's and its
+/// TenantPolicy, written here by the admin with no operator involved, refuse what they say,
+/// and a TenantPolicy whose `owner-uid` is not the namespace's counts for nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_policy_is_enforced_without_the_operator() {
+    install().await;
+    let admin = idem_tests::shared().client();
+    let ns = idem_tests::create_namespace(&admin, "no-operator")
+        .await
+        .unwrap();
+    let uid = format!("uid-{ns}");
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "app.kubernetes.io/managed-by": "idem-operator", OWNER_UID_LABEL: uid}}})),
+        )
+        .await
+        .unwrap();
+    let params = Api::<TenantPolicy>::namespaced(admin.clone(), &ns);
+    let policy = |owner_uid: &str| {
+        serde_json::from_value::<TenantPolicy>(json!({
+            "apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "TenantPolicy",
+            "metadata": {"name": PARAMS, "labels": {OWNER_UID_LABEL: owner_uid}},
+            "spec": {"tenant": "by-hand", "allowed": {"registries": ["ghcr.io/acme"]}},
+        }))
+        .unwrap()
+    };
+    params
+        .create(&PostParams::default(), &policy(&uid))
+        .await
+        .unwrap();
+    let message = wait_refused("nginx refused with no operator running", || {
+        create::<Pod>(&admin, &ns, pod("p", &["nginx"], json!({})), true)
+    })
+    .await;
+    assert!(
+        message.contains("Tenant by-hand allows only images from the registries ghcr.io/acme"),
+        "{message}"
+    );
+    // Another tenant's TenantPolicy (its owner-uid) does not hold this namespace.
+    params
+        .patch(
+            PARAMS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {OWNER_UID_LABEL: "someone-else"}}})),
+        )
+        .await
+        .unwrap();
+    wait_admitted("nginx admitted under another tenant's TenantPolicy", || {
+        create::<Pod>(&admin, &ns, pod("p", &["nginx"], json!({})), true)
+    })
+    .await;
 }
