@@ -75,6 +75,13 @@ const RULES: &[Rule] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
         names: &[],
     },
+    // The parameters of the tenant admission policy, one per tenant namespace.
+    Rule {
+        group: "tenancy.idem.dev",
+        resources: &["tenantpolicies"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        names: &[],
+    },
     // Binding ClusterRole `admin` to tenant owners, and those of a Tenant's `roleBindings`,
     // needs `bind` on them (RBAC escalation check).
     Rule {
@@ -155,10 +162,12 @@ const TENANT_APP_EDIT_RULES: &[Rule] = &[
     },
 ];
 
-/// What the built-in `view` role gets: reading TenantApps.
+/// What the built-in `view` role gets: reading TenantApps, and the TenantPolicies that say
+/// what the tenant may use (never writing them: they are not in the edit rules, so tenant
+/// owners, who get `admin`, cannot change their own rules).
 const TENANT_APP_VIEW_RULES: &[Rule] = &[Rule {
     group: "tenancy.idem.dev",
-    resources: &["tenantapps", "tenantapps/status"],
+    resources: &["tenantapps", "tenantapps/status", "tenantpolicies"],
     verbs: &["get", "list", "watch"],
     names: &[],
 }];
@@ -202,6 +211,7 @@ pub const NAMESPACED_WRITES: &[(&str, &[&str])] = &[
     ("apps", &["deployments"]),
     ("networking.k8s.io", &["networkpolicies"]),
     ("rbac.authorization.k8s.io", &["rolebindings"]),
+    ("tenancy.idem.dev", &["tenantpolicies"]),
 ];
 
 /// The operator's ClusterRole rules.

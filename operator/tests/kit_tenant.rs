@@ -15,7 +15,8 @@ use std::sync::Arc;
 use common::{apps, install_crds, tenants};
 use futures::StreamExt;
 use idem_operator::context::Context;
-use idem_operator::resources::{TENANT_LABEL, Tenant, TenantApp};
+use idem_operator::resources::tenant_policy::{Allowed, ClassName, Registry};
+use idem_operator::resources::{TENANT_LABEL, Tenant, TenantApp, TenantPolicy};
 use idem_operator::tenant::reconcile::Tenants;
 use idem_operator::tenant::source::children_config;
 use idem_operator::tenant_app::reconcile::TenantApps;
@@ -89,6 +90,7 @@ where
     caches.register(cache::<LimitRange>(&client, &mut watches).await?);
     caches.register(cache::<RoleBinding>(&client, &mut watches).await?);
     caches.register(cache::<NetworkPolicy>(&client, &mut watches).await?);
+    caches.register(cache::<TenantPolicy>(&client, &mut watches).await?);
     caches.register(cache::<ConfigMap>(&client, &mut watches).await?);
     caches.register(cache::<Deployment>(&client, &mut watches).await?);
     caches.register(cache::<Service>(&client, &mut watches).await?);
@@ -117,8 +119,18 @@ impl Subject for TenantKind {
     type Primary = Tenant;
     type Session = Session<Tenants>;
 
+    /// Every feature, including allowed classes and registries and a cordon (their
+    /// TenantPolicies; no admission policy is installed in this binary, so nothing is refused).
     fn primary(&self, name: &str) -> Tenant {
-        Tenant::new(name, tenants::full_spec(&["dev", "prod"]))
+        let mut spec = tenants::full_spec(&["dev", "prod"]);
+        spec.allowed = Some(Allowed {
+            storage_classes: Some(vec![ClassName::from("standard")]),
+            priority_classes: Some(vec![]),
+            registries: Some(vec![Registry::from("docker.io/library")]),
+            ..Allowed::default()
+        });
+        spec.cordoned = true;
+        Tenant::new(name, spec)
     }
 
     fn children(&self, tenant: &Tenant) -> Children {
@@ -128,6 +140,7 @@ impl Subject for TenantKind {
             .kind::<LimitRange>()
             .kind::<RoleBinding>()
             .kind::<NetworkPolicy>()
+            .kind::<TenantPolicy>()
     }
 
     async fn session(&self, client: Client) -> Result<Session<Tenants>, BoxError> {

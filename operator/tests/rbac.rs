@@ -56,6 +56,8 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("create", "namespaces", None),
         ("delete", "namespaces", None),
         ("patch", "deployments.apps", Some(&ns)),
+        ("patch", "tenantpolicies.tenancy.idem.dev", Some(&ns)),
+        ("delete", "tenantpolicies.tenancy.idem.dev", Some(&ns)),
         (
             "create",
             "rolebindings.rbac.authorization.k8s.io",
@@ -258,6 +260,7 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
         assert!(out.status.success(), "{}", text(&out));
     }
     let apps = "tenantapps.tenancy.idem.dev";
+    let policies = "tenantpolicies.tenancy.idem.dev";
     // The clusterrole-aggregation controller folds the rules into admin/edit/view.
     eventually(
         "TenantApp rights aggregated into admin, edit, view",
@@ -290,6 +293,14 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
         ("editor", "patch", apps, &ns, true),
         ("viewer", "list", apps, &ns, true),
         ("viewer", "create", apps, &ns, false),
+        // The tenant admission policy's parameters: owners read their rules, never write them.
+        ("owner", "get", policies, &ns, true),
+        ("owner", "list", policies, &ns, true),
+        ("owner", "patch", policies, &ns, false),
+        ("owner", "update", policies, &ns, false),
+        ("owner", "delete", policies, &ns, false),
+        ("owner", "create", policies, &ns, false),
+        ("editor", "patch", policies, &ns, false),
     ];
     let mut wrong = Vec::new();
     for (user, verb, resource, namespace, want) in expected {

@@ -4,7 +4,8 @@
 //! the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
 //! manages, the one that lets only the operator write the shard ring's member Leases, and the
 //! FlowSchema that serves the operator's Lease requests at the API server's `leader-election`
-//! priority level.
+//! priority level, and the ValidatingAdmissionPolicy that enforces each Tenant's allowed classes
+//! and registries and its cordon.
 
 use std::path::Path;
 
@@ -49,6 +50,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     let labels = json!({"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "idem"});
     use idem_operator::rbac;
     use idem_operator::resources::{FIELD_MANAGER, MANAGED_BY_LABEL};
+    use idem_operator::tenant::policy as tenant_policy;
     let rules = serde_json::to_value(rbac::policy_rules())?;
     let lease_rules = serde_json::to_value(rbac::leader_election_rules())?;
     let edit_rules = serde_json::to_value(rbac::tenant_app_edit_rules())?;
@@ -276,6 +278,13 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             vec![policy, policy_binding, ring_policy, ring_binding],
         ),
         ("06-flowschema", vec![flow_schema]),
+        (
+            "07-tenant-policy",
+            vec![
+                tenant_policy::admission_policy(&service_account, &labels),
+                tenant_policy::admission_binding(&labels),
+            ],
+        ),
     ];
     objects
         .into_iter()

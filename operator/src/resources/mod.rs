@@ -1,12 +1,14 @@
-//! The custom resources idem-operator serves: `Tenant` (cluster-scoped) and `TenantApp`
-//! (namespaced, inside a tenant namespace), in API group `tenancy.idem.dev/v1alpha1`.
+//! The custom resources idem-operator serves: `Tenant` (cluster-scoped), `TenantApp` and
+//! `TenantPolicy` (namespaced, inside a tenant namespace), in API group `tenancy.idem.dev/v1alpha1`.
 
 pub mod schema;
 pub mod tenant;
 pub mod tenant_app;
+pub mod tenant_policy;
 
 pub use tenant::{Tenant, TenantSpec, TenantStatus};
 pub use tenant_app::{TenantApp, TenantAppSpec, TenantAppStatus};
+pub use tenant_policy::{TenantPolicy, TenantPolicySpec};
 
 /// The API group of every idem resource.
 pub const GROUP: &str = "tenancy.idem.dev";
@@ -41,5 +43,6 @@ pub fn try_crds() -> Result<
     Ok(vec![
         idem_runtime::schema::crd::<Tenant>()?,
         idem_runtime::schema::crd::<TenantApp>()?,
+        <TenantPolicy as kube::CustomResourceExt>::crd(),
     ])
 }

@@ -32,6 +32,8 @@ pub const MAX_SHORT_NAME: usize = 32;
 ///   deletionPolicy: Retain         # or Delete: deleting the Tenant deletes its namespaces
 ///   roleBindings: [{name: readers, clusterRole: view, subjects: [{kind: Group, name: auditors}]}]
 ///   namespaceMetadata: {labels: {team: payments}, annotations: {example.com/cost-center: "42"}}
+///   allowed: {storageClasses: [standard], registries: [docker.io/library, ghcr.io/acme]}
+///   cordoned: false                # true: creates and updates in its namespaces are refused
 /// ```
 #[derive(
     CustomResource,
@@ -53,6 +55,7 @@ pub const MAX_SHORT_NAME: usize = 32;
     printcolumn = r#"{"name":"Namespaces","type":"integer","jsonPath":".status.namespaceCount"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
+    printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".status.cordoned"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 30").message("a tenant name has at most 30 characters, so that <tenant>-<namespace> stays a valid namespace name"),
     validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a tenant name must be a DNS label (lower case letters, digits and '-'), because it prefixes namespace names"),
@@ -96,6 +99,16 @@ pub struct TenantSpec {
     /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`).
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// The storage, ingress, priority and runtime classes and the image registries the
+    /// tenant's workloads may use; an absent list is no restriction. Enforced by the API
+    /// server (ValidatingAdmissionPolicy `idem-tenant-policy`), also while the operator is
+    /// down (see [`crate::tenant::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<super::tenant_policy::Allowed>,
+    /// With `true`, the API server refuses creates and updates in the tenant's namespaces
+    /// (deletes are allowed) to everyone but Kubernetes' own components and the operator.
+    #[serde(default)]
+    pub cordoned: bool,
     /// More RoleBindings in every namespace of the tenant, each binding a ClusterRole to
     /// subjects (RoleBinding `idem-rb-<name>`). The operator binds only ClusterRoles it may
     /// bind (`admin`, `edit` and `view` with the shipped RBAC and admission policy): binding
@@ -281,6 +294,10 @@ pub struct TenantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub created_children: Vec<idem_runtime::apply::CreatedChild>,
+    /// Whether the tenant's namespaces are cordoned: `spec.cordoned` as last written to their
+    /// TenantPolicies (a paused tenant keeps what was enforced before).
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 impl Tenant {

@@ -1,6 +1,6 @@
 //! The desired children of a Tenant: its namespaces (first pass), then in each namespace the
-//! ResourceQuota, LimitRange, owners' and extra RoleBindings and isolation NetworkPolicy
-//! (second pass).
+//! ResourceQuota, LimitRange, owners' and extra RoleBindings, isolation NetworkPolicy and the
+//! TenantPolicy of the admission policy (second pass).
 
 use std::collections::BTreeMap;
 
@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 
+use crate::resources::TenantPolicy;
 use crate::resources::tenant::{Owner, OwnerKind, Tenant};
 
 /// ResourceQuota name in each tenant namespace.
@@ -193,6 +194,7 @@ pub fn contents(
         .prune_kind::<LimitRange>()
         .prune_kind::<RoleBinding>()
         .prune_kind::<NetworkPolicy>()
+        .prune_kind::<TenantPolicy>()
         // A RoleBinding's roleRef cannot change: a `roleBindings` entry bound to another
         // ClusterRole is deleted and created again.
         .allow_recreate::<RoleBinding>();
@@ -203,6 +205,7 @@ pub fn contents(
     let own_namespaces = namespace_selector(namespaces);
     for ns in namespaces {
         let hard = quotas.get(ns);
+        desired.add(&super::policy::parameters(tenant, ns))?;
         let ns = Some(ns.as_str());
         if let Some(quota) = quota_with(tenant, ns, hard) {
             desired.add(&quota)?;

@@ -27,8 +27,8 @@ use idem_runtime::status::Readiness;
 use kube::Client;
 
 use crate::error::Error;
-use crate::resources::Tenant;
 use crate::resources::tenant::DeletionPolicy;
+use crate::resources::{Tenant, TenantPolicy};
 
 /// How often a tenant whose namespaces are still being deleted is looked at again.
 pub const TERMINATING_POLL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -224,10 +224,18 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
         ApiResource::erase::<LimitRange>(&()),
         ApiResource::erase::<RoleBinding>(&()),
         ApiResource::erase::<NetworkPolicy>(&()),
+        ApiResource::erase::<TenantPolicy>(&()),
     ] {
         for ns in &scopes {
             let referred = namespaces.iter().any(|n| n.name.as_deref() == Some(ns));
-            for key in release_referring::<Tenant>(client, &resource, Some(ns), uid).await? {
+            // A kind whose CRD is gone (an uninstall deleting the TenantPolicy CRD too) has
+            // nothing to release.
+            let released = match release_referring::<Tenant>(client, &resource, Some(ns), uid).await
+            {
+                Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+                other => other?,
+            };
+            for key in released {
                 if !referred {
                     kept.objects
                         .push(format!("{} {ns}/{}", resource.kind, key.name));

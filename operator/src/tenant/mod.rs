@@ -3,6 +3,7 @@
 
 pub mod desired;
 pub mod finalize;
+pub mod policy;
 pub mod quota_split;
 pub mod reconcile;
 pub mod source;

@@ -18,7 +18,7 @@ use super::quota_split;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
 use crate::error::Error;
-use crate::resources::{FINALIZER, Tenant, TenantStatus};
+use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
 
 /// How often a tenant stalled on a namespace conflict is looked at again. The runtime watches
 /// the conflicting namespace (`idem_runtime::controller::blocked`), but only for its deletion
@@ -52,6 +52,7 @@ impl Reconciler for Tenants {
             .owns::<LimitRange>()
             .owns::<RoleBinding>()
             .owns::<NetworkPolicy>()
+            .owns::<TenantPolicy>()
     }
 
     async fn reconcile(
@@ -90,9 +91,12 @@ impl Reconciler for Tenants {
             readiness = quota_split::readiness(plan, readiness);
         }
         let owned = ns.owned.clone();
-        Ok(Outcome::new(readiness)
-            .requeue(requeue)
-            .status(move |s| set_namespaces(s, &owned)))
+        let cordoned = tenant.spec.cordoned;
+        let readiness = super::policy::readiness(tenant, readiness);
+        Ok(Outcome::new(readiness).requeue(requeue).status(move |s| {
+            set_namespaces(s, &owned);
+            s.cordoned = cordoned;
+        }))
     }
 
     async fn cleanup(

@@ -79,6 +79,8 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
             labels: [("team".to_string(), "payments".to_string())].into(),
             annotations: [("example.com/cost-center".to_string(), "42".to_string())].into(),
         }),
+        allowed: None,
+        cordoned: false,
     }
 }
 
