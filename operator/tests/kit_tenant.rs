@@ -119,8 +119,8 @@ impl Subject for TenantKind {
     type Primary = Tenant;
     type Session = Session<Tenants>;
 
-    /// Every feature, including allowed classes and registries and a cordon (their
-    /// TenantPolicies; no admission policy is installed in this binary, so nothing is refused).
+    /// Every feature, including a tenant-wide quota, allowed classes and registries and a cordon
+    /// (their TenantPolicies; no admission policy is installed in this binary, so nothing is refused).
     fn primary(&self, name: &str) -> Tenant {
         let mut spec = tenants::full_spec(&["dev", "prod"]);
         spec.allowed = Some(Allowed {
@@ -130,6 +130,11 @@ impl Subject for TenantKind {
             ..Allowed::default()
         });
         spec.cordoned = true;
+        // A tenant-wide total split over the two namespaces' quotas (15 pods each, at most the
+        // per-namespace 20), read from the quotas' status.
+        if let Some(quota) = spec.quota.as_mut() {
+            quota.tenant_hard = tenants::quantities(&[("pods", "30"), ("count/configmaps", "40")]);
+        }
         Tenant::new(name, spec)
     }
 
