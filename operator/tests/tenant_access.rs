@@ -2,7 +2,8 @@
 //! ServiceAccount under the shipped RBAC and admission policies: the bindings and namespace
 //! labels follow the spec (a changed ClusterRole recreates its binding, a removed label goes),
 //! a ClusterRole the operator may not bind stalls the Tenant with the API server's reason, and a
-//! tenant owner can change none of it from inside their namespaces.
+//! tenant owner can change none of it from inside their namespaces (an edit is put back, and
+//! the shipped admission policy keeps the bindings' names for the operator).
 
 mod common;
 
@@ -132,6 +133,39 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
                 .ok_or(format!("{names:?}"))
         },
     )
+    .await;
+
+    // The owner may delete the binding, but not put their own in its place (idem would never
+    // adopt it): the name is kept for the operator, which puts its own back.
+    let out = as_alice(&["delete", "rolebinding", &readers, "-n", &ns]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = as_alice(&[
+        "create",
+        "rolebinding",
+        &readers,
+        "--clusterrole=view",
+        "--user=alice",
+        "-n",
+        &ns,
+    ]);
+    assert!(
+        !out.status.success(),
+        "the owner took the name: {}",
+        text(&out)
+    );
+    assert!(text(&out).contains("kept for its Tenant"), "{}", text(&out));
+    eventually("the operator's binding to be back", TIMEOUT, || async {
+        let b = bindings.get(&readers).await.map_err(why)?;
+        let names: Vec<String> = b
+            .subjects
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        (names == ["auditors"])
+            .then_some(())
+            .ok_or(format!("{names:?}"))
+    })
     .await;
 
     // A label removed from the spec goes from the namespace; a binding moved to `edit` is

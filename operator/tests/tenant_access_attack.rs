@@ -26,12 +26,23 @@ use idem_tests::{shared, unique_name};
 fn operator() -> &'static OperatorProcess {
     static OPERATOR: OnceLock<OperatorProcess> = OnceLock::new();
     OPERATOR.get_or_init(|| {
-        OperatorProcess::spawn_with(
-            &operator_kubeconfig(),
-            "idem-system",
-            &unique_name("op"),
-            |a| a,
-        )
+        // The process dies with the thread that started it (it is started with a parent-death
+        // signal, which the kernel ties to that thread): started by whichever test asks first,
+        // it was killed when that test ended. A thread of its own lives as long as the binary.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let operator = OperatorProcess::spawn_with(
+                &operator_kubeconfig(),
+                "idem-system",
+                &unique_name("op"),
+                |a| a,
+            );
+            let _ = tx.send(operator);
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the operator's thread started it")
     })
 }
 

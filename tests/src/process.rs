@@ -136,7 +136,9 @@ const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// A [`Command`] for `program` that the kernel sends `signal` (`"KILL"`, `"TERM"`, …) when the
 /// process that spawned it exits, even by SIGKILL: `setpriv --pdeathsig` (util-linux). A plain
-/// command where util-linux is missing.
+/// command where util-linux is missing. The kernel ties the signal to the spawning *thread*: a
+/// child shared by several tests must be spawned from a thread that outlives them (not from a
+/// test's own thread, which ends with the test).
 pub fn dying_with_parent(program: &Path, signal: &str) -> Command {
     if Path::new(SETPRIV).is_file() {
         let mut c = Command::new(SETPRIV);

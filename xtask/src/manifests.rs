@@ -29,6 +29,9 @@ pub const RING_POLICY: &str = "idem-operator-shard-ring";
 /// The FlowSchema that puts the operator's Lease requests in its namespace (leader election
 /// and the shard ring's member Leases) into the `leader-election` priority level.
 pub const LEASE_FLOWS: &str = "idem-operator-leases";
+/// The `ValidatingAdmissionPolicy` that keeps the names of a Tenant's children in its
+/// namespaces for the operator.
+pub const NAMES_POLICY: &str = "idem-operator-reserved-names";
 /// The API server's priority level for leader-election traffic (one of its suggested
 /// configurations, where Kubernetes' own controllers renew their Leases).
 pub const LEADER_ELECTION_PRIORITY: &str = "leader-election";
@@ -172,6 +175,55 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": RING_POLICY, "labels": labels},
         "spec": {"policyName": RING_POLICY, "validationActions": ["Deny"]}});
+    // A tenant owner (`admin` in the namespace) who deletes one of the Tenant's RoleBindings or
+    // NetworkPolicies and creates their own under its name would keep it: idem never adopts an
+    // object it did not create (the Tenant stalls with `ChildNotOwned`). In namespaces the
+    // operator manages, only it (and cluster administrators) may create objects of those names.
+    let names = {
+        use idem_operator::tenant::desired::{
+            ISOLATION, LIMITS, OWNERS, QUOTA, ROLE_BINDING_PREFIX,
+        };
+        let exact: Vec<String> = [OWNERS, QUOTA, LIMITS, ISOLATION]
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect();
+        (
+            format!(
+                "request.name in [{}] || request.name.startsWith('{ROLE_BINDING_PREFIX}')",
+                exact.join(", ")
+            ),
+            format!(
+                "{}, {ROLE_BINDING_PREFIX}*",
+                [OWNERS, QUOTA, LIMITS, ISOLATION].join(", ")
+            ),
+        )
+    };
+    let names_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": NAMES_POLICY, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": {"matchLabels": {MANAGED_BY_LABEL: FIELD_MANAGER}},
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"],
+                 "resources": ["resourcequotas", "limitranges"]},
+                {"apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["*"],
+                 "operations": ["CREATE"], "resources": ["rolebindings"]},
+                {"apiGroups": ["networking.k8s.io"], "apiVersions": ["*"],
+                 "operations": ["CREATE"], "resources": ["networkpolicies"]},
+            ]},
+        "matchConditions": [{"name": "a-tenant-child-name", "expression": names.0}],
+        "validations": [
+            {"expression": format!("request.userInfo.username == '{service_account}' || 'system:masters' in request.userInfo.groups"),
+             "message": format!("in a namespace idem manages, the names {} are kept for its Tenant's own objects: only {service_account} creates them", names.1),
+             "reason": "Forbidden"},
+        ],
+    }});
+    let names_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": NAMES_POLICY, "labels": labels},
+        "spec": {"policyName": NAMES_POLICY, "validationActions": ["Deny"]}});
     // Under load, the operator's reconcile traffic fills the priority level of every
     // ServiceAccount; a member Lease renewed behind it would expire and change the shard ring
     // (every replica stops and relists). Its Lease requests get the level the API server gives
@@ -275,7 +327,14 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         ),
         (
             "05-admission-policy",
-            vec![policy, policy_binding, ring_policy, ring_binding],
+            vec![
+                policy,
+                policy_binding,
+                ring_policy,
+                ring_binding,
+                names_policy,
+                names_binding,
+            ],
         ),
         ("06-flowschema", vec![flow_schema]),
         (
