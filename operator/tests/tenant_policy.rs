@@ -913,7 +913,12 @@ async fn images_and_classes_the_policy_does_not_read_are_refused() {
     let owner = client_as(&owner_name);
     // The policy is loaded.
     wait_refused("a pod from quay.io refused", || {
-        create::<Pod>(&owner, &ns, pod("evil", &["quay.io/evil/miner:1"], json!({})), true)
+        create::<Pod>(
+            &owner,
+            &ns,
+            pod("evil", &["quay.io/evil/miner:1"], json!({})),
+            true,
+        )
     })
     .await;
 
@@ -938,7 +943,8 @@ async fn images_and_classes_the_policy_does_not_read_are_refused() {
         "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "0123456789ab",
     ] {
-        if let Err(e) = refusal(create::<Pod>(&owner, &ns, pod("id", &[image], json!({})), true).await)
+        if let Err(e) =
+            refusal(create::<Pod>(&owner, &ns, pod("id", &[image], json!({})), true).await)
         {
             escaped.push(format!("image by ID {image}: {e}"));
         }
