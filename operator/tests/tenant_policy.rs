@@ -888,3 +888,66 @@ async fn the_policy_is_enforced_without_the_operator() {
     })
     .await;
 }
+
+/// Found by review (attack2), fails today: ways past `allowed` that the policy does not
+/// read. A PersistentVolumeClaim's `volume.beta.kubernetes.io/storage-class` annotation
+/// (the volume controller and provisioners take it over `storageClassName`); a Pod's image
+/// volume (`volumes[].image.reference`, pulled like a container image); and an image given by
+/// its ID (`sha256:…` or a bare hex prefix), which container runtimes resolve to whatever
+/// image of that ID a node already holds, from any registry, while the policy reads it as
+/// `docker.io/library/…`.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_and_classes_the_policy_does_not_read_are_refused() {
+    setup().await;
+    let admin = idem_tests::shared().client();
+    let name = idem_tests::unique_name("sneak");
+    let owner_name = format!("owner-{name}");
+    tenants::create(
+        &admin,
+        &name,
+        spec(&owner_name, Some(allowed_rules()), false),
+    )
+    .await;
+    tenants::wait_ready(&admin, &name).await;
+    let ns = format!("{name}-dev");
+    let owner = client_as(&owner_name);
+    // The policy is loaded.
+    wait_refused("a pod from quay.io refused", || {
+        create::<Pod>(
+            &owner,
+            &ns,
+            pod("evil", &["quay.io/evil/miner:1"], json!({})),
+            true,
+        )
+    })
+    .await;
+
+    let mut escaped = Vec::new();
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data",
+            "annotations": {"volume.beta.kubernetes.io/storage-class": "fast"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": "standard"}});
+    if let Err(e) = refusal(create::<PersistentVolumeClaim>(&owner, &ns, claim, true).await) {
+        escaped.push(format!("claim with the beta storage-class annotation: {e}"));
+    }
+    let image_volume = pod(
+        "vol",
+        &["nginx"],
+        json!({"volumes": [{"name": "v", "image": {"reference": "quay.io/evil/payload:1"}}]}),
+    );
+    if let Err(e) = refusal(create::<Pod>(&owner, &ns, image_volume, true).await) {
+        escaped.push(format!("image volume: {e}"));
+    }
+    for image in [
+        "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "0123456789ab",
+    ] {
+        if let Err(e) =
+            refusal(create::<Pod>(&owner, &ns, pod("id", &[image], json!({})), true).await)
+        {
+            escaped.push(format!("image by ID {image}: {e}"));
+        }
+    }
+    assert!(escaped.is_empty(), "admitted past the policy: {escaped:#?}");
+}

@@ -577,6 +577,24 @@ mod tests {
         );
     }
 
+    /// Found by review (attack2), fails today: the headroom's remainder goes to the first
+    /// namespaces by name even when they are the ones using, so one namespace using its only
+    /// unit takes another's reserved unit (`[1, 1, 0]` becomes `[2, 0, 0]`: b's quota shrinks
+    /// to 0 though nothing changed in b). Four GPUs over eight namespaces: `a` using one takes
+    /// `d`'s, and `e`..`h` never get any room while three GPUs are free.
+    #[test]
+    fn a_namespace_using_its_share_does_not_take_anothers_reserved_unit() {
+        assert_eq!(
+            targets(2, None, &[1, 0, 0], &[Some(1), Some(1), Some(0)]),
+            [1, 1, 0]
+        );
+        let current = [1, 1, 1, 1, 0, 0, 0, 0].map(Some);
+        assert_eq!(
+            targets(4, None, &[1, 0, 0, 0, 0, 0, 0, 0], &current),
+            [1, 1, 1, 1, 0, 0, 0, 0]
+        );
+    }
+
     #[test]
     fn a_split_with_enough_room_everywhere_is_kept() {
         let current = [Some(2), Some(2), Some(2)];
