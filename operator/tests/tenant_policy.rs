@@ -535,6 +535,10 @@ async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator(
     create::<ConfigMap>(&owner, &ns, config_map("scratch"), false)
         .await
         .unwrap();
+    // One with a finalizer of the owner's: deleting it while cordoned must be able to finish.
+    let mut held = config_map("held");
+    held["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
+    create::<ConfigMap>(&owner, &ns, held, false).await.unwrap();
     // A Deployment whose Pod the ReplicaSet controller must be able to replace while cordoned.
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
@@ -594,11 +598,31 @@ async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator(
         create::<ConfigMap>(&cluster_admin, &ns, config_map("new"), true)
     })
     .await;
-    // Deletes are allowed.
+    // Deletes are allowed, and so is finishing one: removing the last finalizer of an object
+    // being deleted is an update, which a cordon does not refuse.
     config_maps
         .delete("scratch", &DeleteParams::default())
         .await
         .expect("deletes are not refused");
+    config_maps
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("deletes are not refused");
+    config_maps
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("a finalizer removed from an object being deleted is not refused");
+    eventually("the held ConfigMap gone", TIMEOUT, || async {
+        match config_maps.get_opt("held").await.map_err(why)? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_string()),
+        }
+    })
+    .await;
 
     // Kubernetes' components are not refused: by identity (each given `edit` here by RBAC,
     // none of them in system:masters) …

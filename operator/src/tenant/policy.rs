@@ -88,6 +88,9 @@ pub fn readiness(tenant: &Tenant, readiness: Readiness) -> Readiness {
     }
 }
 
+/// The annotation that named a claim's StorageClass before `spec.storageClassName`.
+const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+
 /// CEL: `i` (an image reference) as a full reference with its registry host, as container
 /// runtimes read it: the first path component is the host when it contains a `.`, a `:` or
 /// an upper-case letter, or is `localhost`; otherwise the image is on `docker.io`, under
@@ -106,17 +109,26 @@ fn under(r: &str, n: &str) -> String {
     )
 }
 
-/// CEL: the images of every container, init container and ephemeral container of `obj`.
+/// CEL: the images of every container, init container and ephemeral container of `obj`, and
+/// of its image volumes (which the node pulls like a container's image).
 fn images(obj: &str) -> String {
     let list = |field: &str| {
         format!("(has({obj}.spec.{field}) ? {obj}.spec.{field}.map(c, has(c.image), c.image) : [])")
     };
     format!(
-        "{} + {} + {}",
+        "{} + {} + {} + (has({obj}.spec.volumes) ? {obj}.spec.volumes.filter(v, has(v.image) && \
+         has(v.image.reference)).map(v, v.image.reference) : [])",
         list("containers"),
         list("initContainers"),
         list("ephemeralContainers")
     )
+}
+
+/// CEL: whether image reference `i` names no repository: an image ID (`sha256:<hex>`, or hex
+/// alone, which a container runtime may take for the ID or a prefix of one of the images it
+/// already holds, pulled by anyone from anywhere) or a bare digest.
+fn image_id(i: &str) -> String {
+    format!("({i}.startsWith('@') || {i}.matches('^(sha256:)?[0-9a-f]{{6,64}}$'))")
 }
 
 /// CEL: the IngressClasses `obj` names (field and older annotation).
@@ -183,8 +195,9 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
     );
     let forbidden_images = format!(
         "has(params.spec.allowed) && has(params.spec.allowed.registries) ? \
-         variables.images.filter(i, !(i in variables.oldImages) && \
-         !params.spec.allowed.registries.exists(r, {})) : []",
+         variables.images.filter(i, !(i in variables.oldImages) && ({} || \
+         !params.spec.allowed.registries.exists(r, {}))) : []",
+        image_id("i"),
         under("r", &normalised("i"))
     );
     json!({"apiVersion": "admissionregistration.k8s.io/v1",
@@ -216,7 +229,11 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
             {"name": "oldIngressClasses", "expression": format!("request.operation == 'UPDATE' ? {} : []", ingress_classes("oldObject"))},
         ],
         "validations": [
-            {"expression": "!variables.applies || !params.spec.cordoned || variables.exempt",
+            // Finishing a deletion (a finalizer removed) and evictions are not refused: deletes
+            // are allowed, and a drain must work.
+            {"expression": "!variables.applies || !params.spec.cordoned || variables.exempt || \
+                variables.subresource == 'eviction' || (request.operation == 'UPDATE' && \
+                has(oldObject.metadata.deletionTimestamp))",
              "messageExpression": "'Tenant ' + params.spec.tenant + ' is cordoned (spec.cordoned): ' + request.operation + ' of ' + request.resource.resource + ' in namespace ' + request.namespace + ' is refused; deletes are allowed'",
              "reason": "Forbidden"},
             {"expression": "!variables.applies || !variables.pod || size(variables.forbiddenImages) == 0",
@@ -226,6 +243,17 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
             class_rule("podSpec", "the priority classes", "priorityClassName", "priorityClasses"),
             class_rule("podSpec", "the runtime classes", "runtimeClassName", "runtimeClasses"),
             class_rule("claim", "the storage classes", "storageClassName", "storageClasses"),
+            // The older annotation, which Kubernetes and provisioners read before the field.
+            {"expression": format!("!variables.applies || !variables.claim || !has(params.spec.allowed) || \
+                !has(params.spec.allowed.storageClasses) || !has(object.metadata.annotations) || \
+                !('{BETA_STORAGE_CLASS}' in object.metadata.annotations) || \
+                object.metadata.annotations['{BETA_STORAGE_CLASS}'] in params.spec.allowed.storageClasses || \
+                (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && \
+                '{BETA_STORAGE_CLASS}' in oldObject.metadata.annotations && \
+                oldObject.metadata.annotations['{BETA_STORAGE_CLASS}'] == object.metadata.annotations['{BETA_STORAGE_CLASS}'])"),
+             "messageExpression": format!("{} + '; persistentvolumeclaim ' + object.metadata.name + ' names ' + object.metadata.annotations['{BETA_STORAGE_CLASS}'] + ' in annotation {BETA_STORAGE_CLASS}'",
+                allows_only("the storage classes", "storageClasses")),
+             "reason": "Forbidden"},
             {"expression": "!variables.applies || !variables.ingress || !has(params.spec.allowed) || \
                 !has(params.spec.allowed.ingressClasses) || (size(variables.ingressClasses) > 0 && \
                 variables.ingressClasses.all(c, c in params.spec.allowed.ingressClasses)) || \

@@ -200,7 +200,7 @@ pub fn targets(
     if sum_used >= total {
         return used.iter().map(|u| limit(*u)).collect();
     }
-    let fresh = fresh_split(total - sum_used, cap, &used);
+    let fresh = fresh_split(total - sum_used, cap, &used, current);
     let kept: Option<Vec<i128>> = current.iter().copied().collect();
     if let Some(kept) = kept
         && kept.len() == used.len()
@@ -217,8 +217,15 @@ pub fn targets(
 }
 
 /// Usage plus an even share of `headroom`, each at most `cap` (what a capped namespace cannot
-/// take goes to the others); the remainder one unit each in order.
-fn fresh_split(headroom: i128, cap: Option<i128>, used: &[i128]) -> Vec<i128> {
+/// take goes to the others); the remainder one unit each, first to the namespaces whose
+/// `current` limit already leaves them more than the share (so using a unit does not move
+/// another namespace's, and fewer quotas are rewritten), then in order.
+fn fresh_split(
+    headroom: i128,
+    cap: Option<i128>,
+    used: &[i128],
+    current: &[Option<i128>],
+) -> Vec<i128> {
     let mut target = used.to_vec();
     let mut left = headroom;
     let mut open: Vec<usize> = (0..used.len()).collect();
@@ -231,7 +238,16 @@ fn fresh_split(headroom: i128, cap: Option<i128>, used: &[i128]) -> Vec<i128> {
             .collect();
         if capped.is_empty() {
             let extra = left - share * open.len() as i128;
-            for (n, &i) in open.iter().enumerate() {
+            let holds = |i: usize| {
+                current
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|c| c - used[i] > share)
+            };
+            let mut order = open.clone();
+            order.sort_by_key(|&i| (!holds(i), i));
+            for (n, &i) in order.iter().enumerate() {
                 target[i] = used[i] + share + i128::from((n as i128) < extra);
             }
             break;
@@ -577,9 +593,9 @@ mod tests {
         );
     }
 
-    /// Found by review (attack2), fails today: the headroom's remainder goes to the first
-    /// namespaces by name even when they are the ones using, so one namespace using its only
-    /// unit takes another's reserved unit (`[1, 1, 0]` becomes `[2, 0, 0]`: b's quota shrinks
+    /// Found by review: the headroom's remainder went to the first namespaces by name even
+    /// when they were the ones using, so one namespace using its only unit took another's
+    /// reserved unit (`[1, 1, 0]` becomes `[2, 0, 0]`: b's quota shrinks
     /// to 0 though nothing changed in b). Four GPUs over eight namespaces: `a` using one takes
     /// `d`'s, and `e`..`h` never get any room while three GPUs are free.
     #[test]
@@ -599,8 +615,9 @@ mod tests {
     fn a_split_with_enough_room_everywhere_is_kept() {
         let current = [Some(2), Some(2), Some(2)];
         assert_eq!(targets(6, None, &[1, 0, 0], &current), [2, 2, 2]);
-        // No room left in the first while others have some: redone.
-        assert_eq!(targets(6, None, &[2, 0, 0], &current), [4, 1, 1]);
+        // No room left in the first while others have some: redone, the remainder staying
+        // with a namespace that holds it (one quota shrinks, not two).
+        assert_eq!(targets(6, None, &[2, 0, 0], &current), [3, 2, 1]);
         // A sum other than the total: redone.
         assert_eq!(targets(9, None, &[0, 0, 0], &current), [3, 3, 3]);
     }
@@ -714,7 +731,8 @@ mod tests {
     fn decreases_come_first_and_increases_wait_until_enforced() {
         let quota = quota(&[("pods", "6")], &[]);
         let ns: Vec<String> = vec!["t-a".into(), "t-b".into(), "t-c".into()];
-        // `a` filled its 2; b and c have room: a grows, b and c shrink.
+        // `a` filled its 2; b and c have room: a grows by the even share, the remainder stays
+        // with b (which holds it), c shrinks.
         let mut obs: BTreeMap<String, Observed> = [
             ("t-a".into(), observed("2", Some("2"), "2")),
             ("t-b".into(), observed("2", Some("2"), "0")),
@@ -722,21 +740,19 @@ mod tests {
         ]
         .into();
         let plan = plan(&quota, &ns, &obs).unwrap();
-        assert_eq!(plan.shrinking, ["t-b", "t-c"]);
+        assert_eq!(plan.shrinking, ["t-c"]);
         let first: Vec<&str> = plan.first.values().map(pods).collect();
-        assert_eq!(first, ["2", "1", "1"]);
-        // The decreases are not enforced yet: a keeps 2 for now.
+        assert_eq!(first, ["2", "2", "1"]);
+        // The decrease is not enforced yet: a keeps 2 for now.
         assert_eq!(plan.held, ["pods"]);
         let hard: Vec<&str> = plan.hard.values().map(pods).collect();
-        assert_eq!(hard, ["2", "1", "1"]);
+        assert_eq!(hard, ["2", "2", "1"]);
         // Applied, but status.hard still says 2: still held, nothing more to shrink.
-        obs.insert("t-b".into(), observed("1", Some("2"), "0"));
         obs.insert("t-c".into(), observed("1", Some("2"), "0"));
         let plan2 = super::plan(&quota, &ns, &obs).unwrap();
         assert!(plan2.shrinking.is_empty(), "{plan2:?}");
         assert_eq!(plan2.held, ["pods"]);
-        // Enforced: a grows to 4, Σ = 6.
-        obs.insert("t-b".into(), observed("1", Some("1"), "0"));
+        // Enforced: a grows to 3, Σ = 6.
         obs.insert("t-c".into(), observed("1", Some("1"), "0"));
         let plan3 = super::plan(&quota, &ns, &obs).unwrap();
         assert!(
@@ -744,7 +760,7 @@ mod tests {
             "{plan3:?}"
         );
         let hard: Vec<&str> = plan3.hard.values().map(pods).collect();
-        assert_eq!(hard, ["4", "1", "1"]);
+        assert_eq!(hard, ["3", "2", "1"]);
     }
 
     #[test]
