@@ -228,9 +228,11 @@ async fn child_caches_rss_at_1000_tenants() {
         on.push(run_probe(true));
     }
     let objects = on[0].0;
+    // The Namespace, quota, LimitRange, two RoleBindings (owners', readers') and the
+    // NetworkPolicy of the one namespace of `full_spec`: the kinds the probe caches.
     assert_eq!(
         objects as usize,
-        5 * n,
+        6 * n,
         "every child of every tenant is cached"
     );
     let growth = |v: &[(u64, u64, u64, u64)]| {

@@ -15,9 +15,9 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 
 /// Namespaces of the tenant under test: enough for its convergence to take a while.
 const NAMESPACES: usize = 10;
-/// Children per namespace with [`full_spec`]: the Namespace, quota, LimitRange, RoleBinding
-/// and NetworkPolicy.
-const PER_NAMESPACE: usize = 5;
+/// Children per namespace with [`full_spec`] of the kinds [`progress`] counts: the Namespace,
+/// quota, LimitRange, the owners' and the readers' RoleBindings and the NetworkPolicy.
+const PER_NAMESPACE: usize = 6;
 
 /// How many of the tenant's children exist (labelled for it), over every kind.
 async fn progress(client: &kube::Client, name: &str) -> usize {
