@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::process::OperatorProcess;
 use common::tenants::{self, full_spec};
 use common::{eventually, install_crds};
-use idem_operator::resources::Tenant;
+use idem_operator::resources::{Tenant, TenantPolicy};
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::leader::{
     DEFAULT_LEASE_DURATION as LEASE_DURATION, DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
@@ -213,6 +213,7 @@ async fn children_per_owner(
     uids.extend(owner_uids::<LimitRange>(client).await);
     uids.extend(owner_uids::<RoleBinding>(client).await);
     uids.extend(owner_uids::<NetworkPolicy>(client).await);
+    uids.extend(owner_uids::<TenantPolicy>(client).await);
     let mut counts: BTreeMap<String, i64> = members.iter().map(|m| (m.to_string(), 0)).collect();
     for uid in &uids {
         if let Some(m) = by_uid.get(uid) {

@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::Duration;
 
+use common::deployed::{OPERATOR, install, operator_kubeconfig};
 use common::tenants::{self, api};
 use common::users::client_as;
-use common::{Operator, TIMEOUT, eventually, install_crds, why};
+use common::{Operator, TIMEOUT, eventually, why};
 use idem_operator::resources::tenant::{DeletionPolicy, Owner, OwnerKind};
 use idem_operator::resources::tenant_policy::{Allowed, ClassName, Registry};
 use idem_operator::resources::{TenantPolicy, TenantSpec};
@@ -33,63 +32,7 @@ use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
 /// The operator's user name: its ServiceAccount in the shipped manifests.
-const OPERATOR_USER: &str = "system:serviceaccount:idem-system:idem-operator";
-
-fn kubectl(args: &[&str]) -> Output {
-    idem_tests::shared()
-        .kubectl()
-        .args(args)
-        .output()
-        .expect("running kubectl")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The CRDs and every generated manifest but the Deployment, applied as operator/tests/rbac.rs
-/// does.
-async fn install() {
-    install_crds(&idem_tests::shared().client()).await;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| !p.to_string_lossy().contains("deployment"))
-        .collect();
-    files.sort();
-    for file in files {
-        let out = kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "applying {}: {}",
-            file.display(),
-            text(&out)
-        );
-    }
-}
-
-/// A kubeconfig of the shared control plane whose user is the operator's ServiceAccount
-/// (impersonated by the admin).
-fn operator_kubeconfig() -> PathBuf {
-    let cp = idem_tests::shared();
-    let mut config = kube::config::Kubeconfig::read_from(cp.kubeconfig_path()).unwrap();
-    for user in &mut config.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.impersonate = Some(OPERATOR_USER.into());
-        }
-    }
-    let path = std::env::temp_dir().join(format!(
-        "idem-tenant-policy-operator-{}.yaml",
-        std::process::id()
-    ));
-    idem_tests::kubeconfig::write(&config, &path).unwrap();
-    path
-}
+const OPERATOR_USER: &str = OPERATOR;
 
 /// The manifests installed and one operator running as its ServiceAccount, once per binary.
 async fn setup() {
