@@ -39,6 +39,23 @@ fn can_i(user: &str, group: Option<&str>, verb: &str, resource: &str, ns: &str) 
     String::from_utf8_lossy(&kubectl(&args).stdout).trim() == "yes"
 }
 
+/// Waits until RoleBinding `name` binds exactly the group `auditors` (the spec's subjects).
+async fn bound_to_auditors(bindings: &Api<RoleBinding>, name: &str, what: &str) {
+    eventually(what, TIMEOUT, || async {
+        let b = bindings.get(name).await.map_err(why)?;
+        let names: Vec<String> = b
+            .subjects
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        (names == ["auditors"])
+            .then_some(())
+            .ok_or(format!("{names:?}"))
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_change_them() {
     install().await;
@@ -117,21 +134,10 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
-    eventually(
+    bound_to_auditors(
+        &bindings,
+        &readers,
         "the owner's edit of the binding to be repaired",
-        TIMEOUT,
-        || async {
-            let b = bindings.get(&readers).await.map_err(why)?;
-            let names: Vec<String> = b
-                .subjects
-                .unwrap_or_default()
-                .into_iter()
-                .map(|s| s.name)
-                .collect();
-            (names == ["auditors"])
-                .then_some(())
-                .ok_or(format!("{names:?}"))
-        },
     )
     .await;
 
@@ -154,19 +160,7 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
         text(&out)
     );
     assert!(text(&out).contains("kept for its Tenant"), "{}", text(&out));
-    eventually("the operator's binding to be back", TIMEOUT, || async {
-        let b = bindings.get(&readers).await.map_err(why)?;
-        let names: Vec<String> = b
-            .subjects
-            .unwrap_or_default()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        (names == ["auditors"])
-            .then_some(())
-            .ok_or(format!("{names:?}"))
-    })
-    .await;
+    bound_to_auditors(&bindings, &readers, "the operator's binding to be back").await;
 
     // A label removed from the spec goes from the namespace; a binding moved to `edit` is
     // recreated (roleRef is immutable).
