@@ -5,11 +5,17 @@
 //! The rule (additive increase, multiplicative decrease on throttling, as TCP's congestion
 //! control; the latency signal as in delay-based congestion control):
 //!
-//! - each answered request is one sample: its latency (slot granted → response headers)
-//!   divided by the *baseline* of its class, the lowest latency seen lately for reads (GET)
-//!   or for writes (every other verb), so a mix of cheap reads and costly writes is not read
-//!   as congestion. The baseline only falls, with one exception: a window at the lowest cap
-//!   whose latency is still high sets it to that window's lowest latency (the server became
+//! - each answered request is one sample; a window of samples is judged by the mean latency
+//!   of each class (reads: GET, usually served from the API server's watch cache; writes:
+//!   every other verb, which go to storage) divided by that class's *baseline*, weighted by
+//!   the class's samples, so a mix of cheap reads and costly writes is not read as
+//!   congestion;
+//! - a class's baseline is the lowest mean latency of its samples over a window (of at least
+//!   [`CLASS_SAMPLES`] of them), not the lowest single latency: requests of one class differ
+//!   in cost (a namespace, a quota, a status), and their fastest answer is an outlier a whole
+//!   window never reaches, so a cap judged against it would read the server's own service
+//!   time as queueing and never grow. The baseline only falls, with one exception: a window
+//!   at the lowest cap whose latency is still high becomes the baseline (the server became
 //!   slower for good: with the fewest requests of ours in flight, none of its latency is our
 //!   queueing). A baseline that followed recent latency under load would drift up with the
 //!   queue the cap itself builds, and walk the cap up without end;
@@ -28,6 +34,8 @@ use std::time::Duration;
 
 /// The fewest samples a window judges.
 pub const WINDOW: u32 = 16;
+/// The fewest samples of a class whose mean in a window may set the class's baseline.
+pub const CLASS_SAMPLES: u32 = 8;
 /// Mean latency ÷ baseline below which a saturated cap grows.
 pub const GROW_BELOW: f64 = 1.5;
 /// Mean latency ÷ baseline above which the cap shrinks.
@@ -75,25 +83,54 @@ impl Class {
     }
 }
 
-/// The lowest latency of one class: overall, and in the current window.
+/// The samples of one class in the current window, and its lowest window mean so far.
 #[derive(Debug, Default)]
 struct Baseline {
     lowest: Option<Duration>,
-    window: Option<Duration>,
+    sum: Duration,
+    count: u32,
 }
 
 impl Baseline {
     fn observe(&mut self, latency: Duration) {
-        self.lowest = Some(self.lowest.map_or(latency, |c| c.min(latency)));
-        self.window = Some(self.window.map_or(latency, |c| c.min(latency)));
+        self.sum += latency;
+        self.count += 1;
     }
 
-    /// Ends a window; with `rebase`, the window's lowest latency becomes the baseline.
-    fn end_window(&mut self, rebase: bool) {
-        let window = self.window.take();
-        if rebase && window.is_some() {
-            self.lowest = window;
+    /// The window's mean latency, when it has enough samples to set the baseline by.
+    fn window_mean(&self) -> Option<Duration> {
+        (self.count >= CLASS_SAMPLES).then(|| self.sum / self.count)
+    }
+
+    /// The window's samples and the sum of their latency ratios (as many times the mean's
+    /// ratio to the baseline, the window's own mean counting as a lower one); `None` without
+    /// samples. Samples of a class with no baseline yet count as flat.
+    fn judge(&self) -> Option<(u32, f64)> {
+        if self.count == 0 {
+            return None;
         }
+        let mean = self.sum / self.count;
+        let base = match (self.lowest, self.window_mean()) {
+            (Some(lowest), Some(window)) => lowest.min(window),
+            (Some(lowest), None) => lowest,
+            (None, _) => mean,
+        }
+        .max(Duration::from_micros(50));
+        let ratio = mean.as_secs_f64() / base.as_secs_f64();
+        Some((self.count, ratio * f64::from(self.count)))
+    }
+
+    /// Ends a window: its mean lowers the baseline (with `rebase`, becomes it), when it has
+    /// enough samples.
+    fn end_window(&mut self, rebase: bool) {
+        if let Some(mean) = self.window_mean() {
+            self.lowest = Some(match self.lowest {
+                Some(lowest) if !rebase => lowest.min(mean),
+                _ => mean,
+            });
+        }
+        self.sum = Duration::ZERO;
+        self.count = 0;
     }
 }
 
@@ -103,8 +140,7 @@ pub struct Tuner {
     bounds: AdaptiveLimit,
     reads: Baseline,
     writes: Baseline,
-    /// Sum and count of this window's latency ratios.
-    ratio_sum: f64,
+    /// Samples in this window.
     samples: u32,
     throttled: bool,
     saturated: bool,
@@ -123,7 +159,6 @@ impl Tuner {
             bounds,
             reads: Baseline::default(),
             writes: Baseline::default(),
-            ratio_sum: 0.0,
             samples: 0,
             throttled: false,
             saturated: false,
@@ -150,18 +185,17 @@ impl Tuner {
             Class::Write => &mut self.writes,
         };
         baseline.observe(latency);
-        let base = baseline
-            .lowest
-            .unwrap_or(latency)
-            .max(Duration::from_micros(50));
-        self.ratio_sum += latency.as_secs_f64() / base.as_secs_f64();
         self.samples += 1;
         self.throttled |= throttled;
         let window = WINDOW.max(u32::try_from(cap.saturating_mul(2)).unwrap_or(u32::MAX));
         if self.samples < window && !self.throttled {
             return None;
         }
-        let mean = self.ratio_sum / f64::from(self.samples);
+        let (n, sum) = [self.reads.judge(), self.writes.judge()]
+            .into_iter()
+            .flatten()
+            .fold((0, 0.0), |(n, s), (c, r)| (n + c, s + r));
+        let mean = if n == 0 { 1.0 } else { sum / f64::from(n) };
         let next = if self.throttled {
             cap * 3 / 4
         } else if mean > SHRINK_ABOVE {
@@ -174,7 +208,6 @@ impl Tuner {
         let rebase = mean > SHRINK_ABOVE && cap <= self.bounds.min;
         self.reads.end_window(rebase);
         self.writes.end_window(rebase);
-        self.ratio_sum = 0.0;
         self.samples = 0;
         self.throttled = false;
         self.saturated = false;
@@ -193,7 +226,7 @@ mod tests {
         tuner: &mut Tuner,
         cap: &mut usize,
         samples: usize,
-        latency: impl Fn(usize) -> Duration,
+        mut latency: impl FnMut(usize) -> Duration,
     ) {
         for _ in 0..samples {
             tuner.saturated();
@@ -214,6 +247,20 @@ mod tests {
     }
 
     #[test]
+    fn requests_of_different_costs_are_not_queueing() {
+        // Writes that cost 1 to 9 ms each (a namespace, a quota, a status), whatever the
+        // cap: no queue at all. Their fastest answer is no baseline for their mean: judged
+        // against it, the cap fell to the minimum and stayed there.
+        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let mut i = 0_u32;
+        run(&mut tuner, &mut cap, 5_000, |_| {
+            i = (i * 7 + 3) % 9;
+            MS * (1 + i)
+        });
+        assert!(cap > 32, "a flat mix of costs grew the cap only to {cap}");
+    }
+
+    #[test]
     fn a_cap_that_is_not_reached_does_not_grow() {
         let (mut tuner, cap) = Tuner::new(AdaptiveLimit::default());
         for _ in 0..5_000 {
@@ -230,9 +277,9 @@ mod tests {
         });
         assert_eq!(tuner.observe(Class::Write, 5 * MS, true, 32), Some(24));
         let mut cap = 24;
-        // Latency 4× the baseline once the baseline is known: lowered window by window,
+        // A window at 5 ms sets the baseline; then latency 4× it: lowered window by window,
         // never raised on the way, down to the minimum.
-        tuner.observe(Class::Write, 5 * MS, false, cap);
+        run(&mut tuner, &mut cap, 48, |_| 5 * MS);
         let mut caps = vec![cap];
         for _ in 0..5_000 {
             if cap == 2 {
