@@ -1,5 +1,6 @@
-//! The bench's figures as `docs/benchmarks.md`: the tables of one run, with the command and
-//! the commit that produced them, so the figures a reader sees are the current ones.
+//! The bench's figures as `docs/benchmarks.md` (the tables of one run) and
+//! `docs/benchmarks-fleet.md` (P2 at each fleet size recorded), with the commands and commits
+//! that produced them, so the figures a reader sees are the current ones.
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -80,15 +81,105 @@ pub fn page(
         plan.workers,
         plan.flood
     );
-    let _ = writeln!(md, "- command: `{command}`");
-    let _ = writeln!(md, "- commit: `{commit}`");
-    let _ = writeln!(md, "- machine: {machine}");
-    let _ = writeln!(md, "- run took {:.0} s\n", took.as_secs_f64());
+    md.push_str(&provenance(command, commit, machine, took));
+    let _ = writeln!(
+        md,
+        "P2 at 1,000 to 10,000 tenants, each size from its own run: [benchmarks-fleet.md](benchmarks-fleet.md).\n"
+    );
     for t in tables {
         md.push_str(&t.to_markdown());
         md.push('\n');
     }
     md
+}
+
+/// The list of what produced a run's figures.
+fn provenance(command: &str, commit: &str, machine: &str, took: Duration) -> String {
+    format!(
+        "- command: `{command}`\n- commit: `{commit}`\n- machine: {machine}\n- run took {:.0} s\n\n",
+        took.as_secs_f64()
+    )
+}
+
+/// The file of the fleet-size figures, beside `benchmarks.md`.
+pub const FLEET_FILE: &str = "benchmarks-fleet.md";
+
+/// The marker that opens the section of `tenants` in [`FLEET_FILE`].
+fn fleet_marker(tenants: usize) -> String {
+    format!("<!-- tenants: {tenants} -->")
+}
+
+/// A run of P2 alone at `plan.tenants` tenants as its section of [`FLEET_FILE`].
+pub fn fleet_section(
+    plan: &Plan,
+    tables: &[Table],
+    command: &str,
+    commit: &str,
+    machine: &str,
+    took: Duration,
+) -> String {
+    let mut md = format!(
+        "{}\n## {} tenants\n\n",
+        fleet_marker(plan.tenants),
+        thousands(plan.tenants)
+    );
+    md.push_str(&provenance(command, commit, machine, took));
+    for t in tables {
+        // A level below the page's sections.
+        md.push('#');
+        md.push_str(&t.to_markdown());
+        md.push('\n');
+    }
+    md
+}
+
+/// [`FLEET_FILE`]'s text with `section` (of `tenants`) in place of the section of the same
+/// fleet size in `existing`, the sections in ascending size.
+pub fn merge_fleet(existing: Option<&str>, tenants: usize, section: &str) -> String {
+    let mut sections: Vec<(usize, String)> = existing
+        .map(|text| {
+            text.split("<!-- tenants: ")
+                .skip(1)
+                .filter_map(|part| {
+                    let (n, _) = part.split_once(" -->")?;
+                    let n: usize = n.parse().ok()?;
+                    Some((n, format!("<!-- tenants: {part}")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    sections.retain(|(n, _)| *n != tenants);
+    sections.push((tenants, section.to_owned()));
+    sections.sort_by_key(|(n, _)| *n);
+    let mut md = format!(
+        "{HEADER}\n# Benchmarks by fleet size\n\n\
+         P2 (N `BaseTenant`s, each 3 namespaces with a ResourceQuota, a LimitRange and a \
+         RoleBinding → all Ready) at each fleet size, one run per size recorded with \
+         `cargo xtask bench --scenario p2 --tenants N --record`: time and controller CPU per \
+         tenant beside each other tell whether the cost of a tenant stays flat as the fleet \
+         grows. Every figure is better lower; absolute times move with the machine's load, \
+         shown with each run. The other scenarios are in [benchmarks.md](benchmarks.md).\n\n"
+    );
+    for (_, s) in sections {
+        md.push_str(s.trim_end());
+        md.push_str("\n\n");
+    }
+    md.truncate(md.trim_end().len());
+    md.push('\n');
+    md
+}
+
+/// `n` with a comma between thousands (10,000).
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A line about the machine: cores, the load average when the run ended and `build`, how the
@@ -140,5 +231,63 @@ mod tests {
             ),
             "{md}"
         );
+        assert!(md.contains("(benchmarks-fleet.md)"), "{md}");
+    }
+
+    fn p2_plan(tenants: usize) -> Plan {
+        Plan {
+            scenarios: BTreeSet::from(["p2".to_owned()]),
+            tenants,
+            flood: 0,
+            resync_secs: 8,
+            alone_samples: 3,
+            workers: 16,
+            requests_in_flight: "auto".into(),
+        }
+    }
+
+    fn section(tenants: usize, commit: &str) -> String {
+        fleet_section(
+            &p2_plan(tenants),
+            &[Table::example("P2", "time")],
+            &format!("cargo xtask bench --scenario p2 --tenants {tenants} --record"),
+            commit,
+            "2 cores",
+            Duration::from_secs(300),
+        )
+    }
+
+    #[test]
+    fn a_fleet_run_replaces_its_own_size_and_keeps_the_others_in_order() {
+        let page = merge_fleet(None, 3000, &section(3000, "aaa"));
+        let page = merge_fleet(Some(&page), 1000, &section(1000, "bbb"));
+        let page = merge_fleet(Some(&page), 10000, &section(10000, "ccc"));
+        let page = merge_fleet(Some(&page), 3000, &section(3000, "ddd"));
+        assert!(page.starts_with(HEADER), "{page}");
+        let at = |needle: &str| {
+            page.find(needle)
+                .unwrap_or_else(|| panic!("{needle} missing: {page}"))
+        };
+        assert!(at("## 1,000 tenants") < at("## 3,000 tenants"));
+        assert!(at("## 3,000 tenants") < at("## 10,000 tenants"));
+        assert!(page.contains("- commit: `ddd`"), "{page}");
+        assert!(
+            !page.contains("- commit: `aaa`"),
+            "the older 3,000 run is replaced: {page}"
+        );
+        assert_eq!(page.matches("### P2: time").count(), 3, "{page}");
+        assert_eq!(
+            merge_fleet(Some(&page), 3000, &section(3000, "ddd")),
+            page,
+            "recording the same run again changes nothing"
+        );
+    }
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(20), "20");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(10000), "10,000");
+        assert_eq!(thousands(123456), "123,456");
     }
 }

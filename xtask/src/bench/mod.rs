@@ -105,8 +105,9 @@ pub struct Args {
     /// `target/bench/`).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Also write the run's `benchmarks.md` to `docs/benchmarks.md`, the figures the
-    /// repository shows (not with `shards`, whose figures are printed only).
+    /// Also write the run's figures where the repository shows them: `docs/benchmarks.md`,
+    /// or for a run of P2 alone (`--scenario p2`) its fleet size's section of
+    /// `docs/benchmarks-fleet.md` (not with `shards`, whose figures are printed only).
     #[arg(long)]
     pub record: bool,
 }
@@ -290,10 +291,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let md_path = out.join("benchmarks.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
     if args.record {
-        let docs = crate::generated::repo_root()
-            .join("docs")
-            .join("benchmarks.md");
-        std::fs::write(&docs, &md).with_context(|| format!("writing {}", docs.display()))?;
+        let docs = crate::generated::repo_root().join("docs");
+        let (docs, text) = if plan.scenarios.iter().all(|s| s == "p2") {
+            // A fleet-size run: its section of the fleet page, the other sizes kept.
+            let section = markdown::fleet_section(
+                &plan,
+                &tables,
+                &markdown::command_line(),
+                &markdown::commit(),
+                &markdown::machine(args.build()),
+                started.elapsed(),
+            );
+            let path = docs.join(markdown::FLEET_FILE);
+            let existing = std::fs::read_to_string(&path).ok();
+            let text = markdown::merge_fleet(existing.as_deref(), plan.tenants, &section);
+            (path, text)
+        } else {
+            (docs.join("benchmarks.md"), md)
+        };
+        std::fs::write(&docs, &text).with_context(|| format!("writing {}", docs.display()))?;
         println!("recorded: {}", docs.display());
     }
     drop(rt);
