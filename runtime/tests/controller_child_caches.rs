@@ -1,7 +1,8 @@
 //! Against the real control plane: what a controller's child caches keep of a child — no
 //! `status` unless the kind is owned with `OwnsOptions::reading_status`, no
 //! `kubectl.kubernetes.io/last-applied-configuration` copy, no `managedFields` timestamps —
-//! and that everything the apply engine reads is still there.
+//! and that everything the apply engine reads is still there; and that a primary is kept (and
+//! given to the reconcile) without its `managedFields`.
 
 mod common;
 
@@ -142,5 +143,66 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
     assert_eq!(cached.status.map(|s| s.reconciles), Some(7));
 
     stop.send(()).unwrap();
+    controller.await.unwrap().unwrap();
+}
+
+/// Whether each primary a reconcile was given carried managedFields.
+async fn report_managed_fields(
+    widget: Arc<Widget>,
+    seen: Arc<tokio::sync::mpsc::UnboundedSender<(String, bool)>>,
+    _: Attempt,
+) -> Result<Action, kube::Error> {
+    let _ = seen.send((widget.name_any(), widget.metadata.managed_fields.is_some()));
+    Ok(Action::await_change())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primaries_are_kept_and_given_without_managed_fields() {
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-primary-mf").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let widget = Widget::new("w", common::WidgetSpec { value: 1 });
+    let created = widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    assert!(
+        created.metadata.managed_fields.is_some(),
+        "the server records who wrote the widget: {created:?}"
+    );
+    let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default()).run(
+            report_managed_fields,
+            Arc::new(tx),
+            async {
+                let _ = stopped.await;
+            },
+        ),
+    );
+    let (name, had) = tokio::time::timeout(WAIT, seen.recv())
+        .await
+        .expect("the widget reconciled")
+        .unwrap();
+    assert_eq!(name, "w");
+    assert!(!had, "a listed primary is given without managedFields");
+    // A change arrives by the watch, not the list.
+    widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": 2}})),
+        )
+        .await
+        .unwrap();
+    let (name, had) = tokio::time::timeout(WAIT, seen.recv())
+        .await
+        .expect("the change reconciled")
+        .unwrap();
+    assert_eq!(name, "w");
+    assert!(!had, "a watched primary is given without managedFields");
+    let _ = stop.send(());
     controller.await.unwrap().unwrap();
 }

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_fn};
@@ -172,7 +172,12 @@ where
 {
     let (tx, synced) = watch::channel(false);
     let run = async move {
-        let stream = reflector::reflector(writer, relisting(api, config).default_backoff());
+        // The store keeps no managedFields of a primary: nothing judges an owner by them, and
+        // they are most of a small object's size (the creator's and each status writer's field
+        // sets), kept once per primary for as long as it lives.
+        let events = relisting(api, config)
+            .map_ok(|event| event.modify(|obj| obj.meta_mut().managed_fields = None));
+        let stream = reflector::reflector(writer, events.default_backoff());
         let mut first_list = true;
         futures::pin_mut!(stream);
         // Keyed by name, valued with the uid: a delete + create under the same name is a
