@@ -81,11 +81,89 @@ impl ObjectKey {
     }
 }
 
+/// One shared copy of each string a watch puts in many keys (kinds, namespaces, owners'
+/// names): the keys of an owner's children point to one allocation instead of one each.
+/// Strings no key holds any more are dropped whenever the set has doubled since it was last
+/// swept, so it stays within twice the strings in use.
+#[derive(Debug, Default)]
+pub(crate) struct SharedStrings {
+    strings: std::collections::HashSet<Arc<str>>,
+    swept_at: usize,
+}
+
+impl SharedStrings {
+    /// The shared copy of `s`.
+    pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(shared) = self.strings.get(s) {
+            return Arc::clone(shared);
+        }
+        if self.strings.len() >= (2 * self.swept_at).max(64) {
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
+            self.swept_at = self.strings.len();
+        }
+        let shared: Arc<str> = Arc::from(s);
+        self.strings.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// `key` with its kind, namespace and (with `name`) name shared.
+    pub(crate) fn key(&mut self, key: &ObjectKey, name: bool) -> ObjectKey {
+        ObjectKey {
+            kind: self.get(&key.kind),
+            namespace: key.namespace.as_deref().map(|ns| self.get(ns)),
+            name: if name {
+                self.get(&key.name)
+            } else {
+                Arc::clone(&key.name)
+            },
+        }
+    }
+
+    /// `tenant`, shared.
+    pub(crate) fn tenant(&mut self, tenant: &TenantKey) -> TenantKey {
+        TenantKey(self.get(tenant.as_str()))
+    }
+
+    /// Strings held now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.strings.len()
+    }
+}
+
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {
             Some(ns) => write!(f, "{}/{}/{}", self.kind, ns, self.name),
             None => write!(f, "{}/{}", self.kind, self.name),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_strings_share_one_copy_and_drop_the_unused() {
+        let mut strings = SharedStrings::default();
+        let a = strings.key(&ObjectKey::namespaced("Quota", "ns-1", "owner"), true);
+        let b = strings.key(&ObjectKey::namespaced("Quota", "ns-1", "owner"), true);
+        assert_eq!(a, b);
+        assert!(Arc::ptr_eq(&a.kind, &b.kind) && Arc::ptr_eq(&a.name, &b.name));
+        assert!(Arc::ptr_eq(
+            a.namespace.as_ref().unwrap(),
+            b.namespace.as_ref().unwrap()
+        ));
+        let own = ObjectKey::namespaced("Quota", "ns-1", "child");
+        let c = strings.key(&own, false);
+        assert!(Arc::ptr_eq(&c.name, &own.name), "a child's own name is not copied");
+        // Strings nobody holds go once the set has grown enough to sweep.
+        for i in 0..1_000 {
+            let _ = strings.get(&format!("gone-{i}"));
+        }
+        assert!(strings.len() < 200, "{} strings held", strings.len());
+        assert_eq!(&*strings.get("owner"), "owner");
+        assert!(Arc::ptr_eq(&strings.get("owner"), &a.name), "held ones stay shared");
     }
 }

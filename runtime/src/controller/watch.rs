@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
 use crate::cache::{ChildCaches, CompactStore, Origin};
-use crate::key::{ObjectKey, TenantKey};
+use crate::key::{ObjectKey, SharedStrings, TenantKey};
 use crate::labels::Labels;
 use crate::queue::{Priority, WorkQueue};
 
@@ -218,7 +218,9 @@ where
             match event {
                 Event::Apply(obj) | Event::InitApply(obj) => {
                     let key = key_of(&obj);
-                    listed.insert(key.clone());
+                    if listing {
+                        listed.insert(key.clone());
+                    }
                     let change = match &shared.change_of {
                         Some(change_of) => change_of(&obj),
                         None => fingerprint(obj.meta()),
@@ -259,6 +261,7 @@ where
                 Event::InitDone => {
                     // Objects missing from a relist were deleted while the watch was down.
                     seen.retain(|k, _| listed.contains(k));
+                    listed = HashSet::new();
                     for (key, tenant, priority, bypass) in after_list.drain(..) {
                         add(&shared.queue, &key, &tenant, priority, bypass);
                     }
@@ -339,7 +342,10 @@ where
         let mut registered = false;
         futures::pin_mut!(stream);
         let mut versions: HashMap<ObjectKey, Seen> = HashMap::new();
+        // The children of the list under way (empty between lists).
         let mut listed: HashSet<ObjectKey> = HashSet::new();
+        // Kinds, namespaces, owners and tenants are shared by many children's keys.
+        let mut strings = SharedStrings::default();
         // Owners to queue once a list is complete, when the child store holds the listed
         // children: a reconcile started earlier would judge them by the store of before the
         // list (see `primary`).
@@ -376,6 +382,7 @@ where
                         }
                         keep
                     });
+                    listed = HashSet::new();
                     for (child, owners) in vanished {
                         tracing::debug!(%child, "child vanished while the watch was down");
                         if let Some(caches) = &shared.caches {
@@ -404,15 +411,16 @@ where
                 }
             };
             let replay = !deleted && first_list;
-            let key = key_of(&obj);
+            let key = strings.key(&key_of(&obj), false);
             let mut owners: Vec<(ObjectKey, TenantKey)> =
                 owners_of::<K>(obj.meta(), shared.label_names, |o| shared.owner_uid(o))
                     .into_iter()
                     .map(|owner| {
                         let tenant = shared.owner_tenant(&owner, obj.meta());
-                        (owner, tenant)
+                        (strings.key(&owner, true), strings.tenant(&tenant))
                     })
                     .collect();
+            owners.shrink_to_fit();
             if owners.is_empty() {
                 // A child that mapped to owners before and maps to none now (someone removed
                 // its ownerReference and labels): its former owners look at it (an owner that
@@ -436,7 +444,9 @@ where
                 }
                 true
             } else {
-                listed.insert(key.clone());
+                if initial {
+                    listed.insert(key.clone());
+                }
                 let managers = shared
                     .caches
                     .as_ref()
