@@ -157,13 +157,19 @@ mod tests {
         ));
         let own = ObjectKey::namespaced("Quota", "ns-1", "child");
         let c = strings.key(&own, false);
-        assert!(Arc::ptr_eq(&c.name, &own.name), "a child's own name is not copied");
+        assert!(
+            Arc::ptr_eq(&c.name, &own.name),
+            "a child's own name is not copied"
+        );
         // Strings nobody holds go once the set has grown enough to sweep.
         for i in 0..1_000 {
             let _ = strings.get(&format!("gone-{i}"));
         }
         assert!(strings.len() < 200, "{} strings held", strings.len());
         assert_eq!(&*strings.get("owner"), "owner");
-        assert!(Arc::ptr_eq(&strings.get("owner"), &a.name), "held ones stay shared");
+        assert!(
+            Arc::ptr_eq(&strings.get("owner"), &a.name),
+            "held ones stay shared"
+        );
     }
 }
