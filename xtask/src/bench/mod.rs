@@ -280,28 +280,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let html = html::page(&plan, &tables, &results, args.build(), started.elapsed());
     std::fs::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
     println!("report: {}", path.display());
-    let md = markdown::page(
-        &plan,
-        &tables,
-        &markdown::command_line(),
-        &markdown::commit(),
-        &markdown::machine(args.build()),
-        started.elapsed(),
-    );
+    let run = markdown::Provenance::of_this_run(args.build(), started.elapsed());
+    let md = markdown::page(&plan, &tables, &run);
     let md_path = out.join("benchmarks.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
     if args.record {
         let docs = crate::generated::repo_root().join("docs");
         let (docs, text) = if plan.scenarios.iter().all(|s| s == "p2") {
             // A fleet-size run: its section of the fleet page, the other sizes kept.
-            let section = markdown::fleet_section(
-                &plan,
-                &tables,
-                &markdown::command_line(),
-                &markdown::commit(),
-                &markdown::machine(args.build()),
-                started.elapsed(),
-            );
+            let section = markdown::fleet_section(&plan, &tables, &run);
             let path = docs.join(markdown::FLEET_FILE);
             let existing = std::fs::read_to_string(&path).ok();
             let text = markdown::merge_fleet(existing.as_deref(), plan.tenants, &section);
