@@ -11,7 +11,7 @@
 //! desired name, where it applies to it and records it) in this process.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::key::ObjectKey;
 
@@ -30,15 +30,23 @@ pub(crate) struct Trust {
 #[derive(Debug, Default)]
 struct Inner {
     /// Per owner, the uids in its record.
-    records: HashMap<ObjectKey, Vec<Box<str>>>,
-    /// The uids of every record, with the number of records holding each.
-    recorded: HashMap<Box<str>, usize>,
+    records: HashMap<ObjectKey, Vec<Arc<str>>>,
+    /// The uids of every record, with the number of records holding each. Its keys are the
+    /// one copy of each uid that `records` and `own` share.
+    recorded: HashMap<Arc<str>, usize>,
     /// Children this process created or judged its own, by key, with their uid.
-    own: HashMap<ObjectKey, Box<str>>,
+    own: HashMap<ObjectKey, Arc<str>>,
 }
 
 impl Inner {
-    fn unrecord(&mut self, uids: Vec<Box<str>>) {
+    /// The copy of `uid` the records hold, or a new one.
+    fn uid(&self, uid: &str) -> Arc<str> {
+        self.recorded
+            .get_key_value(uid)
+            .map_or_else(|| Arc::from(uid), |(shared, _)| Arc::clone(shared))
+    }
+
+    fn unrecord(&mut self, uids: Vec<Arc<str>>) {
         for uid in uids {
             if let Some(n) = self.recorded.get_mut(&uid) {
                 *n -= 1;
@@ -56,7 +64,7 @@ impl Trust {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        let mut uids: Vec<Box<str>> = uids.into_iter().map(Into::into).collect();
+        let mut uids: Vec<Arc<str>> = uids.iter().map(|u| inner.uid(u)).collect();
         uids.sort();
         uids.dedup();
         if inner.records.get(owner) == Some(&uids) {
@@ -109,7 +117,8 @@ impl Trust {
                 own.clear();
             }
         }
-        inner.own.insert(child.clone(), uid.into());
+        let uid = inner.uid(uid);
+        inner.own.insert(child.clone(), uid);
     }
 
     /// The object `uid` at `child` was deleted.
@@ -178,6 +187,22 @@ mod tests {
         assert!(trust.is_ours(&key("x"), "u1"));
         trust.deleted(&key("x"), "u1");
         assert!(!trust.is_ours(&key("x"), "u1"));
+    }
+
+    #[test]
+    fn a_uid_is_held_once_however_many_places_name_it() {
+        let trust = Trust::default();
+        let (a, b) = (
+            ObjectKey::cluster("Tenant", "a"),
+            ObjectKey::cluster("Tenant", "b"),
+        );
+        trust.set_record(&a, vec!["u1".into()]);
+        trust.set_record(&b, vec!["u1".into()]);
+        trust.own(&key("x"), "u1");
+        let inner = trust.inner.lock().unwrap();
+        let held = |owner: &ObjectKey| Arc::clone(&inner.records[owner][0]);
+        assert!(Arc::ptr_eq(&held(&a), &held(&b)));
+        assert!(Arc::ptr_eq(&held(&a), &inner.own[&key("x")]));
     }
 
     #[test]
