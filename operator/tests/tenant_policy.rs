@@ -218,11 +218,15 @@ fn allowed_rules() -> Allowed {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn forbidden_registries_and_classes_are_refused_naming_the_tenants_rule() {
+/// A Tenant named after `prefix` whose `allowed` is [`allowed_rules`], once its policy is
+/// loaded (a pod from a registry it does not allow is refused): the admin's client, the
+/// Tenant's name, its `dev` namespace, its owner's client and that refusal's message.
+async fn tenant_with_allowed_rules(
+    prefix: &str,
+) -> (kube::Client, String, String, kube::Client, String) {
     setup().await;
     let admin = idem_tests::shared().client();
-    let name = idem_tests::unique_name("allow");
+    let name = idem_tests::unique_name(prefix);
     let owner_name = format!("owner-{name}");
     tenants::create(
         &admin,
@@ -233,8 +237,6 @@ async fn forbidden_registries_and_classes_are_refused_naming_the_tenants_rule() 
     tenants::wait_ready(&admin, &name).await;
     let ns = format!("{name}-dev");
     let owner = client_as(&owner_name);
-
-    // A forbidden registry, refused with the tenant's rule once the policy is loaded.
     let message = wait_refused("a pod from quay.io refused", || {
         create::<Pod>(
             &owner,
@@ -244,6 +246,13 @@ async fn forbidden_registries_and_classes_are_refused_naming_the_tenants_rule() 
         )
     })
     .await;
+    (admin, name, ns, owner, message)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forbidden_registries_and_classes_are_refused_naming_the_tenants_rule() {
+    // A forbidden registry, refused with the tenant's rule once the policy is loaded.
+    let (admin, name, ns, owner, message) = tenant_with_allowed_rules("allow").await;
     for part in [
         &format!("Tenant {name} allows only images from the registries"),
         "docker.io/library, ghcr.io/acme, localhost:5000/team/app (spec.allowed.registries)",
@@ -856,38 +865,16 @@ async fn the_policy_is_enforced_without_the_operator() {
     .await;
 }
 
-/// Found by review (attack2), fails today: ways past `allowed` that the policy does not
-/// read. A PersistentVolumeClaim's `volume.beta.kubernetes.io/storage-class` annotation
-/// (the volume controller and provisioners take it over `storageClassName`); a Pod's image
-/// volume (`volumes[].image.reference`, pulled like a container image); and an image given by
-/// its ID (`sha256:…` or a bare hex prefix), which container runtimes resolve to whatever
-/// image of that ID a node already holds, from any registry, while the policy reads it as
+/// Found by review: ways past `allowed` that the policy once did not read. A
+/// PersistentVolumeClaim's `volume.beta.kubernetes.io/storage-class` annotation (the volume
+/// controller and provisioners take it over `storageClassName`); a Pod's image volume
+/// (`volumes[].image.reference`, pulled like a container image); and an image given by its ID
+/// (`sha256:…` or a bare hex prefix), which container runtimes resolve to whatever image of
+/// that ID a node already holds, from any registry, while the policy reads it as
 /// `docker.io/library/…`.
 #[tokio::test(flavor = "multi_thread")]
 async fn images_and_classes_the_policy_does_not_read_are_refused() {
-    setup().await;
-    let admin = idem_tests::shared().client();
-    let name = idem_tests::unique_name("sneak");
-    let owner_name = format!("owner-{name}");
-    tenants::create(
-        &admin,
-        &name,
-        spec(&owner_name, Some(allowed_rules()), false),
-    )
-    .await;
-    tenants::wait_ready(&admin, &name).await;
-    let ns = format!("{name}-dev");
-    let owner = client_as(&owner_name);
-    // The policy is loaded.
-    wait_refused("a pod from quay.io refused", || {
-        create::<Pod>(
-            &owner,
-            &ns,
-            pod("evil", &["quay.io/evil/miner:1"], json!({})),
-            true,
-        )
-    })
-    .await;
+    let (_, _, ns, owner, _) = tenant_with_allowed_rules("sneak").await;
 
     let mut escaped = Vec::new();
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
