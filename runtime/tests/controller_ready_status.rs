@@ -284,13 +284,18 @@ async fn reading_an_undeclared_kind_stalls_with_the_fix() {
 #[tokio::test]
 async fn the_driver_refuses_a_status_kind_the_controller_does_not_own() {
     let client = idem_tests::shared().client();
+    // A namespace no test makes: were the check to let the controller run, it would find none
+    // of the other tests' Databases to reconcile (and the timeout would end the test).
     let controller = Controller::for_derived(
-        Api::<Database>::all(client.clone()),
+        Api::<Database>::namespaced(client.clone(), &idem_tests::unique_name("db-refused")),
         watcher::Config::default(),
     );
-    let result = Driver::new(client, Databases)
-        .run(controller, futures::future::pending())
-        .await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        Driver::new(client, Databases).run(controller, futures::future::pending()),
+    )
+    .await
+    .expect("refused before it runs");
     match result {
         Err(e @ ControllerError::KindNotOwned { .. }) => {
             assert!(e.to_string().contains("StatefulSet"), "{e}");

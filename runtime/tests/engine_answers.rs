@@ -67,6 +67,10 @@ impl Reconciler for Vaults {
     }
 }
 
+/// Held by the tests that apply ConfigMaps: one counts the dry-runs on ConfigMaps in the whole
+/// cluster, and the other's repair pass makes one.
+static CONFIG_MAPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// (dry-run requests, other requests) on `resource` of the core group, as the API server
 /// counts them, but for lists and watches.
 async fn requests(resource: &str) -> (u64, u64) {
@@ -219,6 +223,7 @@ async fn a_forged_managed_fields_entry_costs_one_dry_run_not_one_per_pass() {
     use idem_runtime::apply::Applier;
     use k8s_openapi::api::core::v1::ConfigMap;
     let client = idem_tests::shared().client();
+    let _counting = CONFIG_MAPS.lock().await;
     let (ns, owner) = vault_owner(&client, "answers-mf").await;
     let config: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "web-config"}, "data": {"a.txt": "1", "b.txt": "2"}
@@ -290,6 +295,7 @@ async fn a_key_added_under_our_manager_name_is_removed_and_reported() {
     use idem_runtime::apply::{Applier, ChildOutcome};
     use k8s_openapi::api::core::v1::ConfigMap;
     let client = idem_tests::shared().client();
+    let _counting = CONFIG_MAPS.lock().await;
     let (ns, owner) = vault_owner(&client, "answers-stale").await;
     let config = |data: serde_json::Value| -> DesiredChildren {
         let cm: ConfigMap =

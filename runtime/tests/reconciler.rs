@@ -14,15 +14,16 @@ use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::apply::MANAGED_BY_LABEL;
-use idem_runtime::controller::{Action, Attempt, Reason};
+use idem_runtime::controller::{Action, Attempt, Controller, Reason};
 use idem_runtime::queue::Priority;
 use idem_runtime::reconciler::{
-    ChildKinds, Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler,
+    ChildKinds, Cleanup, Driver, DriverConfig, Pass, ReconcileError, Reconciler, children_config,
 };
 use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Mutex;
 
@@ -52,12 +53,41 @@ fn spec(owners: &[&str]) -> BaseTenantSpec {
 }
 
 async fn create(client: &Client, prefix: &str, spec: BaseTenantSpec) -> Arc<BaseTenant> {
-    let name = idem_tests::unique_name(prefix);
+    create_for(client, prefix, None, spec).await
+}
+
+/// Creates a BaseTenant named from `prefix`, labelled for the controller of `group` if given.
+async fn create_for(
+    client: &Client,
+    prefix: &str,
+    group: Option<&str>,
+    spec: BaseTenantSpec,
+) -> Arc<BaseTenant> {
+    let mut tenant = BaseTenant::new(&idem_tests::unique_name(prefix), spec);
+    if let Some(group) = group {
+        tenant
+            .labels_mut()
+            .insert(GROUP_LABEL.to_owned(), group.to_owned());
+    }
     let api: Api<BaseTenant> = Api::all(client.clone());
     Arc::new(
-        api.create(&PostParams::default(), &BaseTenant::new(&name, spec))
+        api.create(&PostParams::default(), &tenant)
             .await
             .expect("create"),
+    )
+}
+
+/// Labels the BaseTenants of one test's controller.
+const GROUP_LABEL: &str = "test.idem.dev/controller";
+
+/// A controller of the BaseTenants labelled for `group` only: the other tests here drive their
+/// BaseTenants by hand and assert what their own passes wrote, which a controller of every
+/// BaseTenant would race.
+fn controller_of(client: &Client, group: &str) -> Controller<BaseTenant> {
+    Controller::for_reconciler_with::<BaseTenants>(
+        client,
+        watcher::Config::default().labels(&format!("{GROUP_LABEL}={group}")),
+        children_config::<BaseTenant>(),
     )
 }
 
@@ -218,12 +248,12 @@ async fn the_controller_driven_driver_converges_and_repairs_a_deleted_child() {
     let client = client().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(Driver::new(client.clone(), BaseTenants).run(
-        base_tenant::controller(&client),
+        controller_of(&client, "ctl"),
         async {
             let _ = stopped.await;
         },
     ));
-    let tenant = create(&client, "bt-ctl", spec(&["carol"])).await;
+    let tenant = create_for(&client, "bt-ctl", Some("ctl"), spec(&["carol"])).await;
     let name = tenant.name_any();
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &name);
     wait("Ready", || async {
@@ -347,7 +377,7 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(
         Driver::new(client.clone(), Counting(Arc::clone(&passes))).run(
-            base_tenant::controller(&client),
+            controller_of(&client, "inv"),
             async {
                 let _ = stopped.await;
             },
@@ -355,7 +385,7 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
     );
     let mut bad = spec(&["erin"]);
     bad.memory = "-1Gi".into();
-    let tenant = create(&client, "bt-inv", bad).await;
+    let tenant = create_for(&client, "bt-inv", Some("inv"), bad).await;
     let name = tenant.name_any();
     // A failed pass may first write only its record of the children it created.
     let stalled = |t: &BaseTenant| {
@@ -382,7 +412,7 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
     assert_eq!(condition(&stored, "Ready").0, "False");
 
     // Another object converging meanwhile: the workers are busy, the stalled one is not retried.
-    let good = create(&client, "bt-inv-ok", spec(&["erin"])).await;
+    let good = create_for(&client, "bt-inv-ok", Some("inv"), spec(&["erin"])).await;
     wait("the other BaseTenant Ready", || async {
         let t = get(&client, &good.name_any()).await;
         has_condition(&t, "Ready") && condition(&t, "Ready").0 == "True"

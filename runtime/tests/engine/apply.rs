@@ -403,6 +403,7 @@ async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
 async fn a_child_the_server_rejects_does_not_keep_its_siblings_from_being_applied() {
     let client = client();
     ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
     let ns = namespace(&client, "one-invalid").await;
     let mut spec = widget_spec();
     // A ConfigMap key with a space: the API server answers 422 Invalid. The ConfigMap is the

@@ -552,9 +552,8 @@ async fn check_agrees_with_a_dry_run_apply_of_the_real_api_server() {
             ));
         }
     }
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .delete(&ns, &Default::default())
-        .await;
+    // The namespace stays: the namespace controller would empty it after this test let go of
+    // METRICS_LOCK, inside another test's count of writes.
     println!(
         "oracle: {checked} cases, {drifted} drifted, {} disagreements",
         disagreements.len()
