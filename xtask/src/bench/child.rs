@@ -199,14 +199,24 @@ impl Controller {
     /// # Errors
     /// When the process is gone or the file has no `VmRSS`.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        self.status_bytes("VmRSS")
+    }
+
+    /// The anonymous part of [`Self::rss_bytes`] (`RssAnon`: heap, stacks, the allocator's
+    /// arenas), without the pages of the binary and its libraries (`RssFile`).
+    ///
+    /// # Errors
+    /// When the process is gone or the file has no `RssAnon`.
+    pub fn rss_anon_bytes(&self) -> anyhow::Result<u64> {
+        self.status_bytes("RssAnon")
+    }
+
+    /// A `kB` field of `/proc/<pid>/status`, in bytes.
+    fn status_bytes(&self, field: &str) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .context("no VmRSS")?;
-        Ok(kb * 1024)
+        kb_field(&status, field)
+            .map(|kb| kb * 1024)
+            .with_context(|| format!("no {field}"))
     }
 
     /// The CPU time the controller has used so far, user and system (`utime` + `stime` of
@@ -232,16 +242,70 @@ impl Controller {
 
     /// Kills the controller (SIGKILL, as a crash) and reaps it.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kill_tree(&mut self.child);
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kill_tree(&mut self.child);
     }
+}
+
+/// Kills `child` and every process below it (SIGKILL), and reaps `child`: a binary given to
+/// `--idem-binary` may be a wrapper (a profiler's script) that runs the controller as its own
+/// child, which would outlive the wrapper's death (its parent-death signal is the wrapper's).
+fn kill_tree(child: &mut Child) {
+    let below = descendants(child.id());
+    let _ = child.kill();
+    for pid in below {
+        // One that exited meanwhile: ESRCH, nothing to do.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = child.wait();
+}
+
+/// The processes below `pid` (children, their children, …), read from `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            Some((p, parent_of_stat(&stat)?))
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(p, pp) in &parents {
+            if pp == parent && !out.contains(&p) {
+                out.push(p);
+                frontier.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The value of `field` (in kB) in a `/proc/<pid>/status` text.
+fn kb_field(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The parent pid of a `/proc/<pid>/stat` line (field 4, the second after the command name).
+fn parent_of_stat(stat: &str) -> Option<u32> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `utime` + `stime` of a `/proc/<pid>/stat` line (fields 14 and 15, counted after the
@@ -265,7 +329,53 @@ fn wall_ms() -> i128 {
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
+
+    #[test]
+    fn a_wrapper_and_the_process_it_started_are_both_killed() {
+        // A wrapper that starts its "controller" as a child and prints its pid.
+        let mut wrapper = Command::new("sh")
+            .args(["-c", "sleep 300 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        BufReader::new(wrapper.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the child's pid");
+        let inner: u32 = line.trim().parse().expect("a pid");
+        assert!(descendants(wrapper.id()).contains(&inner));
+        kill_tree(&mut wrapper);
+        // Gone, or a zombie waiting for a reaper that is not us.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{inner}/stat")).unwrap_or_default();
+            let state = stat
+                .get(stat.rfind(')').map_or(0, |i| i + 2)..)
+                .and_then(|s| s.chars().next());
+            if stat.is_empty() || state == Some('Z') {
+                break;
+            }
+            assert!(Instant::now() < deadline, "still running: {stat}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn status_fields_are_read_by_their_whole_name() {
+        let status = "VmRSSx:\t1 kB\nVmRSS:\t  32484 kB\nRssAnon:\t   20680 kB\n";
+        assert_eq!(kb_field(status, "VmRSS"), Some(32484));
+        assert_eq!(kb_field(status, "RssAnon"), Some(20680));
+        assert_eq!(kb_field(status, "RssFile"), None);
+    }
+
+    #[test]
+    fn the_parent_is_the_field_after_the_state() {
+        let stat = "4242 (bench (idem) x) S 17 4242 4242 0 -1 4194560";
+        assert_eq!(parent_of_stat(stat), Some(17));
+    }
 
     #[test]
     fn cpu_is_utime_plus_stime_whatever_the_command_name() {

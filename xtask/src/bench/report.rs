@@ -235,6 +235,13 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             1,
             "",
         );
+        t.row(
+            "p2-rss-anon",
+            "of which anonymous: heap, stacks (MB)",
+            &all(&|r| mb(r.p2.rss_anon)),
+            1,
+            "",
+        );
         if let Some(raw) = raw {
             t.row(
                 "p2-raw",

@@ -62,6 +62,8 @@ pub struct P2 {
     pub ready_latencies: Vec<Duration>,
     /// RSS once the fleet is Ready.
     pub rss: u64,
+    /// Its anonymous part (heap, stacks), without the binary's and libraries' pages.
+    pub rss_anon: u64,
     /// The controller's CPU time (user + system) from the first create to the last tenant
     /// Ready.
     pub cpu: Duration,
@@ -168,6 +170,7 @@ pub async fn run_side(
         reconciles_per_tenant: reconciles as f64 / plan.tenants as f64,
         ready_latencies,
         rss: ctrl.rss_bytes()?,
+        rss_anon: ctrl.rss_anon_bytes()?,
         cpu,
     };
     step.done(&format!(
