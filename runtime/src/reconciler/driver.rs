@@ -310,8 +310,14 @@ where
             let writer = Self::writer(&client, &obj);
             if error.is_terminal() {
                 tracing::warn!(%error, "terminal reconcile error: stalled until the object changes");
-                // One line: a server's message may hold several causes.
-                let mut message = error.to_string().replace(['\n', '\r'], " ");
+                // One line: a server's message may hold several causes. A terminal error of
+                // the reconciler's own gives its reason to the condition's reason, not again
+                // at the head of its message.
+                let message = match &error {
+                    ReconcileError::Terminal { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                let mut message = message.replace(['\n', '\r'], " ");
                 if matches!(&error, ReconcileError::Apply(e) if e.is_invalid_child()) {
                     message.push_str("; not retried until the object changes");
                 }
