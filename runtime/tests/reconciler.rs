@@ -189,7 +189,10 @@ async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
     let stored = get(&client, &tenant.name_any()).await;
     let (status, reason, message) = condition(&stored, "Stalled");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "NoOwners"));
-    assert_eq!(message, "spec.owners is empty", "the reason is the condition's, not repeated");
+    assert_eq!(
+        message, "spec.owners is empty: name at least one user",
+        "the reason is the condition's, not repeated"
+    );
     let ns = Api::<Namespace>::all(client.clone())
         .get_opt(&tenant.name_any())
         .await;
