@@ -67,7 +67,7 @@ pub(crate) fn fold_update_into_apply(
                 // what an apply of the desired body would have recorded (checked against the
                 // API server by the oracle test).
                 if let (Some(FieldsV1(f)), Some(desired)) = (&mut moved.fields_v1, desired) {
-                    *f = crate::compare::restrict_to_desired(desired, f);
+                    *f = crate::compare::restrict_to_desired(desired, f, None);
                 }
                 out.push(moved);
             }
@@ -154,7 +154,7 @@ pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) 
             crate::compare::unite_fields(&mut all, &f.0);
         }
     }
-    let recorded = crate::compare::restrict_to_desired(desired, &all);
+    let recorded = crate::compare::restrict_to_desired(desired, &all, Some(live));
     let ours: Vec<ManagedFieldsEntry> = match entries_of(&entries, manager, "Apply").next() {
         None if create_record_of(labels, live, &entries, manager, desired) => {
             // Of what the apply records, what our create's record still holds: a field another
@@ -193,8 +193,9 @@ pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) 
 }
 
 /// The `fieldsV1` set of the members of `recorded` that are also members of `mine`, or that no
-/// entry records at all (`all`: a zero value or empty map Go omits on the wire, which a create
-/// does not record and an apply does). A node is a member when it is `{}` or has the `.`
+/// entry records at all (`all`): a zero value or empty map of the desired body that the live
+/// object holds, which a create does not record and an apply does (see
+/// [`crate::compare::restrict_to_desired`]). A node is a member when it is `{}` or has the `.`
 /// marker; a node with children only is a path to members.
 fn members_in_both(
     recorded: &Map<String, Value>,

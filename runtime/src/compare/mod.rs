@@ -29,6 +29,12 @@
 //!    someone else is drift).
 //!
 //! # When the rule cannot decide alone
+//! A child created by `POST` and not applied to since is judged by its create's record seen as
+//! an apply's ([`crate::apply::as_applied`]); a zero value or empty map of the desired body that
+//! neither that record nor the object holds is a field Go omitted on the wire, or a map key
+//! another writer removed since, and only the server's schema tells which: the check reports
+//! it as owned by no one, and the engine takes the server's answer as below.
+//!
 //! Rule (4) knows the server's canonical forms only where this module has them (quantities of
 //! the built-in kinds), and a value owned as a whole is compared as a whole, so a default the
 //! server adds inside it (`volumeMode` in a StatefulSet's `volumeClaimTemplates`, defaults of a

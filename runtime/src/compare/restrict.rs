@@ -11,7 +11,13 @@ use super::fields::{children, empty_container, is_leaf, item_matches_key, parse_
 /// their leaves, list items as members themselves). Used to turn the `Update` entry of a
 /// create into the `Apply` entry the same body would have produced, without the server-set
 /// defaults an `Update` entry also records.
-pub(crate) fn restrict_to_desired(desired: &Value, fields: &Value) -> Value {
+///
+/// A zero value or empty map or list of `desired` that `fields` lacks is one a create does not
+/// record and an apply does. With `live` (the object now), it is counted only where `live`
+/// holds the field: absent there, it is either a field Go omitted on the wire or a map key
+/// another writer removed, which only the API server's schema tells apart, so it is left out
+/// (and the convergence check leaves it to the server). Without `live`, it is counted.
+pub(crate) fn restrict_to_desired(desired: &Value, fields: &Value, live: Option<&Value>) -> Value {
     let empty = Map::new();
     let f = fields.as_object().unwrap_or(&empty);
     let mut root = desired.clone();
@@ -20,18 +26,54 @@ pub(crate) fn restrict_to_desired(desired: &Value, fields: &Value) -> Value {
         o.remove("kind");
         o.remove("status");
     }
-    Value::Object(restrict(&root, f))
+    let at = match live {
+        Some(l) => At::Live(Some(l)),
+        None => At::Anywhere,
+    };
+    Value::Object(restrict(&root, f, at))
 }
 
-fn restrict_node(d: &Value, f: &Map<String, Value>) -> Map<String, Value> {
-    if is_leaf(f) {
-        Map::new()
-    } else {
-        restrict(d, f)
+/// Where a value of the desired body stands in the live object.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// No live object to look at: every field counts as held.
+    Anywhere,
+    /// The live value at the same path, if any.
+    Live(Option<&'a Value>),
+}
+
+impl<'a> At<'a> {
+    fn field(self, name: &str) -> Self {
+        match self {
+            At::Anywhere => At::Anywhere,
+            At::Live(l) => At::Live(l.and_then(|l| l.get(name))),
+        }
+    }
+
+    fn item(self, find: impl Fn(&'a [Value]) -> Option<&'a Value>) -> Self {
+        match self {
+            At::Anywhere => At::Anywhere,
+            At::Live(l) => At::Live(l.and_then(Value::as_array).and_then(|a| find(a))),
+        }
+    }
+
+    fn held(self) -> bool {
+        match self {
+            At::Anywhere => true,
+            At::Live(l) => l.is_some_and(|l| !l.is_null()),
+        }
     }
 }
 
-fn restrict(d: &Value, f: &Map<String, Value>) -> Map<String, Value> {
+fn restrict_node(d: &Value, f: &Map<String, Value>, at: At<'_>) -> Map<String, Value> {
+    if is_leaf(f) {
+        Map::new()
+    } else {
+        restrict(d, f, at)
+    }
+}
+
+fn restrict(d: &Value, f: &Map<String, Value>, at: At<'_>) -> Map<String, Value> {
     let mut out = Map::new();
     match d {
         Value::Object(dm) => {
@@ -39,11 +81,12 @@ fn restrict(d: &Value, f: &Map<String, Value>) -> Map<String, Value> {
                 if v.is_null() {
                     continue;
                 }
+                let at = at.field(k);
                 if let Some(fv) = f.get(&format!("f:{k}")).and_then(Value::as_object) {
-                    out.insert(format!("f:{k}"), Value::Object(restrict_node(v, fv)));
-                } else if empty_container(v) || zero_scalar(v) {
-                    // An empty map or a zero value Go omits on the wire: a create records
-                    // nothing for it, an apply records the field itself.
+                    out.insert(format!("f:{k}"), Value::Object(restrict_node(v, fv, at)));
+                } else if (empty_container(v) || zero_scalar(v)) && at.held() {
+                    // An empty map or a zero value the create did not record (an empty struct
+                    // has no leaves to record) and an apply does.
                     out.insert(format!("f:{k}"), json!({}));
                 }
             }
@@ -51,19 +94,27 @@ fn restrict(d: &Value, f: &Map<String, Value>) -> Map<String, Value> {
         Value::Array(da) => {
             for (fk, fv) in children(f) {
                 let Some(fv) = fv.as_object() else { continue };
-                let item = if let Some(key) = parse_key(fk) {
-                    da.iter().find(|i| item_matches_key(i, &key, true))
-                } else if let Some(v) = fk.strip_prefix("v:") {
-                    serde_json::from_str::<Value>(v)
-                        .ok()
-                        .and_then(|v| da.iter().find(|i| **i == v))
-                } else if let Some(i) = fk.strip_prefix("i:") {
-                    i.parse::<usize>().ok().and_then(|i| da.get(i))
+                let (item, at) = if let Some(key) = parse_key(fk) {
+                    (
+                        da.iter().find(|i| item_matches_key(i, &key, true)),
+                        at.item(|la| la.iter().find(|i| item_matches_key(i, &key, false))),
+                    )
+                } else if let Some(v) = fk
+                    .strip_prefix("v:")
+                    .and_then(|v| serde_json::from_str::<Value>(v).ok())
+                {
+                    (
+                        da.iter().find(|i| **i == v),
+                        at.item(|la| la.iter().find(|i| **i == v)),
+                    )
+                } else if let Some(i) = fk.strip_prefix("i:").and_then(|i| i.parse::<usize>().ok())
+                {
+                    (da.get(i), at.item(|la| la.get(i)))
                 } else {
-                    None
+                    (None, at)
                 };
                 if let Some(item) = item {
-                    let mut node = restrict_node(item, fv);
+                    let mut node = restrict_node(item, fv, at);
                     if !node.is_empty() {
                         node.insert(".".into(), json!({}));
                     }

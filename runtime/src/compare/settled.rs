@@ -16,7 +16,8 @@
 //! What an apply can change: the values of the fields `manager` owns (in any of its entries: a
 //! create's `Update` entry owns what the create set), and the values no manager owns (what the
 //! server derived from ours, such as a Secret's `data` from its `stringData`). Fields only other
-//! managers own are theirs: an apply leaves them alone, so a field another manager takes over
+//! managers own (in any of their entries, a subresource's too: a Deployment's revision
+//! annotation is written through `status`) are theirs: an apply leaves them alone, so a field another manager takes over
 //! leaves the fingerprint (and changes it). Which of our entries owns a field does not count:
 //! a create's record and an apply's own the same values. Left out are `status` and
 //! what the server changes on every write (`resourceVersion`, `generation`, the time stamps of
@@ -105,19 +106,23 @@ fn projection(obj: &Value, manager: &str) -> Option<(Value, Value)> {
     let mut theirs = Value::Null;
     let mut found = false;
     for e in entries {
-        if e.get("subresource")
+        let subresource = e
+            .get("subresource")
             .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-        {
-            continue;
-        }
+            .is_some_and(|s| !s.is_empty());
         let Some(fields) = e.get("fieldsV1") else {
             continue;
         };
         if e.get("manager").and_then(Value::as_str) == Some(manager) {
+            // What we wrote through a subresource is not what an apply to the object changes.
+            if subresource {
+                continue;
+            }
             found = true;
             unite_fields(&mut ours, fields);
         } else {
+            // Another manager's, whichever way they wrote it: a Deployment's revision
+            // annotation is written through its `status` subresource.
             unite_fields(&mut theirs, fields);
         }
     }
@@ -167,7 +172,9 @@ fn project(
         // Owned as a whole (a scalar, or an atomic list, map or struct): every value counts.
         return Some(v.clone());
     }
-    if ours.is_none() && theirs.is_some_and(is_leaf) {
+    // Theirs as a whole, or a member they added (a list item, a map they created) with
+    // nothing of ours in it: an apply of ours leaves it alone.
+    if ours.is_none() && theirs.is_some_and(|t| is_leaf(t) || t.contains_key(".")) {
         return None;
     }
     match v {
@@ -263,6 +270,53 @@ mod tests {
         let c = settled(&obj(json!({"a": 1, "b": 2, "c": 9}), entries), "idem");
         assert_ne!(base, a);
         assert_ne!(base, c);
+    }
+
+    #[test]
+    fn what_others_wrote_through_a_subresource_does_not_count() {
+        let ours = entry(
+            "idem",
+            json!({"f:metadata": {"f:annotations": {"f:p": {}}}}),
+        );
+        let mut status = entry(
+            "kube-controller-manager",
+            json!({"f:metadata": {"f:annotations": {"f:revision": {}}}}),
+        );
+        status["subresource"] = json!("status");
+        let with = |annotations: serde_json::Value, entries: serde_json::Value| {
+            let mut o = obj(json!({}), entries);
+            o["metadata"]["annotations"] = annotations;
+            settled(&o, "idem")
+        };
+        let created = with(json!({"p": "1"}), json!([ours.clone()]));
+        let revised = with(json!({"p": "1", "revision": "1"}), json!([ours, status]));
+        assert!(created.is_some());
+        assert_eq!(created, revised);
+    }
+
+    #[test]
+    fn an_item_another_manager_added_does_not_count() {
+        let ours = entry(
+            "idem",
+            json!({"f:spec": {"f:items": {"k:{\"name\":\"a\"}": {".": {}, "f:name": {}}}}}),
+        );
+        let theirs = entry(
+            "mallory",
+            json!({"f:spec": {"f:items": {"k:{\"name\":\"m\"}": {".": {}, "f:name": {}}}}}),
+        );
+        let before = settled(
+            &obj(json!({"items": [{"name": "a"}]}), json!([ours.clone()])),
+            "idem",
+        );
+        let after = settled(
+            &obj(
+                json!({"items": [{"name": "a"}, {"name": "m"}]}),
+                json!([ours, theirs]),
+            ),
+            "idem",
+        );
+        assert!(before.is_some());
+        assert_eq!(before, after);
     }
 
     #[test]
