@@ -111,7 +111,7 @@ const RULES: &[Rule] = &[
 /// Leader election (`--leader-elect`): read and renew its own Lease in its own namespace
 /// (a Role there). `create` cannot be limited by name (the name is not known to the
 /// authorizer before the object exists). Shard membership (`--shards auto`): each replica
-/// renews a Lease named after itself, lists the members' Leases and deletes dead members'
+/// renews a Lease named after itself, lists and watches the members' Leases and deletes dead members'
 /// ones, so these verbs cover every Lease of that namespace.
 const LEADER_ELECTION_RULES: &[Rule] = &[
     Rule {
@@ -129,7 +129,7 @@ const LEADER_ELECTION_RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "list", "update", "delete"],
+        verbs: &["get", "list", "watch", "update", "delete"],
         names: &[],
     },
 ];

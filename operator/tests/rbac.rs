@@ -71,9 +71,11 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ("update", &lease, Some("idem-system")),
         ("create", "leases.coordination.k8s.io", Some("idem-system")),
         // Shard membership (`--shards auto`): member Leases are named after the pods, and
-        // members list them and delete dead members' ones, in its own namespace only.
+        // members list them and delete dead members' ones, in its own namespace only; a
+        // replica outside a ring watches them.
         ("update", "leases/other", Some("idem-system")),
         ("list", "leases.coordination.k8s.io", Some("idem-system")),
+        ("watch", "leases.coordination.k8s.io", Some("idem-system")),
         ("delete", "leases/other", Some("idem-system")),
         (
             "get",
@@ -108,7 +110,7 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
             "customresourcedefinitions.apiextensions.k8s.io/tenants.tenancy.idem.dev",
             None,
         ),
-        // Leases only in its own namespace, and never watched.
+        // Leases only in its own namespace.
         ("get", "leases/kube-controller-manager", Some("kube-system")),
         (
             "patch",
@@ -117,7 +119,7 @@ async fn the_operator_account_has_exactly_the_verbs_it_uses() {
         ),
         ("list", "leases.coordination.k8s.io", Some("kube-system")),
         ("delete", "leases/other", Some("kube-system")),
-        ("watch", "leases.coordination.k8s.io", Some("idem-system")),
+        ("watch", "leases.coordination.k8s.io", Some("kube-system")),
         ("create", "leases.coordination.k8s.io", Some("kube-system")),
         (
             "bind",

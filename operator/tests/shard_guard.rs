@@ -3,7 +3,8 @@
 //! CRD is deleted, ready again once it is back), and a replica that would reconcile what a
 //! running ring already does refuses to work — not ready, no reconcile, an error in its log
 //! naming the problem: one started without `--shards` beside a live ring (until the ring is
-//! gone), and a second one with the identity of a running member. One test at a time: one deletes a CRD, and each
+//! gone) or that works when a ring comes alive (it watches the ring's Leases: idle, it lists
+//! none), and a second one with the identity of a running member. One test at a time: one deletes a CRD, and each
 //! runs a ring of its own (in a namespace of its own).
 
 mod common;
@@ -191,6 +192,54 @@ async fn a_replica_without_shards_waits_while_a_ring_is_live() {
         },
     )
     .await;
+}
+
+/// Lease lists the API server served (every scope: the replica's guard lists in its namespace).
+async fn lease_lists() -> u64 {
+    let text = shared().metrics().await.expect("apiserver /metrics");
+    idem_tests::metrics::requests(&text, "LIST", "coordination.k8s.io", "leases")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_replica_without_shards_watches_for_a_ring_and_stops_when_one_comes_alive() {
+    let _serial = SERIAL.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let ns = create_namespace(&client, "ring-watch").await.unwrap();
+    let single = replica(&ns, "watching", "watching", false);
+    let name = unique_name("guard");
+    tenants::create(&client, &name, tenants::full_spec(&["x"])).await;
+    eventually("the single replica working", TIMEOUT, || async {
+        let (ready, reconciles) = (single.ready().await, single.reconciles("tenant").await);
+        (ready && reconciles > 0)
+            .then_some(())
+            .ok_or(format!("ready {ready}, {reconciles} reconciles"))
+    })
+    .await;
+    // Idle, it lists no Lease: it watches them (a guard that polled would list every 5 s).
+    let before = lease_lists().await;
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let idle = lease_lists().await - before;
+    assert!(
+        idle <= 1,
+        "{idle} Lease lists in 16 s of an idle replica outside a ring\n{}",
+        single.log_tail()
+    );
+    // A ring coming alive beside it is seen, and the replica stops working for good.
+    let mut member = replica(&ns, "watch-member", "watch-member", true);
+    eventually(
+        "the replica to refuse once a ring is live",
+        TIMEOUT,
+        || async {
+            let log = std::fs::read_to_string(&single.log).unwrap_or_default();
+            (log.contains("refusing") && log.contains("without --shards beside a running ring"))
+                .then_some(())
+                .ok_or(single.log_tail())
+        },
+    )
+    .await;
+    assert!(!single.ready().await, "{} is ready", single.name);
+    wait_working(&mut member).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,15 +10,18 @@
 //! being replaced by rolling update); one that finds a live ring while it works stops for good.
 //!
 //! At start it lists the Leases once; when one was renewed within a lease duration (by its
-//! `renewTime`), it looks again for two rounds to see whether it is still renewed. Then it
-//! lists every [`GUARD_POLL`].
+//! `renewTime`), it looks again for two rounds to see whether it is still renewed. Then, with
+//! no live ring, it watches the member Leases from that list and lists again only when one
+//! appears, changes or goes (an idle guard sends no request but the watch's reconnection);
+//! where it may not watch, it lists every [`GUARD_POLL`].
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -27,8 +30,13 @@ use crate::leader::{
     DEFAULT_LEASE_DURATION as LEASE_DURATION, DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
 };
 
-/// How often a replica outside the ring lists the ring's member Leases.
+/// How often a replica outside the ring lists the ring's member Leases when it cannot watch
+/// them, or after a failed list.
 pub const GUARD_POLL: Duration = Duration::from_secs(5);
+
+/// How long one watch of the member Leases lasts before the server ends it and it is
+/// started again from the last resourceVersion seen (no list).
+const WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// What the guard found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,10 +62,12 @@ pub fn start(client: Client, namespace: &str, ring: &str) -> watch::Receiver<Rin
         let mut seen: Option<Seen> = None;
         // Looks left before Leases renewed just before the start count as not renewed.
         let mut looks_left = 2u32;
+        // Whether the member Leases may be watched (until a watch is refused).
+        let mut watchable = true;
         loop {
             let listed = tokio::time::timeout(RETRY_PERIOD * 2, api.list(&lp)).await;
-            let leases = match listed {
-                Ok(Ok(list)) => list.items,
+            let (leases, version) = match listed {
+                Ok(Ok(list)) => (list.items, list.metadata.resource_version),
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, %namespace, "listing the shard ring's member Leases failed");
                     if *tx.borrow() == Ring::Unknown {
@@ -117,15 +127,61 @@ pub fn start(client: Client, namespace: &str, ring: &str) -> watch::Receiver<Rin
             } else if *tx.borrow() != Ring::None {
                 tx.send_replace(Ring::None);
             }
-            let poll = if *tx.borrow() == Ring::None {
-                GUARD_POLL
+            if *tx.borrow() != Ring::None {
+                tokio::time::sleep(RETRY_PERIOD + HANDSHAKE_POLL).await;
+            } else if let (true, Some(version)) = (watchable, version) {
+                watchable = until_changed(&api, &selector, version).await;
+                if !watchable {
+                    tokio::time::sleep(GUARD_POLL).await;
+                }
             } else {
-                RETRY_PERIOD + HANDSHAKE_POLL
-            };
-            tokio::time::sleep(poll).await;
+                tokio::time::sleep(GUARD_POLL).await;
+            }
         }
     });
     rx
+}
+
+/// Watches the Leases labelled `selector` from resourceVersion `version` until one is added,
+/// modified or deleted, or the watch cannot go on from there (then the caller lists again);
+/// a watch the server ends on its timeout starts again from the last version seen. `false`
+/// when watching is refused (403 or 405: the caller polls with lists instead).
+async fn until_changed(api: &Api<Lease>, selector: &str, mut version: String) -> bool {
+    let wp = WatchParams {
+        bookmarks: true,
+        ..WatchParams::default()
+            .labels(selector)
+            .timeout(WATCH_TIMEOUT_SECS)
+    };
+    loop {
+        let stream = match api.watch(&wp, &version).await {
+            Ok(stream) => stream,
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 405 => {
+                tracing::warn!(error = %s.message, "the shard ring's member Leases may not be watched: listing them every few seconds instead");
+                return false;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "watching the shard ring's member Leases failed");
+                tokio::time::sleep(GUARD_POLL).await;
+                return true;
+            }
+        };
+        futures::pin_mut!(stream);
+        loop {
+            match stream.next().await {
+                Some(Ok(WatchEvent::Bookmark(b))) => version = b.metadata.resource_version,
+                Some(Ok(
+                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
+                )) => {
+                    return true;
+                }
+                // Too old a version (410 Gone) or a broken stream: list again.
+                Some(Ok(WatchEvent::Error(_)) | Err(_)) => return true,
+                // Ended by the server's timeout: watch on from the last version.
+                None => break,
+            }
+        }
+    }
 }
 
 /// Per member Lease: its resourceVersion, and when this replica saw it change.
