@@ -308,6 +308,21 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
         .await
         .expect("dotted name accepted");
     assert!(message.contains("must be a DNS label"), "{message}");
+    // Names whose namespaces Kubernetes or the operator keep for themselves.
+    for (name, spec, expect) in [
+        ("kube", json!({"namespaces": ["system"]}), "never 'kube'"),
+        ("kube-x", json!({"namespaces": ["a"]}), "never 'kube'"),
+        (
+            "idem",
+            json!({"namespaces": ["a", "system"]}),
+            "idem-system is the operator's",
+        ),
+    ] {
+        let message = try_create(&tenants, tenant(name, spec))
+            .await
+            .unwrap_or_else(|| panic!("tenant {name} accepted"));
+        assert!(message.contains(expect), "{name}: {message}");
+    }
     let long = "t".repeat(31);
     let message = try_create(&tenants, tenant(&long, json!({})))
         .await

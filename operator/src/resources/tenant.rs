@@ -59,6 +59,8 @@ pub const MAX_SHORT_NAME: usize = 32;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 30").message("a tenant name has at most 30 characters, so that <tenant>-<namespace> stays a valid namespace name"),
     validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a tenant name must be a DNS label (lower case letters, digits and '-'), because it prefixes namespace names"),
+    validation = Rule::new("self.metadata.name != 'kube' && !self.metadata.name.startsWith('kube-')").message("a tenant name is never 'kube' nor starts with 'kube-': its namespaces <tenant>-<namespace> would have the 'kube-' prefix Kubernetes keeps for its own namespaces (kube-system, kube-public, kube-node-lease)"),
+    validation = Rule::new("self.metadata.name != 'idem' || !has(self.spec.namespaces) || !('system' in self.spec.namespaces)").message("tenant 'idem' cannot have namespace 'system': idem-system is the operator's own namespace"),
 )]
 #[idempotent(tenant = name, field_manager = "idem-operator", conditions(Ready, Reconciling, Stalled))]
 #[serde(rename_all = "camelCase")]
