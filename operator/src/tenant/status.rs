@@ -28,7 +28,7 @@ impl NamespacePass {
             let name = key.name.to_string();
             match outcome {
                 ChildOutcome::NotOwned { reason } => pass.conflicts.push((name, reason.clone())),
-                ChildOutcome::Terminating => pass.terminating.push(name),
+                ChildOutcome::Terminating { .. } => pass.terminating.push(name),
                 _ => pass.owned.push(name),
             }
         }
@@ -174,7 +174,10 @@ mod tests {
                     },
                 ),
                 (key("a-dev"), ChildOutcome::Created),
-                (key("a-old"), ChildOutcome::Terminating),
+                (
+                    key("a-old"),
+                    ChildOutcome::Terminating { finalizers: vec![] },
+                ),
             ],
             ..ApplyReport::default()
         };

@@ -383,7 +383,9 @@ impl Applier {
                 });
             }
             if meta.deletion_timestamp.is_some() {
-                return done(ChildOutcome::Terminating);
+                return done(ChildOutcome::Terminating {
+                    finalizers: meta.finalizers.clone().unwrap_or_default(),
+                });
             }
             // A child of ours that lost its ownerReference: put it back only if the owner, read
             // now, is not being deleted (see `Owner::is_being_deleted`: an orphaning deletion

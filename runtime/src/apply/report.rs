@@ -23,7 +23,11 @@ pub enum ChildOutcome {
     },
     /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
     /// left alone; a later reconcile creates it anew once it is gone.
-    Terminating,
+    Terminating {
+        /// The finalizers it still has: what its deletion waits for (anyone who may edit the
+        /// object can add one).
+        finalizers: Vec<String>,
+    },
     /// An object with this name exists and is not controlled by the owner: left untouched.
     NotOwned {
         /// Who controls it instead, in words.

@@ -19,8 +19,15 @@ impl ApplyReport {
         let terminating: Vec<String> = self
             .children
             .iter()
-            .filter(|(_, o)| *o == ChildOutcome::Terminating)
-            .map(|(k, _)| k.to_string())
+            .filter_map(|(k, o)| match o {
+                ChildOutcome::Terminating { finalizers } if finalizers.is_empty() => {
+                    Some(k.to_string())
+                }
+                ChildOutcome::Terminating { finalizers } => {
+                    Some(format!("{k} (finalizers: {})", finalizers.join(", ")))
+                }
+                _ => None,
+            })
             .collect();
         if clashes.is_empty() && !terminating.is_empty() {
             return Readiness::Reconciling {
@@ -102,13 +109,20 @@ mod tests {
         let terminating = ApplyReport {
             children: vec![(
                 ObjectKey::namespaced("Service", "ns", "s"),
-                ChildOutcome::Terminating,
+                ChildOutcome::Terminating {
+                    finalizers: vec!["example.com/hold".into()],
+                },
             )],
             ..ApplyReport::default()
         };
-        assert!(matches!(
+        assert_eq!(
             terminating.readiness(),
-            Readiness::Reconciling { ref reason, .. } if reason == "ChildTerminating"
-        ));
+            Readiness::Reconciling {
+                reason: "ChildTerminating".into(),
+                message: "waiting for the deletion of Service/ns/s (finalizers: example.com/hold) \
+                          to finish before creating it again"
+                    .into()
+            }
+        );
     }
 }

@@ -370,7 +370,12 @@ async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
         .iter()
         .find(|(k, _)| &*k.name == "w-config")
         .map(|(_, o)| o);
-    assert_eq!(outcome, Some(&ChildOutcome::Terminating));
+    assert_eq!(
+        outcome,
+        Some(&ChildOutcome::Terminating {
+            finalizers: vec!["example.com/hold".into()]
+        })
+    );
     let after = cms.get("w-config").await.expect("get");
     assert_eq!(
         after.metadata.resource_version, before.metadata.resource_version,

@@ -155,7 +155,7 @@ async fn invalid_apply_is_an_error_not_a_replace_unless_the_kind_opts_in_to_recr
                 recreated = Some(reason);
             }
             ChildOutcome::Created => break,
-            ChildOutcome::Terminating => {}
+            ChildOutcome::Terminating { .. } => {}
             other => panic!("{other:?}"),
         }
         let now = services.get_opt("w").await.expect("get");

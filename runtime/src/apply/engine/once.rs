@@ -163,7 +163,8 @@ impl Applier {
                 c.ours(&key, &live);
             }
             if meta.deletion_timestamp.is_some() {
-                return Ok(Ensured::of(ChildOutcome::Terminating, None));
+                let finalizers = meta.finalizers.clone().unwrap_or_default();
+                return Ok(Ensured::of(ChildOutcome::Terminating { finalizers }, None));
             }
             // Missing from the record (a lost create answer, a race's loser): recorded now.
             let record = Some(uid.clone()).filter(|uid| !owner.may_prune(uid));
