@@ -202,7 +202,15 @@ pub(super) async fn run(
         ..
     } = manager;
     let kube_config = client::config(options.kubeconfig.as_deref()).await?;
-    let lease_client = Client::try_from(kube_config.clone())?;
+    let selectors = Arc::new(Selectors::new(
+        sets.iter().flat_map(|s| s.sharded()).collect(),
+    ));
+    // Its requests are counted with the controllers' (`idem_rest_client_requests_total`).
+    let lease_client = kube::client::ClientBuilder::try_from(kube_config.clone())?
+        .with_layer(&crate::shard::selector::SelectorLayer(Arc::clone(
+            &selectors,
+        )))
+        .build();
     if install_crds {
         install(&lease_client, &name, &crds).await?;
     } else {
@@ -245,9 +253,6 @@ pub(super) async fn run(
     if leadership.is_none() {
         leader_status.set(1);
     }
-    let selectors = Arc::new(Selectors::new(
-        sets.iter().flat_map(|s| s.sharded()).collect(),
-    ));
     let owned = Gauge::default();
     let cached_children = Gauge::default();
     let server_side: Gauge = Gauge::default();
@@ -297,6 +302,12 @@ pub(super) async fn run(
         "idem_watch_events_received",
         "Watch events this replica received (all watches of its controllers)",
         selectors.events_received.clone(),
+    );
+    registry.register(
+        "idem_rest_client_requests",
+        "Requests this replica sent to the API server (controllers, leader election, shard \
+         ring), by method (GET, WATCH, POST, PUT, PATCH, DELETE) and HTTP status code",
+        selectors.requests.clone(),
     );
     registry.register(
         "idem_received_bytes",
