@@ -221,7 +221,7 @@ pub(super) async fn run(
     let drift = DriftMetrics::new(&mut registry);
     let leader_status = Gauge::default();
     let identity = options.identity();
-    let namespace = options.lease_namespace();
+    let namespace = options.lease_namespace(&kube_config.default_namespace);
     let mut leadership = if options.leader_elect {
         tracing::info!(%identity, %namespace, "waiting to become leader");
         let mut election =
