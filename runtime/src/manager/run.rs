@@ -423,7 +423,7 @@ pub(super) async fn run(
             return Ok(());
         }
     }
-    // Once working, a ring that comes alive stops it for good.
+    // Once working, a ring that comes alive makes it exit.
     let ring_live = async move {
         let ring = guard.wait_for(|r| matches!(r, Ring::Live(_))).await;
         match ring.map(|r| r.clone()) {
@@ -489,13 +489,19 @@ pub(super) async fn run(
             controllers.await
         }
         why = &mut ring_live => {
-            // Cancelled at once, as on lost leadership; then nothing more until shutdown.
+            // Cancelled at once, as on lost leadership, and the process exits: its restart
+            // (the kubelet's) waits, not ready, while the ring is live and works once it is
+            // gone, where staying up refused would answer /healthz and never work again.
+            tracing::error!(problem = %why, "refusing to run on: cancelling every reconcile and exiting");
+            let _ = ready_tx.send(false);
             drop(controllers);
             abort(&tasks);
             readiness.abort();
-            refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
+            if let Some(lease) = leadership.take() {
+                lease.release().await;
+            }
             stop_servers(stop_tx, servers).await;
-            return Ok(());
+            return Err(ManagerError::RingLive(why));
         }
         () = lost => {
             // The fence already refuses writes; dropping the controllers aborts their
