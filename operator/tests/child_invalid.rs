@@ -2,6 +2,7 @@
 //! `..x`: an upgrade keeps what it admitted) whose ConfigMap the API server refuses with 422:
 //! the app is `Stalled` with reason `ChildInvalid` and the server's message at once, the
 //! operator does not retry it while the spec stays, and it converges once the spec changes.
+//! A Deployment another writer made invalid beside our fields is recreated as desired.
 
 mod common;
 
@@ -11,10 +12,14 @@ use common::{Operator, TIMEOUT, apps, eventually, install_crds, tenants, why};
 use idem_operator::resources::{self, TenantApp};
 use idem_operator::tenant_app::desired::config_map_name;
 use idem_tests::{shared, unique_name};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+
+/// One test at a time: one installs an older TenantApp CRD, and each runs an operator.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The config key rule of an older TenantApp CRD: ConfigMap key characters only.
 const OLD_CONFIG_RULE: &str = r"self.all(k, size(k) <= 253 && k.matches(r'^[-._a-zA-Z0-9]+$'))";
@@ -55,6 +60,7 @@ fn counter(metrics: &str, name: &str, controller: &str) -> u64 {
 
 #[tokio::test]
 async fn a_child_the_api_server_refuses_stalls_the_app_until_its_spec_changes() {
+    let _serial = SERIAL.lock().await;
     let client = shared().client();
     install_older_tenant_app_crd(&client).await;
     let operator = Operator::start(Duration::from_secs(600)).await;
@@ -131,5 +137,57 @@ async fn a_child_the_api_server_refuses_stalls_the_app_until_its_spec_changes() 
         config.data.unwrap_or_default().keys().collect::<Vec<_>>(),
         ["app.toml"]
     );
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_deployment_another_writer_made_invalid_beside_our_fields_is_recreated_as_desired() {
+    let _serial = SERIAL.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let operator = Operator::start(Duration::from_secs(600)).await;
+    let tenant = unique_name("priv");
+    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-apps");
+    apps::create(&client, &ns, "web", apps::spec(0, "x")).await;
+    apps::wait_ready(&client, &ns, "web").await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let before = deployments.get("web").await.unwrap();
+    // Another writer: privileged, and replicas changed (ours to repair). Valid as they wrote
+    // it (their escalation setting); our apply of `allowPrivilegeEscalation: false` beside
+    // their `privileged: true` is not.
+    let theirs = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "app",
+            "securityContext": {"privileged": true, "allowPrivilegeEscalation": true}}]}}}
+    });
+    deployments
+        .patch(
+            "web",
+            &PatchParams::apply("intruder").force(),
+            &Patch::Apply(&theirs),
+        )
+        .await
+        .unwrap();
+    eventually("the Deployment recreated as desired", TIMEOUT, || async {
+        let now = deployments.get("web").await.map_err(why)?;
+        let privileged = now
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers[0].security_context.as_ref())
+            .and_then(|c| c.privileged);
+        let replicas = now.spec.as_ref().and_then(|s| s.replicas);
+        (now.metadata.uid != before.metadata.uid && privileged.is_none() && replicas == Some(0))
+            .then_some(())
+            .ok_or(format!(
+                "uid {:?}, privileged {privileged:?}, replicas {replicas:?}",
+                now.metadata.uid
+            ))
+    })
+    .await;
+    apps::wait_ready(&client, &ns, "web").await;
     operator.stop().await;
 }

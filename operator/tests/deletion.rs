@@ -115,6 +115,35 @@ async fn deleting_a_tenant_with_policy_delete_is_not_blocked_by_a_foreign_namesp
 }
 
 #[tokio::test]
+async fn deleting_a_paused_tenant_keeps_its_namespaces_whatever_the_policy() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("paus");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    let ready = tenants::wait_ready(&client, &name).await;
+    assert_eq!(ready.spec.deletion_policy, DeletionPolicy::Delete);
+    let uid = ready.uid().unwrap();
+    user_data(&client, &format!("{name}-a")).await;
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+
+    tenants::api(&client)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    tenants::wait_tenant_object_gone(&client, &name).await;
+    tenants::assert_retained(&client, &format!("{name}-a"), &uid).await;
+    assert_user_data(&client, &format!("{name}-a")).await;
+}
+
+#[tokio::test]
 async fn deleting_a_tenant_with_cascade_orphan_keeps_its_namespaces_whatever_the_policy() {
     shared_operator().await;
     let client = shared().client();

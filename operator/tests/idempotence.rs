@@ -221,6 +221,31 @@ async fn reconciling_a_converged_fleet_again_makes_no_writes() {
     assert_still_converged(fleet).await;
 }
 
+/// The operator's own `idem_rest_client_requests_total` by method (GETs, lists included, as
+/// `LIST+GET`), summed over status codes.
+fn own_requests(metrics: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("idem_rest_client_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let Some(method) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("method=\""))
+            .map(|m| m.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let method = if method == "GET" { "LIST+GET" } else { method };
+        *out.entry(method.to_owned()).or_default() +=
+            value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+    }
+    out
+}
+
 #[tokio::test]
 async fn a_converged_fleet_left_alone_for_60_s_makes_no_writes_and_no_reconciles() {
     let _serial = SERIAL.lock().await;
@@ -242,9 +267,24 @@ async fn a_converged_fleet_left_alone_for_60_s_makes_no_writes_and_no_reconciles
 
     let writes_before = writes().await;
     let reconciles_before = reconciles(&operator).await;
+    let own_before = own_requests(&operator.metrics().await);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let writes_after = writes().await;
     let reconciles_after = reconciles(&operator).await;
+    let own_after = own_requests(&operator.metrics().await);
+    // The operator's own count says the same (its start-up read the fleet: lists and watches).
+    assert!(
+        own_before.get("LIST+GET").copied().unwrap_or(0) > 0
+            && own_before.get("WATCH").copied().unwrap_or(0) > 0,
+        "the operator counts its own requests: {own_before:?}"
+    );
+    for method in ["POST", "PATCH", "DELETE"] {
+        assert_eq!(
+            own_before.get(method),
+            own_after.get(method),
+            "{method} requests the operator counted in 60 s of idleness"
+        );
+    }
     eprintln!(
         "60 s idle: reconciles {reconciles_before:?} -> {reconciles_after:?}, writes grew by {:?}",
         grown(&writes_before, &writes_after)

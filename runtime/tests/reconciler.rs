@@ -172,15 +172,45 @@ async fn one_reconcile_converges_and_a_second_writes_nothing() {
     );
 }
 
+/// The log lines (WARN and above) written on this thread while `f` runs.
+async fn warnings_of<T>(f: impl Future<Output = T>) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The test's runtime is current-thread: the whole future runs on this thread.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let out = f.await;
+    let text = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
+    (out, text)
+}
+
 #[tokio::test]
 async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
     let client = client().await;
     let tenant = create(&client, "bt-term", spec(&[])).await;
     let driver = Driver::new(client.clone(), BaseTenants);
-    let action = driver
-        .reconcile_once(client.clone(), Arc::clone(&tenant))
-        .await
-        .expect("a terminal error is handled: Stalled, no retry");
+    let (action, warned) =
+        warnings_of(driver.reconcile_once(client.clone(), Arc::clone(&tenant))).await;
+    let action = action.expect("a terminal error is handled: Stalled, no retry");
+    assert!(
+        warned.contains("terminal reconcile error"),
+        "said when it becomes the status: {warned:?}"
+    );
     assert_eq!(
         action,
         Action::terminal(),
@@ -197,6 +227,14 @@ async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
         .get_opt(&tenant.name_any())
         .await;
     assert!(ns.unwrap().is_none(), "nothing created");
+    // A resync meets the same error on the unchanged object: handled the same, not said again.
+    let (again, warned) =
+        warnings_of(driver.reconcile_once(client.clone(), Arc::new(stored))).await;
+    assert_eq!(again.expect("handled"), Action::terminal());
+    assert!(
+        !warned.contains("terminal reconcile error"),
+        "said again on a resync: {warned:?}"
+    );
 }
 
 #[tokio::test]

@@ -91,14 +91,15 @@ pub struct TenantSpec {
     #[schemars(range(min = 1, max = 100))]
     pub weight: i32,
     /// With `true`, the operator leaves the tenant's children alone (no apply, no prune) and
-    /// reports `Stalled=True` (and `Ready=False`) with reason `Paused`.
+    /// reports `Stalled=True` (and `Ready=False`) with reason `Paused`; deleting a paused
+    /// Tenant keeps its namespaces whatever `deletionPolicy` says.
     #[serde(default)]
     pub paused: bool,
     /// What deleting the Tenant does to its namespaces: `Retain` (the default) keeps them and
     /// everything in them, only removing their ownerReferences to the Tenant; `Delete` deletes
     /// them (and so everything in them) before the Tenant goes. Whatever this says, nothing is
-    /// deleted when the Tenant CRD itself is being deleted or when the Tenant is deleted with
-    /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`).
+    /// deleted when the Tenant CRD itself is being deleted, when the Tenant is deleted with
+    /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`) or while it is paused.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
     /// The storage, ingress, priority and runtime classes and the image registries the

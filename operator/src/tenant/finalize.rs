@@ -1,6 +1,7 @@
 //! Cleanup when a Tenant is deleted: its `deletionPolicy` decides whether its namespaces are
 //! deleted or retained, but nothing is ever deleted while the Tenant CRD itself is being
-//! deleted or when the deletion asked to orphan; the finalizer always completes.
+//! deleted, when the deletion asked to orphan or when the Tenant is paused; the finalizer
+//! always completes.
 //!
 //! Only objects that refer to the Tenant (its ownerReference, matched by uid, as the garbage
 //! collector reads them) count, whatever their labels say: a namespace that merely carries the
@@ -49,8 +50,8 @@ pub enum Cleanup {
     },
 }
 
-/// Decides the cleanup: the CRD being deleted (or unreadable) and an orphaning deletion win
-/// over `spec.deletionPolicy`.
+/// Decides the cleanup: the CRD being deleted (or unreadable), an orphaning deletion and a
+/// paused Tenant win over `spec.deletionPolicy`.
 ///
 /// `crd` is [`crd_retention`]'s answer: `None` when the Tenant CRD is in place, else why
 /// nothing may be deleted (it is being deleted or gone, or could not be read: the safe side).
@@ -73,6 +74,13 @@ pub fn decide(tenant: &Tenant, crd: Option<&CrdRetention>) -> Cleanup {
     if tenant.finalizers().iter().any(|f| f == ORPHAN_FINALIZER) {
         return Cleanup::Retain {
             why: "the Tenant was deleted with propagationPolicy Orphan".into(),
+        };
+    }
+    if tenant.spec.paused {
+        return Cleanup::Retain {
+            why: "it was paused (its children are left alone), so whatever the deletionPolicy \
+                  says nothing of the tenant is deleted"
+                .into(),
         };
     }
     match tenant.spec.deletion_policy {
@@ -273,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn only_an_explicit_delete_policy_on_a_live_crd_without_orphaning_deletes() {
+    fn only_an_explicit_delete_policy_on_a_live_crd_without_orphaning_or_pause_deletes() {
         let delete = tenant(DeletionPolicy::Delete, &[FINALIZER]);
         let crd = Tenant::crd_name().to_owned();
         let deleting = CrdRetention::Deleting { crd: crd.clone() };
@@ -288,6 +296,9 @@ mod tests {
         ));
         let orphan = tenant(DeletionPolicy::Delete, &[ORPHAN_FINALIZER, FINALIZER]);
         assert!(matches!(decide(&orphan, None), Cleanup::Retain { why } if why.contains("Orphan")));
+        let mut paused = tenant(DeletionPolicy::Delete, &[FINALIZER]);
+        paused.spec.paused = true;
+        assert!(matches!(decide(&paused, None), Cleanup::Retain { why } if why.contains("paused")));
         let retain = tenant(DeletionPolicy::Retain, &[FINALIZER]);
         assert!(matches!(decide(&retain, None), Cleanup::Retain { why } if why.contains("Retain")));
         assert_eq!(

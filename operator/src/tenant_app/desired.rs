@@ -34,6 +34,11 @@ pub fn children(app: &TenantApp) -> Result<DesiredChildren, ApplyError> {
     let (config_map, deployment, service) = objects(app);
     let mut desired = DesiredChildren::new();
     desired.add(&config_map)?.add(&deployment)?.add(&service)?;
+    // A Deployment the API server refuses to make as desired was made invalid by another
+    // writer's fields (the CRD admits only specs whose children the server accepts, e.g.
+    // someone's `privileged: true` beside our `allowPrivilegeEscalation: false`): deleted and
+    // created again as desired, rather than left as they made it.
+    desired.allow_recreate::<Deployment>();
     Ok(desired)
 }
 

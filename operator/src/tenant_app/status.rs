@@ -50,9 +50,20 @@ pub fn readiness(
             message: format!("{available} of {replicas} replicas available"),
         }
     } else {
+        // Say what is still awaited: "2 of 2 available" alone reads as done.
+        let message = if !observed {
+            format!(
+                "{available} of {replicas} replicas available; the Deployment controller has \
+                 not yet seen the latest change"
+            )
+        } else if replicas > 0 && updated < replicas {
+            format!("{updated} of {replicas} replicas updated, {available} available")
+        } else {
+            format!("{available} of {replicas} replicas available")
+        };
         Readiness::Reconciling {
             reason: "Progressing".into(),
-            message: format!("{available} of {replicas} replicas available"),
+            message,
         }
     }
 }
@@ -190,5 +201,24 @@ mod tests {
             readiness(2, &report, None),
             Readiness::Reconciling { .. }
         ));
+    }
+
+    #[test]
+    fn progressing_says_what_is_still_awaited() {
+        let report = ApplyReport::default();
+        let message = |d| match readiness(2, &report, Some(&d)) {
+            Readiness::Reconciling { message, .. } => message,
+            other => panic!("{other:?}"),
+        };
+        // Scaled back by the operator: all available, the change not yet seen.
+        assert_eq!(
+            message(deployment(4, 3, 2, 2)),
+            "2 of 2 replicas available; the Deployment controller has not yet seen the latest change"
+        );
+        assert_eq!(
+            message(deployment(3, 3, 2, 1)),
+            "1 of 2 replicas updated, 2 available"
+        );
+        assert_eq!(message(deployment(3, 3, 1, 2)), "1 of 2 replicas available");
     }
 }

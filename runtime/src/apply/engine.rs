@@ -510,10 +510,16 @@ impl Applier {
                     // the apply removed or changed it (a key someone added under our manager
                     // name); one the server defaults again (ours since the fold before an apply
                     // it refused) was left by our own writes.
-                    if drift.iter().any(|d| d.kind == DriftKind::Stale) {
+                    // So is a zero value the object lacked (`Unrecorded`): reported only where
+                    // the apply put it back (a map key someone removed), not where the server
+                    // does not store it (Go omits it on the wire).
+                    if drift
+                        .iter()
+                        .any(|d| matches!(d.kind, DriftKind::Stale | DriftKind::Unrecorded))
+                    {
                         let changed = differences(&live, &applied, owner.field_manager());
                         drift.retain(|d| {
-                            d.kind != DriftKind::Stale
+                            !matches!(d.kind, DriftKind::Stale | DriftKind::Unrecorded)
                                 || changed.iter().any(|c| {
                                     c.path == d.path
                                         || c.path.starts_with(&format!("{}.", d.path))
@@ -997,7 +1003,7 @@ fn same_desired(live: &Value, body: &Value, labels: Labels) -> bool {
 /// object never applied, is drift the server cannot explain away.
 fn server_may_explain(drift: &Drift) -> bool {
     match &drift.kind {
-        DriftKind::Changed | DriftKind::Stale => true,
+        DriftKind::Changed | DriftKind::Stale | DriftKind::Unrecorded => true,
         DriftKind::NotOwned { managers } => managers.is_empty(),
         DriftKind::NeverApplied => false,
     }

@@ -25,6 +25,11 @@ pub enum DriftKind {
     /// Our `Apply` entry owns a field the desired body does not have: the next apply removes
     /// it.
     Stale,
+    /// No manager owns the field, the object lacks it and its desired value is a zero value
+    /// or an empty map or list: a field Go omitted on the wire (an apply would record it and
+    /// change nothing) or one another writer removed (an apply would put it back). Only the
+    /// server tells which (the engine asks it, or keeps its answer to our create).
+    Unrecorded,
 }
 
 /// One drifted field: its path in the object and why.
@@ -57,6 +62,7 @@ impl fmt::Display for Drift {
             }
             DriftKind::Changed => write!(f, "{path} changed"),
             DriftKind::Stale => write!(f, "{path} no longer desired"),
+            DriftKind::Unrecorded => write!(f, "{path} removed or never stored"),
         }
     }
 }
@@ -327,7 +333,7 @@ impl<'a> Walker<'a> {
             let mark = self.enter_field(k);
             match f.get(&format!("f:{k}")).and_then(Value::as_object) {
                 Some(fv) => self.value(dv, fv, lm.and_then(|m| m.get(k))),
-                None => self.missing(dv),
+                None => self.missing(dv, lm.and_then(|m| m.get(k))),
             }
             self.leave(mark);
         }
@@ -347,23 +353,29 @@ impl<'a> Walker<'a> {
 
     /// A desired value our entry does not own: reported where another manager owns it whole,
     /// else at each of its fields (a struct or map someone owns field by field).
-    fn missing(&mut self, d: &Value) {
+    fn missing(&mut self, d: &Value, l: Option<&Value>) {
+        let l = l.filter(|v| !v.is_null());
         if let Value::Object(dm) = d
             && !dm.is_empty()
             && !self.others_here().iter().any(|(_, n)| is_leaf(n))
         {
+            let lm = l.and_then(Value::as_object);
             for (k, v) in dm {
                 if v.is_null() {
                     continue;
                 }
                 let mark = self.enter_field(k);
-                self.missing(v);
+                self.missing(v, lm.and_then(|m| m.get(k)));
                 self.leave(mark);
             }
             return;
         }
         let managers = self.owners_here();
-        self.push(DriftKind::NotOwned { managers });
+        if managers.is_empty() && l.is_none() && (empty_container(d) || zero_scalar(d)) {
+            self.push(DriftKind::Unrecorded);
+        } else {
+            self.push(DriftKind::NotOwned { managers });
+        }
     }
 
     /// A list whose items are owned one by one: associative (`k:`), set (`v:`) or by index

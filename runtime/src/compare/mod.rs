@@ -33,7 +33,8 @@
 //! an apply's ([`crate::apply::as_applied`]); a zero value or empty map of the desired body that
 //! neither that record nor the object holds is a field Go omitted on the wire, or a map key
 //! another writer removed since, and only the server's schema tells which: the check reports
-//! it as owned by no one, and the engine takes the server's answer as below.
+//! it as [`DriftKind::Unrecorded`], and the engine takes the server's answer as below (and
+//! names it in `DriftRepaired` only where its apply put the value back).
 //!
 //! Rule (4) knows the server's canonical forms only where this module has them (quantities of
 //! the built-in kinds), and a value owned as a whole is compared as a whole, so a default the

@@ -227,3 +227,41 @@ fn spec_diff_paths() {
         vec!["replicas", "config.b", "config.c", "list[1]", "opt", "q"]
     );
 }
+
+#[test]
+fn a_zero_value_no_one_records_and_the_object_lacks_is_left_to_the_server() {
+    let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "data": {"a": "", "b": "x"}});
+    let fields = json!({"f:data": {"f:b": {}}});
+    // `a` absent: omitted on the wire, or removed by someone; the check cannot tell.
+    let mut live = with_fields(desired.clone(), vec![entry(M, "Apply", fields.clone())]);
+    live["data"] = json!({"b": "x"});
+    assert_eq!(
+        check(&desired, &live, M),
+        vec![Drift {
+            path: ".data.a".into(),
+            kind: DriftKind::Unrecorded
+        }]
+    );
+    // Held by the object yet owned by no one: not that (an apply would record it).
+    let mut held = with_fields(desired.clone(), vec![entry(M, "Apply", fields.clone())]);
+    held["data"] = json!({"a": "", "b": "x"});
+    assert_eq!(
+        check(&desired, &held, M),
+        vec![Drift {
+            path: ".data.a".into(),
+            kind: DriftKind::NotOwned { managers: vec![] }
+        }]
+    );
+    // A value that is not a zero value, absent: removed, whoever did it.
+    let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "c", "namespace": "ns"}, "data": {"a": "y", "b": "x"}});
+    assert_eq!(
+        check(&desired, &live, M),
+        vec![Drift {
+            path: ".data.a".into(),
+            kind: DriftKind::NotOwned { managers: vec![] }
+        }]
+    );
+}

@@ -60,7 +60,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "off", value_parser = ["off", "auto"])]
     pub shards: String,
     /// Namespace of the leader-election or shard member Leases (default: the pod's namespace
-    /// or `default`).
+    /// in a cluster, else the kubeconfig context's namespace or `default`).
     #[arg(long, env = "POD_NAMESPACE")]
     pub leader_elect_namespace: Option<String>,
     /// This replica's identity in the Lease (default: the pod name or the host name + pid).

@@ -30,6 +30,10 @@ pub enum ManagerError {
     /// Leadership was lost: every reconcile was cancelled (a standby takes over).
     #[error("lost leadership")]
     LostLeadership,
+    /// A shard ring came alive beside this replica, which runs outside it: it stopped every
+    /// reconcile and exits (restarted, it waits, not ready, while the ring is live).
+    #[error("refusing to run on: {0}")]
+    RingLive(String),
     /// A controller's configuration is invalid.
     #[error("controller {name}: {source}")]
     Controller {

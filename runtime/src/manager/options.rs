@@ -23,7 +23,9 @@ pub struct ManagerOptions {
     pub health_addr: SocketAddr,
     /// Hold a Lease (named after the manager) before running controllers.
     pub leader_elect: bool,
-    /// Namespace of the leader-election or shard member Leases (default `default`).
+    /// Namespace of the leader-election or shard member Leases (default: the client
+    /// configuration's namespace: the pod's in a cluster, the kubeconfig context's or
+    /// `default` outside).
     pub leader_elect_namespace: Option<String>,
     /// Identity in the Lease (default host name + pid).
     pub identity: Option<String>,
@@ -100,13 +102,29 @@ impl Default for ManagerOptions {
 }
 
 impl ManagerOptions {
-    /// The namespace of the Leases.
-    pub(crate) fn lease_namespace(&self) -> String {
-        (self.leader_elect_namespace.clone()).unwrap_or_else(|| "default".into())
+    /// The namespace of the Leases: [`Self::leader_elect_namespace`], else the client
+    /// configuration's default namespace (`config_namespace`: in a cluster, the pod's
+    /// ServiceAccount's namespace, where a ring's members are; from a kubeconfig, its
+    /// context's namespace or `default`).
+    pub(crate) fn lease_namespace(&self, config_namespace: &str) -> String {
+        (self.leader_elect_namespace.clone()).unwrap_or_else(|| config_namespace.to_owned())
     }
 
     /// This replica's identity.
     pub(crate) fn identity(&self) -> String {
         (self.identity.clone()).unwrap_or_else(crate::leader::default_identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_namespace_is_the_flag_else_the_client_configurations() {
+        let mut options = ManagerOptions::default();
+        assert_eq!(options.lease_namespace("idem-system"), "idem-system");
+        options.leader_elect_namespace = Some("leases".into());
+        assert_eq!(options.lease_namespace("idem-system"), "leases");
     }
 }

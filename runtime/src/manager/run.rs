@@ -202,7 +202,15 @@ pub(super) async fn run(
         ..
     } = manager;
     let kube_config = client::config(options.kubeconfig.as_deref()).await?;
-    let lease_client = Client::try_from(kube_config.clone())?;
+    let selectors = Arc::new(Selectors::new(
+        sets.iter().flat_map(|s| s.sharded()).collect(),
+    ));
+    // Its requests are counted with the controllers' (`idem_rest_client_requests_total`).
+    let lease_client = kube::client::ClientBuilder::try_from(kube_config.clone())?
+        .with_layer(&crate::shard::selector::SelectorLayer(Arc::clone(
+            &selectors,
+        )))
+        .build();
     if install_crds {
         install(&lease_client, &name, &crds).await?;
     } else {
@@ -213,7 +221,7 @@ pub(super) async fn run(
     let drift = DriftMetrics::new(&mut registry);
     let leader_status = Gauge::default();
     let identity = options.identity();
-    let namespace = options.lease_namespace();
+    let namespace = options.lease_namespace(&kube_config.default_namespace);
     let mut leadership = if options.leader_elect {
         tracing::info!(%identity, %namespace, "waiting to become leader");
         let mut election =
@@ -245,9 +253,6 @@ pub(super) async fn run(
     if leadership.is_none() {
         leader_status.set(1);
     }
-    let selectors = Arc::new(Selectors::new(
-        sets.iter().flat_map(|s| s.sharded()).collect(),
-    ));
     let owned = Gauge::default();
     let cached_children = Gauge::default();
     let server_side: Gauge = Gauge::default();
@@ -297,6 +302,12 @@ pub(super) async fn run(
         "idem_watch_events_received",
         "Watch events this replica received (all watches of its controllers)",
         selectors.events_received.clone(),
+    );
+    registry.register(
+        "idem_rest_client_requests",
+        "Requests this replica sent to the API server (controllers, leader election, shard \
+         ring), by method (GET, WATCH, POST, PUT, PATCH, DELETE) and HTTP status code",
+        selectors.requests.clone(),
     );
     registry.register(
         "idem_received_bytes",
@@ -412,7 +423,7 @@ pub(super) async fn run(
             return Ok(());
         }
     }
-    // Once working, a ring that comes alive stops it for good.
+    // Once working, a ring that comes alive makes it exit.
     let ring_live = async move {
         let ring = guard.wait_for(|r| matches!(r, Ring::Live(_))).await;
         match ring.map(|r| r.clone()) {
@@ -478,13 +489,19 @@ pub(super) async fn run(
             controllers.await
         }
         why = &mut ring_live => {
-            // Cancelled at once, as on lost leadership; then nothing more until shutdown.
+            // Cancelled at once, as on lost leadership, and the process exits: its restart
+            // (the kubelet's) waits, not ready, while the ring is live and works once it is
+            // gone, where staying up refused would answer /healthz and never work again.
+            tracing::error!(problem = %why, "refusing to run on: cancelling every reconcile and exiting");
+            let _ = ready_tx.send(false);
             drop(controllers);
             abort(&tasks);
             readiness.abort();
-            refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
+            if let Some(lease) = leadership.take() {
+                lease.release().await;
+            }
             stop_servers(stop_tx, servers).await;
-            return Ok(());
+            return Err(ManagerError::RingLive(why));
         }
         () = lost => {
             // The fence already refuses writes; dropping the controllers aborts their

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::seen::{Freshness, Seen};
 use super::{
     ChildKinds, ChildWatches, Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler,
-    StatusFill, WatchChildrenError,
+    WatchChildrenError,
 };
 use crate::apply::{Applier, ChildCaches, ChildScope, DriftMetrics};
 use crate::controller::blocked::BLOCKED_POLL;
@@ -309,7 +309,6 @@ where
             };
             let writer = Self::writer(&client, &obj);
             if error.is_terminal() {
-                tracing::warn!(%error, "terminal reconcile error: stalled until the object changes");
                 // One line: a server's message may hold several causes. A terminal error of
                 // the reconciler's own gives its reason to the condition's reason, not again
                 // at the head of its message.
@@ -325,9 +324,16 @@ where
                     reason: error.terminal_reason().to_owned(),
                     message: shorten(&message, MAX_MESSAGE_BYTES),
                 };
-                let fill: StatusFill<K<R>> = Box::new(|_| {});
-                self.write_status(&writer, recorder.as_ref(), &obj, &readiness, &fill)
+                let written = self
+                    .write_status_with(&writer, recorder.as_ref(), &obj, &readiness, &|_| {})
                     .await?;
+                // Said once, when it becomes the status; a resync that meets it again (the
+                // object unchanged) is not news.
+                if matches!(written, StatusOutcome::Unchanged) {
+                    tracing::debug!(%error, "terminal reconcile error, already the status");
+                } else {
+                    tracing::warn!(%error, "terminal reconcile error: stalled until the object changes");
+                }
                 return Ok(Action::terminal());
             }
             let failures = failures + 1;
@@ -610,19 +616,6 @@ where
             Some(after) => Action::requeue(after),
             None => Action::await_change(),
         })
-    }
-
-    async fn write_status(
-        &self,
-        writer: &StatusWriter<K<R>>,
-        recorder: Option<&Recorder>,
-        obj: &K<R>,
-        readiness: &Readiness,
-        fill: &StatusFill<K<R>>,
-    ) -> Result<(), ReconcileError> {
-        self.write_status_with(writer, recorder, obj, readiness, &|s| fill(s))
-            .await?;
-        Ok(())
     }
 
     /// Writes `readiness` (and `fill`'s fields) if the status changed; an Event when `Ready`

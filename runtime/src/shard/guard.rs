@@ -7,7 +7,8 @@
 //!
 //! A replica that finds a live ring at start waits, not ready, until no member Lease has been
 //! renewed for a lease duration (say, the replicas of a Deployment switched from `--shards`
-//! being replaced by rolling update); one that finds a live ring while it works stops for good.
+//! being replaced by rolling update); one that finds a live ring while it works stops every
+//! reconcile and exits (restarted, it waits as at start).
 //!
 //! At start it lists the Leases once; when one was renewed within a lease duration (by its
 //! `renewTime`), it looks again for two rounds to see whether it is still renewed. Then, with

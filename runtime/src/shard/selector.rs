@@ -1,6 +1,7 @@
 //! A tower layer for the kube `Client` that asks the API server for this replica's shard only:
 //! it appends the API server's `shardSelector` to list and watch requests of the sharded collections,
-//! and counts the bytes and watch events every GET brings back.
+//! counts every request it sends by method and answer (as controller-runtime's
+//! `rest_client_requests_total`), and the bytes and watch events every GET brings back.
 //!
 //! The selector is added only to GETs of the cluster-wide collections named in
 //! [`Selectors::new`] (a list,
@@ -20,7 +21,13 @@ use http::{Method, Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use kube::client::Body;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tower::{Layer, Service};
+
+/// The labels of a request count: `method` (`GET`, `POST`, `PUT`, `PATCH`, `DELETE`; a GET
+/// with `watch=true` is `WATCH`) and `code` (the answer's HTTP status, `<error>` when none
+/// came).
+pub type RequestLabels = Vec<(&'static str, String)>;
 
 /// What the layer reads and counts; shared with the manager.
 #[derive(Debug, Default)]
@@ -35,6 +42,8 @@ pub struct Selectors {
     pub bytes_received: Counter,
     /// Watch events received (lines of `watch=true` responses).
     pub events_received: Counter,
+    /// Requests sent, each attempt of a retried one counted (see [`RequestLabels`]).
+    pub requests: Family<RequestLabels, Counter>,
 }
 
 impl Selectors {
@@ -130,10 +139,24 @@ where
         if get && let Some(selector) = self.selectors.selector_for(req.uri().path()) {
             *req.uri_mut() = with_selector(req.uri(), &selector);
         }
+        let method = if watch {
+            "WATCH".to_owned()
+        } else {
+            req.method().as_str().to_owned()
+        };
+        let counted = Arc::clone(&self.selectors);
         let selectors = get.then(|| Arc::clone(&self.selectors));
         self.inner
             .call(req)
             .map(move |res| {
+                let code = match &res {
+                    Ok(r) => r.status().as_u16().to_string(),
+                    Err(_) => "<error>".to_owned(),
+                };
+                counted
+                    .requests
+                    .get_or_create(&vec![("method", method), ("code", code)])
+                    .inc();
                 res.map(|r| {
                     r.map(|inner| Counting {
                         inner,

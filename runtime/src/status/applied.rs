@@ -45,7 +45,10 @@ impl ApplyReport {
                 .filter(|(_, o)| matches!(o, ChildOutcome::Recreated { .. }))
                 .map(|(k, _)| k.to_string())
                 .collect();
-            let mut message = format!("{} children up to date", self.children.len());
+            let mut message = match self.children.len() {
+                1 => "1 child up to date".to_owned(),
+                n => format!("{n} children up to date"),
+            };
             if !recreated.is_empty() {
                 message.push_str(&format!(
                     "; recreated {} (an immutable field changed)",

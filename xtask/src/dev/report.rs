@@ -5,16 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::Context;
-use idem_operator::resources::{FIELD_MANAGER, MANAGED_BY_LABEL, Tenant, TenantApp};
-use idem_runtime::apply::OWNER_UID_LABEL;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use idem_operator::resources::{Tenant, TenantApp};
+use idem_runtime::apply::CreatedChild;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::ListParams;
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::{Api, Client, ResourceExt};
 
 use super::apply::Manifest;
 
@@ -158,55 +153,21 @@ fn cell(conditions: &[Condition], ty: &str) -> String {
     )
 }
 
-/// Children counted per owner uid (label [`OWNER_UID_LABEL`]) and kind.
-type Children = BTreeMap<String, BTreeMap<&'static str, usize>>;
-
-async fn count<K>(client: &Client, kind: &'static str, into: &mut Children) -> anyhow::Result<()>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let selector = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
-    let list = api
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
-        .with_context(|| format!("listing {kind}s"))?;
-    for item in list.items {
-        if let Some(uid) = item.labels().get(OWNER_UID_LABEL) {
-            *into
-                .entry(uid.clone())
-                .or_default()
-                .entry(kind)
-                .or_default() += 1;
-        }
+/// The children an owner recorded (`status.createdChildren`: what it created and prunes),
+/// counted per kind: `LimitRange:2,Namespace:2`; `-` for none.
+fn children_cell(recorded: &[CreatedChild]) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in recorded {
+        *counts.entry(c.kind.as_str()).or_default() += 1;
     }
-    Ok(())
-}
-
-/// Every child the operator manages, counted per owner and kind.
-async fn children(client: &Client) -> anyhow::Result<Children> {
-    let mut c = Children::new();
-    count::<Namespace>(client, "Namespace", &mut c).await?;
-    count::<ResourceQuota>(client, "ResourceQuota", &mut c).await?;
-    count::<LimitRange>(client, "LimitRange", &mut c).await?;
-    count::<RoleBinding>(client, "RoleBinding", &mut c).await?;
-    count::<NetworkPolicy>(client, "NetworkPolicy", &mut c).await?;
-    count::<ConfigMap>(client, "ConfigMap", &mut c).await?;
-    count::<Deployment>(client, "Deployment", &mut c).await?;
-    count::<Service>(client, "Service", &mut c).await?;
-    Ok(c)
-}
-
-fn children_cell(children: &Children, uid: Option<&str>) -> String {
-    let counts = uid.and_then(|u| children.get(u));
-    match counts {
-        Some(m) if !m.is_empty() => m
-            .iter()
-            .map(|(kind, n)| format!("{kind}:{n}"))
-            .collect::<Vec<_>>()
-            .join(","),
-        _ => "-".into(),
+    if counts.is_empty() {
+        return "-".into();
     }
+    counts
+        .iter()
+        .map(|(kind, n)| format!("{kind}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The table of every Tenant and TenantApp in the cluster.
@@ -214,7 +175,6 @@ fn children_cell(children: &Children, uid: Option<&str>) -> String {
 /// # Errors
 /// When the API server cannot be read.
 pub async fn table(client: &Client) -> anyhow::Result<String> {
-    let children = children(client).await?;
     let tenants = Api::<Tenant>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -238,11 +198,7 @@ pub async fn table(client: &Client) -> anyhow::Result<String> {
         } else {
             s.namespaces.join(",")
         };
-        let mut row = vec![
-            t.name_any(),
-            namespaces,
-            children_cell(&children, t.metadata.uid.as_deref()),
-        ];
+        let mut row = vec![t.name_any(), namespaces, children_cell(&s.created_children)];
         row.extend(CONDITION_TYPES.iter().map(|ty| cell(&s.conditions, ty)));
         rows.push(row);
     }
@@ -271,7 +227,7 @@ pub async fn table(client: &Client) -> anyhow::Result<String> {
                 a.name_any(),
                 a.namespace().unwrap_or_default(),
                 format!("{}/{}", s.available_replicas, a.spec.replicas),
-                children_cell(&children, a.metadata.uid.as_deref()),
+                children_cell(&s.created_children),
             ];
             row.extend(CONDITION_TYPES.iter().map(|ty| cell(&s.conditions, ty)));
             rows.push(row);
@@ -345,12 +301,24 @@ mod tests {
 
     #[test]
     fn children_cells_count_per_kind() {
-        let mut c = Children::new();
-        c.entry("u1".into()).or_default().insert("Namespace", 2);
-        c.entry("u1".into()).or_default().insert("LimitRange", 2);
-        assert_eq!(children_cell(&c, Some("u1")), "LimitRange:2,Namespace:2");
-        assert_eq!(children_cell(&c, Some("u2")), "-");
-        assert_eq!(children_cell(&c, None), "-");
+        let child = |kind: &str, name: &str| CreatedChild {
+            kind: kind.into(),
+            namespace: None,
+            name: name.into(),
+            uid: format!("u-{name}"),
+        };
+        let recorded = [
+            child("Namespace", "a"),
+            child("LimitRange", "l1"),
+            child("Namespace", "b"),
+            child("TenantPolicy", "p"),
+            child("LimitRange", "l2"),
+        ];
+        assert_eq!(
+            children_cell(&recorded),
+            "LimitRange:2,Namespace:2,TenantPolicy:1"
+        );
+        assert_eq!(children_cell(&[]), "-");
     }
 
     #[test]
