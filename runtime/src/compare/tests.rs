@@ -137,7 +137,10 @@ fn removed_field_is_drift_and_omitted_zero_is_not() {
     );
     let drift = check(&d, &live, M);
     assert_eq!(drift.len(), 1, "{drift:?}");
-    assert_eq!(drift[0].to_string(), ".spec.a removed");
+    // A zero value no one owns is drift; whether removed or never stored, the server says
+    // (the engine asks it before writing).
+    assert_eq!(drift[0].to_string(), ".spec.a removed or never stored");
+    assert_eq!(drift[0].kind, DriftKind::Unrecorded);
     // A non-zero owned value that is absent is drift.
     let d = json!({"kind": "X", "metadata": {}, "spec": {"b": true}});
     assert_eq!(check(&d, &live, M)[0].kind, DriftKind::Changed);
