@@ -534,11 +534,12 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         wrong.join("\n")
     );
 
-    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label (paused
-    // first, so the label is not put back before); meanwhile the account may still write into
-    // it (its owner-uid label stands for the reference, which the policy cannot see on a
-    // namespace it writes into).
-    pause(&client, &name).await;
+    // Deleting the Tenant (deletionPolicy Delete) while a namespace lacks the label (the
+    // operator stopped first, so the label is not put back before: a paused Tenant's deletion
+    // would keep its namespaces); meanwhile the account may still write into it (its
+    // owner-uid label stands for the reference, which the policy cannot see on a namespace it
+    // writes into).
+    drop(operator);
     let out = kubectl(&["label", "namespace", &prod, "app.kubernetes.io/managed-by-"]);
     assert!(out.status.success(), "{}", text(&out));
     let create_in_prod = || {
@@ -564,6 +565,8 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         .delete(&name, &Default::default())
         .await
         .unwrap();
+    let operator =
+        OperatorProcess::spawn_with(&kubeconfig, "idem-system", &unique_name("op"), |a| a);
     tenants::wait_gone(&client, &name).await;
 
     // deletionPolicy Retain, a namespace without the label: released (the Tenant's references
