@@ -255,47 +255,6 @@ async fn retaining_a_tenant_keeps_a_namespace_whose_owner_uid_label_was_removed(
 }
 
 #[tokio::test]
-async fn deleting_a_tenant_with_policy_delete_waits_for_a_namespace_whose_owner_uid_label_was_removed()
- {
-    shared_operator().await;
-    let client = shared().client();
-    let name = unique_name("dlbl");
-    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
-    tenants::wait_ready(&client, &name).await;
-    let ns = format!("{name}-a");
-    tenants::api(&client)
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": true}})),
-        )
-        .await
-        .unwrap();
-    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            &ns,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {OWNER_UID_LABEL: null}}})),
-        )
-        .await
-        .unwrap();
-
-    // The finalizer deletes the namespace it created and waits for it: once the Tenant is
-    // gone, so is the namespace (not left to the garbage collector afterwards).
-    delete_tenant(&client, &name).await;
-    let left = Api::<Namespace>::all(client.clone())
-        .get_opt(&ns)
-        .await
-        .unwrap();
-    assert!(
-        left.is_none(),
-        "the Tenant went before its namespace {ns}: {:?}",
-        left.map(|n| n.metadata.deletion_timestamp)
-    );
-}
-
-#[tokio::test]
 async fn a_tenant_owner_who_unclaims_idem_owners_cannot_keep_revoked_rights() {
     shared_operator().await;
     let client = shared().client();

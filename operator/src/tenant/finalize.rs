@@ -76,14 +76,12 @@ pub fn decide(tenant: &Tenant, crd: Option<&CrdRetention>) -> Cleanup {
             why: "the Tenant was deleted with propagationPolicy Orphan".into(),
         };
     }
-    if tenant.spec.paused {
-        return Cleanup::Retain {
-            why: "it was paused (its children are left alone), so whatever the deletionPolicy \
-                  says nothing of the tenant is deleted"
-                .into(),
-        };
-    }
     match tenant.spec.deletion_policy {
+        DeletionPolicy::Delete if tenant.spec.paused => Cleanup::Retain {
+            why: "it was paused (its children are left alone), so although its deletionPolicy \
+                  is Delete nothing of the tenant is deleted"
+                .into(),
+        },
         DeletionPolicy::Delete => Cleanup::Delete,
         DeletionPolicy::Retain => Cleanup::Retain {
             why: "its deletionPolicy is Retain".into(),
