@@ -124,15 +124,7 @@ async fn deleting_a_paused_tenant_keeps_its_namespaces_whatever_the_policy() {
     assert_eq!(ready.spec.deletion_policy, DeletionPolicy::Delete);
     let uid = ready.uid().unwrap();
     user_data(&client, &format!("{name}-a")).await;
-    tenants::api(&client)
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": true}})),
-        )
-        .await
-        .unwrap();
-    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+    tenants::pause(&client, &name).await;
 
     tenants::api(&client)
         .delete(&name, &DeleteParams::default())

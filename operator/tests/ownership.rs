@@ -223,15 +223,7 @@ async fn retaining_a_tenant_keeps_a_namespace_whose_owner_uid_label_was_removed(
 
     // Paused, so nothing puts the labels back; then the label goes from the namespace and from
     // one child inside it. Their ownerReferences still say whose they are.
-    tenants::api(&client)
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": true}})),
-        )
-        .await
-        .unwrap();
-    tenants::wait_condition(&client, &name, "Stalled", "Paused").await;
+    tenants::pause(&client, &name).await;
     let unlabel = json!({"metadata": {"labels": {OWNER_UID_LABEL: null}}});
     Api::<Namespace>::all(client.clone())
         .patch(&ns, &PatchParams::default(), &Patch::Merge(&unlabel))

@@ -576,7 +576,7 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
     spec.deletion_policy = idem_operator::resources::tenant::DeletionPolicy::Retain;
     let retained = tenants::create(&client, &kept, spec).await;
     tenants::wait_ready(&client, &kept).await;
-    pause(&client, &kept).await;
+    common::tenants::pause(&client, &kept).await;
     let kept_ns = format!("{kept}-dev");
     let out = kubectl(&[
         "label",
@@ -606,20 +606,6 @@ async fn the_operator_repairs_a_tenant_namespace_whose_managed_by_label_was_remo
         "the quota still refers to the deleted tenant"
     );
     drop(operator);
-}
-
-/// Pauses tenant `name` and waits until the operator says so (`Stalled`, reason `Paused`).
-async fn pause(client: &kube::Client, name: &str) {
-    use kube::api::{Patch, PatchParams};
-    common::tenants::api(client)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
-        )
-        .await
-        .unwrap();
-    common::tenants::wait_condition(client, name, "Stalled", "Paused").await;
 }
 
 /// The shipped FlowSchema puts the operator's Lease requests in its namespace into the API

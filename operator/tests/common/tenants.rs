@@ -144,6 +144,19 @@ pub async fn wait_condition(
     .await
 }
 
+/// Pauses tenant `name` and waits until the operator says so (`Stalled`, reason `Paused`).
+pub async fn pause(client: &kube::Client, name: &str) -> Tenant {
+    api(client)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    wait_condition(client, name, "Stalled", "Paused").await
+}
+
 /// Waits until tenant `name` is `Ready` (reason `Reconciled`) at its current generation.
 pub async fn wait_ready(client: &kube::Client, name: &str) -> Tenant {
     wait_condition(client, name, "Ready", "Reconciled").await
