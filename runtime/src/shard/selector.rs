@@ -42,7 +42,8 @@ pub struct Selectors {
     pub bytes_received: Counter,
     /// Watch events received (lines of `watch=true` responses).
     pub events_received: Counter,
-    /// Requests sent, each attempt of a retried one counted (see [`RequestLabels`]).
+    /// Requests sent (see [`RequestLabels`]); on the controllers' client, below its retry,
+    /// each attempt of a retried request is counted.
     pub requests: Family<RequestLabels, Counter>,
 }
 
