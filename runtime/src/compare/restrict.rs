@@ -65,6 +65,24 @@ impl<'a> At<'a> {
     }
 }
 
+/// The item of `items` that the `fieldsV1` key `fk` names: by its key fields (`k:{…}`; with
+/// `partial`, a key field the item leaves out matches), its value (`v:…`) or its position
+/// (`i:n`).
+fn find_item<'a>(items: &'a [Value], fk: &str, partial: bool) -> Option<&'a Value> {
+    if let Some(key) = parse_key(fk) {
+        items.iter().find(|i| item_matches_key(i, &key, partial))
+    } else if let Some(v) = fk
+        .strip_prefix("v:")
+        .and_then(|v| serde_json::from_str::<Value>(v).ok())
+    {
+        items.iter().find(|i| **i == v)
+    } else {
+        fk.strip_prefix("i:")
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| items.get(i))
+    }
+}
+
 fn restrict_node(d: &Value, f: &Map<String, Value>, at: At<'_>) -> Map<String, Value> {
     if is_leaf(f) {
         Map::new()
@@ -94,25 +112,10 @@ fn restrict(d: &Value, f: &Map<String, Value>, at: At<'_>) -> Map<String, Value>
         Value::Array(da) => {
             for (fk, fv) in children(f) {
                 let Some(fv) = fv.as_object() else { continue };
-                let (item, at) = if let Some(key) = parse_key(fk) {
-                    (
-                        da.iter().find(|i| item_matches_key(i, &key, true)),
-                        at.item(|la| la.iter().find(|i| item_matches_key(i, &key, false))),
-                    )
-                } else if let Some(v) = fk
-                    .strip_prefix("v:")
-                    .and_then(|v| serde_json::from_str::<Value>(v).ok())
-                {
-                    (
-                        da.iter().find(|i| **i == v),
-                        at.item(|la| la.iter().find(|i| **i == v)),
-                    )
-                } else if let Some(i) = fk.strip_prefix("i:").and_then(|i| i.parse::<usize>().ok())
-                {
-                    (da.get(i), at.item(|la| la.get(i)))
-                } else {
-                    (None, at)
-                };
+                // The desired item matches a key it leaves out (the schema may default it);
+                // the live one, holding the defaults, matches the whole key.
+                let item = find_item(da, fk, true);
+                let at = at.item(|la| find_item(la, fk, false));
                 if let Some(item) = item {
                     let mut node = restrict_node(item, fv, at);
                     if !node.is_empty() {
