@@ -283,3 +283,77 @@ async fn a_deployment_that_cannot_create_pods_makes_the_app_stalled_with_the_rea
         .unwrap();
     assert_eq!(ready.status, "False");
 }
+
+#[tokio::test]
+async fn an_app_that_leaves_its_replicas_to_an_autoscaler_never_takes_them_back() {
+    shared_operator().await;
+    let client = shared().client();
+    let tenant = unique_name("scaled");
+    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-apps");
+    let mut spec = apps::spec(1, "greeting = 'hi'");
+    spec.replicas = None;
+    apps::create(&client, &ns, "web", spec).await;
+    let app = apps::wait_ready(&client, &ns, "web").await;
+    assert_eq!(app.spec.replicas, None, "stored without a count");
+    assert_eq!(app.status.as_ref().unwrap().available_replicas, 1);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = deployments.get("web").await.unwrap();
+    assert_eq!(
+        deployment.spec.as_ref().unwrap().replicas,
+        Some(1),
+        "the Deployment's own default"
+    );
+
+    // Scaled as a HorizontalPodAutoscaler does: through the scale subresource, as another
+    // field manager.
+    let scaler = PatchParams {
+        field_manager: Some("test-autoscaler".into()),
+        ..PatchParams::default()
+    };
+    deployments
+        .patch_scale(
+            "web",
+            &scaler,
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    // The app follows the Deployment's count: Ready once its 3 pods are available, which the
+    // operator judges from a reconcile that saw the new count and did not take it back.
+    let apps_api: Api<TenantApp> = Api::namespaced(client.clone(), &ns);
+    eventually("the app Ready with 3 of 3 replicas", TIMEOUT, || async {
+        let app = apps_api.get("web").await.map_err(why)?;
+        let status = app.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.message.clone()));
+        match ready {
+            Some((s, m)) if s == "True" && m == "3 of 3 replicas available" => Ok(()),
+            other => Err(format!(
+                "{other:?}, {} available",
+                status.available_replicas
+            )),
+        }
+    })
+    .await;
+    let deployment = deployments.get("web").await.unwrap();
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let repaired: Vec<Option<String>> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("DriftRepaired"))
+        .map(|e| e.note)
+        .collect();
+    assert!(
+        repaired.is_empty(),
+        "the count was taken back: {repaired:?}"
+    );
+}

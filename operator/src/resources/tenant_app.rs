@@ -58,10 +58,12 @@ pub struct TenantAppSpec {
     /// [`super::schema::IMAGE_REFERENCE`]).
     #[schemars(length(min = 1, max = 512), regex(pattern = super::schema::IMAGE_REFERENCE))]
     pub image: String,
-    /// Desired pod replicas, 0 or more (default 1).
-    #[serde(default = "default_replicas")]
+    /// Desired pod replicas, 0 to 1000. Omitted, the count is left to whoever scales the
+    /// Deployment (a HorizontalPodAutoscaler, `kubectl scale`): it starts at 1 and the
+    /// operator never sets it, so an autoscaler and the operator do not fight over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
-    pub replicas: i32,
+    pub replicas: Option<i32>,
     /// The container port, also the Service's port, 1 to 65535 (default 8080).
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
@@ -79,10 +81,6 @@ pub struct TenantAppSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::schema::config")]
     pub config: BTreeMap<String, String>,
-}
-
-fn default_replicas() -> i32 {
-    1
 }
 
 fn default_port() -> i32 {

@@ -99,7 +99,7 @@ pub fn objects(app: &TenantApp) -> (ConfigMap, Deployment, Service) {
     let deployment = Deployment {
         metadata: meta(&name),
         spec: Some(DeploymentSpec {
-            replicas: Some(spec.replicas),
+            replicas: spec.replicas,
             selector: LabelSelector {
                 match_labels: Some(labels.clone()),
                 ..LabelSelector::default()
@@ -158,7 +158,7 @@ mod tests {
             "web",
             TenantAppSpec {
                 image: "nginx:1.27".into(),
-                replicas: 2,
+                replicas: Some(2),
                 port: 8080,
                 env: BTreeMap::new(),
                 config: config
@@ -187,6 +187,17 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["ConfigMap", "Deployment", "Service"]);
         assert_eq!(&*desired.children()[0].key().name, "web-config");
+    }
+
+    #[test]
+    fn replicas_left_to_someone_else_are_not_in_the_desired_deployment() {
+        let body = |app: &TenantApp| serde_json::to_value(objects(app).1).unwrap();
+        let mut scaled_elsewhere = app(&[]);
+        assert_eq!(body(&scaled_elsewhere)["spec"]["replicas"], 2);
+        scaled_elsewhere.spec.replicas = None;
+        let spec = body(&scaled_elsewhere)["spec"].clone();
+        assert!(spec.get("replicas").is_none(), "{spec}");
+        assert!(spec.get("template").is_some());
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl Reconciler for TenantApps {
         // a child's way is watched by the runtime until it is gone or replaced (polled only past
         // the watch limits, see `idem_runtime::controller::blocked`).
         Ok(Outcome::new(status::readiness(
-            app.spec.replicas,
+            status::desired_replicas(app.spec.replicas, deployment.as_ref()),
             &report,
             deployment.as_ref(),
         ))

@@ -17,6 +17,14 @@ pub fn available(deployment: Option<&Deployment>) -> i32 {
         .unwrap_or(0)
 }
 
+/// The pods an app desires: its `replicas`, or when it leaves the count to someone else, the
+/// Deployment's (1, the Deployment's default, before it is known).
+pub fn desired_replicas(replicas: Option<i32>, deployment: Option<&Deployment>) -> i32 {
+    replicas
+        .or_else(|| deployment?.spec.as_ref()?.replicas)
+        .unwrap_or(1)
+}
+
 /// The readiness of an app that desires `replicas` pods, given the apply report and the live
 /// Deployment.
 pub fn readiness(
@@ -50,16 +58,19 @@ pub fn readiness(
             message: format!("{available} of {replicas} replicas available"),
         }
     } else {
-        // Say what is still awaited: "2 of 2 available" alone reads as done.
+        // Say what is still awaited: "2 of 2 available" alone reads as done, and "4 of 1"
+        // reads as a miscount while pods of a scale-down terminate.
+        let count = if available > replicas {
+            format!("{available} replicas available, scaling down to {replicas}")
+        } else {
+            format!("{available} of {replicas} replicas available")
+        };
         let message = if !observed {
-            format!(
-                "{available} of {replicas} replicas available; the Deployment controller has \
-                 not yet seen the latest change"
-            )
+            format!("{count}; the Deployment controller has not yet seen the latest change")
         } else if replicas > 0 && updated < replicas {
             format!("{updated} of {replicas} replicas updated, {available} available")
         } else {
-            format!("{available} of {replicas} replicas available")
+            count
         };
         Readiness::Reconciling {
             reason: "Progressing".into(),
@@ -183,6 +194,20 @@ mod tests {
     }
 
     #[test]
+    fn the_desired_count_is_the_apps_or_else_the_deployments() {
+        let mut d = Deployment::default();
+        assert_eq!(desired_replicas(Some(2), Some(&d)), 2);
+        assert_eq!(desired_replicas(None, None), 1);
+        assert_eq!(desired_replicas(None, Some(&d)), 1);
+        d.spec = Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+            replicas: Some(5),
+            ..Default::default()
+        });
+        assert_eq!(desired_replicas(None, Some(&d)), 5);
+        assert_eq!(desired_replicas(Some(0), Some(&d)), 0);
+    }
+
+    #[test]
     fn ready_only_when_all_replicas_of_the_current_generation_are_available() {
         let report = ApplyReport::default();
         assert!(matches!(
@@ -220,5 +245,15 @@ mod tests {
             "1 of 2 replicas updated, 2 available"
         );
         assert_eq!(message(deployment(3, 3, 1, 2)), "1 of 2 replicas available");
+        // Scaled down: the extra pods are still terminating.
+        assert_eq!(
+            message(deployment(3, 3, 4, 2)),
+            "4 replicas available, scaling down to 2"
+        );
+        assert_eq!(
+            message(deployment(4, 3, 4, 4)),
+            "4 replicas available, scaling down to 2; the Deployment controller has not yet seen \
+             the latest change"
+        );
     }
 }

@@ -12,7 +12,7 @@ use super::{TIMEOUT, eventually, why};
 pub fn spec(replicas: i32, config: &str) -> TenantAppSpec {
     TenantAppSpec {
         image: "nginx:1.27".into(),
-        replicas,
+        replicas: Some(replicas),
         port: 8080,
         env: BTreeMap::from([("LOG_LEVEL".into(), "info".into())]),
         config: BTreeMap::from([("app.toml".into(), config.into())]),
