@@ -27,6 +27,7 @@
 pub mod cli;
 pub mod client;
 pub mod controllers;
+mod epoch;
 mod error;
 pub mod options;
 mod run;

@@ -1,5 +1,6 @@
 //! The manager's modes: start-up (client, metrics, probes, Leases), a single or leader-elected
-//! replica's run, and shutdown; the sharded mode's loop is [`super::sharded`].
+//! replica's run, and shutdown; the sharded mode's loop is [`super::sharded`], one run of the
+//! controllers [`super::epoch`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,126 +13,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::controllers::{Controllers, Shard, Start, Stopped};
+use super::epoch::{Epoch, Parts, refuse, reported};
 use super::sharded::Sharded;
-use super::{Manager, ManagerError, ManagerOptions, client};
-use crate::apply::{ChildCaches, DriftMetrics};
-use crate::controller::ControllerConfig;
-use crate::leader::{Fence, LeaderElection, Leadership};
+use super::{Manager, ManagerError, client};
+use crate::apply::DriftMetrics;
+use crate::leader::{Fence, LeaderElection};
 use crate::metrics::Metrics;
 use crate::shard::guard::{self, Ring};
 use crate::shard::membership::{Membership, MembershipMetrics};
 use crate::shard::selector::Selectors;
-
-/// What every run of the controllers needs.
-pub(super) struct Parts {
-    pub(super) sets: Vec<Arc<dyn Controllers>>,
-    pub(super) options: ManagerOptions,
-    pub(super) metrics: Metrics,
-    pub(super) drift: DriftMetrics,
-    pub(super) reporter: Reporter,
-    /// The reconciles' request slots (`--requests-in-flight`), shared by every run.
-    pub(super) slots: Option<crate::inflight::RequestSlots>,
-}
-
-/// One run of every set of controllers: until `stop` (graceful) or until dropped (cancelled).
-pub(super) struct Epoch {
-    /// Every controller's name and report once they stopped.
-    pub(super) stopped: futures::future::BoxFuture<'static, Vec<Stopped>>,
-    /// Tasks of the run, aborted with it.
-    pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// True while every controller's caches are synced and their watches established.
-    pub(super) synced: watch::Receiver<bool>,
-    /// How many primaries each set holds in this replica's shard.
-    pub(super) owned: Vec<Arc<dyn Fn() -> usize + Send + Sync>>,
-    /// The child caches of the run.
-    pub(super) caches: Vec<ChildCaches>,
-}
-
-impl Epoch {
-    /// Keeps `ready` equal to the run's synced signal, as a task of the run.
-    pub(super) fn tasks_push_readiness(&mut self, ready: watch::Sender<bool>) {
-        let synced = self.synced.clone();
-        self.tasks.push(tokio::spawn(crate::controller::all_ready(
-            vec![synced],
-            ready,
-        )));
-    }
-}
-
-impl Parts {
-    /// Starts every set of controllers on `client`; with `shard`, each reconciles only its
-    /// share.
-    pub(super) fn start(
-        &self,
-        client: &Client,
-        shard: Option<&Shard>,
-        stop: watch::Receiver<bool>,
-    ) -> Epoch {
-        let config = ControllerConfig {
-            workers: self.options.workers,
-            per_tenant_cap: (self.options.tenant_concurrency > 0)
-                .then_some(self.options.tenant_concurrency),
-            resync_period: self.options.resync_period,
-            shutdown_grace: self.options.shutdown_grace,
-            ..ControllerConfig::default()
-        };
-        let mut stopped = Vec::new();
-        let mut synced = Vec::new();
-        let mut epoch = Epoch {
-            stopped: Box::pin(async { Vec::new() }),
-            tasks: Vec::new(),
-            synced: watch::channel(false).1,
-            owned: Vec::new(),
-            caches: Vec::new(),
-        };
-        for set in &self.sets {
-            let running = set.start(Start {
-                client,
-                config: &config,
-                metrics: &self.metrics,
-                drift: &self.drift,
-                reporter: &self.reporter,
-                shard,
-                stop: stop.clone(),
-            });
-            stopped.push(running.stopped);
-            synced.push(running.synced);
-            epoch.tasks.extend(running.tasks);
-            epoch.owned.extend(running.owned);
-            epoch.caches.extend(running.caches);
-        }
-        let (synced_tx, synced_rx) = watch::channel(false);
-        epoch.tasks.push(tokio::spawn(crate::controller::all_ready(
-            synced, synced_tx,
-        )));
-        epoch.synced = synced_rx;
-        epoch.stopped = Box::pin(async move {
-            futures::future::join_all(stopped)
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
-        });
-        epoch
-    }
-}
-
-/// The first controller that failed to start, else the reports logged.
-pub(super) fn reported(stopped: Vec<Stopped>) -> Result<(), ManagerError> {
-    for (name, report) in stopped {
-        match report {
-            Ok(report) => tracing::info!(
-                controller = %name,
-                dropped = report.dropped.len(),
-                abandoned = report.abandoned.len(),
-                "controller stopped"
-            ),
-            Err(source) => return Err(ManagerError::Controller { name, source }),
-        }
-    }
-    Ok(())
-}
 
 /// Applies `crds` and waits until each is established.
 async fn install(
@@ -524,20 +414,4 @@ pub(super) async fn run(
         let _ = task.await;
     }
     result
-}
-
-/// Refuses to work (another replica set reconciles the same objects): not ready, nothing
-/// reconciled, until `shutdown`.
-pub(super) async fn refuse(
-    why: &str,
-    ready: &watch::Sender<bool>,
-    leadership: Option<Leadership>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let _ = ready.send(false);
-    tracing::error!(problem = %why, "refusing to run: this replica reconciles nothing and is not ready");
-    if let Some(lease) = leadership {
-        lease.release().await;
-    }
-    shutdown.await;
 }

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use super::ManagerError;
 use super::client;
 use super::controllers::Shard;
-use super::run::{Epoch, Parts, refuse, reported};
+use super::epoch::{Epoch, Parts, refuse, reported};
 use crate::leader::{Fence, FenceMode};
 use crate::shard::membership::Membership;
 use crate::shard::selector::Selectors;
