@@ -143,4 +143,14 @@ fn dev_once_exits_zero_with_every_example_ready() {
     assert!(err.contains("all 4 examples Ready"), "{err}");
     let web = row(&out, "web").unwrap();
     assert!(web.contains("2/2"), "web should have 2/2 replicas: {web}");
+    // The operator ran as its ServiceAccount with `deploy/`'s RBAC and nothing it asked was
+    // refused: among others, it looked for a shard ring's Leases where `deploy/` lets it.
+    let log = std::fs::read_to_string(dev_dir.join("operator.log")).unwrap_or_default();
+    assert!(
+        log.contains("INFO"),
+        "no operator log in {}",
+        dev_dir.display()
+    );
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    assert!(refused.is_empty(), "the operator was refused: {refused:#?}");
 }

@@ -303,7 +303,11 @@ impl Session<'_> {
             eprintln!("  export KUBECONFIG={}", cp.kubeconfig_path().display());
             eprintln!("  {kubectl} get tenants,tenantapps -A");
         }
-        eprintln!("running; press Ctrl-C to stop the operator and the control plane");
+        if self.control_plane.is_some() {
+            eprintln!("running; press Ctrl-C to stop the operator and the control plane");
+        } else {
+            eprintln!("running; press Ctrl-C to stop the operator (your cluster keeps running)");
+        }
     }
 }
 

@@ -207,6 +207,12 @@ impl Operator {
             .arg(format!("--health-addr={health}"))
             .arg(format!("--metrics-addr={metrics}"))
             .arg("--shutdown-grace=10s")
+            // Where `deploy/` gives the operator its Role on Leases (the shard ring it must not
+            // run beside is looked for there); the kubeconfig names no namespace.
+            .arg(format!(
+                "--leader-elect-namespace={}",
+                crate::manifests::NAMESPACE
+            ))
             .env_remove("KUBECONFIG")
             // Plain text in the log file (tracing-subscriber honours NO_COLOR).
             .env("NO_COLOR", "1")

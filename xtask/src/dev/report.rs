@@ -226,7 +226,11 @@ pub async fn table(client: &Client) -> anyhow::Result<String> {
             let mut row = vec![
                 a.name_any(),
                 a.namespace().unwrap_or_default(),
-                format!("{}/{}", s.available_replicas, a.spec.replicas),
+                match a.spec.replicas {
+                    Some(desired) => format!("{}/{desired}", s.available_replicas),
+                    // Left to an autoscaler: only the available count is the app's to show.
+                    None => format!("{}/-", s.available_replicas),
+                },
                 children_cell(&s.created_children),
             ];
             row.extend(CONDITION_TYPES.iter().map(|ty| cell(&s.conditions, ty)));
