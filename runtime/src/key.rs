@@ -81,29 +81,65 @@ impl ObjectKey {
     }
 }
 
+/// One shared copy of each value put in the set: what is no longer held elsewhere is dropped
+/// whenever the set has doubled since it was last swept, so it stays within twice the values
+/// in use.
+#[derive(Debug)]
+struct Interned<T: ?Sized> {
+    values: std::collections::HashSet<Arc<T>>,
+    swept_at: usize,
+}
+
+impl<T: ?Sized> Default for Interned<T> {
+    fn default() -> Self {
+        Self {
+            values: std::collections::HashSet::new(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<T: ?Sized + Eq + std::hash::Hash> Interned<T> {
+    /// The shared copy of `value`, made by `make` when there is none.
+    fn get<Q>(&mut self, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+    where
+        Q: ?Sized + Eq + std::hash::Hash,
+        Arc<T>: std::borrow::Borrow<Q>,
+    {
+        if let Some(shared) = self.values.get(value) {
+            return Arc::clone(shared);
+        }
+        if self.values.len() >= (2 * self.swept_at).max(64) {
+            self.values.retain(|v| Arc::strong_count(v) > 1);
+            self.swept_at = self.values.len();
+        }
+        let shared = make(value);
+        self.values.insert(Arc::clone(&shared));
+        shared
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.values.len()
+    }
+}
+
+/// The owners a child maps to (most children have one, and an owner's children the same).
+pub(crate) type Owners = Arc<[(ObjectKey, TenantKey)]>;
+
 /// One shared copy of each string a watch puts in many keys (kinds, namespaces, owners'
-/// names): the keys of an owner's children point to one allocation instead of one each.
-/// Strings no key holds any more are dropped whenever the set has doubled since it was last
-/// swept, so it stays within twice the strings in use.
+/// names), and of each list of owners its children map to: the keys of an owner's children
+/// point to one allocation instead of one each, and so do their owner lists.
 #[derive(Debug, Default)]
 pub(crate) struct SharedStrings {
-    strings: std::collections::HashSet<Arc<str>>,
-    swept_at: usize,
+    strings: Interned<str>,
+    owners: Interned<[(ObjectKey, TenantKey)]>,
 }
 
 impl SharedStrings {
     /// The shared copy of `s`.
     pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(shared) = self.strings.get(s) {
-            return Arc::clone(shared);
-        }
-        if self.strings.len() >= (2 * self.swept_at).max(64) {
-            self.strings.retain(|s| Arc::strong_count(s) > 1);
-            self.swept_at = self.strings.len();
-        }
-        let shared: Arc<str> = Arc::from(s);
-        self.strings.insert(Arc::clone(&shared));
-        shared
+        self.strings.get(s, |s| Arc::from(s))
     }
 
     /// `key` with its kind, namespace and (with `name`) name shared.
@@ -122,6 +158,11 @@ impl SharedStrings {
     /// `tenant`, shared.
     pub(crate) fn tenant(&mut self, tenant: &TenantKey) -> TenantKey {
         TenantKey(self.get(tenant.as_str()))
+    }
+
+    /// `owners` (whose keys and tenants are shared already), shared.
+    pub(crate) fn owners(&mut self, owners: &[(ObjectKey, TenantKey)]) -> Owners {
+        self.owners.get(owners, |o| Arc::from(o))
     }
 
     /// Strings held now.
@@ -171,5 +212,21 @@ mod tests {
             Arc::ptr_eq(&strings.get("owner"), &a.name),
             "held ones stay shared"
         );
+    }
+
+    #[test]
+    fn equal_owner_lists_share_one_copy() {
+        let mut strings = SharedStrings::default();
+        let mut owner = |n: &str| {
+            let key = strings.key(&ObjectKey::cluster("Tenant", n), true);
+            (key, strings.tenant(&TenantKey::new(n)))
+        };
+        let (a, b) = (owner("a"), owner("b"));
+        let first = strings.owners(std::slice::from_ref(&a));
+        let again = strings.owners(std::slice::from_ref(&a));
+        assert!(Arc::ptr_eq(&first, &again));
+        let both = strings.owners(&[a.clone(), b.clone()]);
+        assert_eq!(&*both, &[a, b][..]);
+        assert!(!Arc::ptr_eq(&first, &both));
     }
 }

@@ -161,12 +161,15 @@ impl Applier {
         let mut results: Vec<Option<Result<Applied, ApplyError>>> =
             (0..desired.children.len()).map(|_| None).collect();
         for cluster_wave in [true, false] {
-            let mut wave = Vec::new();
-            for (i, child) in desired.children.iter().enumerate() {
-                if child.namespaced != cluster_wave {
-                    wave.push(async move { (i, self.apply_one(owner, child).await) });
-                }
-            }
+            // Made as slots free up: a child's apply is a large future, and only the ones in
+            // flight are held (not one per child of the wave).
+            let wave: Vec<usize> = (0..desired.children.len())
+                .filter(|&i| desired.children[i].namespaced != cluster_wave)
+                .collect();
+            let wave = wave.into_iter().map(|i| {
+                let child = &desired.children[i];
+                async move { (i, self.apply_one(owner, child).await) }
+            });
             let mut answers = futures::stream::iter(wave).buffer_unordered(CHILDREN_IN_FLIGHT);
             while let Some((i, result)) = answers.next().await {
                 results[i] = Some(result);
@@ -269,9 +272,10 @@ impl Applier {
         self.caches.as_ref().map(|c| c.begin_write(key))
     }
 
-    fn remember(&self, key: &ObjectKey, obj: &DynamicObject) {
+    /// Remembers the server's answer `obj` (as JSON) to our write of `key`, for the caches.
+    fn remember(&self, key: &ObjectKey, obj: &Value) {
         if let Some(c) = &self.caches {
-            c.wrote(key, to_json(obj));
+            c.wrote(key, obj);
         }
     }
 
@@ -466,8 +470,9 @@ impl Applier {
                     .await
                 {
                     Ok(patched) => {
+                        let patched = to_json(&patched);
                         self.remember(&key, &patched);
-                        observed = Some(to_json(&patched));
+                        observed = Some(patched);
                     }
                     Err(e) if is_conflict(&e) || is_not_found(&e) => {
                         observed = self.get(&child.resource, &key).await?;
@@ -639,9 +644,9 @@ impl Applier {
             ..PostParams::default()
         };
         let _in_flight = self.begin_write(key);
-        let created = api.create(&pp, &obj).await?;
+        let created = to_json(&api.create(&pp, &obj).await?);
         self.remember(key, &created);
-        Ok(to_json(&created))
+        Ok(created)
     }
 
     /// Keeps the server's answer `written` (the object our write of the desired body with
@@ -700,13 +705,13 @@ impl Applier {
             let folded = api
                 .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
-            self.remember(key, &folded);
+            self.remember(key, &to_json(&folded));
         }
         let guarded = uid_guarded(body, live);
         let pp = PatchParams::apply(owner.field_manager()).force();
-        let applied = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
+        let applied = to_json(&api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?);
         self.remember(key, &applied);
-        Ok(to_json(&applied))
+        Ok(applied)
     }
 
     /// Deletes the child (uid precondition) and creates it again; the new uid, `None` when the

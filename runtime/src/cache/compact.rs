@@ -20,7 +20,7 @@ use self::objects::{Objects, owner_uids};
 use super::KindView;
 use super::template::{Interner, Templated};
 use super::trust::Trust;
-use crate::key::ObjectKey;
+use crate::key::{ObjectKey, Owners};
 use crate::labels::{Labels, MANAGED_BY_LABEL};
 
 /// The annotation client-side `kubectl apply` keeps a copy of the whole object in
@@ -169,6 +169,25 @@ fn split(key: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// What the child watch judged of an object when it stored it: the hash of what its owners'
+/// reconciles care about, and the owners (with their tenants) it maps to.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub(crate) print: u64,
+    pub(crate) owners: Owners,
+}
+
+impl Default for Seen {
+    /// No judgement: print 0, no owners (one shared empty list, not one per object).
+    fn default() -> Self {
+        static NO_OWNERS: std::sync::LazyLock<Owners> = std::sync::LazyLock::new(Owners::default);
+        Self {
+            print: 0,
+            owners: Owners::clone(&NO_OWNERS),
+        }
+    }
+}
+
 /// One cached child: its text as a template shared with the children made alike, and what is
 /// its own (see [`super::template`]); about 250 bytes however large the object.
 struct Entry {
@@ -181,6 +200,8 @@ struct Entry {
     /// The resourceVersion, when it is a decimal number in `1..2^63` (else 0: in the text),
     /// and in the top bit, whether `text` is only a [`stub`].
     rv_stub: u64,
+    /// What the child watch judged of it.
+    seen: Seen,
 }
 
 /// The bit of [`Entry::rv_stub`] that says the entry is a stub.
@@ -255,8 +276,9 @@ fn annotation(meta: &Map<String, Value>, labels: Labels) -> Option<&str> {
 }
 
 impl Entry {
-    /// The entry of `obj` (stripped, or a stub) at `key`, its texts interned in `interner`.
-    fn new(mut obj: Value, key: &str, stub: bool, interner: &Interner) -> Self {
+    /// The entry of `obj` (stripped, or a stub) at `key`, its texts interned in `interner`, as
+    /// the child watch judged it (`seen`).
+    fn new(mut obj: Value, key: &str, stub: bool, interner: &Interner, seen: Seen) -> Self {
         let (namespace, name) = split(key);
         let (mut uid, mut rv) = (None, 0);
         if let Some(o) = obj.as_object_mut() {
@@ -303,6 +325,7 @@ impl Entry {
             text,
             uid: uid.unwrap_or_default(),
             rv_stub: rv | if stub { STUB_BIT } else { 0 },
+            seen,
         }
     }
 
@@ -374,8 +397,8 @@ pub(crate) struct CompactStore {
     keep_status: bool,
     /// Which objects are kept whole; `None`: all of them.
     trust: Option<Arc<Trust>>,
-    /// The texts and values the entries share.
-    interner: Interner,
+    /// The texts and values the entries share (with the other stores of the same caches).
+    interner: Arc<Interner>,
     live: RwLock<Objects>,
     relist: Mutex<Option<Objects>>,
 }
@@ -401,10 +424,18 @@ impl CompactStore {
             kind: kind.to_owned(),
             keep_status,
             trust,
-            interner: Interner::default(),
+            interner: Arc::default(),
             live: RwLock::default(),
             relist: Mutex::default(),
         }
+    }
+
+    /// The store, sharing the texts of its entries with every store that shares `interner`
+    /// (the stores of one set of caches: kinds whose children carry the same owners' values).
+    #[must_use]
+    pub(crate) fn with_interner(mut self, interner: Arc<Interner>) -> Self {
+        self.interner = interner;
+        self
     }
 
     /// `(apiVersion, kind)`.
@@ -439,7 +470,7 @@ impl CompactStore {
     }
 
     /// The entry of `obj`: stripped when `whole`, else its [`stub`]; with its owner uids.
-    fn entry(&self, mut obj: Value, whole: bool) -> Option<(Name, Entry, Vec<String>)> {
+    fn entry(&self, mut obj: Value, whole: bool, seen: Seen) -> Option<(Name, Entry, Vec<String>)> {
         let name = name_of(&obj)?;
         if whole {
             strip(&mut obj, self.keep_status);
@@ -447,54 +478,77 @@ impl CompactStore {
             obj = stub(&obj, &self.api_version, &self.kind);
         }
         let owners = owner_uids(&obj);
-        let e = Entry::new(obj, &name, !whole, &self.interner);
+        let e = Entry::new(obj, &name, !whole, &self.interner, seen);
         Some((name, e, owners))
     }
 
     /// Stores the object with metadata `meta`, in the relist under way when `initial`: whole
     /// (as `whole` makes it; a large object is built only then) when trusted, else its
-    /// [`stub`]. A stub is stored under the map's lock after a last look at the trust: the
-    /// engine marks the objects it writes as trusted before it upgrades their stubs under that
-    /// lock ([`CompactStore::upgrade`]), so a stub never replaces the engine's answer for good.
-    pub(crate) fn put(&self, meta: &Value, whole: impl FnOnce() -> Option<Value>, initial: bool) {
-        let stub_entry = || self.entry(serde_json::json!({ "metadata": meta }), false);
+    /// [`stub`], with what the child watch judged of it (`seen`). Returns what the watch had
+    /// judged of the object stored at that name before (in the relist under way, else in the
+    /// content it replaces). A stub is stored under the map's lock after a last look at the
+    /// trust: the engine marks the objects it writes as trusted before it upgrades their stubs
+    /// under that lock ([`CompactStore::upgrade`]), so a stub never replaces the engine's
+    /// answer for good.
+    pub(crate) fn put(
+        &self,
+        meta: &Value,
+        whole: impl FnOnce() -> Option<Value>,
+        initial: bool,
+        seen: Seen,
+    ) -> Option<Seen> {
+        let stub_entry = |seen| self.entry(serde_json::json!({ "metadata": meta }), false, seen);
         if initial {
-            let Ok(mut relist) = self.relist.lock() else {
-                return;
-            };
+            let mut relist = self.relist.lock().ok()?;
             let listed = relist.get_or_insert_with(Objects::default);
             let e = if self.whole(meta) {
-                whole().and_then(|v| self.entry(v, true))
+                whole().and_then(|v| self.entry(v, true, seen))
             } else {
-                stub_entry()
+                stub_entry(seen)
             };
-            if let Some((name, e, owners)) = e {
-                listed.insert(name, e, &owners, &self.interner);
-            }
+            let (name, e, owners) = e?;
+            let before = listed.insert(name.clone(), e, &owners, &self.interner);
+            drop(relist);
+            before.map(|e| e.seen).or_else(|| {
+                let live = self.live.read().ok()?;
+                Some(live.get(&name)?.seen.clone())
+            })
         } else if self.whole(meta) {
             // Built outside the lock (a whole object may be large).
-            if let Some((name, e, owners)) = whole().and_then(|v| self.entry(v, true))
-                && let Ok(mut live) = self.live.write()
-            {
-                live.insert(name, e, &owners, &self.interner);
-            }
-        } else if let Ok(mut live) = self.live.write() {
+            let (name, e, owners) = whole().and_then(|v| self.entry(v, true, seen))?;
+            let mut live = self.live.write().ok()?;
+            live.insert(name, e, &owners, &self.interner)
+                .map(|e| e.seen)
+        } else {
+            let mut live = self.live.write().ok()?;
             let e = if self.whole(meta) {
-                whole().and_then(|v| self.entry(v, true))
+                whole().and_then(|v| self.entry(v, true, seen))
             } else {
-                stub_entry()
+                stub_entry(seen)
             };
-            if let Some((name, e, owners)) = e {
-                live.insert(name, e, &owners, &self.interner);
-            }
+            let (name, e, owners) = e?;
+            live.insert(name, e, &owners, &self.interner)
+                .map(|e| e.seen)
         }
+    }
+
+    /// What the child watch last judged of the object `namespace/name` (in the relist under
+    /// way, else in the content).
+    pub(crate) fn seen(&self, namespace: Option<&str>, name: &str) -> Option<Seen> {
+        let k = key(namespace, name);
+        let listed = self
+            .relist
+            .lock()
+            .ok()
+            .and_then(|r| Some(r.as_ref()?.get(&k)?.seen.clone()));
+        listed.or_else(|| Some(self.live.read().ok()?.get(&k)?.seen.clone()))
     }
 
     /// A watch `Apply` event: stores `obj` (as JSON).
     #[cfg(test)]
     pub(crate) fn apply(&self, obj: Value) {
         let meta = obj.get("metadata").cloned().unwrap_or_default();
-        self.put(&meta, || Some(obj), false);
+        self.put(&meta, || Some(obj), false, Seen::default());
     }
 
     /// The engine's own copy of `obj` (the answer to its write, or what it read and judged its
@@ -511,8 +565,9 @@ impl CompactStore {
                 stub_uid.as_deref() == uid && uid.is_some() && stub_rv <= rv
             })
         };
-        let whole = || {
-            self.entry(obj.clone(), true)
+        // The watch's judgement of the stub stays with the object that replaces it.
+        let whole = |seen: Seen| {
+            self.entry(obj.clone(), true, seen)
                 .map(|(_, e, owners)| (e, owners))
         };
         let stubbed = |map: &Objects| map.get(&name).is_some_and(|e| e.stub());
@@ -525,15 +580,21 @@ impl CompactStore {
             return; // the common case: nothing to replace, no write lock taken
         }
         if let Ok(mut live) = self.live.write()
-            && live.get(&name).is_some_and(replaces)
-            && let Some((e, owners)) = whole()
+            && let Some(seen) = live
+                .get(&name)
+                .filter(|e| replaces(e))
+                .map(|e| e.seen.clone())
+            && let Some((e, owners)) = whole(seen)
         {
             live.insert(name.clone(), e, &owners, &self.interner);
         }
         if let Ok(mut relist) = self.relist.lock()
             && let Some(listed) = relist.as_mut()
-            && listed.get(&name).is_some_and(replaces)
-            && let Some((e, owners)) = whole()
+            && let Some(seen) = listed
+                .get(&name)
+                .filter(|e| replaces(e))
+                .map(|e| e.seen.clone())
+            && let Some((e, owners)) = whole(seen)
         {
             listed.insert(name, e, &owners, &self.interner);
         }
@@ -557,16 +618,56 @@ impl CompactStore {
     #[cfg(test)]
     pub(crate) fn init_apply(&self, obj: Value) {
         let meta = obj.get("metadata").cloned().unwrap_or_default();
-        self.put(&meta, || Some(obj), true);
+        self.put(&meta, || Some(obj), true, Seen::default());
     }
 
-    /// A watch `InitDone` event: the relist replaces the content.
-    pub(crate) fn init_done(&self) {
-        let listed = self.relist.lock().ok().and_then(|mut r| r.take());
-        if let (Some(listed), Ok(mut live)) = (listed, self.live.write()) {
+    /// A watch `InitDone` event: the relist replaces the content. Returns the objects it no
+    /// longer holds, with the owners the watch last mapped each to. The relist stays locked
+    /// until it is the content, so an engine's [`CompactStore::upgrade`] meanwhile lands in
+    /// one or the other (an upgrade never adds or removes an object, so what vanished is
+    /// found under the read lock: readers wait only for the swap).
+    pub(crate) fn init_done(&self) -> Vec<Vanished> {
+        let Ok(mut relist) = self.relist.lock() else {
+            return Vec::new();
+        };
+        let Some(listed) = relist.take() else {
+            return Vec::new();
+        };
+        let vanished = self.live.read().map_or_else(
+            |_| Vec::new(),
+            |live| {
+                live.iter()
+                    .filter(|(name, _)| listed.get(name).is_none())
+                    .map(|(name, e)| {
+                        let (namespace, short) = split(name);
+                        Vanished {
+                            namespace: namespace.map(str::to_owned),
+                            name: short.to_owned(),
+                            uid: e.uid().or_else(|| {
+                                let obj = e.object(name, "", "")?;
+                                Some(obj.pointer("/metadata/uid")?.as_str()?.to_owned())
+                            }),
+                            owners: e.seen.owners.clone(),
+                        }
+                    })
+                    .collect()
+            },
+        );
+        if let Ok(mut live) = self.live.write() {
             *live = listed;
         }
+        drop(relist);
+        vanished
     }
+}
+
+/// An object a relist no longer holds (deleted while the watch was down).
+pub(crate) struct Vanished {
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: String,
+    pub(crate) uid: Option<String>,
+    /// The owners the watch last mapped it to.
+    pub(crate) owners: Owners,
 }
 
 impl KindView for CompactStore {

@@ -3,6 +3,7 @@
 //! server answered about them; filled by the controller's watches, read by the apply engine.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ mod own_writes;
 mod template;
 mod trust;
 pub(crate) use answers::Answers;
-pub(crate) use compact::CompactStore;
+pub(crate) use compact::{CompactStore, Seen};
 pub(crate) use own_writes::{InFlight, Origin};
 pub(crate) use trust::Trust;
 
@@ -139,7 +140,8 @@ where
 #[derive(Clone, Default)]
 pub struct ChildCaches {
     kinds: Arc<RwLock<HashMap<KindKey, Arc<dyn KindView>>>>,
-    overlay: Arc<Mutex<HashMap<ObjectKey, (Instant, Value)>>>,
+    /// The answers to our writes the stores do not show yet.
+    overlay: Arc<Mutex<HashMap<ObjectKey, Written>>>,
     /// Names taken by objects we do not own (seen on a create's AlreadyExists): the caches,
     /// filtered by label, do not hold them, so they are read from the API server rather than
     /// created again.
@@ -148,9 +150,16 @@ pub struct ChildCaches {
     own: Arc<OwnWrites>,
     /// Which children are idem's (kept whole by the stores that ask).
     trust: Arc<Trust>,
+    /// Whether a store asks or will ask the trust ([`ChildCaches::will_trust`]): until then
+    /// what the engine writes need not be remembered as its own (every store keeps every
+    /// object whole).
+    trust_asked: Arc<AtomicBool>,
     /// The server's answers for children the convergence check cannot judge alone, shared by
     /// every pass's applier, dropped with the child.
     answers: Answers,
+    /// The texts the child stores' entries share (an owner's uid and name are in each of its
+    /// children, whatever their kind).
+    interner: Arc<template::Interner>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -168,6 +177,29 @@ impl std::fmt::Debug for ChildCaches {
 
 /// `(apiVersion, kind)`.
 type KindKey = (String, String);
+
+/// The server's answer to one of our writes, kept until the child's store shows it: as JSON
+/// text (a parsed object costs several times its text while a fill's answers wait for their
+/// watch events).
+struct Written {
+    at: Instant,
+    resource_version: Option<u64>,
+    text: Box<str>,
+}
+
+impl Written {
+    fn new(obj: &Value) -> Self {
+        Self {
+            at: Instant::now(),
+            resource_version: rv_of(obj),
+            text: obj.to_string().into(),
+        }
+    }
+
+    fn object(&self) -> Option<Value> {
+        serde_json::from_str(&self.text).ok()
+    }
+}
 
 fn kind_key(resource: &ApiResource) -> KindKey {
     (resource.api_version.clone(), resource.kind.clone())
@@ -230,9 +262,24 @@ impl ChildCaches {
         self.kinds.read().ok()?.get(&kind_key(resource)).cloned()
     }
 
+    /// The texts every child store of these caches shares.
+    pub(crate) fn interner(&self) -> Arc<template::Interner> {
+        Arc::clone(&self.interner)
+    }
+
     /// The trust the stores of children of owners with a record ask.
     pub(crate) fn trust(&self) -> Arc<Trust> {
+        self.will_trust();
         Arc::clone(&self.trust)
+    }
+
+    /// A controller whose stores will ask the trust is built on these caches (before any of
+    /// them runs): from now on the engine's writes are remembered as its own. Caches shared
+    /// with writers that run before such a controller is built (an `Applier` of their own)
+    /// keep no memory of those writes: the children they wrote are read once from the API
+    /// server when that controller's stores hold them as stubs, and trusted from then on.
+    pub(crate) fn will_trust(&self) {
+        self.trust_asked.store(true, Ordering::Release);
     }
 
     /// The child `key` of kind `resource`: `None` when the kind is not cached, or the cache
@@ -245,10 +292,10 @@ impl ChildCaches {
             None => (None, false),
         };
         let mut overlay = self.overlay.lock().ok()?;
-        let Some((written, ours)) = overlay.get(key) else {
+        let Some(ours) = overlay.get(key) else {
             return (!stub).then_some(cached);
         };
-        if cached.is_none() && written.elapsed() > OVERLAY_TRUST {
+        if cached.is_none() && ours.at.elapsed() > OVERLAY_TRUST {
             // The store never showed our write, or showed it and lost the object since (a
             // delete, or a label change that took it out of the watch's selector, racing the
             // write's answer): trust the store, so a missing child is created again (a create
@@ -256,12 +303,13 @@ impl ChildCaches {
             overlay.remove(key);
             return Some(None);
         }
-        match (&cached, rv_of(ours)) {
+        match (&cached, ours.resource_version) {
             (Some(c), Some(mine)) if rv_of(c).is_some_and(|rv| rv >= mine) => {
                 overlay.remove(key);
                 (!stub).then_some(cached)
             }
-            _ => Some(Some(ours.clone())),
+            // Unreadable (never: it is our own serialisation), it is not taken for absent.
+            _ => ours.object().map(Some),
         }
     }
 
@@ -306,13 +354,13 @@ impl ChildCaches {
     /// read: a whole object per child written, for as long as the fleet is converged). The
     /// store is looked at under the overlay's lock, which `stored` takes after the store has
     /// the event: either this sees the version, or `stored` sees the answer.
-    pub(crate) fn wrote(&self, key: &ObjectKey, obj: Value) {
-        let rv = rv_of(&obj);
+    pub(crate) fn wrote(&self, key: &ObjectKey, obj: &Value) {
+        let rv = rv_of(obj);
         if let Some(rv) = rv {
             self.own.wrote(key, rv);
         }
-        self.ours(key, &obj);
-        let view = self.view_of(&obj);
+        self.ours(key, obj);
+        let view = self.view_of(obj);
         if let Ok(mut overlay) = self.overlay.lock() {
             let shown = rv.is_some_and(|mine| {
                 view.and_then(|v| v.resource_version(key.namespace.as_deref(), &key.name))
@@ -325,7 +373,7 @@ impl ChildCaches {
             if overlay.len() >= OVERLAY_CAP {
                 overlay.clear();
             }
-            overlay.insert(key.clone(), (Instant::now(), obj));
+            overlay.insert(key.clone(), Written::new(obj));
         }
     }
 
@@ -346,7 +394,7 @@ impl ChildCaches {
         // Trusted first: a watch event of it that is being stored now is then kept whole, or
         // its stub is replaced below (see `CompactStore::upgrade`). Already trusted (by a
         // record that came after its watch event), a stub of it is replaced all the same.
-        if !self.trust.is_ours(key, uid) {
+        if self.trust_asked.load(Ordering::Acquire) && !self.trust.is_ours(key, uid) {
             self.trust.own(key, uid);
         }
         if let Some(view) = self.view_of(obj) {
@@ -424,7 +472,7 @@ impl ChildCaches {
         if let Ok(mut overlay) = self.overlay.lock()
             && overlay
                 .get(key)
-                .is_some_and(|(_, ours)| rv_of(ours).is_some_and(|mine| mine <= rv))
+                .is_some_and(|ours| ours.resource_version.is_some_and(|mine| mine <= rv))
         {
             overlay.remove(key);
         }
@@ -481,7 +529,7 @@ mod tests {
         caches.register(store);
         let resource = ApiResource::erase::<ConfigMap>(&());
         let ours = json!({"metadata": {"name": "cm", "namespace": "ns", "resourceVersion": "7"}});
-        caches.wrote(&key(), ours.clone());
+        caches.wrote(&key(), &ours);
         // Just written, not yet delivered by the watch: our answer is the freshest view.
         assert_eq!(caches.get(&resource, &key()), Some(Some(ours)));
         // The store still says absent long after any watch would have delivered the write
@@ -530,13 +578,13 @@ mod tests {
         // write of version 7 arrived: `stored` found nothing to drop then.
         store.apply(obj("8"));
         caches.stored(&key(), "8");
-        caches.wrote(&key(), obj("7"));
+        caches.wrote(&key(), &obj("7"));
         assert!(caches.overlay.lock().unwrap().is_empty());
-        caches.wrote(&key(), obj("8"));
+        caches.wrote(&key(), &obj("8"));
         assert!(caches.overlay.lock().unwrap().is_empty());
         assert_eq!(caches.get(&resource, &key()), Some(Some(obj("8"))));
         // An answer newer than the store still stands in for it until the watch catches up.
-        caches.wrote(&key(), obj("9"));
+        caches.wrote(&key(), &obj("9"));
         assert_eq!(caches.get(&resource, &key()), Some(Some(obj("9"))));
         store.apply(obj("9"));
         caches.stored(&key(), "9");
@@ -547,7 +595,7 @@ mod tests {
     fn an_own_write_result_is_dropped_once_the_store_shows_that_version() {
         let caches = ChildCaches::new();
         let ours = |rv: &str| json!({"metadata": {"name": "cm", "resourceVersion": rv}});
-        caches.wrote(&key(), ours("7"));
+        caches.wrote(&key(), &ours("7"));
         caches.stored(&key(), "6"); // an older event: our result is still the freshest
         assert_eq!(caches.overlay.lock().unwrap().len(), 1);
         caches.stored(&key(), "7");

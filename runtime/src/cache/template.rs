@@ -34,6 +34,10 @@ pub(crate) struct Interner {
 struct Set {
     texts: HashSet<Arc<str>>,
     after_sweep: usize,
+    /// Lists of values (of interned texts), kept once likewise: the children of one owner
+    /// made alike have the same values.
+    lists: HashSet<Arc<[Arc<str>]>>,
+    lists_after_sweep: usize,
 }
 
 impl Interner {
@@ -49,6 +53,22 @@ impl Interner {
             // Only the set holds these: no child refers to them any more.
             set.texts.retain(|t| Arc::strong_count(t) > 1);
             set.after_sweep = set.texts.len();
+        }
+        shared
+    }
+
+    /// The shared copy of the list of `values`, each interned.
+    fn intern_list(&self, values: &[&str]) -> Arc<[Arc<str>]> {
+        let values: Vec<Arc<str>> = values.iter().map(|v| self.intern(v)).collect();
+        let mut set = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(shared) = set.lists.get(values.as_slice()) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<[Arc<str>]> = Arc::from(values);
+        set.lists.insert(Arc::clone(&shared));
+        if set.lists.len() > 2 * set.lists_after_sweep + SWEEP_SLACK {
+            set.lists.retain(|l| Arc::strong_count(l) > 1);
+            set.lists_after_sweep = set.lists.len();
         }
         shared
     }
@@ -69,8 +89,8 @@ impl Interner {
 pub(crate) struct Templated {
     /// The text with the name, the namespace and [`Templated::values`] replaced by tokens.
     pub(crate) template: Arc<str>,
-    /// The values replaced, in token order.
-    pub(crate) values: Box<[Arc<str>]>,
+    /// The values replaced, in token order (the list shared by the children with the same).
+    pub(crate) values: Arc<[Arc<str>]>,
     /// A value of 16 hexadecimal digits the object alone has (a fingerprint), kept as the
     /// number they write; 0: none.
     pub(crate) hex: u64,
@@ -141,7 +161,7 @@ impl Templated {
         }
         Self {
             template: interner.intern(&out),
-            values: kept.into_iter().map(|v| interner.intern(v)).collect(),
+            values: interner.intern_list(&kept),
             hex: hex.map_or(0, |(_, n)| n),
         }
     }
@@ -248,6 +268,9 @@ mod tests {
         );
         // One template, 3 times and 50 tenants.
         assert_eq!(interner.len(), 1 + 3 + 50);
+        // Children with the same values share one list of them.
+        assert!(Arc::ptr_eq(&all[4].values, &child(1, 1).values));
+        assert!(!Arc::ptr_eq(&all[4].values, &all[5].values));
         assert!(all[4].has_value("team-1") && !all[4].has_value("team-2"));
     }
 

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use crate::key::ObjectKey;
 
 /// Most process-local entries (children created or judged ours by this process and not yet
-/// seen in a record); past it those already recorded are dropped, then all (a child that
-/// loses its entry is read once from the API server and trusted again).
+/// seen in a record); past it all are dropped (a child that loses its entry is read once from
+/// the API server and trusted again).
 const OWN_CAP: usize = 10_000;
 
 /// The uids of idem's children; shared by a controller's primary watch (the records), the
@@ -32,10 +32,11 @@ struct Inner {
     /// Per owner, the uids in its record.
     records: HashMap<ObjectKey, Vec<Arc<str>>>,
     /// The uids of every record, with the number of records holding each. Its keys are the
-    /// one copy of each uid that `records` and `own` share.
+    /// one copy of each uid that `records` hold.
     recorded: HashMap<Arc<str>, usize>,
-    /// Children this process created or judged its own, by key, with their uid.
-    own: HashMap<ObjectKey, Arc<str>>,
+    /// Children this process created or judged its own and no record holds yet, by uid, with
+    /// their key: a record that comes to hold a uid takes its place.
+    own: HashMap<Arc<str>, ObjectKey>,
 }
 
 impl Inner {
@@ -72,6 +73,7 @@ impl Trust {
         }
         for uid in &uids {
             *inner.recorded.entry(uid.clone()).or_default() += 1;
+            inner.own.remove(uid);
         }
         if let Some(old) = inner.records.insert(owner.clone(), uids) {
             inner.unrecord(old);
@@ -110,30 +112,28 @@ impl Trust {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if inner.own.len() >= OWN_CAP && !inner.own.contains_key(child) {
-            let Inner { recorded, own, .. } = &mut *inner;
-            own.retain(|_, u| !recorded.contains_key(u));
-            if own.len() >= OWN_CAP {
-                own.clear();
-            }
+        if inner.recorded.contains_key(uid) {
+            return;
         }
-        let uid = inner.uid(uid);
-        inner.own.insert(child.clone(), uid);
+        if inner.own.len() >= OWN_CAP && !inner.own.contains_key(uid) {
+            inner.own.clear();
+        }
+        inner.own.insert(Arc::from(uid), child.clone());
     }
 
     /// The object `uid` at `child` was deleted.
     pub(crate) fn deleted(&self, child: &ObjectKey, uid: &str) {
         if let Ok(mut inner) = self.inner.lock()
-            && inner.own.get(child).is_some_and(|u| &**u == uid)
+            && inner.own.get(uid) == Some(child)
         {
-            inner.own.remove(child);
+            inner.own.remove(uid);
         }
     }
 
     /// Whether the object `uid` at `child` is one of idem's children.
     pub(crate) fn is_ours(&self, child: &ObjectKey, uid: &str) -> bool {
         self.inner.lock().is_ok_and(|inner| {
-            inner.recorded.contains_key(uid) || inner.own.get(child).is_some_and(|u| &**u == uid)
+            inner.recorded.contains_key(uid) || inner.own.get(uid) == Some(child)
         })
     }
 
@@ -198,11 +198,28 @@ mod tests {
         );
         trust.set_record(&a, vec!["u1".into()]);
         trust.set_record(&b, vec!["u1".into()]);
-        trust.own(&key("x"), "u1");
         let inner = trust.inner.lock().unwrap();
         let held = |owner: &ObjectKey| Arc::clone(&inner.records[owner][0]);
         assert!(Arc::ptr_eq(&held(&a), &held(&b)));
-        assert!(Arc::ptr_eq(&held(&a), &inner.own[&key("x")]));
+    }
+
+    #[test]
+    fn a_record_takes_the_place_of_the_process_local_entry() {
+        let trust = Trust::default();
+        trust.own(&key("x"), "u1");
+        trust.own(&key("y"), "u2");
+        assert_eq!(trust.len(), 2);
+        // The status write that records the child: held once, by the record.
+        trust.set_record(&ObjectKey::cluster("Tenant", "a"), vec!["u1".into()]);
+        assert_eq!(trust.len(), 2);
+        assert!(trust.inner.lock().unwrap().own.len() == 1);
+        // Judged its own again while recorded: nothing more is kept.
+        trust.own(&key("x"), "u1");
+        assert!(trust.inner.lock().unwrap().own.len() == 1);
+        assert!(trust.is_ours(&key("x"), "u1") && trust.is_ours(&key("y"), "u2"));
+        // Released from the record (pruned or let go): no longer trusted.
+        trust.set_record(&ObjectKey::cluster("Tenant", "a"), vec![]);
+        assert!(!trust.is_ours(&key("x"), "u1"));
     }
 
     #[test]

@@ -427,6 +427,9 @@ where
     /// never reads.
     #[must_use]
     pub fn with_child_caches(mut self, caches: crate::cache::ChildCaches) -> Self {
+        if self.record_of.is_some() {
+            caches.will_trust();
+        }
         self.caches = Some(caches);
         self
     }
@@ -449,6 +452,9 @@ where
         record_of: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
         self.record_of = Some(Arc::new(record_of));
+        if let Some(caches) = &self.caches {
+            caches.will_trust();
+        }
         self
     }
 
@@ -521,6 +527,7 @@ where
             blocked: self.blocked.clone(),
             record_of: self.record_of.clone(),
             reads_status: self.reads_status.clone(),
+            strings: std::sync::Mutex::default(),
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 
 use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
-use crate::cache::{ChildCaches, CompactStore, Origin};
-use crate::key::{ObjectKey, SharedStrings, TenantKey};
+use crate::cache::{ChildCaches, CompactStore, Origin, Seen};
+use crate::key::{ObjectKey, Owners, SharedStrings, TenantKey};
 use crate::labels::Labels;
 use crate::queue::{Priority, WorkQueue};
 
@@ -52,6 +52,9 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     /// The child kinds whose status the reconcile reads (as if owned
     /// [`OwnsOptions::reading_status`]).
     pub reads_status: super::KindSet,
+    /// Kinds, namespaces, owners, tenants and owner lists, shared by the keys of every child
+    /// watch's children.
+    pub strings: std::sync::Mutex<SharedStrings>,
 }
 
 impl<K> Shared<K>
@@ -255,16 +258,19 @@ where
                     shared.blocked.forget_owner(&key);
                 }
                 Event::Init => {
+                    // Objects a list that broke off had decided to queue stay queued: `seen`
+                    // already counts that list's versions (one reconcile more, never one less).
                     listed.clear();
-                    after_list.clear();
                 }
                 Event::InitDone => {
                     // Objects missing from a relist were deleted while the watch was down.
                     seen.retain(|k, _| listed.contains(k));
-                    listed = HashSet::new();
                     for (key, tenant, priority, bypass) in after_list.drain(..) {
-                        add(&shared.queue, &key, &tenant, priority, bypass);
+                        if listed.contains(&key) {
+                            add(&shared.queue, &key, &tenant, priority, bypass);
+                        }
                     }
+                    listed = HashSet::new();
                     first_list = false;
                     tx.send_replace(true);
                 }
@@ -285,10 +291,6 @@ fn add(queue: &WorkQueue, key: &ObjectKey, tenant: &TenantKey, priority: Priorit
         queue.add(key, tenant, priority);
     }
 }
-
-/// What a child watch remembers of a child: its [`child_print_text`] and the owners (with their
-/// tenants) it mapped to.
-type Seen = (u64, Vec<(ObjectKey, TenantKey)>);
 
 /// Drive a child watch: enqueue the owner of every child that changed in a way its reconcile
 /// cares about ([`child_print_text`] under `options`, so a relist of unchanged children, status
@@ -332,20 +334,23 @@ where
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
         let store = shared.caches.as_ref().map(|caches| {
-            Arc::new(CompactStore::new(
-                &C::api_version(&()),
-                &C::kind(&()),
-                options.reads_status,
-                shared.record_of.as_ref().map(|_| caches.trust()),
-            ))
+            Arc::new(
+                CompactStore::new(
+                    &C::api_version(&()),
+                    &C::kind(&()),
+                    options.reads_status,
+                    shared.record_of.as_ref().map(|_| caches.trust()),
+                )
+                .with_interner(caches.interner()),
+            )
         });
         let mut registered = false;
         futures::pin_mut!(stream);
+        // What the watch judged of each child (its `child_print_text` and the owners it mapped
+        // to): kept with the child in the store when there is one, else here, with the
+        // children of the list under way (to find those that vanished).
         let mut versions: HashMap<ObjectKey, Seen> = HashMap::new();
-        // The children of the list under way (empty between lists).
         let mut listed: HashSet<ObjectKey> = HashSet::new();
-        // Kinds, namespaces, owners and tenants are shared by many children's keys.
-        let mut strings = SharedStrings::default();
         // Owners to queue once a list is complete, when the child store holds the listed
         // children: a reconcile started earlier would judge them by the store of before the
         // list (see `primary`).
@@ -366,40 +371,55 @@ where
                 Event::InitApply(obj) => (obj, false, true),
                 Event::Delete(obj) => (obj, true, false),
                 Event::Init => {
+                    // Owners a list that broke off had decided to queue stay queued: without a
+                    // store, the judgement of their children already counts that list's
+                    // versions, so the next list would not decide it again (one reconcile
+                    // more, never one less).
                     listed.clear();
-                    after_list.clear();
                     if let Some(store) = &store {
                         store.init();
                     }
                     continue;
                 }
                 Event::InitDone => {
-                    let mut vanished = Vec::new();
-                    versions.retain(|k, (_, owners)| {
-                        let keep = listed.contains(k);
-                        if !keep {
-                            vanished.push((k.clone(), std::mem::take(owners)));
+                    // Children missing from the list were deleted while the watch was down.
+                    let mut vanished: Vec<(ObjectKey, Option<String>, Owners)> = Vec::new();
+                    match &store {
+                        Some(store) => {
+                            vanished.extend(store.init_done().into_iter().map(|gone| {
+                                let key = ObjectKey {
+                                    kind: C::kind(&()).as_ref().into(),
+                                    namespace: gone.namespace.map(Into::into),
+                                    name: gone.name.into(),
+                                };
+                                (key, gone.uid, gone.owners)
+                            }));
                         }
-                        keep
-                    });
+                        None => versions.retain(|k, seen| {
+                            let keep = listed.contains(k);
+                            if !keep {
+                                vanished.push((k.clone(), None, std::mem::take(&mut seen.owners)));
+                            }
+                            keep
+                        }),
+                    }
                     listed = HashSet::new();
-                    for (child, owners) in vanished {
+                    for (child, uid, owners) in vanished {
                         tracing::debug!(%child, "child vanished while the watch was down");
                         if let Some(caches) = &shared.caches {
                             caches.forget(&child);
+                            if let Some(uid) = uid {
+                                caches.deleted(&child, &uid);
+                            }
                         }
-                        after_list.extend(
-                            owners
-                                .into_iter()
-                                .map(|(owner, tenant)| (owner, tenant, Priority::Event)),
-                        );
+                        after_list.extend(owners.iter().map(|(owner, tenant)| {
+                            (owner.clone(), tenant.clone(), Priority::Event)
+                        }));
                     }
-                    if let (Some(caches), Some(store)) = (&shared.caches, &store) {
-                        store.init_done();
-                        if !registered {
-                            caches.register_compact(Arc::clone(store));
-                            registered = true;
-                        }
+                    if let (Some(caches), Some(store), false) = (&shared.caches, &store, registered)
+                    {
+                        caches.register_compact(Arc::clone(store));
+                        registered = true;
                     }
                     for (owner, tenant, priority) in after_list.drain(..) {
                         shared.reasons.note(&owner, super::Reason::ChildChanged);
@@ -411,29 +431,42 @@ where
                 }
             };
             let replay = !deleted && first_list;
-            let key = strings.key(&key_of(&obj), false);
-            let mut owners: Vec<(ObjectKey, TenantKey)> =
-                owners_of::<K>(obj.meta(), shared.label_names, |o| shared.owner_uid(o))
-                    .into_iter()
-                    .map(|owner| {
-                        let tenant = shared.owner_tenant(&owner, obj.meta());
-                        (strings.key(&owner, true), strings.tenant(&tenant))
-                    })
-                    .collect();
-            owners.shrink_to_fit();
+            let (key, mut owners) = {
+                let mut strings = shared
+                    .strings
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let owners: Vec<(ObjectKey, TenantKey)> =
+                    owners_of::<K>(obj.meta(), shared.label_names, |o| shared.owner_uid(o))
+                        .into_iter()
+                        .map(|owner| {
+                            let tenant = shared.owner_tenant(&owner, obj.meta());
+                            (strings.key(&owner, true), strings.tenant(&tenant))
+                        })
+                        .collect();
+                (strings.key(&key_of(&obj), false), strings.owners(&owners))
+            };
             if owners.is_empty() {
                 // A child that mapped to owners before and maps to none now (someone removed
                 // its ownerReference and labels): its former owners look at it (an owner that
                 // created it repairs it, see `Owner::recorded`).
-                if let Some((_, before)) = versions.get(&key) {
-                    owners.clone_from(before);
+                let before = match &store {
+                    Some(store) => store
+                        .seen(key.namespace.as_deref(), &key.name)
+                        .map(|seen| seen.owners),
+                    None => versions.get(&key).map(|seen| seen.owners.clone()),
+                };
+                if let Some(before) = before {
+                    owners = before;
                 }
             }
             let mut origin = Origin::Other;
             let changed = if deleted {
-                versions.remove(&key);
-                if let Some(store) = &store {
-                    store.delete(key.namespace.as_deref(), &key.name);
+                match &store {
+                    Some(store) => store.delete(key.namespace.as_deref(), &key.name),
+                    None => {
+                        versions.remove(&key);
+                    }
                 }
                 // The engine's memory of its own write of this child is stale now.
                 if let Some(caches) = &shared.caches {
@@ -444,7 +477,7 @@ where
                 }
                 true
             } else {
-                if initial {
+                if initial && store.is_none() {
                     listed.insert(key.clone());
                 }
                 let managers = shared
@@ -459,21 +492,27 @@ where
                     Some(store) if !store.keeps_whole(&meta) => child_print_meta(&meta, &managers),
                     _ => child_print_text(obj.text(), &managers, options),
                 };
-                if let Some(store) = &store {
-                    store.put(&meta, || serde_json::from_str(obj.text()).ok(), initial);
-                    if let (Some(caches), Some(rv), false) =
-                        (&shared.caches, obj.resource_version(), initial)
-                    {
-                        caches.stored(&key, &rv);
+                let seen = Seen {
+                    print,
+                    owners: owners.clone(),
+                };
+                let before = match &store {
+                    Some(store) => {
+                        let text = || serde_json::from_str(obj.text()).ok();
+                        let before = store.put(&meta, text, initial, seen);
+                        if let (Some(caches), Some(rv), false) =
+                            (&shared.caches, obj.resource_version(), initial)
+                        {
+                            caches.stored(&key, &rv);
+                        }
+                        before
                     }
-                }
+                    None => versions.insert(key.clone(), seen),
+                };
                 if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
                     origin = caches.observe(&key, &rv);
                 }
-                versions
-                    .insert(key.clone(), (print, owners.clone()))
-                    .map(|(old, _)| old)
-                    != Some(print)
+                before.map(|seen| seen.print) != Some(print)
             };
             if !changed || origin == Origin::Ours || owners.is_empty() {
                 continue;
@@ -489,8 +528,8 @@ where
                 // one reconcile more, never one less).
                 after_list.extend(
                     owners
-                        .into_iter()
-                        .map(|(owner, tenant)| (owner, tenant, priority)),
+                        .iter()
+                        .map(|(owner, tenant)| (owner.clone(), tenant.clone(), priority)),
                 );
                 continue;
             }
@@ -502,17 +541,17 @@ where
                     let reasons = shared.reasons.clone();
                     tokio::spawn(async move {
                         if caches.settle(&key, &rv).await != Origin::Ours {
-                            for (owner, tenant) in owners {
-                                reasons.note(&owner, super::Reason::ChildChanged);
-                                queue.add(&owner, &tenant, priority);
+                            for (owner, tenant) in owners.iter() {
+                                reasons.note(owner, super::Reason::ChildChanged);
+                                queue.add(owner, tenant, priority);
                             }
                         }
                     });
                 }
                 _ => {
-                    for (owner, tenant) in owners {
-                        shared.reasons.note(&owner, super::Reason::ChildChanged);
-                        shared.queue.add(&owner, &tenant, priority);
+                    for (owner, tenant) in owners.iter() {
+                        shared.reasons.note(owner, super::Reason::ChildChanged);
+                        shared.queue.add(owner, tenant, priority);
                     }
                 }
             }

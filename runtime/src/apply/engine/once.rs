@@ -199,8 +199,8 @@ impl Applier {
             };
             match written {
                 Ok(obj) => {
-                    self.remember(&key, &obj);
                     let now = to_json(&obj);
+                    self.remember(&key, &now);
                     if owner.owns(&obj.metadata) && carries_labels(&now, &stamp) {
                         done.outcome = ChildOutcome::Applied;
                         done.live = Some(now);

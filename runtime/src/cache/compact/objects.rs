@@ -79,17 +79,17 @@ impl Objects {
         self.by_name.len()
     }
 
-    /// Stores `entry` at `name`, in place of the one there; `owners` are its owner uids
-    /// ([`owner_uids`] of the object it was made from), interned in `interner` when they are
-    /// not among its template's values.
+    /// Stores `entry` at `name`, in place of the one there (returned); `owners` are its owner
+    /// uids ([`owner_uids`] of the object it was made from), interned in `interner` when they
+    /// are not among its template's values.
     pub(super) fn insert(
         &mut self,
         name: Name,
         entry: Entry,
         owners: &[String],
         interner: &Interner,
-    ) {
-        self.remove(&name);
+    ) -> Option<Entry> {
+        let old = self.remove(&name);
         let nh = h32(&name);
         let mut apart = Vec::new();
         for uid in owners {
@@ -105,13 +105,14 @@ impl Objects {
         }
         self.by_name
             .insert_unique(spread(nh), (name, entry), |(n, _)| spread(h32(n)));
+        old
     }
 
-    /// Removes the entry at `name`.
-    pub(super) fn remove(&mut self, name: &str) {
+    /// Removes the entry at `name` and returns it.
+    pub(super) fn remove(&mut self, name: &str) -> Option<Entry> {
         let nh = h32(name);
         let Ok(found) = self.by_name.find_entry(spread(nh), |(n, _)| &**n == name) else {
-            return;
+            return None;
         };
         let ((_, old), _) = found.remove();
         let apart = self.apart.remove(name);
@@ -124,6 +125,12 @@ impl Objects {
                 pair.remove();
             }
         }
+        Some(old)
+    }
+
+    /// Every entry, with its name.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&Name, &Entry)> {
+        self.by_name.iter().map(|(n, e)| (n, e))
     }
 
     /// The entries that may carry an owner-uid label (of any owner kind) with value `uid`:
@@ -165,7 +172,10 @@ mod tests {
     /// An entry made from `o` as the store makes it, and its owner uids.
     fn entry(o: &Value, interner: &Interner) -> (Entry, Vec<String>) {
         let owners = owner_uids(o);
-        (Entry::new(o.clone(), "n", false, interner), owners)
+        (
+            Entry::new(o.clone(), "n", false, interner, Default::default()),
+            owners,
+        )
     }
 
     fn owned(objects: &Objects, uid: &str) -> Vec<String> {

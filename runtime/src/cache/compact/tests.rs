@@ -360,7 +360,9 @@ const FLEET_TENANTS: u64 = 1_000;
 
 /// Fills a store of each fleet kind and prints what it keeps per child: the bytes its live
 /// allocations asked for, plus 16 per allocation (the system allocator's header and rounding).
-/// Only meaningful alone in its process, which the test below arranges.
+/// Each entry holds the child watch's judgement of the child too (its print and a pointer to
+/// its owner list, a list shared by every child of that owner); the watch keeps nothing else
+/// per child. Only meaningful alone in its process, which the test below arranges.
 #[test]
 #[ignore = "run by a_cached_child_costs_at_most_300_bytes in a process of its own"]
 fn weigh_a_fill() {
@@ -469,7 +471,7 @@ fn weigh_own_writes() {
             caches.stored(&key, &rv);
             assert_eq!(caches.observe(&key, &rv), super::super::Origin::Pending);
             // Then its answer, and the event is judged once the write ended (`settle`).
-            caches.wrote(&key, c.clone());
+            caches.wrote(&key, c);
             drop(write);
             assert_eq!(caches.observe(&key, &rv), super::super::Origin::Ours);
         }
