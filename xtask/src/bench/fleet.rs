@@ -331,3 +331,56 @@ where
         .await?;
     Ok(())
 }
+
+/// Waits until kube-controller-manager has done its part for every object made so far: each
+/// namespace has its `default` ServiceAccount and `kube-root-ca.crt` ConfigMap, and each
+/// ResourceQuota its `status.hard`. A side's time to all Ready then holds only the work of its
+/// own fleet, not the controller-manager's backlog from what ran before it (the raw-client
+/// limit's 3,000 namespaces and quotas, or the previous side's). Gives up after `timeout`
+/// (the run goes on, said on stderr).
+///
+/// # Errors
+/// When the API fails.
+pub async fn settle(client: &Client, timeout: Duration) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ServiceAccount};
+    use kube::api::ListParams;
+    let deadline = Instant::now() + timeout;
+    let named = |name: &str| ListParams::default().fields(&format!("metadata.name={name}"));
+    loop {
+        let namespaces = Api::<Namespace>::all(client.clone())
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .len();
+        let accounts = Api::<ServiceAccount>::all(client.clone())
+            .list_metadata(&named("default"))
+            .await?
+            .items
+            .len();
+        let root_ca = Api::<ConfigMap>::all(client.clone())
+            .list_metadata(&named("kube-root-ca.crt"))
+            .await?
+            .items
+            .len();
+        let quotas = Api::<ResourceQuota>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let unsettled_quotas = quotas
+            .iter()
+            .filter(|q| q.status.as_ref().and_then(|s| s.hard.as_ref()).is_none())
+            .count();
+        if accounts >= namespaces && root_ca >= namespaces && unsettled_quotas == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "the control plane did not settle in {timeout:?}: {namespaces} namespaces, \
+                 {accounts} default ServiceAccounts, {root_ca} root CA ConfigMaps, \
+                 {unsettled_quotas} quotas without status; going on"
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -244,6 +244,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let mut results = Vec::new();
         for (side, bin) in &bins {
+            let step = Step::start("waiting for the control plane to settle");
+            fleet::settle(&client, std::time::Duration::from_secs(180)).await?;
+            step.done("");
             let r =
                 scenarios::run_side(*side, bin, cp.kubeconfig_path(), &client, &cp, &plan, &out)
                     .await

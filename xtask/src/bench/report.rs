@@ -205,7 +205,7 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             "time to all Ready (s)",
             &all(&|r| secs(r.p2.time)),
             2,
-            "≤ 0.80",
+            "≤ 0.60",
         );
         t.row(
             "p2-per-tenant",
