@@ -17,6 +17,7 @@ use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled}
 use crate::key::ObjectKey;
 
 mod once;
+mod wire;
 
 /// The most children of one reconcile applied at the same time (within a wave, see
 /// [`Applier::reconcile`]).
@@ -255,15 +256,13 @@ impl Applier {
         key: &ObjectKey,
     ) -> Result<Option<Value>, ApplyError> {
         let api = self.api(resource, key.namespace.as_deref());
-        let obj = api
-            .get_opt(&key.name)
+        wire::get(&self.client, &api, &key.name)
             .await
             .map_err(|source| ApplyError::Api {
                 child: key.clone(),
                 action: "get",
                 source: Box::new(source),
-            })?;
-        Ok(obj.map(|o| to_json(&o)))
+            })
     }
 
     /// Marks a write of `key` as in flight (for the child watches, see [`ChildCaches`]) until
@@ -465,12 +464,17 @@ impl Applier {
             // API server allows one controller, so the apply that restores ours would fail).
             if !controlled && let Some(patch) = unclaim_patch(&live, owner.uid()) {
                 let _in_flight = self.begin_write(&key);
-                match api
-                    .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
+                let merge = Patch::Merge(&patch);
+                match wire::patch(
+                    &self.client,
+                    &api,
+                    &key.name,
+                    &PatchParams::default(),
+                    &merge,
+                )
+                .await
                 {
                     Ok(patched) => {
-                        let patched = to_json(&patched);
                         self.remember(&key, &patched);
                         observed = Some(patched);
                     }
@@ -637,14 +641,12 @@ impl Applier {
         key: &ObjectKey,
         body: &Value,
     ) -> Result<Value, kube::Error> {
-        let obj: DynamicObject =
-            serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
         let pp = PostParams {
             field_manager: Some(owner.field_manager().to_owned()),
             ..PostParams::default()
         };
         let _in_flight = self.begin_write(key);
-        let created = to_json(&api.create(&pp, &obj).await?);
+        let created = wire::create(&self.client, api, &pp, body).await?;
         self.remember(key, &created);
         Ok(created)
     }
@@ -683,8 +685,7 @@ impl Applier {
         let guarded = uid_guarded(body, live);
         let pp = PatchParams::apply(owner.field_manager()).force().dry_run();
         tracing::debug!(child = %key, "asking the server how it would store the desired body (dry-run apply)");
-        let answer = api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?;
-        Ok(to_json(&answer))
+        wire::patch(&self.client, api, &key.name, &pp, &Patch::Apply(&guarded)).await
     }
 
     /// One server-side apply of `body` with force, without a `resourceVersion` (status churn
@@ -702,14 +703,21 @@ impl Applier {
     ) -> Result<Value, kube::Error> {
         let _in_flight = self.begin_write(key);
         if let Some(patch) = fold_patch(live, owner.label_names(), owner.field_manager(), body) {
-            let folded = api
-                .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            self.remember(key, &to_json(&folded));
+            let merge = Patch::Merge(&patch);
+            let folded = wire::patch(
+                &self.client,
+                api,
+                &key.name,
+                &PatchParams::default(),
+                &merge,
+            )
+            .await?;
+            self.remember(key, &folded);
         }
         let guarded = uid_guarded(body, live);
         let pp = PatchParams::apply(owner.field_manager()).force();
-        let applied = to_json(&api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await?);
+        let applied =
+            wire::patch(&self.client, api, &key.name, &pp, &Patch::Apply(&guarded)).await?;
         self.remember(key, &applied);
         Ok(applied)
     }
