@@ -579,6 +579,11 @@ impl CompactStore {
         if !in_live && !in_relist {
             return; // the common case: nothing to replace, no write lock taken
         }
+        // The relist's lock first and held across both, in the order `init_done` takes them:
+        // a relist that ends meanwhile cannot swap in its stub between the two updates.
+        let Ok(mut relist) = self.relist.lock() else {
+            return;
+        };
         if let Ok(mut live) = self.live.write()
             && let Some(seen) = live
                 .get(&name)
@@ -588,8 +593,7 @@ impl CompactStore {
         {
             live.insert(name.clone(), e, &owners, &self.interner);
         }
-        if let Ok(mut relist) = self.relist.lock()
-            && let Some(listed) = relist.as_mut()
+        if let Some(listed) = relist.as_mut()
             && let Some(seen) = listed
                 .get(&name)
                 .filter(|e| replaces(e))
@@ -623,9 +627,10 @@ impl CompactStore {
 
     /// A watch `InitDone` event: the relist replaces the content. Returns the objects it no
     /// longer holds, with the owners the watch last mapped each to. The relist stays locked
-    /// until it is the content, so an engine's [`CompactStore::upgrade`] meanwhile lands in
-    /// one or the other (an upgrade never adds or removes an object, so what vanished is
-    /// found under the read lock: readers wait only for the swap).
+    /// until it is the content, and an engine's [`CompactStore::upgrade`] holds the same lock
+    /// across its updates of both, so it lands in both or in the content after the swap (an
+    /// upgrade never adds or removes an object, so what vanished is found under the read
+    /// lock: readers wait only for the swap).
     pub(crate) fn init_done(&self) -> Vec<Vanished> {
         let Ok(mut relist) = self.relist.lock() else {
             return Vec::new();

@@ -23,6 +23,10 @@ const MOST_VALUES: usize = (HEX - FIRST_VALUE) as usize;
 /// An interner sweeps out what no child holds once it has grown by this many entries past
 /// twice what it held after its last sweep.
 const SWEEP_SLACK: usize = 1_024;
+/// ... or its texts by this many bytes past twice their size after its last sweep, so texts
+/// no child holds any more (a large object's earlier versions) never outweigh those held by
+/// more than this.
+const SWEEP_SLACK_BYTES: usize = 1 << 20;
 
 /// Text kept once however many children share it; a child's share is one pointer.
 #[derive(Debug, Default)]
@@ -34,6 +38,9 @@ pub(crate) struct Interner {
 struct Set {
     texts: HashSet<Arc<str>>,
     after_sweep: usize,
+    /// The bytes of `texts`, and what they were after the last sweep.
+    bytes: usize,
+    bytes_after_sweep: usize,
     /// Lists of values (of interned texts), kept once likewise: the children of one owner
     /// made alike have the same values.
     lists: HashSet<Arc<[Arc<str>]>>,
@@ -49,10 +56,15 @@ impl Interner {
         }
         let shared: Arc<str> = Arc::from(text);
         set.texts.insert(Arc::clone(&shared));
-        if set.texts.len() > 2 * set.after_sweep + SWEEP_SLACK {
+        set.bytes += text.len();
+        if set.texts.len() > 2 * set.after_sweep + SWEEP_SLACK
+            || set.bytes > 2 * set.bytes_after_sweep + SWEEP_SLACK_BYTES
+        {
             // Only the set holds these: no child refers to them any more.
             set.texts.retain(|t| Arc::strong_count(t) > 1);
             set.after_sweep = set.texts.len();
+            set.bytes = set.texts.iter().map(|t| t.len()).sum();
+            set.bytes_after_sweep = set.bytes;
         }
         shared
     }
@@ -283,5 +295,24 @@ mod tests {
         }
         assert!(interner.len() <= 2 * SWEEP_SLACK + 2, "{}", interner.len());
         assert!(Arc::ptr_eq(&kept, &interner.intern("kept")));
+    }
+
+    #[test]
+    fn large_texts_no_child_holds_are_swept_out_by_their_size() {
+        // A tenant rewriting a large child again and again: each version's text is interned
+        // and then let go. Far fewer of them than the count slack, but their bytes are bounded.
+        let interner = Interner::default();
+        let held: Vec<Arc<str>> = (0..100)
+            .map(|i| interner.intern(&format!("held-{i}")))
+            .collect();
+        for i in 0..200 {
+            drop(interner.intern(&format!("{i:08}{}", "x".repeat(256 * 1024))));
+        }
+        let bytes = interner.inner.lock().map(|s| s.bytes).unwrap_or_default();
+        assert!(
+            bytes <= 2 * SWEEP_SLACK_BYTES,
+            "{bytes} bytes of texts no child holds"
+        );
+        assert!(held.iter().all(|h| Arc::ptr_eq(h, &interner.intern(h))));
     }
 }

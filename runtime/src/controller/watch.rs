@@ -374,10 +374,14 @@ where
                     // Owners a list that broke off had decided to queue stay queued: without a
                     // store, the judgement of their children already counts that list's
                     // versions, so the next list would not decide it again (one reconcile
-                    // more, never one less).
+                    // more, never one less). With a store, the broken list is thrown away and
+                    // the next one judges every child against the same live state again, so
+                    // its decisions are dropped too: kept, each broken list would add them
+                    // once more.
                     listed.clear();
                     if let Some(store) = &store {
                         store.init();
+                        after_list.clear();
                     }
                     continue;
                 }
