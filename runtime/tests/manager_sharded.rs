@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerError, ManagerOptions, Reconciles};
+use idem_runtime::shard::{Ring, ShardField, shard_hash};
 use idem_tests::WAIT as TIMEOUT;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
@@ -134,7 +135,12 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
 
     let tenants = Api::<BaseTenant>::all(client.clone());
     let mut names = Vec::new();
-    for _ in 0..TENANTS {
+    // At least TENANTS, and more until each replica owns one by the ring's hash of the uid,
+    // which the server chooses (12 uids all in one replica's buckets: once in 2,048 runs).
+    let ring = Ring::new(["replica-a", "replica-b"]);
+    let mut owners = std::collections::BTreeSet::new();
+    while names.len() < TENANTS || owners.len() < 2 {
+        assert!(names.len() < 64, "64 uids all owned by one replica");
         let spec = BaseTenantSpec {
             owners: vec!["alice".into()],
             cpu: "1".into(),
@@ -145,13 +151,15 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
             .create(&PostParams::default(), &tenant)
             .await
             .unwrap();
+        owners.insert(ring.owner_of(shard_hash(&created.metadata, ShardField::Uid)));
         names.push(created.name_any());
     }
+    let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
     // Both replicas work on a share; together on all of them.
     let (owned_a, owned_b) = eventually("both replicas owning a share", || async {
         let (x, y) = (a.owned().await, b.owned().await);
-        (x > 0 && y > 0 && x + y == TENANTS as i64)
+        (x > 0 && y > 0 && x + y == total)
             .then_some((x, y))
             .ok_or(format!("a {x}, b {y}"))
     })
@@ -175,7 +183,7 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     .await;
     eventually("replica-b owning every BaseTenant", || async {
         let n = b.owned().await;
-        (n == TENANTS as i64).then_some(()).ok_or(format!("b {n}"))
+        (n == total).then_some(()).ok_or(format!("b {n}"))
     })
     .await;
     b.stop().await;
