@@ -31,7 +31,8 @@ enum Command {
     /// plain kube-runtime `Controller`, against one local control plane; prints ratios idem ÷
     /// peer per scenario and writes `target/bench/report.html` (`--quick`: under 3 minutes).
     Bench(bench::Args),
-    /// Write `deploy/crds/*.yaml` from the Rust types (`--check`: fail if they are stale).
+    /// Write idem-operator's CRDs, `deploy/crds/*.yaml`, from its Rust types (`--check`: fail
+    /// if they are stale); a binary of your own prints its kinds' CRDs with `crds`.
     Crds {
         /// Only check that the committed files are current.
         #[arg(long)]

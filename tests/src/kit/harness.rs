@@ -155,6 +155,39 @@ impl<'a, S: Subject> Harness<'a, S> {
             .map_err(|e| Error::Setup(format!("decoding the primary object: {e}")))
     }
 
+    /// The primary's status conditions in one line (`type=status (reason): message`), for
+    /// the evidence of a check that did not settle: a `Stalled` condition names the cause
+    /// (such as a child name every instance shares in the one namespace of a run).
+    async fn primary_conditions(&self, instance: &Instance) -> String {
+        let Ok(obj) = self
+            .api(instance.namespace.as_deref(), &self.primary)
+            .get(&instance.name)
+            .await
+        else {
+            return "(unreadable)".to_owned();
+        };
+        let conditions = obj.data["status"]["conditions"].as_array().cloned();
+        let text: Vec<String> = conditions
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                let field = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+                format!(
+                    "{}={} ({}): {}",
+                    field("type"),
+                    field("status"),
+                    field("reason"),
+                    field("message")
+                )
+            })
+            .collect();
+        if text.is_empty() {
+            "(none)".to_owned()
+        } else {
+            text.join("; ")
+        }
+    }
+
     /// A session of the subject on a new client of the kit's user with `probe`; `Ok(Err)`
     /// when the subject's `session` fails.
     pub(crate) async fn session(
@@ -237,9 +270,10 @@ impl<'a, S: Subject> Harness<'a, S> {
                 }
                 return Ok(Err(format!(
                     "converged but not settled (the subject's `settled`) within {} s; the \
-                     last pass: {}",
+                     last pass: {}; the primary's conditions: {}",
                     self.options.settle_timeout.as_secs(),
-                    conv.passes.last().map(describe).unwrap_or_default()
+                    conv.passes.last().map(describe).unwrap_or_default(),
+                    self.primary_conditions(instance).await
                 )));
             }
             if ok {
