@@ -14,13 +14,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use base_tenant::{BaseTenant, BaseTenantSpec};
-use idem_runtime::shard::{Ring, ShardField, shard_hash};
+use base_tenant::BaseTenant;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use replicas::{all_ready, eventually, gauge, get};
+use kube::api::{Api, Patch, PatchParams};
+use replicas::{all_ready, create_shared, eventually, gauge, get};
 
 /// The fewest BaseTenants reconciled by the two replicas.
 const TENANTS: usize = 6;
@@ -113,29 +111,7 @@ async fn a_killed_replicas_share_is_taken_over() {
     b.working(2).await;
 
     let tenants = Api::<BaseTenant>::all(client.clone());
-    let mut names = Vec::new();
-    // At least TENANTS, and as many more as it takes for each replica to own one (6 uids all
-    // in one replica's buckets happen once in 32 runs): ownership is the ring's hash of the
-    // uid, which the server chooses.
-    let ring = Ring::new(["replica-a", "replica-b"]);
-    let mut owners = std::collections::BTreeSet::new();
-    while names.len() < TENANTS || owners.len() < 2 {
-        assert!(names.len() < 64, "64 uids all owned by one replica");
-        let spec = BaseTenantSpec {
-            owners: vec!["alice".into()],
-            cpu: "1".into(),
-            memory: "1Gi".into(),
-        };
-        let created = tenants
-            .create(
-                &PostParams::default(),
-                &BaseTenant::new(&unique_name("bt"), spec),
-            )
-            .await
-            .unwrap();
-        owners.insert(ring.owner_of(shard_hash(&created.metadata, ShardField::Uid)));
-        names.push(created.name_any());
-    }
+    let names = create_shared(&client, TENANTS, &["replica-a", "replica-b"]).await;
     let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
     eventually("both replicas owning a share", || async {

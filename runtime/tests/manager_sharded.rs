@@ -13,15 +13,13 @@ mod replicas;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
+use base_tenant::{BaseTenant, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerError, ManagerOptions, Reconciles};
-use idem_runtime::shard::{Ring, ShardField, shard_hash};
 use idem_tests::WAIT as TIMEOUT;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use replicas::{all_ready, eventually, gauge, get};
+use kube::api::{Api, Patch, PatchParams};
+use replicas::{all_ready, create_shared, eventually, gauge, get};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -134,26 +132,7 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     b.readyz(200).await;
 
     let tenants = Api::<BaseTenant>::all(client.clone());
-    let mut names = Vec::new();
-    // At least TENANTS, and more until each replica owns one by the ring's hash of the uid,
-    // which the server chooses (12 uids all in one replica's buckets: once in 2,048 runs).
-    let ring = Ring::new(["replica-a", "replica-b"]);
-    let mut owners = std::collections::BTreeSet::new();
-    while names.len() < TENANTS || owners.len() < 2 {
-        assert!(names.len() < 64, "64 uids all owned by one replica");
-        let spec = BaseTenantSpec {
-            owners: vec!["alice".into()],
-            cpu: "1".into(),
-            memory: "1Gi".into(),
-        };
-        let tenant = BaseTenant::new(&unique_name("bt"), spec);
-        let created = tenants
-            .create(&PostParams::default(), &tenant)
-            .await
-            .unwrap();
-        owners.insert(ring.owner_of(shard_hash(&created.metadata, ShardField::Uid)));
-        names.push(created.name_any());
-    }
+    let names = create_shared(&client, TENANTS, &["replica-a", "replica-b"]).await;
     let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
     // Both replicas work on a share; together on all of them.

@@ -8,7 +8,11 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{Api, Client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::base_tenant::BaseTenant;
+use crate::base_tenant::{BaseTenant, BaseTenantSpec};
+use idem_runtime::shard::{Ring, ShardField, shard_hash};
+use idem_tests::unique_name;
+use kube::ResourceExt;
+use kube::api::PostParams;
 
 /// Polls a condition until it holds (the harness's own).
 pub use idem_tests::eventually;
@@ -50,4 +54,39 @@ pub async fn all_ready(client: &Client, names: &[String], cpu: &str) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Creates BaseTenants (cpu 1) until there are at least `at_least` and each of `members` owns
+/// one by the ring's hash of its uid, which the server chooses (6 uids all in one of two
+/// replicas' buckets happen once in 32 runs); their names.
+///
+/// # Panics
+/// When a create fails, or 64 uids leave a member without one.
+pub async fn create_shared(client: &Client, at_least: usize, members: &[&str]) -> Vec<String> {
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    let ring = Ring::new(members);
+    let mut owners = std::collections::BTreeSet::new();
+    let mut names = Vec::new();
+    while names.len() < at_least || owners.len() < members.len() {
+        assert!(
+            names.len() < 64,
+            "64 uids left a member of {members:?} without one"
+        );
+        let spec = BaseTenantSpec {
+            owners: vec!["alice".into()],
+            cpu: "1".into(),
+            memory: "1Gi".into(),
+        };
+        let tenant = BaseTenant::new(&unique_name("bt"), spec);
+        let created = tenants
+            .create(&PostParams::default(), &tenant)
+            .await
+            .unwrap();
+        owners.insert(
+            ring.owner_of(shard_hash(&created.metadata, ShardField::Uid))
+                .map(str::to_owned),
+        );
+        names.push(created.name_any());
+    }
+    names
 }
