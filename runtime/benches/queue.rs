@@ -1,10 +1,10 @@
 //! Throughput of add + get + done on 10,000 keys over 100 tenants of weights 1–4: idem's fair
-//! queue (Start-time Fair Queuing, work-conserving, no per-tenant cap) against a plain
+//! queue (Start-time Fair Queuing, its default idle reserve, no per-tenant cap) against a plain
 //! VecDeque + HashSet FIFO (dedupe only, no fairness, no in-flight tracking), both measured
 //! in the same run. Prints both figures in ops/s and their ratio.
 //!
 //! One iteration sets the tenants' weights, adds every key, then takes and finishes every key
-//! with 16 keys in flight at a time (as 16 workers would): 30,000 ops. Tenants go idle at the
+//! with up to 16 keys in flight at a time (as 16 workers would): 30,000 ops. Tenants go idle at the
 //! end of each iteration and are forgotten, so the figure includes that churn. For the
 //! baseline, "done" is dropping the key: it tracks nothing in flight.
 

@@ -1,6 +1,7 @@
 //! Against the real control plane: how the controller feeds its queue — the first list after
 //! start is a low-priority replay that a user's change overtakes, and a key backing off after
-//! a failure is not retried early by child events, only by a change of its own spec.
+//! a failure is not retried early by child events, only by a change of its own spec; and a
+//! quiet tenant's change gets the worker kept for it while another tenant's backlog runs.
 
 mod common;
 
@@ -228,4 +229,112 @@ async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
     );
     stop.send(()).unwrap();
     controller.await.unwrap().unwrap();
+}
+
+/// Reconciles of `busy-*` Widgets (tenant `busy`) hold their worker until `gate` opens; the
+/// others (tenant `quiet`) return at once. Every start is logged.
+async fn held_while_busy(
+    obj: Arc<Widget>,
+    ctx: Arc<(Log, tokio::sync::Semaphore)>,
+    _: Attempt,
+) -> Result<Action, kube::Error> {
+    ctx.0.push(&obj);
+    if obj.name_any().starts_with("busy") {
+        let _permit = ctx.1.acquire().await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Starts a controller with `workers` and `idle_reserve` over six `busy-*` Widgets made
+/// before it starts (so all six are queued at once), and waits until `held` of them run.
+async fn busy_tenant_holds(
+    prefix: &str,
+    workers: usize,
+    idle_reserve: usize,
+    held: usize,
+) -> (
+    Api<Widget>,
+    Arc<(Log, tokio::sync::Semaphore)>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<
+        Result<idem_runtime::queue::ShutdownReport, idem_runtime::controller::ControllerError>,
+    >,
+) {
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    let ns = namespace(&client, prefix).await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    for i in 0..6 {
+        let w = Widget::new(&format!("busy-{i}"), WidgetSpec { value: 1 });
+        widgets.create(&PostParams::default(), &w).await.unwrap();
+    }
+    let ctx = Arc::new((Log::default(), tokio::sync::Semaphore::new(0)));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .tenant_of(|w: &Widget| {
+                idem_runtime::TenantKey::new(if w.name_any().starts_with("busy") {
+                    "busy"
+                } else {
+                    "quiet"
+                })
+            })
+            .with_config(ControllerConfig {
+                workers,
+                idle_reserve,
+                resync_period: Duration::ZERO,
+                ..ControllerConfig::default()
+            })
+            .run(held_while_busy, Arc::clone(&ctx), async {
+                let _ = stopped.await;
+            }),
+    );
+    ctx.0
+        .wait_for("the busy tenant's reconciles to start", |l| l.len() >= held)
+        .await;
+    (widgets, ctx, stop, controller)
+}
+
+/// `ControllerConfig::idle_reserve`: with the default reserve of one worker, a tenant whose
+/// backlog holds every worker it may take leaves the last one to a tenant with nothing
+/// running, whose change starts while all of the busy tenant's reconciles still run; with no
+/// reserve the busy tenant takes every worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_tenants_change_starts_while_a_busy_tenant_holds_every_other_worker() {
+    let (widgets, ctx, stop, controller) = busy_tenant_holds("ctl-reserve", 4, 1, 3).await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("quiet", WidgetSpec { value: 1 }),
+        )
+        .await
+        .unwrap();
+    ctx.0
+        .wait_for("the quiet tenant's reconcile", |l| {
+            l.iter().any(|(n, _, _)| n == "quiet")
+        })
+        .await;
+    let started: Vec<String> = ctx.0.entries().into_iter().map(|(n, _, _)| n).collect();
+    let busy = started.iter().filter(|n| n.starts_with("busy")).count();
+    assert_eq!(
+        busy, 3,
+        "the busy tenant ran 3 of 4 workers, none finished, when the quiet one started: {started:?}"
+    );
+    ctx.1.add_permits(100);
+    ctx.0
+        .wait_for("every busy reconcile", |l| l.len() == 7)
+        .await;
+    stop.send(()).unwrap();
+    assert!(controller.await.unwrap().unwrap().drained());
+
+    // No reserve: the busy tenant's backlog takes all four workers.
+    let (_, ctx, stop, controller) = busy_tenant_holds("ctl-noreserve", 4, 0, 4).await;
+    let started: Vec<String> = ctx.0.entries().into_iter().map(|(n, _, _)| n).collect();
+    assert_eq!(started.len(), 4, "{started:?}");
+    ctx.1.add_permits(100);
+    ctx.0
+        .wait_for("every busy reconcile", |l| l.len() == 6)
+        .await;
+    stop.send(()).unwrap();
+    assert!(controller.await.unwrap().unwrap().drained());
 }

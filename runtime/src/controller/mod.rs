@@ -129,8 +129,14 @@ pub struct ControllerConfig {
     /// Concurrent reconciles (workers, the queue's global cap). Default 4.
     pub workers: usize,
     /// Keys of one tenant reconciled at once, if capped. Default `None`: fair shares apply
-    /// only under contention and a tenant alone may use every worker (see [`crate::queue`]).
+    /// only under contention and a tenant alone may use every worker but the `idle_reserve`
+    /// (see [`crate::queue`]).
     pub per_tenant_cap: Option<usize>,
+    /// Workers kept for tenants with no reconcile running, so a tenant whose object changes
+    /// while others' backlogs hold every other worker starts at once
+    /// ([`QueueConfig::idle_reserve`]; at most a quarter of `workers`, none below 4).
+    /// Default 1; 0: a tenant alone may use every worker.
+    pub idle_reserve: usize,
     /// Anti-entropy resync period of each object, counted from its last successful reconcile;
     /// zero disables resync. Default 10 h (controller-runtime's default `SyncPeriod`).
     pub resync_period: Duration,
@@ -153,6 +159,7 @@ impl Default for ControllerConfig {
             name: None,
             workers: 4,
             per_tenant_cap: None,
+            idle_reserve: 1,
             resync_period: Duration::from_secs(10 * 3600),
             resync_jitter: 0.1,
             resync_max_wait: Duration::from_secs(60),
@@ -505,6 +512,7 @@ where
             max_in_flight: c.workers,
             per_tenant_cap: c.per_tenant_cap,
             resync_max_wait: c.resync_max_wait,
+            idle_reserve: c.idle_reserve,
         };
         let queue = match &self.metrics {
             Some(m) => WorkQueue::with_metrics(queue_config, m.queue(&name))?,

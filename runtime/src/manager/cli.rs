@@ -38,8 +38,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Most reconciles of one tenant at once (per controller); 0 (default): no cap. Without a
-    /// cap the queue is work-conserving: a tenant alone may use every worker, and under
-    /// contention workers are shared by the tenants' weights.
+    /// cap a tenant alone may use every worker but one (kept for a tenant with nothing
+    /// running, from 4 workers up), and under contention workers are shared by the tenants'
+    /// weights.
     #[arg(long, default_value_t = 0)]
     pub tenant_concurrency: usize,
     /// Anti-entropy resync period of every object, e.g. `10m`, `10h` (0 disables).

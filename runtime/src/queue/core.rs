@@ -363,12 +363,19 @@ impl Core {
             return None;
         }
         self.promote_aged(now);
+        // The last workers are kept for tenants with nothing in flight (rule 6).
+        let idle_only =
+            self.in_flight + self.config.effective_idle_reserve() >= self.config.max_in_flight;
         for level in 0..LEVELS {
             let slots = &self.slots;
-            let popped = self.fair.pop(level, |e| {
-                let s = &slots[e.slot as usize];
-                s.queued == Some(level) && s.seq == e.seq
-            });
+            let popped = self.fair.pop(
+                level,
+                |e| {
+                    let s = &slots[e.slot as usize];
+                    s.queued == Some(level) && s.seq == e.seq
+                },
+                idle_only,
+            );
             if let Some((tenant, entry)) = popped {
                 let slot = &mut self.slots[entry.slot as usize];
                 slot.queued = None;

@@ -300,12 +300,26 @@ impl Fair {
 
     /// Dispatch the next entry at `level` by SFQ, skipping stale entries with `valid`.
     /// Returns the tenant index and the entry.
-    pub fn pop(&mut self, level: usize, valid: impl Fn(Entry) -> bool) -> Option<(u32, Entry)> {
+    ///
+    /// With `idle_only`, the tenant whose turn it is is served only when it has no key in
+    /// flight; otherwise nothing is dispatched and the order is kept as it was (the reserve
+    /// of [`QueueConfig::idle_reserve`](super::QueueConfig::idle_reserve): it never reorders
+    /// SFQ, it only holds the last workers back from tenants already running).
+    pub fn pop(
+        &mut self,
+        level: usize,
+        valid: impl Fn(Entry) -> bool,
+        idle_only: bool,
+    ) -> Option<(u32, Entry)> {
         loop {
-            let Reverse((start, seq, tenant)) = self.levels[level].heap.pop()?;
+            let &Reverse((start, seq, tenant)) = self.levels[level].heap.peek()?;
             let live = self.tenants[tenant as usize]
                 .as_ref()
                 .is_some_and(|t| t.in_heap[level] == Some(seq));
+            if live && self.eligible(tenant, level) && idle_only && self.t(tenant).in_flight > 0 {
+                return None; // its turn, but it runs already: the reserve is not for it
+            }
+            self.levels[level].heap.pop();
             if !live {
                 continue; // stale: the tenant left the heap (or was forgotten) since
             }

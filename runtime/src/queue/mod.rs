@@ -15,11 +15,16 @@
 //!    backlogged tenant's share of dispatches is proportional to its weight, to within about
 //!    one dispatch per tenant over any interval, however many of its keys are in flight; a
 //!    tenant that becomes ready is served after at most one dispatch of each other active
-//!    tenant, whatever their backlogs. The queue is work-conserving: with no contention one
-//!    tenant may use every worker.
+//!    tenant, whatever their backlogs. The queue is work-conserving but for a reserve: with
+//!    no contention one tenant may use every worker except the last
+//!    [`QueueConfig::idle_reserve`] (default 1), which go only to a tenant with nothing in
+//!    flight whose turn it is — so a tenant that becomes active does not wait for another's
+//!    backlog to free a worker. The reserve never changes the order of dispatches, only
+//!    whether the last workers are handed out.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
-//! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total; a per-tenant
+//! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total, the last
+//!    [`QueueConfig::idle_reserve`] of them for tenants with none in flight; a per-tenant
 //!    cap ([`QueueConfig::per_tenant_cap`]) is an explicit option, off by default.
 //! 7. **Shutdown**: [`WorkQueue::shutdown`] stops handing out keys, waits for in-flight work up
 //!    to a deadline and reports what was dropped.
@@ -60,14 +65,20 @@ use crate::key::{ObjectKey, TenantKey};
 pub struct QueueConfig {
     /// Most keys in flight at once across all tenants (the worker count). Default 10.
     pub max_in_flight: usize,
-    /// Most keys of one tenant in flight at once, if set. Default `None`: the queue is
-    /// work-conserving, so a tenant alone may use every worker and shares are enforced only
-    /// under contention. A cap trades idle workers for a hard bound (e.g. for reconciles that
+    /// Most keys of one tenant in flight at once, if set. Default `None`: shares are enforced
+    /// only under contention, and a tenant alone may use every worker but the
+    /// [`idle_reserve`](QueueConfig::idle_reserve). A cap trades idle workers for a hard bound (e.g. for reconciles that
     /// load a tenant's own backend).
     pub per_tenant_cap: Option<usize>,
     /// How long a resync key may wait behind event work before it is served as event work
     /// (aging). Default 60 s.
     pub resync_max_wait: Duration,
+    /// Workers kept for tenants with no key in flight: once only this many are free, a key is
+    /// handed out only if the tenant whose turn it is has none in flight, so a tenant that
+    /// becomes active starts at once instead of waiting for another tenant's backlog to free a
+    /// worker. At most a quarter of `max_in_flight` is kept (none below 4 workers). Default
+    /// 1; 0 makes the queue fully work-conserving (a tenant alone may use every worker).
+    pub idle_reserve: usize,
 }
 
 impl Default for QueueConfig {
@@ -76,6 +87,7 @@ impl Default for QueueConfig {
             max_in_flight: 10,
             per_tenant_cap: None,
             resync_max_wait: Duration::from_secs(60),
+            idle_reserve: 1,
         }
     }
 }
@@ -95,6 +107,11 @@ pub enum QueueError {
 }
 
 impl QueueConfig {
+    /// The workers [`QueueConfig::idle_reserve`] keeps: at most a quarter of the workers.
+    pub(crate) fn effective_idle_reserve(&self) -> usize {
+        self.idle_reserve.min(self.max_in_flight / 4)
+    }
+
     /// Check the limits.
     ///
     /// # Errors

@@ -1,12 +1,14 @@
 //! Rule 4 and 6: weighted shares under contention with several keys of each tenant in flight,
-//! the bound for a newly active tenant, work conservation and the optional cap.
+//! the bound for a newly active tenant, work conservation, the idle reserve and the optional
+//! cap.
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 
-use super::{capped, key, queue, serve, tenant};
+use super::{capped, key, queue, reserved, serve, tenant};
 use crate::queue::{Lease, Priority, WorkQueue};
 
 const EV: Priority = Priority::Event;
@@ -26,7 +28,8 @@ impl Lcg {
 
 /// Tenants `t0…` with `weights`, each with `keys` keys re-added as soon as they finish, so
 /// every tenant stays backlogged; the queue's workers are all busy (`in_flight`, if given,
-/// is checked at each dispatch) and a pseudo-random lease finishes before each dispatch.
+/// holds the keys in flight at each dispatch) and a pseudo-random lease finishes before each
+/// dispatch.
 /// Returns the tenant index of each of `total` dispatches.
 fn contended(
     q: &WorkQueue,
@@ -34,7 +37,7 @@ fn contended(
     keys: usize,
     total: usize,
     seed: u64,
-    in_flight: Option<usize>,
+    in_flight: Option<RangeInclusive<usize>>,
 ) -> Vec<usize> {
     for (i, w) in weights.iter().enumerate() {
         q.set_weight(&tenant(&format!("t{i}")), *w).unwrap();
@@ -53,8 +56,12 @@ fn contended(
         }
         assert!(!held.is_empty(), "nothing in flight and nothing ready");
         assert_eq!(held.len(), q.in_flight());
-        if let Some(expected) = in_flight {
-            assert_eq!(held.len(), expected, "keys in flight at each dispatch");
+        if let Some(expected) = &in_flight {
+            assert!(
+                expected.contains(&held.len()),
+                "{} keys in flight at a dispatch, expected {expected:?}",
+                held.len()
+            );
         }
         let lease = held.swap_remove(rng.next(held.len()));
         let (k, t) = (lease.key().clone(), lease.tenant().clone());
@@ -105,7 +112,7 @@ async fn rule4_weighted_shares_within_ten_percent_with_many_keys_in_flight() {
     for (i, weights) in sets.into_iter().enumerate() {
         let q = queue(8);
         // 8 keys in flight at every dispatch, several of each tenant.
-        let order = contended(&q, weights, 40, 6_000, i as u64 + 1, Some(8));
+        let order = contended(&q, weights, 40, 6_000, i as u64 + 1, Some(8..=8));
         assert_shares(&order, weights, 1_000);
     }
 }
@@ -115,7 +122,7 @@ async fn rule4_weight_above_the_cap_still_counts() {
     // With a cap of 4 and 4 workers, the old DRR ended a tenant's turn when it reached the
     // cap, so a weight of 8 acted like 4. SFQ has no turns: 8 : 1 holds.
     let q = capped(4, 4);
-    let order = contended(&q, &[8, 1], 40, 4_500, 7, Some(4));
+    let order = contended(&q, &[8, 1], 40, 4_500, 7, Some(4..=4));
     assert_shares(&order, &[8, 1], 1_000);
 }
 
@@ -125,11 +132,11 @@ async fn rule4_weight_lookup_applies_a_changed_weight_without_set_weight() {
     let weights = Arc::new(Mutex::new(HashMap::from([("t0".to_owned(), 1u32)])));
     let w = Arc::clone(&weights);
     q.set_weight_lookup(move |t| w.lock().unwrap().get(t.as_str()).copied());
-    let before = contended(&q, &[1, 1], 20, 2_000, 3, Some(4));
+    let before = contended(&q, &[1, 1], 20, 2_000, 3, Some(4..=4));
     assert_shares(&before, &[1, 1], 1_000);
     weights.lock().unwrap().insert("t0".to_owned(), 4);
     // Same queue and keys, so `contended` re-adds deduped keys and keeps going.
-    let after = contended(&q, &[1, 1], 20, 3_000, 4, Some(4));
+    let after = contended(&q, &[1, 1], 20, 3_000, 4, Some(4..=4));
     // The first few dispatches may still carry the old tags; judge the rest.
     assert_shares(&after[100..], &[4, 1], 1_000);
 }
@@ -181,10 +188,95 @@ async fn rule6_work_conserving_a_lone_tenant_uses_every_worker() {
     assert_eq!(held.len(), 2);
 }
 
+#[tokio::test(start_paused = true)]
+async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
+    // The default reserve: one of 10 workers. A lone tenant's backlog takes 9.
+    let q = reserved(10, 1);
+    for i in 0..20 {
+        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+    }
+    let mut held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    assert_eq!(held.len(), 9, "the last worker is kept");
+    assert!(q.try_get().is_none());
+    // Another tenant's change starts at once, without waiting for `a` to finish anything.
+    q.add(&key("b0"), &tenant("b"), EV);
+    let b = q
+        .try_get()
+        .expect("the reserved worker goes to the tenant with none running");
+    assert_eq!(b.key().name.as_ref(), "b0");
+    // Every worker is busy now. When one of `a`'s finishes, the free worker is the last one
+    // again: kept (a third tenant's change would start at once), not `a`'s.
+    assert!(q.try_get().is_none());
+    held.pop().unwrap().done();
+    assert!(q.try_get().is_none(), "the one free worker is kept");
+    q.add(&key("c0"), &tenant("c"), EV);
+    let c = q
+        .try_get()
+        .expect("a third tenant's change starts at once too");
+    assert_eq!(c.key().name.as_ref(), "c0");
+    // Once `b` and `c` are done, `a` takes every worker but the last again.
+    b.done();
+    c.done();
+    held.extend(std::iter::from_fn(|| q.try_get()));
+    assert_eq!(held.len(), 9);
+    assert_eq!(q.tenant_in_flight(&tenant("a")), 9);
+    drop(held);
+
+    // With no reserve the same backlog takes every worker, and `b` waits for one.
+    let q = reserved(10, 0);
+    for i in 0..20 {
+        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+    }
+    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    assert_eq!(held.len(), 10);
+    q.add(&key("b0"), &tenant("b"), EV);
+    assert!(q.try_get().is_none(), "b waits for a worker");
+    drop(held);
+
+    // At most a quarter of the workers is kept: none with 3 workers, 2 of 8 when 5 are asked.
+    for (workers, asked, taken) in [(3, 1, 3), (4, 1, 3), (8, 5, 6)] {
+        let q = reserved(workers, asked);
+        for i in 0..20 {
+            q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+        }
+        let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+        assert_eq!(held.len(), taken, "{workers} workers, reserve {asked}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rule6_the_idle_reserve_keeps_weighted_shares() {
+    // Backlogged tenants keep their weighted shares with the reserve on: a light tenant
+    // whose keys all finished takes the reserved worker only when SFQ gives it its turn.
+    for (i, weights) in [&[1u32, 4][..], &[1, 100], &[1, 2, 3, 4]]
+        .into_iter()
+        .enumerate()
+    {
+        let q = reserved(8, 1);
+        let order = contended(&q, weights, 40, 6_000, i as u64 + 11, Some(7..=8));
+        assert_shares(&order, weights, 1_000);
+    }
+}
+
 /// Dispatch counts of all-backlogged tenants, prefix by prefix.
-fn sfq_bound_holds(weights: &[u32], workers: usize, seed: u64) -> Result<(), String> {
-    let q = queue(workers);
-    let order = contended(&q, weights, 3 * workers, 2_000, seed, Some(workers));
+/// With `reserve` idle workers kept (the reserve never reorders dispatches, so the bound
+/// holds with it too; the last workers are then busy only when an idle tenant's turn came).
+fn sfq_bound_holds(
+    weights: &[u32],
+    workers: usize,
+    reserve: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let q = reserved(workers, reserve);
+    let kept = reserve.min(workers / 4);
+    let order = contended(
+        &q,
+        weights,
+        3 * workers,
+        2_000,
+        seed,
+        Some(workers - kept..=workers),
+    );
     let mut n = vec![0u32; weights.len()];
     for (i, &t) in order.iter().enumerate() {
         n[t] += 1;
@@ -213,6 +305,7 @@ proptest! {
     fn sfq_fairness_bound(
         weights in proptest::collection::vec(1u32..=100, 2..6),
         workers in 1usize..12,
+        reserve in 0usize..=2,
         seed in any::<u64>(),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -220,7 +313,7 @@ proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        let result = rt.block_on(async { sfq_bound_holds(&weights, workers, seed) });
+        let result = rt.block_on(async { sfq_bound_holds(&weights, workers, reserve, seed) });
         prop_assert!(result.is_ok(), "{}", result.unwrap_err());
     }
 }

@@ -16,20 +16,28 @@ pub(super) fn tenant(name: &str) -> TenantKey {
     TenantKey::new(name)
 }
 
-/// A work-conserving queue (no per-tenant cap).
+/// A fully work-conserving queue (no per-tenant cap, no idle reserve): SFQ alone.
 pub(super) fn queue(max_in_flight: usize) -> WorkQueue {
+    reserved(max_in_flight, 0)
+}
+
+/// A queue keeping `idle_reserve` workers for tenants with nothing in flight (the default
+/// keeps 1).
+pub(super) fn reserved(max_in_flight: usize, idle_reserve: usize) -> WorkQueue {
     WorkQueue::new(QueueConfig {
         max_in_flight,
+        idle_reserve,
         ..QueueConfig::default()
     })
     .expect("valid config")
 }
 
-/// A queue with an explicit per-tenant cap.
+/// A queue with an explicit per-tenant cap (and no idle reserve).
 pub(super) fn capped(max_in_flight: usize, per_tenant_cap: usize) -> WorkQueue {
     WorkQueue::new(QueueConfig {
         max_in_flight,
         per_tenant_cap: Some(per_tenant_cap),
+        idle_reserve: 0,
         ..QueueConfig::default()
     })
     .expect("valid config")

@@ -196,6 +196,12 @@ proptest! {
             max_in_flight: 1,
             per_tenant_cap: Some(1),
             resync_max_wait: Duration::from_millis(200),
+            idle_reserve: 1,
         });
+    }
+
+    #[test]
+    fn never_twice_never_lost_without_a_reserve(ops in proptest::collection::vec(op(), 1..200)) {
+        run(ops, QueueConfig { max_in_flight: 4, idle_reserve: 0, ..QueueConfig::default() });
     }
 }
