@@ -123,7 +123,7 @@ async fn tenant_weights_split_the_tenant_app_queue_and_a_weight_change_applies_a
     install_crds(&client).await;
     let mut operator = Operator::spawn_configured(Duration::from_secs(600), None, |o| {
         o.workers = 4;
-        o.tenant_concurrency = 0; // the default: work-conserving, shares by weight
+        o.tenant_concurrency = 0; // the default: no per-tenant cap, shares by weight
     });
     operator.wait_ready().await;
     let names = [unique_name("light"), unique_name("heavy")];

@@ -119,7 +119,27 @@ fn owns_print(labels: Labels, e: &ManagedFieldsEntry) -> bool {
 }
 
 fn managed_fields(live: &Value) -> Option<Vec<ManagedFieldsEntry>> {
-    serde_json::from_value(live.pointer("/metadata/managedFields")?.clone()).ok()
+    // Read in place: no copy of the whole `managedFields` list first.
+    serde::Deserialize::deserialize(live.pointer("/metadata/managedFields")?).ok()
+}
+
+/// `live` without `metadata.managedFields`, copied member by member (the list is replaced
+/// anyway, and is often the larger part of a small object).
+fn without_managed_fields(live: &Value) -> Option<Value> {
+    let mut out = Map::new();
+    for (k, v) in live.as_object()? {
+        let v = match (k.as_str(), v) {
+            ("metadata", Value::Object(meta)) => Value::Object(
+                meta.iter()
+                    .filter(|(mk, _)| mk.as_str() != "managedFields")
+                    .map(|(mk, mv)| (mk.clone(), mv.clone()))
+                    .collect(),
+            ),
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    Some(Value::Object(out))
 }
 
 /// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`
@@ -179,7 +199,7 @@ pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) 
         Some(apply) if apply.fields_v1.as_ref().map(|f| &f.0) == Some(&recorded) => return None,
         Some(_) => Vec::new(),
     };
-    let mut out = live.clone();
+    let mut out = without_managed_fields(live)?;
     let others = entries
         .iter()
         .filter(|e| {

@@ -40,27 +40,25 @@ impl OwnsOptions {
 /// and [`child_print_text`].
 #[cfg(test)]
 pub(crate) fn child_print(child: &Value, managers: &BTreeSet<String>, options: OwnsOptions) -> u64 {
-    child_print_text(&child.to_string(), managers, options)
+    let meta = child.get("metadata").cloned().unwrap_or_default();
+    child_print_text(&child.to_string(), &meta, managers, options)
 }
 
-/// A hash of what of the child serialised as `text` (JSON) matters to its owner's reconcile,
-/// see [`OwnsOptions`]. Only the metadata is parsed; the rest is hashed as the text it is, so
-/// a large child costs no copy of its content (the same object always serialises to the same
-/// text).
+/// A hash of what of the child serialised as `text` (JSON), with its metadata `meta` (as the
+/// watch decoded it), matters to its owner's reconcile, see [`OwnsOptions`]. Nothing but the
+/// top level of `text` is parsed; the rest is hashed as the text it is, so a large child costs
+/// no copy of its content (the same object always serialises to the same text).
 ///
 /// `managers` are the field managers the reconcile writes as; while none is known (before the
 /// engine's first reconcile) every label, annotation and main-resource `managedFields` entry
 /// counts.
 pub(crate) fn child_print_text(
     text: &str,
+    meta: &Value,
     managers: &BTreeSet<String>,
     options: OwnsOptions,
 ) -> u64 {
     let top: BTreeMap<String, &RawValue> = serde_json::from_str(text).unwrap_or_default();
-    let meta: Value = top
-        .get("metadata")
-        .and_then(|m| serde_json::from_str(m.get()).ok())
-        .unwrap_or_default();
     let mut h = DefaultHasher::new();
     // `apiVersion` and `kind` are the kind's own, and absent from the items of a list.
     for (k, v) in top.iter().filter(|(k, _)| {
@@ -70,7 +68,7 @@ pub(crate) fn child_print_text(
         k.hash(&mut h);
         v.get().hash(&mut h);
     }
-    meta_print(&meta, managers, &mut h);
+    meta_print(meta, managers, &mut h);
     h.finish()
 }
 

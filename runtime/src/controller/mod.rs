@@ -132,8 +132,8 @@ pub struct ControllerConfig {
     /// only under contention and a tenant alone may use every worker but the `idle_reserve`
     /// (see [`crate::queue`]).
     pub per_tenant_cap: Option<usize>,
-    /// Workers kept for tenants with no reconcile running, so a tenant whose object changes
-    /// while others' backlogs hold every other worker starts at once
+    /// Workers kept for tenants with no reconcile running, so a tenant's lone change starts at
+    /// once while others' backlogs hold every other worker
     /// ([`QueueConfig::idle_reserve`]; at most a quarter of `workers`, none below 4).
     /// Default 1; 0: a tenant alone may use every worker.
     pub idle_reserve: usize,

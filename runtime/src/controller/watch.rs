@@ -494,7 +494,7 @@ where
                 let meta = serde_json::to_value(obj.meta()).unwrap_or_default();
                 let print = match &store {
                     Some(store) if !store.keeps_whole(&meta) => child_print_meta(&meta, &managers),
-                    _ => child_print_text(obj.text(), &managers, options),
+                    _ => child_print_text(obj.text(), &meta, &managers, options),
                 };
                 let seen = Seen {
                     print,

@@ -363,19 +363,22 @@ impl Core {
             return None;
         }
         self.promote_aged(now);
-        // The last workers are kept for tenants with nothing in flight (rule 6).
-        let idle_only =
+        // The last workers are kept for changes of tenants with nothing in flight (rule 6):
+        // event work only.
+        let reserved =
             self.in_flight + self.config.effective_idle_reserve() >= self.config.max_in_flight;
-        for level in 0..LEVELS {
+        let levels = if reserved { 0..1 } else { 0..LEVELS };
+        for level in levels {
             let slots = &self.slots;
-            let popped = self.fair.pop(
-                level,
-                |e| {
-                    let s = &slots[e.slot as usize];
-                    s.queued == Some(level) && s.seq == e.seq
-                },
-                idle_only,
-            );
+            let valid = |e: Entry| {
+                let s = &slots[e.slot as usize];
+                s.queued == Some(level) && s.seq == e.seq
+            };
+            let popped = if reserved {
+                self.fair.pop_for_idle(level, valid)
+            } else {
+                self.fair.pop(level, valid)
+            };
             if let Some((tenant, entry)) = popped {
                 let slot = &mut self.slots[entry.slot as usize];
                 slot.queued = None;
@@ -453,7 +456,8 @@ impl Core {
         true
     }
 
-    /// Whether a worker could get a key right now (ready work under the global cap).
+    /// Whether a worker may get a key right now: ready work under the global cap (a tenant at
+    /// its cap, or the idle reserve, may still hold it back).
     pub fn has_ready(&self) -> bool {
         !self.closed && self.queued > 0 && self.in_flight < self.config.max_in_flight
     }

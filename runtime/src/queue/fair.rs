@@ -1,6 +1,7 @@
 //! Fair scheduling between tenants: Start-time Fair Queuing (SFQ) with
 //! unit cost per dispatch, one scheduler per
-//! priority level, work-conserving, with an optional per-tenant in-flight cap.
+//! priority level, work-conserving but for an optional idle reserve, with an optional
+//! per-tenant in-flight cap.
 //!
 //! Each tenant with ready work at a level carries a virtual *start tag* `S`; the scheduler
 //! dispatches the tenant with the smallest `S` (ties: the one that became ready first) and sets
@@ -16,7 +17,10 @@
 //!   its first key is handed out after at most one dispatch of each other active tenant,
 //!   whatever their backlogs and weights;
 //! - it is work-conserving: a tenant is skipped only when it has no ready work or is at its
-//!   explicit cap, so one tenant alone may use every worker.
+//!   explicit cap, so one tenant alone may use every worker — except the reserved workers
+//!   ([`Fair::pop_for_idle`]), which pass over tenants with keys in flight and go to a
+//!   tenant with none, at its turn or for a lone change; a tenant with a backlog still waits
+//!   for its turn, so the shares above hold among backlogged tenants.
 //!
 //! Tags are integers: `1/weight` is [`STRIDE`]` / weight` (as in stride scheduling), so no
 //! floating-point drift. Tenants are forgotten (state and metric series) once no key refers
@@ -300,62 +304,114 @@ impl Fair {
 
     /// Dispatch the next entry at `level` by SFQ, skipping stale entries with `valid`.
     /// Returns the tenant index and the entry.
-    ///
-    /// With `idle_only`, the tenant whose turn it is is served only when it has no key in
-    /// flight; otherwise nothing is dispatched and the order is kept as it was (the reserve
-    /// of [`QueueConfig::idle_reserve`](super::QueueConfig::idle_reserve): it never reorders
-    /// SFQ, it only holds the last workers back from tenants already running).
-    pub fn pop(
+    pub fn pop(&mut self, level: usize, valid: impl Fn(Entry) -> bool) -> Option<(u32, Entry)> {
+        loop {
+            let Reverse((start, seq, tenant)) = self.levels[level].heap.pop()?;
+            if !self.take_heap_entry(level, seq, tenant) {
+                continue; // stale, ran dry or at its cap; re-enters when ready
+            }
+            if let Some(entry) = self.dispatch(level, tenant, start, &valid) {
+                return Some((tenant, entry));
+            }
+        }
+    }
+
+    /// The dispatch of a reserved worker ([`QueueConfig::idle_reserve`](super::QueueConfig::idle_reserve)):
+    /// in tag order, tenants with keys in flight are passed over (and keep their place); the
+    /// first tenant with none in flight is served if its turn has come (no tenant before it
+    /// is ready) or its one waiting key is all it has queued at `level` (a lone change, such
+    /// as a tenant's next edit right after its last one was served). A tenant with a backlog
+    /// waits for its turn, so weighted shares among backlogged tenants hold. Looks at most at
+    /// one entry per busy tenant, plus one.
+    pub fn pop_for_idle(
         &mut self,
         level: usize,
         valid: impl Fn(Entry) -> bool,
-        idle_only: bool,
     ) -> Option<(u32, Entry)> {
-        loop {
-            let &Reverse((start, seq, tenant)) = self.levels[level].heap.peek()?;
+        let mut passed = Vec::new();
+        let found = loop {
+            let Some(Reverse((start, seq, tenant))) = self.levels[level].heap.pop() else {
+                break None;
+            };
             let live = self.tenants[tenant as usize]
                 .as_ref()
                 .is_some_and(|t| t.in_heap[level] == Some(seq));
-            if live && self.eligible(tenant, level) && idle_only && self.t(tenant).in_flight > 0 {
-                return None; // its turn, but it runs already: the reserve is not for it
-            }
-            self.levels[level].heap.pop();
-            if !live {
-                continue; // stale: the tenant left the heap (or was forgotten) since
-            }
-            self.t_mut(tenant).in_heap[level] = None;
-            if !self.eligible(tenant, level) {
-                continue; // ran dry or hit its cap since it entered; re-enters when ready
-            }
-            let weight = self.weight(tenant);
-            let t = self.t_mut(tenant);
-            let mut found = None;
-            while let Some(entry) = t.queues[level].pop_front() {
-                if valid(entry) {
-                    found = Some(entry);
-                    break;
+            if live && self.eligible(tenant, level) {
+                let t = self.t(tenant);
+                let turn = passed.is_empty();
+                if t.in_flight > 0 || !(turn || t.queued[level] == 1) {
+                    passed.push(Reverse((start, seq, tenant)));
+                    if t.in_flight > 0 {
+                        continue;
+                    }
+                    break None;
                 }
             }
-            let Some(entry) = found else {
-                // Count and entries disagree: cannot happen while callers keep `queued` in
-                // step; recover by treating the tenant as empty rather than looping.
-                t.queued[level] = 0;
+            if !self.take_heap_entry(level, seq, tenant) {
                 continue;
-            };
-            t.queued[level] -= 1;
-            t.in_flight += 1;
-            t.finish[level] = start + STRIDE / u128::from(weight);
-            if let Some(m) = &t.metrics {
-                m.depth.dec();
-                m.dispatches.inc();
             }
-            let next = t.finish[level];
-            self.levels[level].vtime = start;
-            if self.eligible(tenant, level) {
-                self.enter(tenant, level, next);
+            if let Some(entry) = self.dispatch(level, tenant, start, &valid) {
+                break Some((tenant, entry));
             }
-            return Some((tenant, entry));
+        };
+        // Passed-over tenants keep their entries (`in_heap` still names them).
+        self.levels[level].heap.extend(passed);
+        found
+    }
+
+    /// Takes a popped heap entry: whether it is the tenant's live entry and the tenant can be
+    /// served (its entry is gone from the heap either way).
+    fn take_heap_entry(&mut self, level: usize, seq: u64, tenant: u32) -> bool {
+        let live = self.tenants[tenant as usize]
+            .as_ref()
+            .is_some_and(|t| t.in_heap[level] == Some(seq));
+        if !live {
+            return false; // stale: the tenant left the heap (or was forgotten) since
         }
+        self.t_mut(tenant).in_heap[level] = None;
+        self.eligible(tenant, level)
+    }
+
+    /// Hands out `tenant`'s next valid entry at `level`, served at tag `start`; `None` if its
+    /// count and entries disagree.
+    fn dispatch(
+        &mut self,
+        level: usize,
+        tenant: u32,
+        start: u128,
+        valid: &impl Fn(Entry) -> bool,
+    ) -> Option<Entry> {
+        let weight = self.weight(tenant);
+        let t = self.t_mut(tenant);
+        let mut found = None;
+        while let Some(entry) = t.queues[level].pop_front() {
+            if valid(entry) {
+                found = Some(entry);
+                break;
+            }
+        }
+        let Some(entry) = found else {
+            // Count and entries disagree: cannot happen while callers keep `queued` in
+            // step; recover by treating the tenant as empty rather than looping.
+            t.queued[level] = 0;
+            return None;
+        };
+        t.queued[level] -= 1;
+        t.in_flight += 1;
+        t.finish[level] = start + STRIDE / u128::from(weight);
+        if let Some(m) = &t.metrics {
+            m.depth.dec();
+            m.dispatches.inc();
+        }
+        let next = t.finish[level];
+        // A reserved worker may serve a tenant past others of lower tags: virtual time never
+        // goes back for them.
+        let l = &mut self.levels[level];
+        l.vtime = l.vtime.max(start);
+        if self.eligible(tenant, level) {
+            self.enter(tenant, level, next);
+        }
+        Some(entry)
     }
 
     /// Clear every queue (at shutdown); in-flight counts are kept.

@@ -1,5 +1,6 @@
 //! A per-tenant fair work queue: deduplicating, one key in flight at a time, delayed adds,
-//! event-before-resync priorities with aging, work-conserving weighted fair sharing, backoff
+//! event-before-resync priorities with aging, weighted fair sharing with a worker kept for
+//! idle tenants' changes, backoff
 //! that events cannot bypass, graceful shutdown.
 //!
 //! # Rules
@@ -15,12 +16,14 @@
 //!    backlogged tenant's share of dispatches is proportional to its weight, to within about
 //!    one dispatch per tenant over any interval, however many of its keys are in flight; a
 //!    tenant that becomes ready is served after at most one dispatch of each other active
-//!    tenant, whatever their backlogs. The queue is work-conserving but for a reserve: with
-//!    no contention one tenant may use every worker except the last
-//!    [`QueueConfig::idle_reserve`] (default 1), which go only to a tenant with nothing in
-//!    flight whose turn it is — so a tenant that becomes active does not wait for another's
-//!    backlog to free a worker. The reserve never changes the order of dispatches, only
-//!    whether the last workers are handed out.
+//!    tenant, whatever their backlogs. The queue is work-conserving but for a reserve: a
+//!    tenant alone may use every worker except the last [`QueueConfig::idle_reserve`]
+//!    (default 1), which serve only event work of a tenant with nothing in flight — when its
+//!    turn comes, or at once when its one waiting key is all it has queued (a lone change).
+//!    Tenants with keys in flight are passed over and keep their place, so a tenant's change
+//!    does not wait for other tenants' backlogs to free a worker; a tenant with a backlog
+//!    waits for its turn, so shares among backlogged tenants hold. The reserved workers stay
+//!    idle while every tenant with ready work has keys in flight.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
 //! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total, the last
@@ -73,11 +76,12 @@ pub struct QueueConfig {
     /// How long a resync key may wait behind event work before it is served as event work
     /// (aging). Default 60 s.
     pub resync_max_wait: Duration,
-    /// Workers kept for tenants with no key in flight: once only this many are free, a key is
-    /// handed out only if the tenant whose turn it is has none in flight, so a tenant that
-    /// becomes active starts at once instead of waiting for another tenant's backlog to free a
-    /// worker. At most a quarter of `max_in_flight` is kept (none below 4 workers). Default
-    /// 1; 0 makes the queue fully work-conserving (a tenant alone may use every worker).
+    /// Workers kept for tenants with no key in flight: once only this many are free, only
+    /// event work of a tenant with none in flight is handed out — at its turn, or at once
+    /// when its one waiting key is all it has queued (a lone change) — so a tenant's change
+    /// starts at once instead of waiting for other tenants' backlogs to free a worker (rule
+    /// 4). At most a quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0
+    /// makes the queue fully work-conserving (a tenant alone may use every worker).
     pub idle_reserve: usize,
 }
 
@@ -253,7 +257,9 @@ impl WorkQueue {
         let ready = core.has_ready();
         drop(core);
         match outcome {
-            AddOutcome::Queued if ready => self.shared.wake_one(),
+            // A key queued, or one raised to event work (which a reserved worker may serve,
+            // see rule 6).
+            _ if ready => self.shared.wake_one(),
             // Folded into a backoff wait with an earlier deadline: re-arm waiting timers.
             AddOutcome::Queued => self.shared.wake_all(),
             _ => {}
@@ -367,7 +373,16 @@ impl WorkQueue {
     /// reconcile runs to its end. Frees the key and, if it was the last, its tenant (**Forgetting** above).
     /// Returns whether anything was dropped.
     pub fn remove(&self, key: &ObjectKey) -> bool {
-        self.shared.lock().remove(key)
+        let mut core = self.shared.lock();
+        let removed = core.remove(key);
+        let ready = core.has_ready();
+        drop(core);
+        // The tenant first in line may have changed, and a reserved worker may serve the new
+        // one (rule 6).
+        if removed && ready {
+            self.shared.wake_one();
+        }
+        removed
     }
 
     /// Keys in flight.

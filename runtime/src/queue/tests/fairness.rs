@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 
 use super::{capped, key, queue, reserved, serve, tenant};
-use crate::queue::{Lease, Priority, WorkQueue};
+use crate::queue::{AddOutcome, Lease, Priority, WorkQueue};
 
 const EV: Priority = Priority::Event;
 
@@ -242,6 +242,65 @@ async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
         let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
         assert_eq!(held.len(), taken, "{workers} workers, reserve {asked}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rule6_the_reserved_worker_serves_lone_changes_past_busy_tenants_not_backlogs() {
+    let q = reserved(10, 1);
+    for i in 0..20 {
+        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+    }
+    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    assert_eq!(held.len(), 9);
+    // `b`'s change, then its next one right after: served though `b` was just served (its
+    // tag trails `a`'s), since the one key is all `b` has to do.
+    for name in ["b0", "b1", "b2"] {
+        q.add(&key(name), &tenant("b"), EV);
+        let lease = q.try_get().expect("a lone change gets the reserved worker");
+        assert_eq!(lease.key().name.as_ref(), name);
+        lease.done();
+    }
+    // A tenant with a backlog gets the reserved worker at its turn only: `c` becomes active
+    // (its turn comes at once), then, served, waits behind `a` with the rest of its backlog.
+    for i in 0..3 {
+        q.add(&key(&format!("c{i}")), &tenant("c"), EV);
+    }
+    let c0 = q.try_get().expect("a newly active tenant's turn");
+    assert_eq!(c0.key().name.as_ref(), "c0");
+    c0.done();
+    assert!(
+        q.try_get().is_none(),
+        "a backlog behind a busy tenant waits for its turn"
+    );
+    // Resync work never takes the reserved worker.
+    q.add(&key("d0"), &tenant("d"), Priority::Resync);
+    assert!(q.try_get().is_none(), "resync work is not a change");
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rule6_a_key_raised_to_event_work_wakes_a_worker_for_the_reserve() {
+    let q = Arc::new(reserved(4, 1));
+    for i in 0..6 {
+        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+    }
+    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    assert_eq!(held.len(), 3);
+    q.add(&key("d0"), &tenant("d"), Priority::Resync);
+    let worker = {
+        let q = Arc::clone(&q);
+        tokio::spawn(async move { q.get().await.map(|l| l.key().name.to_string()) })
+    };
+    tokio::task::yield_now().await;
+    assert!(!worker.is_finished(), "a resync does not take the reserve");
+    // The user changes `d0`: its waiting resync is raised to event work, a lone change.
+    assert_eq!(q.add(&key("d0"), &tenant("d"), EV), AddOutcome::Deduped);
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), worker)
+        .await
+        .expect("the waiting worker was woken")
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("d0"));
+    drop(held);
 }
 
 #[tokio::test(start_paused = true)]
