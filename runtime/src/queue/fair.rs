@@ -19,8 +19,10 @@
 //! - it is work-conserving: a tenant is skipped only when it has no ready work or is at its
 //!   explicit cap, so one tenant alone may use every worker — except the reserved workers
 //!   ([`Fair::pop_for_idle`]), which pass over tenants with keys in flight and go to a
-//!   tenant with none, at its turn or for a lone change; a tenant with a backlog still waits
-//!   for its turn, so the shares above hold among backlogged tenants.
+//!   tenant with none, at its turn or for a lone change (one key waiting at the level). A
+//!   lone change served out of turn is not charged: neither its tenant's tags nor `V` move,
+//!   so the bounds above hold for every other tenant; a tenant with a backlog still waits
+//!   for its turn.
 //!
 //! Tags are integers: `1/weight` is [`STRIDE`]` / weight` (as in stride scheduling), so no
 //! floating-point drift. Tenants are forgotten (state and metric series) once no key refers
@@ -310,7 +312,7 @@ impl Fair {
             if !self.take_heap_entry(level, seq, tenant) {
                 continue; // stale, ran dry or at its cap; re-enters when ready
             }
-            if let Some(entry) = self.dispatch(level, tenant, start, &valid) {
+            if let Some(entry) = self.dispatch(level, tenant, start, &valid, true) {
                 return Some((tenant, entry));
             }
         }
@@ -321,8 +323,9 @@ impl Fair {
     /// first tenant with none in flight is served if its turn has come (no tenant before it
     /// is ready) or its one waiting key is all it has queued at `level` (a lone change, such
     /// as a tenant's next edit right after its last one was served). A tenant with a backlog
-    /// waits for its turn, so weighted shares among backlogged tenants hold. Looks at most at
-    /// one entry per busy tenant, plus one.
+    /// waits for its turn, so weighted shares among backlogged tenants hold. A change served
+    /// out of turn is not charged (see below). Looks at most at one entry per busy tenant,
+    /// plus one.
     pub fn pop_for_idle(
         &mut self,
         level: usize,
@@ -350,7 +353,11 @@ impl Fair {
             if !self.take_heap_entry(level, seq, tenant) {
                 continue;
             }
-            if let Some(entry) = self.dispatch(level, tenant, start, &valid) {
+            // Served out of turn (past a busy tenant), a lone change is not charged: its
+            // tenant's finish tag and the virtual time stay as they were, so neither it nor a
+            // tenant that becomes active later is set back by it (rule 4's bounds hold).
+            let charged = passed.is_empty();
+            if let Some(entry) = self.dispatch(level, tenant, start, &valid, charged) {
                 break Some((tenant, entry));
             }
         };
@@ -372,14 +379,16 @@ impl Fair {
         self.eligible(tenant, level)
     }
 
-    /// Hands out `tenant`'s next valid entry at `level`, served at tag `start`; `None` if its
-    /// count and entries disagree.
+    /// Hands out `tenant`'s next valid entry at `level`, served at tag `start`, `charged` to
+    /// its share (its finish tag and the virtual time advance) or not; `None` if its count and
+    /// entries disagree.
     fn dispatch(
         &mut self,
         level: usize,
         tenant: u32,
         start: u128,
         valid: &impl Fn(Entry) -> bool,
+        charged: bool,
     ) -> Option<Entry> {
         let weight = self.weight(tenant);
         let t = self.t_mut(tenant);
@@ -398,16 +407,17 @@ impl Fair {
         };
         t.queued[level] -= 1;
         t.in_flight += 1;
-        t.finish[level] = start + STRIDE / u128::from(weight);
+        if charged {
+            t.finish[level] = start + STRIDE / u128::from(weight);
+        }
         if let Some(m) = &t.metrics {
             m.depth.dec();
             m.dispatches.inc();
         }
-        let next = t.finish[level];
-        // A reserved worker may serve a tenant past others of lower tags: virtual time never
-        // goes back for them.
-        let l = &mut self.levels[level];
-        l.vtime = l.vtime.max(start);
+        let next = t.finish[level].max(start);
+        if charged {
+            self.levels[level].vtime = start;
+        }
         if self.eligible(tenant, level) {
             self.enter(tenant, level, next);
         }

@@ -19,11 +19,14 @@
 //!    tenant, whatever their backlogs. The queue is work-conserving but for a reserve: a
 //!    tenant alone may use every worker except the last [`QueueConfig::idle_reserve`]
 //!    (default 1), which serve only event work of a tenant with nothing in flight — when its
-//!    turn comes, or at once when its one waiting key is all it has queued (a lone change).
+//!    turn comes, or out of turn when one event key is all it has waiting (a lone change).
 //!    Tenants with keys in flight are passed over and keep their place, so a tenant's change
-//!    does not wait for other tenants' backlogs to free a worker; a tenant with a backlog
-//!    waits for its turn, so shares among backlogged tenants hold. The reserved workers stay
-//!    idle while every tenant with ready work has keys in flight.
+//!    does not wait for busy tenants' backlogs to free a worker (it does wait behind a
+//!    tenant with nothing in flight and a backlog whose turn is before its own). A change
+//!    served out of turn is not charged to its tenant's share and does not move virtual
+//!    time, so the bounds above hold for everyone else; a tenant with a backlog waits for its
+//!    turn. The reserved workers stay idle while every tenant with ready work has keys in
+//!    flight.
 //! 5. **Priorities**: [`Priority::Event`] before [`Priority::Resync`]; a resync key waiting
 //!    longer than [`QueueConfig::resync_max_wait`] is promoted (aging).
 //! 6. **Caps**: at most [`QueueConfig::max_in_flight`] keys in flight in total, the last
@@ -77,10 +80,9 @@ pub struct QueueConfig {
     /// (aging). Default 60 s.
     pub resync_max_wait: Duration,
     /// Workers kept for tenants with no key in flight: once only this many are free, only
-    /// event work of a tenant with none in flight is handed out — at its turn, or at once
-    /// when its one waiting key is all it has queued (a lone change) — so a tenant's change
-    /// starts at once instead of waiting for other tenants' backlogs to free a worker (rule
-    /// 4). At most a quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0
+    /// event work of a tenant with none in flight is handed out — at its turn, or out of
+    /// turn when one event key is all it has waiting (a lone change) — so a tenant's change
+    /// does not wait for busy tenants' backlogs to free a worker (rule 4). At most a quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0
     /// makes the queue fully work-conserving (a tenant alone may use every worker).
     pub idle_reserve: usize,
 }

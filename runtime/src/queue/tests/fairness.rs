@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -252,12 +253,20 @@ async fn rule6_the_reserved_worker_serves_lone_changes_past_busy_tenants_not_bac
     }
     let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
     assert_eq!(held.len(), 9);
-    // `b`'s change, then its next one right after: served though `b` was just served (its
-    // tag trails `a`'s), since the one key is all `b` has to do.
-    for name in ["b0", "b1", "b2"] {
-        q.add(&key(name), &tenant("b"), EV);
+    // `b`'s change, then its next ones right after: served though `b` was just served (its
+    // tag ties with or trails `a`'s), since the one key is all `b` has to do. Its key stays
+    // known between changes (a resync is due later, as the controller schedules one), so
+    // the queue remembers `b`'s tags.
+    for _ in 0..3 {
+        q.add(&key("b"), &tenant("b"), EV);
         let lease = q.try_get().expect("a lone change gets the reserved worker");
-        assert_eq!(lease.key().name.as_ref(), name);
+        assert_eq!(lease.key().name.as_ref(), "b");
+        q.add_after(
+            &key("b"),
+            &tenant("b"),
+            Duration::from_secs(3600),
+            Priority::Resync,
+        );
         lease.done();
     }
     // A tenant with a backlog gets the reserved worker at its turn only: `c` becomes active
@@ -279,6 +288,45 @@ async fn rule6_the_reserved_worker_serves_lone_changes_past_busy_tenants_not_bac
 }
 
 #[tokio::test(start_paused = true)]
+async fn rule4_lone_changes_served_out_of_turn_do_not_delay_a_newly_active_tenant() {
+    // `a` (weight 100) keeps 3 of 4 workers busy; `b` makes lone changes, each served out of
+    // turn by the reserved worker. Then `c` becomes active: it is still served after at most
+    // one dispatch of `a` (charged, those changes pushed `c` behind `a`'s backlog).
+    let q = reserved(4, 1);
+    q.set_weight(&tenant("a"), 100).unwrap();
+    for i in 0..1_000 {
+        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
+    }
+    let mut held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    assert_eq!(held.len(), 3);
+    for _ in 0..5 {
+        q.add(&key("b"), &tenant("b"), EV);
+        let lease = q.try_get().expect("a lone change gets the reserved worker");
+        q.add_after(
+            &key("b"),
+            &tenant("b"),
+            Duration::from_secs(3600),
+            Priority::Resync,
+        );
+        lease.done();
+    }
+    q.add(&key("c0"), &tenant("c"), EV);
+    q.add(&key("c1"), &tenant("c"), EV);
+    let mut before = 0;
+    loop {
+        match q.try_get() {
+            Some(lease) if lease.tenant().as_str() == "c" => break,
+            Some(lease) => {
+                before += 1;
+                held.push(lease);
+            }
+            None => held.remove(0).done(),
+        }
+        assert!(before <= 1, "`a` was served {before} times before `c`");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn rule6_a_key_raised_to_event_work_wakes_a_worker_for_the_reserve() {
     let q = Arc::new(reserved(4, 1));
     for i in 0..6 {
@@ -295,7 +343,7 @@ async fn rule6_a_key_raised_to_event_work_wakes_a_worker_for_the_reserve() {
     assert!(!worker.is_finished(), "a resync does not take the reserve");
     // The user changes `d0`: its waiting resync is raised to event work, a lone change.
     assert_eq!(q.add(&key("d0"), &tenant("d"), EV), AddOutcome::Deduped);
-    let got = tokio::time::timeout(std::time::Duration::from_secs(60), worker)
+    let got = tokio::time::timeout(Duration::from_secs(60), worker)
         .await
         .expect("the waiting worker was woken")
         .unwrap();
@@ -318,8 +366,8 @@ async fn rule6_the_idle_reserve_keeps_weighted_shares() {
 }
 
 /// Dispatch counts of all-backlogged tenants, prefix by prefix.
-/// With `reserve` idle workers kept (the reserve never reorders dispatches, so the bound
-/// holds with it too; the last workers are then busy only when an idle tenant's turn came).
+/// With `reserve` idle workers kept (with every tenant backlogged, the reserve serves only a
+/// tenant whose turn came, so the bound holds with it too).
 fn sfq_bound_holds(
     weights: &[u32],
     workers: usize,
