@@ -182,10 +182,7 @@ async fn rule6_work_conserving_a_lone_tenant_uses_every_worker() {
     drop(held);
     // With an explicit cap the same load leaves workers idle.
     let q = capped(10, 2);
-    for i in 0..20 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let held = backlog(&q, "a", 20);
     assert_eq!(held.len(), 2);
 }
 
@@ -193,10 +190,7 @@ async fn rule6_work_conserving_a_lone_tenant_uses_every_worker() {
 async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
     // The default reserve: one of 10 workers. A lone tenant's backlog takes 9.
     let q = reserved(10, 1);
-    for i in 0..20 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let mut held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let mut held = backlog(&q, "a", 20);
     assert_eq!(held.len(), 9, "the last worker is kept");
     assert!(q.try_get().is_none());
     // Another tenant's change starts at once, without waiting for `a` to finish anything.
@@ -225,10 +219,7 @@ async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
 
     // With no reserve the same backlog takes every worker, and `b` waits for one.
     let q = reserved(10, 0);
-    for i in 0..20 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let held = backlog(&q, "a", 20);
     assert_eq!(held.len(), 10);
     q.add(&key("b0"), &tenant("b"), EV);
     assert!(q.try_get().is_none(), "b waits for a worker");
@@ -237,10 +228,7 @@ async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
     // At most a quarter of the workers is kept: none with 3 workers, 2 of 8 when 5 are asked.
     for (workers, asked, taken) in [(3, 1, 3), (4, 1, 3), (8, 5, 6)] {
         let q = reserved(workers, asked);
-        for i in 0..20 {
-            q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-        }
-        let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+        let held = backlog(&q, "a", 20);
         assert_eq!(held.len(), taken, "{workers} workers, reserve {asked}");
     }
 }
@@ -248,26 +236,14 @@ async fn rule6_the_last_worker_waits_for_a_tenant_with_nothing_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn rule6_the_reserved_worker_serves_lone_changes_past_busy_tenants_not_backlogs() {
     let q = reserved(10, 1);
-    for i in 0..20 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let held = backlog(&q, "a", 20);
     assert_eq!(held.len(), 9);
     // `b`'s change, then its next ones right after: served though `b` was just served (its
     // tag ties with or trails `a`'s), since the one key is all `b` has to do. Its key stays
     // known between changes (a resync is due later, as the controller schedules one), so
     // the queue remembers `b`'s tags.
     for _ in 0..3 {
-        q.add(&key("b"), &tenant("b"), EV);
-        let lease = q.try_get().expect("a lone change gets the reserved worker");
-        assert_eq!(lease.key().name.as_ref(), "b");
-        q.add_after(
-            &key("b"),
-            &tenant("b"),
-            Duration::from_secs(3600),
-            Priority::Resync,
-        );
-        lease.done();
+        lone_change(&q, "b");
     }
     // A tenant with a backlog gets the reserved worker at its turn only: `c` becomes active
     // (its turn comes at once), then, served, waits behind `a` with the rest of its backlog.
@@ -294,21 +270,10 @@ async fn rule4_lone_changes_served_out_of_turn_do_not_delay_a_newly_active_tenan
     // one dispatch of `a` (charged, those changes pushed `c` behind `a`'s backlog).
     let q = reserved(4, 1);
     q.set_weight(&tenant("a"), 100).unwrap();
-    for i in 0..1_000 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let mut held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let mut held = backlog(&q, "a", 1_000);
     assert_eq!(held.len(), 3);
     for _ in 0..5 {
-        q.add(&key("b"), &tenant("b"), EV);
-        let lease = q.try_get().expect("a lone change gets the reserved worker");
-        q.add_after(
-            &key("b"),
-            &tenant("b"),
-            Duration::from_secs(3600),
-            Priority::Resync,
-        );
-        lease.done();
+        lone_change(&q, "b");
     }
     q.add(&key("c0"), &tenant("c"), EV);
     q.add(&key("c1"), &tenant("c"), EV);
@@ -329,10 +294,7 @@ async fn rule4_lone_changes_served_out_of_turn_do_not_delay_a_newly_active_tenan
 #[tokio::test(start_paused = true)]
 async fn rule6_a_key_raised_to_event_work_wakes_a_worker_for_the_reserve() {
     let q = Arc::new(reserved(4, 1));
-    for i in 0..6 {
-        q.add(&key(&format!("a{i}")), &tenant("a"), EV);
-    }
-    let held: Vec<Lease> = std::iter::from_fn(|| q.try_get()).collect();
+    let held = backlog(&q, "a", 6);
     assert_eq!(held.len(), 3);
     q.add(&key("d0"), &tenant("d"), Priority::Resync);
     let worker = {
@@ -363,6 +325,31 @@ async fn rule6_the_idle_reserve_keeps_weighted_shares() {
         let order = contended(&q, weights, 40, 6_000, i as u64 + 11, Some(7..=8));
         assert_shares(&order, weights, 1_000);
     }
+}
+
+/// A change of tenant `name`'s one key `name`, which must get a worker at once; its key
+/// stays known afterwards (a resync is due in an hour, as the controller schedules one), so
+/// the queue keeps the tenant's tags.
+fn lone_change(q: &WorkQueue, name: &str) {
+    q.add(&key(name), &tenant(name), EV);
+    let lease = q.try_get().expect("a lone change gets the reserved worker");
+    assert_eq!(lease.key().name.as_ref(), name);
+    q.add_after(
+        &key(name),
+        &tenant(name),
+        Duration::from_secs(3600),
+        Priority::Resync,
+    );
+    lease.done();
+}
+
+/// Queues `keys` keys of `name` (`{name}0`, `{name}1`, …) and takes every lease the queue
+/// hands out now.
+fn backlog(q: &WorkQueue, name: &str, keys: usize) -> Vec<Lease> {
+    for i in 0..keys {
+        q.add(&key(&format!("{name}{i}")), &tenant(name), EV);
+    }
+    std::iter::from_fn(|| q.try_get()).collect()
 }
 
 /// Dispatch counts of all-backlogged tenants, prefix by prefix.
