@@ -314,6 +314,31 @@ mod tests {
     }
 
     #[test]
+    fn a_server_that_slows_down_gradually_keeps_the_cap_it_serves() {
+        // A server that works on 10 requests at once, whose own service time grows from 5 to
+        // 20 ms (a store that fills up; more objects to watch): for any cap its latency is
+        // flat up to 10 in flight. The cap stays where that holds, instead of reading the
+        // slower service as queueing and falling to the minimum.
+        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let mut n = 0_u32;
+        let mut caps = Vec::new();
+        run(&mut tuner, &mut cap, 20_000, |in_flight| {
+            n += 1;
+            let service = 5.0 + 15.0 * f64::from(n) / 20_000.0;
+            let queued = u32::try_from(in_flight.div_ceil(10)).unwrap();
+            caps.push(in_flight);
+            Duration::from_secs_f64(service / 1000.0) * queued
+        });
+        let late = &caps[caps.len() / 2..];
+        let low = late.iter().filter(|&&c| c < 8).count();
+        assert!(
+            low * 10 < late.len(),
+            "the cap fell below 8 in {low} of the last {} samples (now {cap})",
+            late.len()
+        );
+    }
+
+    #[test]
     fn cheap_reads_among_writes_are_not_congestion() {
         // Half the requests are 1 ms reads, half 10 ms writes, at any concurrency: flat.
         let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
