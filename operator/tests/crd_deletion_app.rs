@@ -31,10 +31,7 @@ fn assert_released(what: &str, meta: &ObjectMeta, uid: &str) {
 async fn deleting_and_reinstalling_the_tenant_app_crd_keeps_every_app_child() {
     shared_operator().await;
     let client = shared().client();
-    let tenant = unique_name("crdapp");
-    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
-    tenants::wait_ready(&client, &tenant).await;
-    let ns = format!("{tenant}-apps");
+    let ns = tenants::ready_apps_namespace(&client, "crdapp").await;
     apps::create(&client, &ns, "web", apps::spec(1, "greeting = 'hi'")).await;
     let uid = apps::wait_ready(&client, &ns, "web").await.uid().unwrap();
     // A user's ConfigMap the app owns (a plain ownerReference, no idem label): the garbage

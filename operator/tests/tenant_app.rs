@@ -54,10 +54,7 @@ fn assert_controlled_by(
 async fn a_tenant_app_becomes_ready_rolls_on_config_changes_and_is_repaired() {
     shared_operator().await;
     let client = shared().client();
-    let tenant = unique_name("app");
-    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
-    tenants::wait_ready(&client, &tenant).await;
-    let ns = format!("{tenant}-apps");
+    let ns = tenants::ready_apps_namespace(&client, "app").await;
     apps::create(&client, &ns, "web", apps::spec(2, "greeting = 'hi'")).await;
 
     let app = apps::wait_ready(&client, &ns, "web").await;
@@ -204,10 +201,7 @@ async fn an_app_blocked_by_a_foreign_deployment_recovers_when_it_is_deleted_and_
  {
     shared_operator().await;
     let client = shared().client();
-    let tenant = unique_name("clash");
-    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
-    tenants::wait_ready(&client, &tenant).await;
-    let ns = format!("{tenant}-apps");
+    let ns = tenants::ready_apps_namespace(&client, "clash").await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     // Someone's own Deployment `clash`, with a replica really available.
     let foreign: Deployment = serde_json::from_value(json!({
@@ -288,10 +282,7 @@ async fn a_deployment_that_cannot_create_pods_makes_the_app_stalled_with_the_rea
 async fn an_app_that_leaves_its_replicas_to_an_autoscaler_never_takes_them_back() {
     shared_operator().await;
     let client = shared().client();
-    let tenant = unique_name("scaled");
-    tenants::create(&client, &tenant, tenants::full_spec(&["apps"])).await;
-    tenants::wait_ready(&client, &tenant).await;
-    let ns = format!("{tenant}-apps");
+    let ns = tenants::ready_apps_namespace(&client, "scaled").await;
     let mut spec = apps::spec(1, "greeting = 'hi'");
     spec.replicas = None;
     apps::create(&client, &ns, "web", spec).await;

@@ -84,6 +84,15 @@ pub fn full_spec(namespaces: &[&str]) -> TenantSpec {
     }
 }
 
+/// A Tenant named after `prefix` with one namespace, `apps` (the full spec), created and
+/// Ready; returns that namespace's name.
+pub async fn ready_apps_namespace(client: &kube::Client, prefix: &str) -> String {
+    let tenant = idem_tests::unique_name(prefix);
+    create(client, &tenant, full_spec(&["apps"])).await;
+    wait_ready(client, &tenant).await;
+    format!("{tenant}-apps")
+}
+
 /// Creates tenant `name` with `spec`.
 ///
 /// # Panics
