@@ -330,6 +330,13 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             "",
         );
         t.row(
+            "p4-during",
+            "quiet changes until the flood drained, median (ms)",
+            &each(&|p| median_ms(&p.flooded) as f64),
+            0,
+            "",
+        );
+        t.row(
             "p4-ratio",
             "after flood ÷ alone",
             &each(&|p| first(&p.flooded) / alone(&p.alone).max(1.0)),
