@@ -318,8 +318,8 @@ impl Fair {
         }
     }
 
-    /// The dispatch of a reserved worker ([`QueueConfig::idle_reserve`](super::QueueConfig::idle_reserve)):
-    /// in tag order, tenants with keys in flight are passed over (and keep their place); the
+    /// The dispatch of a reserved worker
+    /// ([`QueueConfig::idle_reserve`](super::QueueConfig::idle_reserve)): in tag order, tenants with keys in flight are passed over (and keep their place); the
     /// first tenant with none in flight is served if its turn has come (no tenant before it
     /// is ready) or its one waiting key is all it has queued at `level` (a lone change, such
     /// as a tenant's next edit right after its last one was served). A tenant with a backlog

@@ -73,8 +73,8 @@ pub struct QueueConfig {
     pub max_in_flight: usize,
     /// Most keys of one tenant in flight at once, if set. Default `None`: shares are enforced
     /// only under contention, and a tenant alone may use every worker but the
-    /// [`idle_reserve`](QueueConfig::idle_reserve). A cap trades idle workers for a hard bound (e.g. for reconciles that
-    /// load a tenant's own backend).
+    /// [`idle_reserve`](QueueConfig::idle_reserve). A cap trades idle workers for a hard bound
+    /// (e.g. for reconciles that load a tenant's own backend).
     pub per_tenant_cap: Option<usize>,
     /// How long a resync key may wait behind event work before it is served as event work
     /// (aging). Default 60 s.
@@ -82,8 +82,9 @@ pub struct QueueConfig {
     /// Workers kept for tenants with no key in flight: once only this many are free, only
     /// event work of a tenant with none in flight is handed out — at its turn, or out of
     /// turn when one event key is all it has waiting (a lone change) — so a tenant's change
-    /// does not wait for busy tenants' backlogs to free a worker (rule 4). At most a quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0
-    /// makes the queue fully work-conserving (a tenant alone may use every worker).
+    /// does not wait for busy tenants' backlogs to free a worker (rule 4 above). At most a
+    /// quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0 makes the queue
+    /// fully work-conserving (a tenant alone may use every worker).
     pub idle_reserve: usize,
 }
 
