@@ -355,7 +355,8 @@ impl Fair {
             }
             // Served out of turn (past a busy tenant), a lone change is not charged: its
             // tenant's finish tag and the virtual time stay as they were, so neither it nor a
-            // tenant that becomes active later is set back by it (rule 4's bounds hold).
+            // tenant that becomes active later is set back by it (the bounds in this module's
+            // docs hold).
             let charged = passed.is_empty();
             if let Some(entry) = self.dispatch(level, tenant, start, &valid, charged) {
                 break Some((tenant, entry));
