@@ -15,7 +15,12 @@
 //!   whose first waiting request is oldest), so a tenant that becomes active gets the next free slot however
 //!   many requests others have queued, and busy tenants share the slots equally (max-min
 //!   fairness, as APF's fair queuing gives flows of one priority level equal shares);
-//! - it is work-conserving: a tenant alone may hold every slot;
+//! - it keeps an *idle reserve* (1 slot by default, [`RequestSlots::with_idle_reserve`]; at
+//!   most a quarter of the cap, none below a cap of 4): once only the reserve is free, a slot
+//!   goes only to a tenant with no request in flight, so a tenant that becomes active sends
+//!   its first request at once instead of waiting for a busy tenant's request to end (the
+//!   fair queue keeps a worker the same way, `QueueConfig::idle_reserve`);
+//! - otherwise it is work-conserving: a tenant alone may hold every slot but the reserve;
 //! - among one tenant's waiting requests, those of the reconcile that started first go first,
 //!   so a tenant's reconciles finish one after another instead of all together at the end
 //!   (the same throughput, but workers come free sooner for whoever waits for one).
@@ -97,6 +102,9 @@ struct State {
     tuner: Option<Tuner>,
     /// `slots`, published.
     gauge: Gauge,
+    /// Slots asked to be kept for tenants with no request in flight (see
+    /// [`State::reserved`]).
+    reserve: usize,
     /// Slots granted and not yet released.
     busy: usize,
     /// Tenants with a request in flight or waiting.
@@ -130,12 +138,25 @@ impl Tenant {
 }
 
 impl State {
+    /// The slots kept for tenants with no request in flight under the cap now: the asked
+    /// reserve, at most a quarter of the cap (none below a cap of 4).
+    fn reserved(&self) -> usize {
+        self.reserve.min(self.slots / 4)
+    }
+
+    /// Whether a tenant with `in_flight` requests in flight may take a free slot now: any
+    /// tenant below the reserve, only an idle one within it.
+    fn may_take(&self, in_flight: usize) -> bool {
+        self.busy < self.slots && (in_flight == 0 || self.busy + self.reserved() < self.slots)
+    }
+
     /// Hands free slots to waiters, the tenant with the fewest in flight for its weight first.
     fn dispatch(&mut self) {
         while self.busy < self.slots {
             let next = self
                 .tenants
                 .iter()
+                .filter(|(_, t)| self.may_take(t.in_flight))
                 .filter_map(|(k, t)| Some((t.load(), t.waiting.front()?.0, k)))
                 .min()
                 .map(|(_, _, k)| k.clone());
@@ -195,10 +216,26 @@ impl RequestSlots {
                 slots,
                 tuner,
                 gauge,
+                reserve: 1,
                 busy: 0,
                 tenants: HashMap::new(),
             })),
         }
+    }
+
+    /// Keeps `reserve` slots (default 1) for tenants with no request in flight: once only
+    /// they are free, a busy tenant's requests wait and a tenant that becomes active sends its
+    /// first request at once. The reserve in effect is at most a quarter of the cap, and none
+    /// below a cap of 4; 0 makes the slots fully work-conserving (a tenant alone may hold
+    /// every one).
+    #[must_use]
+    pub fn with_idle_reserve(self, reserve: usize) -> Self {
+        {
+            let mut s = self.lock();
+            s.reserve = reserve;
+            s.dispatch();
+        }
+        self
     }
 
     /// Registers the gauge `idem_request_slots_limit` (the cap now) in `registry`.
@@ -259,7 +296,8 @@ impl RequestSlots {
                 .or_insert_with(|| Tenant::new(weight))
                 .weight = weight.max(1);
             let waiting_anywhere = s.tenants.values().any(|t| !t.waiting.is_empty());
-            if s.busy < s.slots && !waiting_anywhere {
+            let in_flight = s.tenants.get(&tenant).map_or(0, |t| t.in_flight);
+            if s.may_take(in_flight) && !waiting_anywhere {
                 s.busy += 1;
                 s.tenants
                     .entry(tenant.clone())
@@ -278,8 +316,8 @@ impl RequestSlots {
                     .waiting;
                 let at = waiting.partition_point(|(o, _)| *o <= order);
                 waiting.insert(at, (order, tx));
-                // Normally a no-op (waiters exist only while every slot is busy); it keeps a
-                // free slot from idling should that ever not hold.
+                // Normally a no-op (waiters exist only while no free slot may go to them); it
+                // keeps a free slot from idling should that ever not hold.
                 s.dispatch();
                 Some(rx)
             }

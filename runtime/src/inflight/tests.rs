@@ -149,15 +149,23 @@ async fn a_quiet_tenant_is_not_slowed_by_another_tenants_queued_requests() {
 
 #[tokio::test(start_paused = true)]
 async fn the_cap_bounds_requests_at_the_server_and_a_tenant_alone_uses_every_slot() {
-    for cap in [1, 4, 8] {
+    for (cap, reserve, used) in [
+        (1, 0, 1),
+        (4, 0, 4),
+        (8, 0, 8),
+        (3, 1, 3),
+        (4, 1, 3),
+        (8, 1, 7),
+    ] {
         let server = FakeServer::new(2);
-        let slots = RequestSlots::new(cap);
+        let slots = RequestSlots::new(cap).with_idle_reserve(reserve);
         let client = slots.client(fake_client(&server));
         for f in flood(&client, 32, 3) {
             f.await.expect("flood reconcile");
         }
-        // Work-conserving: one tenant alone fills every slot; and never more.
-        assert_eq!(server.max_held(), cap, "cap {cap}");
+        // Work-conserving but for the idle reserve: one tenant alone fills every other
+        // slot; and never more.
+        assert_eq!(server.max_held(), used, "cap {cap}, reserve {reserve}");
         assert_eq!(slots.busy(), 0, "every slot released");
     }
     let server = FakeServer::new(2);
@@ -177,9 +185,10 @@ async fn busy_tenants_share_the_slots_in_proportion_to_their_weights() {
     // Over the same time, heavy's requests answered ÷ light's ≈ 4 (weighted max-min
     // fairness); with equal weights they would be equal.
     for (weight, want) in [(4u32, 4.0f64), (1, 1.0)] {
-        // 10 slots: 8 + 2 at weights 4 and 1, 5 + 5 at equal weights.
-        let server = FakeServer::new(10);
-        let slots = RequestSlots::new(10);
+        // 11 slots, 1 kept for idle tenants: 8 + 2 at weights 4 and 1, 5 + 5 at equal
+        // weights.
+        let server = FakeServer::new(11);
+        let slots = RequestSlots::new(11);
         let client = slots.client(fake_client(&server));
         let answered: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
         let mut tasks = Vec::new();
@@ -240,6 +249,81 @@ async fn a_free_slot_goes_to_the_tenant_with_fewest_in_flight() {
     drop((a_permit, b_permit));
     assert!(queued_a[1].as_mut().now_or_never().is_some());
     assert!(queued_a[2].as_mut().now_or_never().is_some());
+}
+
+/// Acquires `n` slots for `tenant` that are granted at once.
+async fn hold(slots: &RequestSlots, tenant: &TenantKey, n: usize) -> Vec<super::SlotPermit> {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let permit = slots.acquire(tenant.clone()).now_or_never();
+        held.push(permit.unwrap_or_else(|| panic!("slot {i} of {tenant} was not free")));
+    }
+    held
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_idle_reserve_is_kept_for_a_tenant_with_nothing_in_flight() {
+    let busy = TenantKey::new("busy");
+    let quiet = TenantKey::new("quiet");
+    // Cap 8, the default reserve of 1: the busy tenant gets 7 slots and waits for the 8th.
+    let slots = RequestSlots::new(8);
+    let mut flood = hold(&slots, &busy, 7).await;
+    let mut busy_waits = Box::pin(slots.acquire(busy.clone()));
+    assert!(
+        busy_waits.as_mut().now_or_never().is_none(),
+        "a busy tenant took the reserve"
+    );
+    // A tenant with nothing in flight gets it at once, ahead of the waiting busy tenant.
+    let first = slots.acquire(quiet.clone()).now_or_never();
+    let first = first.expect("the reserve is free for a tenant with none in flight");
+    assert_eq!(slots.busy(), 8);
+    // Its second request is no longer idle work: it waits like any other.
+    let mut second = Box::pin(slots.acquire(quiet.clone()));
+    assert!(second.as_mut().now_or_never().is_none(), "the cap is full");
+    // A slot freed while both tenants have requests in flight is the reserve again: neither
+    // takes it.
+    drop(flood.pop());
+    assert_eq!(slots.busy(), 7);
+    assert!(second.as_mut().now_or_never().is_none());
+    assert!(busy_waits.as_mut().now_or_never().is_none());
+    // Once quiet's first request is answered it has none in flight: its second goes next,
+    // before the busy tenant's older waiter, and the reserve stays free.
+    drop(first);
+    let second = second
+        .as_mut()
+        .now_or_never()
+        .expect("quiet has none in flight");
+    assert_eq!(
+        slots.busy(),
+        7,
+        "only the reserve is free: the busy tenant still waits"
+    );
+    assert!(busy_waits.as_mut().now_or_never().is_none());
+    drop(second);
+    let _granted = busy_waits
+        .as_mut()
+        .now_or_never()
+        .expect("below the reserve");
+    assert_eq!(slots.busy(), 7);
+    let mut busy_again = Box::pin(slots.acquire(busy.clone()));
+    assert!(
+        busy_again.as_mut().now_or_never().is_none(),
+        "the reserve is kept"
+    );
+    drop(busy_again);
+
+    // With no reserve, one tenant may hold every slot.
+    let slots = RequestSlots::new(8).with_idle_reserve(0);
+    let _all = hold(&slots, &busy, 8).await;
+    // The reserve is at most a quarter of the cap: 2 of 8 however many are asked for, none
+    // of 3.
+    let slots = RequestSlots::new(8).with_idle_reserve(5);
+    let _six = hold(&slots, &busy, 6).await;
+    assert!(slots.acquire(busy.clone()).now_or_never().is_none());
+    let _two = hold(&slots, &quiet, 1).await;
+    let _other = hold(&slots, &TenantKey::new("other"), 1).await;
+    let slots = RequestSlots::new(3).with_idle_reserve(1);
+    let _three = hold(&slots, &busy, 3).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -359,43 +443,54 @@ async fn a_tenants_older_reconcile_finishes_first() {
 #[tokio::test(start_paused = true)]
 async fn an_adaptive_cap_grows_to_what_the_server_serves_without_queueing() {
     // The server works on 8 requests at once; a flood of 64 reconciles asks for more. From
-    // 2 the cap grows while latency stays flat and stops where requests start to queue.
-    for (parallel, low, high) in [(8, 8, 16), (2, 2, 4)] {
+    // 2 the cap grows while latency stays flat and stops where requests start to queue. With
+    // an idle reserve of 1 the flood's share is one less than the cap, so the cap settles
+    // one higher.
+    for (parallel, reserve, low, high) in [(8, 0, 8, 16), (2, 0, 2, 4), (8, 1, 9, 17), (2, 1, 3, 5)]
+    {
         let server = FakeServer::new(parallel);
         let slots = RequestSlots::adaptive(AdaptiveLimit {
             initial: 2,
             min: 1,
             max: 64,
-        });
+        })
+        .with_idle_reserve(reserve);
         let client = slots.client(fake_client(&server));
         for f in flood(&client, 64, 40) {
             f.await.expect("flood reconcile");
         }
         let cap = slots.slots();
-        println!("server of {parallel}: cap settled at {cap}");
+        println!("server of {parallel}, reserve {reserve}: cap settled at {cap}");
         assert!(
             (low..=high).contains(&cap),
-            "server of {parallel}: cap {cap} not in {low}..={high}"
+            "server of {parallel}, reserve {reserve}: cap {cap} not in {low}..={high}"
         );
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_adaptive_cap_shrinks_when_the_server_throttles() {
-    // A priority level that refuses beyond 6 requests at once; the cap starts at 32.
-    let server = FakeServer::rejecting_above(4, 6);
-    let slots = RequestSlots::adaptive(AdaptiveLimit {
-        initial: 32,
-        min: 1,
-        max: 64,
-    });
-    let client = slots.client(fake_client(&server));
-    for f in flood(&client, 64, 20) {
-        f.await.expect("flood reconcile");
+    // A priority level that refuses beyond 6 requests at once; the cap starts at 32. A lone
+    // tenant's share is the cap less the idle reserve.
+    for reserve in [0, 1] {
+        let server = FakeServer::rejecting_above(4, 6);
+        let slots = RequestSlots::adaptive(AdaptiveLimit {
+            initial: 32,
+            min: 1,
+            max: 64,
+        })
+        .with_idle_reserve(reserve);
+        let client = slots.client(fake_client(&server));
+        for f in flood(&client, 64, 20) {
+            f.await.expect("flood reconcile");
+        }
+        let cap = slots.slots();
+        println!("throttled above 6, reserve {reserve}: cap now {cap}");
+        assert!(
+            cap <= 6 + reserve,
+            "reserve {reserve}: the cap stayed above the server's limit: {cap}"
+        );
     }
-    let cap = slots.slots();
-    println!("throttled above 6: cap now {cap}");
-    assert!(cap <= 6, "the cap stayed above the server's limit: {cap}");
 }
 
 #[tokio::test(start_paused = true)]
