@@ -348,3 +348,76 @@ async fn an_app_that_leaves_its_replicas_to_an_autoscaler_never_takes_them_back(
         "the count was taken back: {repaired:?}"
     );
 }
+
+#[tokio::test]
+async fn an_object_with_forged_marks_of_the_app_is_not_adopted() {
+    // Someone else's ConfigMap at the app's ConfigMap's name blocks the app. The tenant owner
+    // then forges what a child of the app that lost its ownerReference would carry: the
+    // app's owner-uid label, the managed-by label, and an `Apply` entry under idem's field
+    // manager. The app has a record of its children, which this object is not in: it stays
+    // someone else's (not adopted, not overwritten, not recorded, so never deleted with the
+    // app).
+    shared_operator().await;
+    let client = shared().client();
+    let ns = tenants::ready_apps_namespace(&client, "forge").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let theirs: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": config_map_name("victim")},
+        "data": {"app.toml": "bob's own settings"}
+    }))
+    .unwrap();
+    let post = PostParams {
+        field_manager: Some("bob".into()),
+        ..PostParams::default()
+    };
+    let theirs = config_maps.create(&post, &theirs).await.unwrap();
+    let theirs_uid = theirs.uid().unwrap();
+    apps::create(&client, &ns, "victim", apps::spec(0, "x")).await;
+    let app = apps::wait_condition(&client, &ns, "victim", "Stalled", "ChildNotOwned").await;
+    let app_uid = app.uid().unwrap();
+
+    let forged = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": config_map_name("victim"), "labels": {
+            idem_runtime::apply::MANAGED_BY_LABEL: idem_operator::resources::FIELD_MANAGER,
+            idem_runtime::apply::OWNER_UID_LABEL: app_uid,
+        }},
+    });
+    Api::<ConfigMap>::namespaced(common::users::client_as("alice"), &ns)
+        .patch(
+            &config_map_name("victim"),
+            &PatchParams::apply(idem_operator::resources::FIELD_MANAGER),
+            &Patch::Apply(&forged),
+        )
+        .await
+        .expect("the tenant owner may write ConfigMaps in their namespace");
+    // Any change of the app makes its controller judge the object again.
+    Api::<TenantApp>::namespaced(client.clone(), &ns)
+        .patch(
+            "victim",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"config": {"app.toml": "changed"}}})),
+        )
+        .await
+        .unwrap();
+    let app = apps::wait_condition(&client, &ns, "victim", "Stalled", "ChildNotOwned").await;
+    let now = config_maps.get(&config_map_name("victim")).await.unwrap();
+    assert_eq!(now.uid().as_deref(), Some(theirs_uid.as_str()));
+    assert!(
+        !now.owner_references()
+            .iter()
+            .any(|r| r.uid == app_uid && r.controller == Some(true)),
+        "adopted on forged marks: {:?}",
+        now.owner_references()
+    );
+    assert_eq!(
+        now.data.unwrap_or_default().get("app.toml").map(String::as_str),
+        Some("bob's own settings"),
+        "overwritten on forged marks"
+    );
+    let recorded = app.status.unwrap_or_default().created_children;
+    assert!(
+        recorded.iter().all(|c| c.uid != theirs_uid),
+        "recorded on forged marks: {recorded:?}"
+    );
+}

@@ -357,13 +357,16 @@ impl Applier {
                 serde_json::from_value(live.get("metadata").cloned().unwrap_or_default())
                     .unwrap_or_default();
             // Ours: controlled by the owner; or, unless the kind releases orphans, created by it
-            // (its uid, the live object's, is in the owner's record, which only we write) or
-            // evidently ours with its reference lost. Labels and ownerReferences anyone may
-            // edit never take a recorded child away from us: it is repaired.
+            // (its uid, the live object's, is in the owner's record, which only we write) or,
+            // for an owner without a record, evidently ours with its reference lost. Labels
+            // and ownerReferences anyone may edit never take a recorded child away from us:
+            // it is repaired. Nor do they make an unrecorded object ours when the owner has a
+            // record: a label and a field manager's name can be forged by whoever may write
+            // the object, and a child of ours that lost its reference is in the record.
             let recorded = meta.uid.as_deref().is_some_and(|uid| owner.recorded(uid));
             let controlled = owner.owns(&meta);
-            let foreign =
-                !controlled && (child.release_orphan || !(recorded || owner.lost_reference(&meta)));
+            let lost = !owner.has_record() && owner.lost_reference(&meta);
+            let foreign = !controlled && (child.release_orphan || !(recorded || lost));
             if let Some(c) = &self.caches {
                 c.set_foreign(&key, foreign);
                 if !foreign {

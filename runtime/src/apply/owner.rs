@@ -256,8 +256,10 @@ impl Owner {
     /// Whether `meta` is a child of ours that lost its ownerReference: it has no controller
     /// ownerReference at all, carries the owner-uid label ([`Labels::owner_uid`]) with this owner's uid, and our field
     /// manager has an `Apply` entry on it (the server's record that we applied it). Such a
-    /// child is applied again (which restores the reference); it is never pruned on this
-    /// evidence alone.
+    /// child of an owner without a record is applied again (which restores the reference);
+    /// it is never pruned on this evidence alone. An owner with a record does not take this
+    /// evidence (anyone who may write the object can forge both): its children are found by
+    /// their recorded uids.
     pub fn lost_reference(&self, meta: &ObjectMeta) -> bool {
         let controlled = meta
             .owner_references
