@@ -293,9 +293,10 @@ pub struct TenantStatus {
     pub conditions: Vec<Condition>,
     /// The children the operator created for this Tenant (kind, namespace, name, uid): the
     /// only objects it ever prunes. Status is written only by the operator, so a user cannot
-    /// make it delete an object by giving it this Tenant's ownerReference and labels.
+    /// make it delete an object by giving it this Tenant's ownerReference and labels. Room
+    /// for every child of the largest Tenant the spec's bounds admit, twice over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 1024))]
+    #[schemars(length(max = 4096))]
     pub created_children: Vec<idem_runtime::apply::CreatedChild>,
     /// Whether the tenant's namespaces are cordoned: `spec.cordoned` as last written to their
     /// TenantPolicies (a paused tenant keeps what was enforced before).

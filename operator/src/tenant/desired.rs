@@ -249,6 +249,75 @@ pub fn contents(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::tenant::{Limits, Quota, ShortName, TenantRoleBinding, TenantSpec};
+    use kube::CustomResourceExt;
+
+    /// `maxItems` of the property at `path` in the Tenant CRD's schema.
+    fn max_items(crd: &serde_json::Value, path: &[&str]) -> usize {
+        let mut at = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for p in path {
+            at = &at["properties"][*p];
+        }
+        let max = at["maxItems"].as_u64();
+        usize::try_from(max.unwrap_or_else(|| panic!("no maxItems at {path:?}"))).unwrap()
+    }
+
+    #[test]
+    fn the_record_holds_every_child_of_the_largest_tenant_the_crd_admits_twice_over() {
+        // The largest Tenant admission lets through, by the CRD's own bounds: every namespace,
+        // every role binding, every per-namespace child. Its record must hold all of them
+        // twice (a pass that fails between creating replacements and pruning what they
+        // replace records both): a record that cannot be written leaves children unrecorded,
+        // and so never pruned (a removed role binding never revoked).
+        let crd = serde_json::to_value(Tenant::crd()).unwrap();
+        let namespaces = max_items(&crd, &["spec", "namespaces"]);
+        let bindings = max_items(&crd, &["spec", "roleBindings"]);
+        let record = max_items(&crd, &["status", "createdChildren"]);
+        let one = || Owner {
+            kind: OwnerKind::User,
+            name: "alice".into(),
+            namespace: None,
+        };
+        let quantities = || [("cpu".to_owned(), Quantity("1".into()))].into();
+        let spec = TenantSpec {
+            owners: vec![one()],
+            namespaces: (0..namespaces)
+                .map(|i| ShortName::from(format!("n{i}").as_str()))
+                .collect(),
+            quota: Some(Quota {
+                hard: quantities(),
+                ..Quota::default()
+            }),
+            limits: Some(Limits {
+                default: quantities(),
+                default_request: quantities(),
+            }),
+            isolation: true,
+            role_bindings: (0..bindings)
+                .map(|i| TenantRoleBinding {
+                    name: format!("rb{i}"),
+                    cluster_role: "view".into(),
+                    subjects: vec![one()],
+                })
+                .collect(),
+            ..serde_json::from_value(serde_json::json!({})).unwrap()
+        };
+        let tenant = Tenant::new("largest", spec);
+        let names = namespace_names(&tenant);
+        let children = namespaces_of(&tenant)
+            + contents(&tenant, &names, &[], &BTreeMap::new())
+                .unwrap()
+                .len();
+        assert_eq!(names.len(), namespaces);
+        assert!(
+            2 * children <= record,
+            "the largest Tenant has {children} children; its record holds at most {record}"
+        );
+    }
+
+    fn namespaces_of(tenant: &Tenant) -> usize {
+        namespaces(tenant).unwrap().len()
+    }
 
     #[test]
     fn the_isolation_selector_names_exactly_the_given_namespaces() {
