@@ -411,7 +411,10 @@ async fn an_object_with_forged_marks_of_the_app_is_not_adopted() {
         now.owner_references()
     );
     assert_eq!(
-        now.data.unwrap_or_default().get("app.toml").map(String::as_str),
+        now.data
+            .unwrap_or_default()
+            .get("app.toml")
+            .map(String::as_str),
         Some("bob's own settings"),
         "overwritten on forged marks"
     );
