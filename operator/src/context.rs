@@ -1,7 +1,9 @@
 //! What the operator's reconcilers share: the child caches and a cache of the operator's
 //! namespaces (to find a TenantApp's tenant without an API call).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
@@ -20,7 +22,16 @@ pub struct Context {
     pub caches: ChildCaches,
     /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
     pub namespaces: Store<Namespace>,
+    /// Namespaces a read of the API server found not to be tenant namespaces, with when and
+    /// why (see [`NOT_TENANT_RECHECK`]).
+    not_tenant: Mutex<HashMap<String, (Instant, NotTenantNamespace)>>,
 }
+
+/// How long a read that found a namespace not to be a tenant namespace is taken as the answer
+/// for every app in it: however many TenantApps sit outside tenant namespaces, each such
+/// namespace is read at most once per period (a namespace that becomes a tenant's is seen at
+/// once through the namespace cache).
+pub const NOT_TENANT_RECHECK: Duration = Duration::from_secs(25);
 
 impl Context {
     /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
@@ -30,6 +41,7 @@ impl Context {
             caches: ChildCaches::new(),
             client,
             namespaces,
+            not_tenant: Mutex::new(HashMap::new()),
         })
     }
 
@@ -78,26 +90,47 @@ impl Context {
         if let Some(tenant) = self.tenant_of_namespace(ns) {
             return Ok(Ok(tenant));
         }
+        let now = Instant::now();
+        if let Some((_, why)) = self
+            .not_tenant_lock()
+            .get(ns)
+            .filter(|(at, _)| now.duration_since(*at) < NOT_TENANT_RECHECK)
+        {
+            return Ok(Err(why.clone()));
+        }
         let live = kube::Api::<Namespace>::all(client.clone())
             .get_opt(ns)
             .await?;
-        let Some(live) = live else {
-            return Ok(Err(NotTenantNamespace::Missing));
+        let why = match live {
+            None => NotTenantNamespace::Missing,
+            Some(live) => {
+                if let Some(tenant) = tenant_of(&live) {
+                    return Ok(Ok(tenant));
+                }
+                let label = live
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(TENANT_LABEL));
+                match label {
+                    None => NotTenantNamespace::Unlabelled,
+                    Some(tenant) => NotTenantNamespace::NotControlled {
+                        tenant: tenant.clone(),
+                    },
+                }
+            }
         };
-        if let Some(tenant) = tenant_of(&live) {
-            return Ok(Ok(tenant));
-        }
-        let label = live
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(TENANT_LABEL));
-        Ok(Err(match label {
-            None => NotTenantNamespace::Unlabelled,
-            Some(tenant) => NotTenantNamespace::NotControlled {
-                tenant: tenant.clone(),
-            },
-        }))
+        let mut not_tenant = self.not_tenant_lock();
+        // Only answers of the current period are kept: at most one per namespace read in it.
+        not_tenant.retain(|_, (at, _)| now.duration_since(*at) < NOT_TENANT_RECHECK);
+        not_tenant.insert(ns.to_owned(), (now, why.clone()));
+        Ok(Err(why))
+    }
+
+    fn not_tenant_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, NotTenantNamespace)>> {
+        self.not_tenant.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -3,7 +3,8 @@
 //! at once, for a Tenant as for a TenantApp; those watches end with the controllers that
 //! started them (a shard ring change restarts the controllers) and when the object is gone;
 //! and objects forged to claim a Tenant cost one `NotPruned` Warning per set of them, however
-//! many there are.
+//! many there are; apps outside tenant namespaces, looked at again now and then, cost one read
+//! of their namespace per period, however many there are.
 //!
 //! The tests of this binary run one at a time: each starts and stops its own operator (with a
 //! 10 min resync, so only a watch can bring an owner back within the waits).
@@ -397,5 +398,51 @@ async fn objects_forged_to_claim_a_tenant_cost_one_warning_per_set_whatever_thei
         "none of alice's objects is deleted"
     );
     delete_tenant(&client, &name).await;
+    operator.stop().await;
+}
+
+/// GET requests the API server served on core `resource`, from its own metrics.
+async fn gets(resource: &str) -> u64 {
+    let text = shared().metrics().await.expect("apiserver /metrics");
+    idem_tests::metrics::requests(&text, "GET", "", resource)
+}
+
+#[tokio::test]
+async fn apps_outside_tenant_namespaces_cost_one_read_per_namespace_whatever_their_count() {
+    // Anyone who may create TenantApps in some namespace can create many outside tenant
+    // namespaces. Each is looked at again every 30 s (its namespace may become a tenant's);
+    // the namespace is read from the API server at most once per period for all of them,
+    // not once per app.
+    let _serial = SERIAL.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let operator = Operator::start(RESYNC).await;
+    let ns = idem_tests::create_namespace(&client, "outside")
+        .await
+        .unwrap();
+    const APPS: u64 = 20;
+    for i in 0..APPS {
+        apps::create(&client, &ns, &format!("a{i}"), apps::spec(0, "x")).await;
+    }
+    for i in 0..APPS {
+        let name = format!("a{i}");
+        apps::wait_condition(&client, &ns, &name, "Stalled", "NotInTenantNamespace").await;
+    }
+    let since = operator.reconciles("tenantapp").await;
+    let before = gets("namespaces").await;
+    // A full round of looks: every app reconciled once more.
+    eventually("every app looked at again", TIMEOUT, || async {
+        let done = operator.reconciles("tenantapp").await;
+        (done >= since + APPS)
+            .then_some(())
+            .ok_or_else(|| format!("{done} reconciles, since {since}"))
+    })
+    .await;
+    let read = gets("namespaces").await - before;
+    println!("{APPS} apps outside tenant namespaces looked at again: {read} GET namespaces");
+    assert!(
+        read <= 2,
+        "{APPS} apps in one namespace read it {read} times in one round of looks"
+    );
     operator.stop().await;
 }
