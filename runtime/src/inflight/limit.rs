@@ -1,6 +1,14 @@
-//! The self-tuning cap of [`RequestSlots`](super::RequestSlots): it grows while the API
-//! server's latency stays flat under a full cap and shrinks when latency rises or the server
-//! throttles, so no hand-set number is needed.
+//! The self-tuning caps of [`RequestSlots`](super::RequestSlots): a tenant's cap grows while
+//! the API server's latency stays flat under it and shrinks when latency rises or the server
+//! throttles; the total cap falls only when the server throttles. No hand-set number is needed.
+//!
+//! Two caps, because the two things they protect differ. The latency one tenant's flood adds
+//! to everyone's requests is what a quiet tenant feels, so each tenant's requests in flight
+//! are capped (times its weight) by the latency rule below: one tenant alone cannot raise the
+//! server's latency beyond ~2× its baseline. Many tenants at once (a fleet being created, a
+//! resync) have no quiet tenant to protect but throughput to gain: their total is bounded only
+//! by the server's own throttling (429), starting at [`AdaptiveLimit::max`]. The rules below
+//! are the tenant cap's, except where they name the total.
 //!
 //! The rule (additive increase, multiplicative decrease on throttling, as TCP's congestion
 //! control; the latency signal as in delay-based congestion control):
@@ -20,14 +28,17 @@
 //!   queueing). A baseline that followed recent latency under load would drift up with the
 //!   queue the cap itself builds, and walk the cap up without end;
 //! - samples are judged in windows of at least [`WINDOW`] samples and twice the cap;
-//! - a window with a throttled answer (429, or 503 from an overloaded server) cuts the cap
-//!   to ¾ of it;
-//! - a window whose mean latency ratio exceeds [`SHRINK_ABOVE`] (requests queue at the
-//!   server) lowers the cap by one eighth of it, at least 1;
-//! - a window in which the cap was reached (a request had to wait for a slot) and whose mean
-//!   ratio stayed below [`GROW_BELOW`] raises it by 1: more concurrency still costs no
-//!   latency. A cap that is not reached is not raised: an idle controller does not walk its
-//!   cap up to the maximum and then meet a flood with it;
+//! - a window with a throttled answer (429, or 503 from an overloaded server) cuts the tenant
+//!   cap to ¾ of it, and the total to ¾ of the requests in flight then; a window without one
+//!   raises the total by 1, up to [`AdaptiveLimit::max`];
+//! - latency judges only a window in which the tenant cap was reached (a request had to
+//!   wait for its tenant's cap, not the total's): then a mean latency ratio above
+//!   [`SHRINK_ABOVE`] (requests queue at the server) lowers the cap by one eighth of it, at
+//!   least 1, and one below [`GROW_BELOW`] raises it by 1 (more concurrency still costs no
+//!   latency). A cap that is not reached is neither raised (an idle controller does not walk
+//!   its cap up to the maximum and then meet a flood with it) nor lowered (the latency of
+//!   many tenants together is not one tenant's doing, and a cap lowered for it would meet the
+//!   next lone flood too low);
 //! - the cap stays within [`AdaptiveLimit::min`] and [`AdaptiveLimit::max`].
 
 use std::time::Duration;
@@ -41,15 +52,25 @@ pub const GROW_BELOW: f64 = 1.5;
 /// Mean latency ÷ baseline above which the cap shrinks.
 pub const SHRINK_ABOVE: f64 = 2.0;
 
-/// Bounds and start of a self-tuning cap ([`RequestSlots::adaptive`](super::RequestSlots::adaptive)).
+/// Bounds and start of the self-tuning caps
+/// ([`RequestSlots::adaptive`](super::RequestSlots::adaptive)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveLimit {
-    /// The cap to start with.
+    /// A tenant's cap to start with.
     pub initial: usize,
-    /// The lowest cap (at least 1).
+    /// The lowest cap, a tenant's and the total (at least 1).
     pub min: usize,
-    /// The highest cap.
+    /// The highest cap, a tenant's and the total; the total starts there.
     pub max: usize,
+}
+
+/// The caps a [`Tuner`] sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Requests in flight in all.
+    pub total: usize,
+    /// Requests in flight of one tenant, per unit of its weight.
+    pub tenant: usize,
 }
 
 impl Default for AdaptiveLimit {
@@ -120,6 +141,19 @@ impl Baseline {
         Some((self.count, ratio * f64::from(self.count)))
     }
 
+    /// The window's mean latency in ms (0 without samples), for logs.
+    fn mean_ms(&self) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        (self.sum / self.count).as_secs_f64() * 1000.0
+    }
+
+    /// The baseline in ms (0 before there is one), for logs.
+    fn base_ms(&self) -> f64 {
+        self.lowest.map_or(0.0, |l| l.as_secs_f64() * 1000.0)
+    }
+
     /// Ends a window: its mean lowers the baseline (with `rebase`, becomes it), when it has
     /// enough samples.
     fn end_window(&mut self, rebase: bool) {
@@ -134,10 +168,11 @@ impl Baseline {
     }
 }
 
-/// The tuning state of one self-tuning cap.
+/// The tuning state of one pair of self-tuning caps.
 #[derive(Debug)]
 pub struct Tuner {
     bounds: AdaptiveLimit,
+    caps: Caps,
     reads: Baseline,
     writes: Baseline,
     /// Samples in this window.
@@ -147,39 +182,44 @@ pub struct Tuner {
 }
 
 impl Tuner {
-    /// A tuner within `bounds`; returns it with the cap to start with.
-    pub fn new(bounds: AdaptiveLimit) -> (Self, usize) {
+    /// A tuner within `bounds`; returns it with the caps to start with.
+    pub fn new(bounds: AdaptiveLimit) -> (Self, Caps) {
         let min = bounds.min.max(1);
         let bounds = AdaptiveLimit {
             min,
             max: bounds.max.max(min),
             initial: bounds.initial.clamp(min, bounds.max.max(min)),
         };
+        let caps = Caps {
+            total: bounds.max,
+            tenant: bounds.initial,
+        };
         let tuner = Self {
             bounds,
+            caps,
             reads: Baseline::default(),
             writes: Baseline::default(),
             samples: 0,
             throttled: false,
             saturated: false,
         };
-        (tuner, bounds.initial)
+        (tuner, caps)
     }
 
-    /// A request found every slot taken: the cap is what limits now.
+    /// A request had to wait for its tenant's cap: the cap is what limits now.
     pub fn saturated(&mut self) {
         self.saturated = true;
     }
 
-    /// One answered request; returns the new cap when this sample ends a window that
-    /// changes it.
+    /// One answered request, with `busy` requests in flight now; returns the new caps when
+    /// this sample ends a window that changes them.
     pub fn observe(
         &mut self,
         class: Class,
         latency: Duration,
         throttled: bool,
-        cap: usize,
-    ) -> Option<usize> {
+        busy: usize,
+    ) -> Option<Caps> {
         let baseline = match class {
             Class::Read => &mut self.reads,
             Class::Write => &mut self.writes,
@@ -187,6 +227,7 @@ impl Tuner {
         baseline.observe(latency);
         self.samples += 1;
         self.throttled |= throttled;
+        let cap = self.caps.tenant;
         let window = WINDOW.max(u32::try_from(cap.saturating_mul(2)).unwrap_or(u32::MAX));
         if self.samples < window && !self.throttled {
             return None;
@@ -196,23 +237,52 @@ impl Tuner {
             .flatten()
             .fold((0, 0.0), |(n, s), (c, r)| (n + c, s + r));
         let mean = if n == 0 { 1.0 } else { sum / f64::from(n) };
-        let next = if self.throttled {
+        // Latency judges the tenant cap only in a window where that cap held a tenant back:
+        // otherwise the latency is many tenants' together (a fleet being created), which no
+        // tenant's cap would change, and a cap lowered for it would meet the next lone
+        // tenant's flood too low.
+        let tenant = if self.throttled {
             cap * 3 / 4
+        } else if !self.saturated {
+            cap
         } else if mean > SHRINK_ABOVE {
             cap - (cap / 8).max(1)
-        } else if self.saturated && mean < GROW_BELOW {
+        } else if mean < GROW_BELOW {
             cap + 1
         } else {
             cap
         };
-        let rebase = mean > SHRINK_ABOVE && cap <= self.bounds.min;
+        let total = if self.throttled {
+            busy.min(self.caps.total) * 3 / 4
+        } else {
+            self.caps.total + 1
+        };
+        let rebase = self.saturated && mean > SHRINK_ABOVE && cap <= self.bounds.min;
+        tracing::debug!(
+            cap,
+            total = self.caps.total,
+            busy,
+            ratio = format_args!("{mean:.2}"),
+            saturated = self.saturated,
+            throttled = self.throttled,
+            writes_ms = format_args!("{:.1}", self.writes.mean_ms()),
+            writes_base_ms = format_args!("{:.1}", self.writes.base_ms()),
+            reads_ms = format_args!("{:.1}", self.reads.mean_ms()),
+            "request slots window"
+        );
         self.reads.end_window(rebase);
         self.writes.end_window(rebase);
         self.samples = 0;
         self.throttled = false;
         self.saturated = false;
-        let next = next.clamp(self.bounds.min, self.bounds.max);
-        (next != cap).then_some(next)
+        let (min, max) = (self.bounds.min, self.bounds.max);
+        let total = total.clamp(min, max);
+        let next = Caps {
+            total,
+            tenant: tenant.clamp(min, max).min(total),
+        };
+        let old = std::mem::replace(&mut self.caps, next);
+        (next != old).then_some(next)
     }
 }
 
@@ -231,7 +301,7 @@ mod tests {
         for _ in 0..samples {
             tuner.saturated();
             if let Some(next) = tuner.observe(Class::Write, latency(*cap), false, *cap) {
-                *cap = next;
+                *cap = next.tenant;
             }
         }
     }
@@ -240,7 +310,8 @@ mod tests {
     fn a_cap_grows_while_latency_is_flat_and_settles_where_it_rises() {
         // A server that works on 10 requests at once: latency flat up to 10 in flight, then
         // rising in proportion (they queue).
-        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
         let server = |in_flight: usize| 5 * MS * u32::try_from(in_flight.div_ceil(10)).unwrap();
         run(&mut tuner, &mut cap, 5_000, server);
         assert!((10..=20).contains(&cap), "settled at {cap}");
@@ -251,7 +322,8 @@ mod tests {
         // Writes that cost 1 to 9 ms each (a namespace, a quota, a status), whatever the
         // cap: no queue at all. Their fastest answer is no baseline for their mean: judged
         // against it, the cap fell to the minimum and stayed there.
-        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
         let mut i = 0_u32;
         run(&mut tuner, &mut cap, 5_000, |_| {
             i = (i * 7 + 3) % 9;
@@ -262,10 +334,31 @@ mod tests {
 
     #[test]
     fn a_cap_that_is_not_reached_does_not_grow() {
-        let (mut tuner, cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
         for _ in 0..5_000 {
-            assert_eq!(tuner.observe(Class::Write, 5 * MS, false, cap), None);
+            let next = tuner.observe(Class::Write, 5 * MS, false, caps.tenant);
+            assert!(next.is_none_or(|c| c.tenant == caps.tenant), "{next:?}");
         }
+    }
+
+    #[test]
+    fn latency_no_tenant_cap_caused_does_not_lower_it() {
+        // A baseline at 5 ms, then 50 ms answers while no tenant reaches its cap (many
+        // tenants with a request or two each): the tenant cap stays. Once a tenant is held
+        // back by it at that latency, it falls.
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
+        run(&mut tuner, &mut cap, 64, |_| 5 * MS);
+        let before = cap;
+        for _ in 0..2_000 {
+            let next = tuner.observe(Class::Write, 50 * MS, false, 40);
+            assert!(next.is_none_or(|c| c.tenant == before), "{next:?}");
+        }
+        run(&mut tuner, &mut cap, 64, |_| 50 * MS);
+        assert!(
+            cap < before,
+            "a tenant held back at 10× the baseline: {before} → {cap}"
+        );
     }
 
     #[test]
@@ -275,7 +368,15 @@ mod tests {
             min: 2,
             max: 64,
         });
-        assert_eq!(tuner.observe(Class::Write, 5 * MS, true, 32), Some(24));
+        // The tenant cap to ¾ of itself, the total to ¾ of the requests in flight.
+        let cut = tuner.observe(Class::Write, 5 * MS, true, 40);
+        assert_eq!(
+            cut,
+            Some(Caps {
+                total: 30,
+                tenant: 24
+            })
+        );
         let mut cap = 24;
         // A window at 5 ms sets the baseline; then latency 4× it: lowered window by window,
         // never raised on the way, down to the minimum.
@@ -298,7 +399,8 @@ mod tests {
     fn a_server_slower_for_good_is_the_new_baseline() {
         // 5 ms at first; then 40 ms whatever the cap (the server, not our queue): the cap
         // falls to the minimum, the baseline follows, and the cap grows again.
-        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
         run(&mut tuner, &mut cap, 200, |_| 5 * MS);
         let grown = cap;
         run(&mut tuner, &mut cap, 400, |_| 40 * MS);
@@ -319,7 +421,8 @@ mod tests {
         // 20 ms (a store that fills up; more objects to watch): for any cap its latency is
         // flat up to 10 in flight. The cap stays where that holds, instead of reading the
         // slower service as queueing and falling to the minimum.
-        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
         let mut n = 0_u32;
         let mut caps = Vec::new();
         run(&mut tuner, &mut cap, 20_000, |in_flight| {
@@ -341,7 +444,8 @@ mod tests {
     #[test]
     fn cheap_reads_among_writes_are_not_congestion() {
         // Half the requests are 1 ms reads, half 10 ms writes, at any concurrency: flat.
-        let (mut tuner, mut cap) = Tuner::new(AdaptiveLimit::default());
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit::default());
+        let mut cap = caps.tenant;
         for i in 0..2_000 {
             tuner.saturated();
             let (class, latency) = if i % 2 == 0 {
@@ -350,7 +454,7 @@ mod tests {
                 (Class::Write, 10 * MS)
             };
             if let Some(next) = tuner.observe(class, latency, false, cap) {
-                cap = next;
+                cap = next.tenant;
             }
         }
         assert!(cap > 20, "a flat mix grew the cap only to {cap}");
@@ -358,21 +462,31 @@ mod tests {
 
     #[test]
     fn bounds_are_kept() {
-        let (_, cap) = Tuner::new(AdaptiveLimit {
+        let (_, caps) = Tuner::new(AdaptiveLimit {
             initial: 100,
             min: 0,
             max: 8,
         });
-        assert_eq!(cap, 8);
-        let (mut tuner, cap) = Tuner::new(AdaptiveLimit {
+        assert_eq!(
+            caps,
+            Caps {
+                total: 8,
+                tenant: 8
+            }
+        );
+        let (mut tuner, caps) = Tuner::new(AdaptiveLimit {
             initial: 1,
             min: 1,
             max: 8,
         });
         assert_eq!(
-            tuner.observe(Class::Write, MS, true, cap),
-            None,
+            tuner.observe(Class::Write, MS, true, 1),
+            Some(Caps {
+                total: 1,
+                tenant: 1
+            }),
             "never below 1"
         );
+        assert_eq!(caps.tenant, 1);
     }
 }

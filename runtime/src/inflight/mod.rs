@@ -31,10 +31,13 @@
 //! bypass the cap and do not count against it. A slot is held from just before the request is
 //! sent until its response headers arrive.
 //!
-//! The cap is fixed ([`RequestSlots::new`]) or tunes itself ([`RequestSlots::adaptive`]):
-//! it grows while the API server's latency stays flat and shrinks when latency rises or the
-//! server answers 429 (see [`limit`]). [`RequestSlots::register`] publishes it as the gauge
-//! `idem_request_slots_limit`.
+//! The cap is fixed ([`RequestSlots::new`]) or tunes itself ([`RequestSlots::adaptive`]). A
+//! self-tuning cap is two: each tenant's requests in flight are capped (times its weight) by
+//! a cap that grows while the API server's latency stays flat and shrinks when latency rises
+//! or the server answers 429, so one tenant's flood cannot raise everyone's latency; the
+//! total, which many tenants together reach (a fleet being created), falls only on 429s (see
+//! [`limit`]). [`RequestSlots::register`] publishes them as the gauges
+//! `idem_request_slots_limit` (the total) and `idem_request_slots_tenant_limit`.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -98,10 +101,14 @@ pub struct RequestSlots {
 struct State {
     /// Slots in all: the cap.
     slots: usize,
-    /// Tunes `slots` from the answers, when the cap is adaptive.
+    /// A tenant's slots per unit of its weight, when the caps are adaptive.
+    tenant_slots: Option<usize>,
+    /// Tunes `slots` and `tenant_slots` from the answers, when the caps are adaptive.
     tuner: Option<Tuner>,
     /// `slots`, published.
     gauge: Gauge,
+    /// `tenant_slots`, published (when adaptive).
+    tenant_gauge: Gauge,
     /// Slots asked to be kept for tenants with no request in flight (see
     /// [`State::reserved`]).
     reserve: usize,
@@ -144,10 +151,22 @@ impl State {
         self.reserve.min(self.slots / 4)
     }
 
-    /// Whether a tenant with `in_flight` requests in flight may take a free slot now: any
-    /// tenant below the reserve, only an idle one within it.
-    fn may_take(&self, in_flight: usize) -> bool {
-        self.busy < self.slots && (in_flight == 0 || self.busy + self.reserved() < self.slots)
+    /// Whether a tenant with `in_flight` requests in flight at `weight` may take a free slot
+    /// now: any tenant below its own cap and the reserve, only an idle one within the reserve.
+    fn may_take(&self, in_flight: usize, weight: u32) -> bool {
+        let own = self
+            .tenant_slots
+            .is_none_or(|cap| in_flight < cap.saturating_mul(weight as usize));
+        own && self.busy < self.slots
+            && (in_flight == 0 || self.busy + self.reserved() < self.slots)
+    }
+
+    /// Whether a tenant's own cap, and not the total, keeps its next request waiting: only
+    /// then would a higher tenant cap let more through.
+    fn own_cap_binds(&self, in_flight: usize, weight: u32) -> bool {
+        self.tenant_slots
+            .is_some_and(|cap| in_flight >= cap.saturating_mul(weight as usize))
+            && self.busy + self.reserved() < self.slots
     }
 
     /// Hands free slots to waiters, the tenant with the fewest in flight for its weight first.
@@ -156,7 +175,7 @@ impl State {
             let next = self
                 .tenants
                 .iter()
-                .filter(|(_, t)| self.may_take(t.in_flight))
+                .filter(|(_, t)| self.may_take(t.in_flight, t.weight))
                 .filter_map(|(k, t)| Some((t.load(), t.waiting.front()?.0, k)))
                 .min()
                 .map(|(_, _, k)| k.clone());
@@ -200,12 +219,15 @@ impl RequestSlots {
         Self::with(slots.max(1), None)
     }
 
-    /// A cap that tunes itself within `bounds` (see [`limit`]): it grows while the API
-    /// server's latency stays flat with every slot taken, and shrinks when latency rises or
-    /// the server throttles.
+    /// Caps that tune themselves within `bounds` (see [`limit`]): a tenant's cap (times its
+    /// weight) grows while the API server's latency stays flat under it and shrinks when
+    /// latency rises or the server throttles; the total starts at `bounds.max` and falls only
+    /// when the server throttles.
     pub fn adaptive(bounds: AdaptiveLimit) -> Self {
-        let (tuner, initial) = Tuner::new(bounds);
-        Self::with(initial, Some(tuner))
+        let (tuner, caps) = Tuner::new(bounds);
+        let slots = Self::with(caps.total, Some(tuner));
+        slots.set_caps(caps);
+        slots
     }
 
     fn with(slots: usize, tuner: Option<Tuner>) -> Self {
@@ -214,8 +236,10 @@ impl RequestSlots {
         Self {
             state: Arc::new(Mutex::new(State {
                 slots,
+                tenant_slots: None,
                 tuner,
                 gauge,
+                tenant_gauge: Gauge::default(),
                 reserve: 1,
                 busy: 0,
                 tenants: HashMap::new(),
@@ -238,30 +262,53 @@ impl RequestSlots {
         self
     }
 
-    /// Registers the gauge `idem_request_slots_limit` (the cap now) in `registry`.
+    /// Registers the gauge `idem_request_slots_limit` (the cap now) in `registry`, and for
+    /// adaptive caps `idem_request_slots_tenant_limit` (a tenant's cap per unit of weight).
     pub fn register(&self, registry: &mut Registry) {
+        let s = self.lock();
         registry.register(
             "idem_request_slots_limit",
             "Requests of reconciles the API client lets into flight at once now",
-            self.lock().gauge.clone(),
+            s.gauge.clone(),
         );
+        if s.tenant_slots.is_some() {
+            registry.register(
+                "idem_request_slots_tenant_limit",
+                "Requests of one tenant's reconciles let into flight at once now, per unit of weight",
+                s.tenant_gauge.clone(),
+            );
+        }
+    }
+
+    fn set_caps(&self, caps: limit::Caps) {
+        let mut s = self.lock();
+        let from = (s.slots, s.tenant_slots);
+        s.slots = caps.total;
+        s.tenant_slots = Some(caps.tenant);
+        s.gauge.set(i64::try_from(caps.total).unwrap_or(i64::MAX));
+        s.tenant_gauge
+            .set(i64::try_from(caps.tenant).unwrap_or(i64::MAX));
+        tracing::debug!(
+            ?from,
+            total = caps.total,
+            tenant = caps.tenant,
+            "request slots retuned"
+        );
+        s.dispatch();
     }
 
     /// One answered request of class `class` that took `latency` once sent.
     fn observe(&self, class: Class, latency: std::time::Duration, throttled: bool) {
-        let mut s = self.lock();
-        let cap = s.slots;
-        let Some(next) = s
-            .tuner
-            .as_mut()
-            .and_then(|t| t.observe(class, latency, throttled, cap))
-        else {
-            return;
+        let next = {
+            let mut s = self.lock();
+            let busy = s.busy;
+            s.tuner
+                .as_mut()
+                .and_then(|t| t.observe(class, latency, throttled, busy))
         };
-        s.slots = next;
-        s.gauge.set(i64::try_from(next).unwrap_or(i64::MAX));
-        tracing::debug!(from = cap, to = next, "request slots retuned");
-        s.dispatch();
+        if let Some(caps) = next {
+            self.set_caps(caps);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -271,6 +318,11 @@ impl RequestSlots {
     /// The cap now (for a fixed cap, the one it was made with).
     pub fn slots(&self) -> usize {
         self.lock().slots
+    }
+
+    /// A tenant's cap per unit of its weight now, when the caps are adaptive.
+    pub fn tenant_slots(&self) -> Option<usize> {
+        self.lock().tenant_slots
     }
 
     /// Requests in flight now (slots held).
@@ -297,7 +349,7 @@ impl RequestSlots {
                 .weight = weight.max(1);
             let waiting_anywhere = s.tenants.values().any(|t| !t.waiting.is_empty());
             let in_flight = s.tenants.get(&tenant).map_or(0, |t| t.in_flight);
-            if s.may_take(in_flight) && !waiting_anywhere {
+            if s.may_take(in_flight, weight.max(1)) && !waiting_anywhere {
                 s.busy += 1;
                 s.tenants
                     .entry(tenant.clone())
@@ -305,7 +357,8 @@ impl RequestSlots {
                     .in_flight += 1;
                 None
             } else {
-                if let Some(tuner) = s.tuner.as_mut() {
+                let own_cap_binds = s.own_cap_binds(in_flight, weight.max(1));
+                if let Some(tuner) = s.tuner.as_mut().filter(|_| own_cap_binds) {
                     tuner.saturated();
                 }
                 let (tx, rx) = oneshot::channel();

@@ -442,11 +442,10 @@ async fn a_tenants_older_reconcile_finishes_first() {
 
 #[tokio::test(start_paused = true)]
 async fn an_adaptive_cap_grows_to_what_the_server_serves_without_queueing() {
-    // The server works on 8 requests at once; a flood of 64 reconciles asks for more. From
-    // 2 the cap grows while latency stays flat and stops where requests start to queue. With
-    // an idle reserve of 1 the flood's share is one less than the cap, so the cap settles
-    // one higher.
-    for (parallel, reserve, low, high) in [(8, 0, 8, 16), (2, 0, 2, 4), (8, 1, 9, 17), (2, 1, 3, 5)]
+    // The server works on 8 requests at once; a flood of 64 reconciles of one tenant asks for
+    // more. From 2 the tenant's cap grows while latency stays flat and stops where requests
+    // start to queue; the idle reserve (kept from the total) does not move it.
+    for (parallel, reserve, low, high) in [(8, 0, 8, 16), (2, 0, 2, 4), (8, 1, 8, 16), (2, 1, 2, 4)]
     {
         let server = FakeServer::new(parallel);
         let slots = RequestSlots::adaptive(AdaptiveLimit {
@@ -459,8 +458,9 @@ async fn an_adaptive_cap_grows_to_what_the_server_serves_without_queueing() {
         for f in flood(&client, 64, 40) {
             f.await.expect("flood reconcile");
         }
-        let cap = slots.slots();
+        let cap = slots.tenant_slots().expect("adaptive");
         println!("server of {parallel}, reserve {reserve}: cap settled at {cap}");
+        assert!(server.max_held() <= high, "a lone tenant went past its cap");
         assert!(
             (low..=high).contains(&cap),
             "server of {parallel}, reserve {reserve}: cap {cap} not in {low}..={high}"
@@ -470,8 +470,7 @@ async fn an_adaptive_cap_grows_to_what_the_server_serves_without_queueing() {
 
 #[tokio::test(start_paused = true)]
 async fn an_adaptive_cap_shrinks_when_the_server_throttles() {
-    // A priority level that refuses beyond 6 requests at once; the cap starts at 32. A lone
-    // tenant's share is the cap less the idle reserve.
+    // A priority level that refuses beyond 6 requests at once; the tenant's cap starts at 32.
     for reserve in [0, 1] {
         let server = FakeServer::rejecting_above(4, 6);
         let slots = RequestSlots::adaptive(AdaptiveLimit {
@@ -481,16 +480,80 @@ async fn an_adaptive_cap_shrinks_when_the_server_throttles() {
         })
         .with_idle_reserve(reserve);
         let client = slots.client(fake_client(&server));
+        // The tenant's cap once every WORK: it probes one past the limit, draws a 429 and is
+        // cut (additive increase, multiplicative decrease).
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (watched, into) = (slots.clone(), Arc::clone(&seen));
+        let watch = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WORK).await;
+                let cap = watched.tenant_slots().expect("adaptive");
+                into.lock().expect("not poisoned").push(cap);
+            }
+        });
         for f in flood(&client, 64, 20) {
             f.await.expect("flood reconcile");
         }
-        let cap = slots.slots();
-        println!("throttled above 6, reserve {reserve}: cap now {cap}");
-        assert!(
-            cap <= 6 + reserve,
-            "reserve {reserve}: the cap stayed above the server's limit: {cap}"
+        watch.abort();
+        let seen = seen.lock().expect("not poisoned").clone();
+        let late = &seen[seen.len() / 2..];
+        let mean = late.iter().sum::<usize>() as f64 / late.len() as f64;
+        let (top, total) = (late.iter().max().copied().unwrap_or(0), slots.slots());
+        println!(
+            "throttled above 6, reserve {reserve}: tenant cap mean {mean:.1}, top {top}, total {total}"
         );
+        assert!(
+            top <= 7 && mean <= 6.0,
+            "reserve {reserve}: the cap stayed above the server's limit: mean {mean:.1}, top {top}"
+        );
+        assert!(total < 64, "the total did not fall on 429s: {total}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_tenants_together_are_bounded_by_the_total_not_a_tenants_cap() {
+    // A server that works on 4 requests at once. One tenant alone: its cap settles where its
+    // requests would queue. Then 32 tenants with 4 reconciles each: together they keep more
+    // in flight than one tenant's cap, bounded only by the total (the server's throttling,
+    // here none: 64).
+    let server = FakeServer::new(4);
+    let slots = RequestSlots::adaptive(AdaptiveLimit {
+        initial: 2,
+        min: 1,
+        max: 64,
+    });
+    let client = slots.client(fake_client(&server));
+    for f in flood(&client, 64, 40) {
+        f.await.expect("flood reconcile");
+    }
+    let alone = server.max_held();
+    let cap = slots.tenant_slots().expect("adaptive");
+    println!("one tenant: cap {cap}, at most {alone} at the server");
+    assert!(alone <= 8, "one tenant's flood was not capped: {alone}");
+    server.max_held.store(0, Ordering::SeqCst);
+    let mut tasks = Vec::new();
+    for t in 0..32 {
+        for _ in 0..4 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(scoped(
+                TenantKey::new(format!("t{t}")),
+                async move {
+                    for _ in 0..10 {
+                        get(&client, "").await;
+                    }
+                },
+            )));
+        }
+    }
+    for t in tasks {
+        t.await.expect("tenant reconcile");
+    }
+    let held = server.max_held();
+    println!("32 tenants: at most {held} at the server");
+    assert!(
+        held >= 32,
+        "the tenants together were held to a tenant's cap: {held} at the server"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -75,9 +75,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
     /// API requests of reconciles in flight at once, each free slot going to the tenant with
-    /// the fewest in flight for its weight: `auto` (default) tunes itself from the API
-    /// server's latency and 429s (gauge `idem_request_slots_limit`), a number pins it, 0
-    /// means no cap.
+    /// the fewest in flight for its weight: `auto` (default) caps each tenant by the API
+    /// server's latency and 429s and the total by 429s (gauges
+    /// `idem_request_slots_tenant_limit`, `idem_request_slots_limit`), a number pins the
+    /// total, 0 means no cap.
     #[arg(long, default_value = "auto", value_parser = RequestsInFlight::parse)]
     pub requests_in_flight: RequestsInFlight,
 }

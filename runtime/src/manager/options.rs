@@ -45,7 +45,8 @@ pub struct ManagerOptions {
 /// (the weight the queue dispatched its reconcile with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RequestsInFlight {
-    /// A cap that tunes itself from the API server's latency and throttling
+    /// Caps that tune themselves: each tenant's from the API server's latency and
+    /// throttling, the total from throttling
     /// ([`crate::inflight::AdaptiveLimit::default`]); the default.
     #[default]
     Auto,
