@@ -190,11 +190,25 @@ fn parse_tenant(
                 if let Some(fields) = fields
                     && !fields.iter().any(|f| f.ident == path[0])
                 {
-                    errors.push(err(
-                        format!(
-                            "the spec has no field `{}` to take the tenant from",
-                            path[0]
+                    let given = path[0].to_string();
+                    let plain = |n: &str| n.replace('_', "").to_lowercase();
+                    let hint = match fields
+                        .iter()
+                        .find(|f| plain(&f.ident.to_string()) == plain(&given))
+                    {
+                        // `slackChannel` for `slack_channel`: the JSON name, not the Rust one.
+                        Some(f) => format!("; name the Rust field: field({})", f.ident),
+                        None => format!(
+                            "; its fields: {}",
+                            fields
+                                .iter()
+                                .map(|f| f.ident.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
+                    };
+                    errors.push(err(
+                        format!("the spec has no field `{given}` to take the tenant from{hint}"),
                         path[0].span(),
                     ));
                     return None;
