@@ -75,8 +75,9 @@ pub fn page(plan: &Plan, tables: &[Table], run: &Provenance) -> String {
         md,
         "idem (`bench-idem`: the derive, `Applier`, `StatusWriter`, `Controller`) and {} do the \
          same job one after the other against one local control plane: {} `BaseTenant`s, each 3 \
-         namespaces with a ResourceQuota, a LimitRange and a RoleBinding, {} workers each, a \
-         flood of {} objects of one tenant in P4. Requests are the API server's own counts. \
+         namespaces with a ResourceQuota, a LimitRange and a RoleBinding, {} workers each, {} \
+         floods of {} objects of one tenant, one after another, in P4 (its figures right after \
+         a flood are medians over them). Requests are the API server's own counts. \
          Every figure is better lower; \"idem ÷ best peer\" divides idem's by the better peer's \
          of this run, named beside it; absolute times move with the machine's load.\n",
         if peers.is_empty() {
@@ -86,6 +87,7 @@ pub fn page(plan: &Plan, tables: &[Table], run: &Provenance) -> String {
         },
         plan.tenants,
         plan.workers,
+        plan.floods,
         plan.flood
     );
     md.push_str(&run.to_markdown());
@@ -231,6 +233,7 @@ mod tests {
             scenarios: BTreeSet::from(["p6".to_owned()]),
             tenants: 20,
             flood: 100,
+            floods: 3,
             resync_secs: 8,
             alone_samples: 3,
             workers: 16,
@@ -265,6 +268,7 @@ mod tests {
             scenarios: BTreeSet::from(["p2".to_owned()]),
             tenants,
             flood: 0,
+            floods: 3,
             resync_secs: 8,
             alone_samples: 3,
             workers: 16,

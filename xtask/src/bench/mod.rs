@@ -61,7 +61,8 @@ pub struct Args {
     /// Tenants in the P2 fleet (default 100; 20 with --quick; 10,000 with --large).
     #[arg(long)]
     pub tenants: Option<usize>,
-    /// BaseTenants in P4's flood, all of one tenant (default 1000; 100 with --quick).
+    /// BaseTenants in each of P4's 3 floods, all of one tenant (default 1000; 100 with
+    /// --quick).
     #[arg(long)]
     pub flood: Option<usize>,
     /// Run only these scenarios (repeatable: p2, p3, p4, p5, p6, shards); P2's fleet is always
@@ -158,6 +159,7 @@ impl Args {
                 })
                 .max(1),
             flood: self.flood.unwrap_or(if quick { 100 } else { 1000 }).max(1),
+            floods: 3,
             resync_secs: self
                 .resync_secs
                 .unwrap_or(if quick { 8 } else { 20 })

@@ -29,8 +29,10 @@ pub struct Plan {
     pub scenarios: BTreeSet<String>,
     /// Tenants of the P2 fleet.
     pub tenants: usize,
-    /// BaseTenants of the P4 flood (one tenant, one namespace each).
+    /// BaseTenants of each P4 flood (one tenant, one namespace each).
     pub flood: usize,
+    /// P4's floods, one after another: its figures right after a flood are medians over them.
+    pub floods: usize,
     /// Resync period during P3's resync measurement.
     pub resync_secs: u64,
     /// Changes of the quiet tenant measured alone in P4.
@@ -74,11 +76,13 @@ pub struct P2 {
 pub struct P4 {
     /// The quiet tenant's change → Ready times with nothing else to do.
     pub alone: Vec<Duration>,
-    /// The same, changed again and again from right after the flood was created until it
+    /// The same, the first change right after each flood was created.
+    pub after: Vec<Duration>,
+    /// The same, changed again and again from right after each flood was created until it
     /// drained.
     pub flooded: Vec<Duration>,
-    /// From the first flood create until every flood object was Ready.
-    pub drain: Duration,
+    /// From each flood's first create until every object of it was Ready.
+    pub drains: Vec<Duration>,
     /// Cumulative reconciles per tenant class (`quiet`, `flood`, `others`) against seconds
     /// since the flood began.
     pub timeline: BTreeMap<String, Vec<(f64, usize)>>,
@@ -220,7 +224,11 @@ pub async fn run_side(
         result.p4 = Some(p4(run, client, &tracker, &mut ctrl, &names, plan).await?);
     }
     if plan.has("p5") {
-        let flood = if plan.has("p4") { plan.flood } else { 0 };
+        let flood = if plan.has("p4") {
+            plan.flood * plan.floods
+        } else {
+            0
+        };
         let cached = plan.tenants * (1 + 3 * 4) + flood * (1 + 4);
         result.p5 = Some((ctrl.rss_bytes()?, cached));
     }
@@ -314,46 +322,59 @@ async fn p4(
     }
     step.done(&format!("median {} ms", median_ms(&alone)));
 
-    let step = Step::start(format!(
-        "{run}: P4 flood of {} objects of one tenant, quiet tenant changed meanwhile",
-        plan.flood
-    ));
-    let flood_names: Vec<String> = (0..plan.flood).map(|i| format!("{run}-f{i:04}")).collect();
-    let objs = flood_names
-        .iter()
-        .map(|n| fleet::tenant(run, n, "flood", &["a"]))
-        .collect();
-    let start = Instant::now();
-    fleet::create_all(&Api::all(client.clone()), objs).await?;
-    let mut flooded = Vec::new();
-    loop {
-        flooded.push(change(&mut cpu).await?);
-        let ready = tracker.ready_count(&flood_names);
-        step.set_message(format!(
-            "{run}: P4 flood {ready}/{} Ready, quiet tenant changed {} times",
-            plan.flood,
-            flooded.len()
-        ));
-        if ready == flood_names.len() || flooded.len() >= 30 {
-            break;
-        }
-    }
-    let timeout = Duration::from_secs(120) + Duration::from_millis(500) * plan.flood as u32;
-    tracker.wait_ready(&flood_names, timeout, |_| {}).await?;
-    let drain = start.elapsed();
-    ctrl.check_alive()?;
-    let timeline = timeline(&ctrl.reconciles_since(start), start, quiet);
-    step.done(&format!(
-        "drained in {:.1}s; quiet tenant median {} ms",
-        drain.as_secs_f64(),
-        median_ms(&flooded)
-    ));
-    Ok(P4 {
+    let mut result = P4 {
         alone,
-        flooded,
-        drain,
-        timeline,
-    })
+        ..P4::default()
+    };
+    for flood in 0..plan.floods {
+        let step = Step::start(format!(
+            "{run}: P4 flood {} of {}: {} objects of one tenant, quiet tenant changed meanwhile",
+            flood + 1,
+            plan.floods,
+            plan.flood
+        ));
+        let flood_names: Vec<String> = (0..plan.flood)
+            .map(|i| format!("{run}-f{flood}-{i:04}"))
+            .collect();
+        let objs = flood_names
+            .iter()
+            .map(|n| fleet::tenant(run, n, "flood", &["a"]))
+            .collect();
+        let start = Instant::now();
+        fleet::create_all(&Api::all(client.clone()), objs).await?;
+        let mut changes = Vec::new();
+        loop {
+            changes.push(change(&mut cpu).await?);
+            let ready = tracker.ready_count(&flood_names);
+            step.set_message(format!(
+                "{run}: P4 flood {} of {}: {ready}/{} Ready, quiet tenant changed {} times",
+                flood + 1,
+                plan.floods,
+                plan.flood,
+                changes.len()
+            ));
+            if ready == flood_names.len() || changes.len() >= 30 {
+                break;
+            }
+        }
+        let timeout = Duration::from_secs(120) + Duration::from_millis(500) * plan.flood as u32;
+        tracker.wait_ready(&flood_names, timeout, |_| {}).await?;
+        let drain = start.elapsed();
+        ctrl.check_alive()?;
+        if flood == 0 {
+            result.timeline = timeline(&ctrl.reconciles_since(start), start, quiet);
+        }
+        step.done(&format!(
+            "drained in {:.1}s; quiet tenant {} ms right after, median {} ms",
+            drain.as_secs_f64(),
+            changes.first().map_or(0, Duration::as_millis),
+            median_ms(&changes)
+        ));
+        result.after.extend(changes.first().copied());
+        result.flooded.extend(changes);
+        result.drains.push(drain);
+    }
+    Ok(result)
 }
 
 /// Cumulative reconciles per class of tenant over seconds since `start`.
