@@ -155,8 +155,8 @@ impl State {
     /// now: any tenant below its own cap and the reserve, only an idle one within the reserve.
     fn may_take(&self, in_flight: usize, weight: u32) -> bool {
         let own = self
-            .tenant_slots
-            .is_none_or(|cap| in_flight < cap.saturating_mul(weight as usize));
+            .tenant_limit(weight)
+            .is_none_or(|limit| in_flight < limit);
         own && self.busy < self.slots
             && (in_flight == 0 || self.busy + self.reserved() < self.slots)
     }
@@ -164,9 +164,15 @@ impl State {
     /// Whether a tenant's own cap, and not the total, keeps its next request waiting: only
     /// then would a higher tenant cap let more through.
     fn own_cap_binds(&self, in_flight: usize, weight: u32) -> bool {
-        self.tenant_slots
-            .is_some_and(|cap| in_flight >= cap.saturating_mul(weight as usize))
+        self.tenant_limit(weight)
+            .is_some_and(|limit| in_flight >= limit)
             && self.busy + self.reserved() < self.slots
+    }
+
+    /// The most requests a tenant of `weight` may have in flight, when the caps are adaptive.
+    fn tenant_limit(&self, weight: u32) -> Option<usize> {
+        let weight = usize::try_from(weight).unwrap_or(usize::MAX);
+        self.tenant_slots.map(|cap| cap.saturating_mul(weight))
     }
 
     /// Hands free slots to waiters, the tenant with the fewest in flight for its weight first.
