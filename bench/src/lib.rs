@@ -202,10 +202,16 @@ impl ControllerArgs {
     /// # Errors
     /// When the kubeconfig cannot be read or used.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.config().await?)?)
+    }
+
+    /// The configuration of `--kubeconfig`.
+    ///
+    /// # Errors
+    /// When the kubeconfig cannot be read or used.
+    pub async fn config(&self) -> anyhow::Result<kube::Config> {
         let kc = Kubeconfig::read_from(&self.kubeconfig)?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-        Ok(kube::Client::try_from(config)?)
+        Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
     }
 
     /// The label selector of this run's BaseTenants.

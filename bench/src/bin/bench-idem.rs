@@ -75,7 +75,8 @@ async fn main() -> anyhow::Result<()> {
         requests_in_flight,
     } = Args::parse();
     idem_bench::init_logging();
-    let client = args.client().await?;
+    // idem's client (`manager::client`): every request on one HTTP/2 connection.
+    let client = idem_runtime::manager::client::build(args.config().await?)?;
     // Reconciles write through `writer`; watches and LISTs use `client` directly.
     let writer = match requests_in_flight.as_str() {
         "auto" => RequestSlots::adaptive(AdaptiveLimit::default()).client(client.clone()),

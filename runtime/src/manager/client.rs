@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::inflight::RequestSlots;
 use http::{Method, Request, Response, StatusCode};
-use kube::client::{Body, ClientBuilder, retry::RetryPolicy};
+use kube::client::{Body, retry::RetryPolicy};
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 use tower::BoxError;
@@ -109,13 +109,14 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for IdempotentRetry {
     }
 }
 
-/// A client for `config` with kube's stack, its retry replaced by [`IdempotentRetry`].
+/// A client for `config` on idem's transport (every request on one HTTP/2 connection,
+/// [`super::transport`]) with kube's layers, its retry replaced by [`IdempotentRetry`].
 ///
 /// # Errors
 /// When kube cannot build the client stack from `config` (e.g. bad TLS material).
 pub fn build(mut config: Config) -> Result<Client, kube::Error> {
     config.default_retry = false;
-    Ok(ClientBuilder::try_from(config)?
+    Ok(super::transport::builder(config)?
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(IdempotentRetry::default()))
         .build())
@@ -134,7 +135,7 @@ pub(crate) fn fenced(
     slots: Option<&RequestSlots>,
 ) -> Result<Client, kube::Error> {
     config.default_retry = false;
-    let client = ClientBuilder::try_from(config)?
+    let client = super::transport::builder(config)?
         .with_layer(&SelectorLayer(selectors))
         .with_layer(&FenceLayer::new(fence))
         .with_layer(&FenceLayer::new(gate))

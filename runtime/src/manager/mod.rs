@@ -15,7 +15,8 @@
 //! - [`cli`]: the command line ([`Cli`]); [`options`]: what `run`'s flags set.
 //! - [`controllers`]: [`Controllers`], the type-erased set of controllers a manager runs, and
 //!   [`Reconciles`], one reconciler's kind.
-//! - [`client`]: the retrying, fenced client.
+//! - [`client`]: the retrying, fenced client, on [`transport`]: every request on one HTTP/2
+//!   connection.
 //! - `run`: the modes (behind [`Manager::run_until`]); `sharded`: the sharded mode's loop
 //!   over rings.
 //!
@@ -32,6 +33,7 @@ mod error;
 pub mod options;
 mod run;
 mod sharded;
+pub mod transport;
 
 use std::sync::Arc;
 
