@@ -225,8 +225,7 @@ impl Controller {
     /// # Errors
     /// When the process is gone or the file does not parse.
     pub fn cpu(&self) -> anyhow::Result<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        cpu_of_stat(&stat).context("unparsable /proc/<pid>/stat")
+        cpu_of_pid(self.child.id())
     }
 
     /// Whether the process is still running.
@@ -306,6 +305,15 @@ fn kb_field(status: &str, field: &str) -> Option<u64> {
 fn parent_of_stat(stat: &str) -> Option<u32> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     after_comm.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The CPU time (user + system) process `pid` has used so far.
+///
+/// # Errors
+/// When `/proc/<pid>/stat` cannot be read (the process is gone) or parsed.
+pub fn cpu_of_pid(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    cpu_of_stat(&stat).context("unparsable /proc/<pid>/stat")
 }
 
 /// `utime` + `stime` of a `/proc/<pid>/stat` line (fields 14 and 15, counted after the

@@ -236,6 +236,20 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             "flat in N",
         );
         t.row(
+            "p2-server-cpu",
+            "API server + etcd CPU meanwhile (s)",
+            &all(&|r| secs(r.p2.server_cpu)),
+            2,
+            "",
+        );
+        t.row(
+            "p2-server-cpu-per-tenant",
+            "API server + etcd CPU per tenant (ms)",
+            &all(&|r| secs(r.p2.server_cpu) * 1000.0 / n as f64),
+            2,
+            "",
+        );
+        t.row(
             "p2-rss",
             format!("RSS once all Ready ({} objects cached) (MB)", n * 13),
             &all(&|r| mb(r.p2.rss)),
