@@ -5,19 +5,34 @@
 //! Why: a controller that sends its reconciles' requests concurrently (up to the request
 //! slots' total, 64 by default) held 80 connections to the API server after a fill, each with
 //! its TLS session and buffers: about 3 MB of a 15 MB heap at 1,000 tenants. One HTTP/2
-//! connection carries the same requests as streams. The server must offer HTTP/2 in TLS's
-//! protocol negotiation (every API server does); otherwise, and through a proxy, the transport
-//! is kube's own (HTTP/1.1).
+//! connection carries the same requests as streams.
 //!
-//! Requests that need not end — watches (`watch=true`), followed logs (`follow=true`) and
-//! upgrades (exec, attach, port-forward) — each keep an HTTP/1.1 connection of their own
-//! ([`long_running`]): a server allows only so many streams on one connection (250 for Go's
-//! default), and the HTTP/2 client waits for a free stream rather than open a second
-//! connection, so a controller holding that many watches would wait forever on its next write.
+//! - **HTTP/2 only, over TLS.** The shared client speaks HTTP/2 from the first byte of an
+//!   `https` server, so a burst of requests on a new client, or right after the connection was
+//!   lost, waits for one connection instead of each opening its own (with the protocol
+//!   negotiated per connection, 64 requests opened 34 connections and dropped all but one).
+//!   Every kube-apiserver speaks HTTP/2; a TLS proxy in between must too. Kube's own stack
+//!   (HTTP/1.1) serves a configuration with a `proxy_url` or an `exec` credential plugin
+//!   (whose client certificates expire: [`kube::Client::valid_until`] needs kube's stack) and
+//!   plain-`http` servers get HTTP/1.1 on the shared client.
+//! - **Long-running requests keep a connection of their own** ([`long_running`]: watches,
+//!   followed logs, upgrades such as exec and port-forward), over HTTP/1.1: a server allows only
+//!   so many streams on one connection (kube-apiserver 1.37 advertises 100) and the HTTP/2
+//!   client waits for a free stream rather than open a second connection, so a controller
+//!   holding that many watches would wait forever on its next write.
+//! - **A request the server refused unprocessed is sent again** ([`refused_unprocessed`]): a
+//!   server closing the connection gracefully (`GOAWAY` with `NO_ERROR`, which
+//!   `--goaway-chance` does to spread clients over API servers) refuses the streams it had not
+//!   started, and `REFUSED_STREAM` says the same of one stream (RFC 9113, 8.7). Safe for every
+//!   method, a create included: the server did nothing with it.
+//! - **Pings** every [`PING_INTERVAL`] keep the shared connection's reads alive, so a quiet
+//!   connection is not ended by the configuration's read timeout, and a dead one is dropped
+//!   after [`PING_TIMEOUT`] (client-go's `ReadIdleTimeout` and `PingTimeout`). The read timeout
+//!   applies to the whole connection: set one (kube's default is none) above the ping interval
+//!   plus its timeout, or slow answers end every request on the connection.
 //!
-//! HTTP/2 pings every [`PING_INTERVAL`] keep an idle connection's reads alive, so the
-//! configuration's read timeout fires only for a server that stopped answering (client-go's
-//! `ReadIdleTimeout` and `PingTimeout` do the same).
+//! Each request is a debug-level `HTTP` span with its method, URI and status (what kube's
+//! stack logs under `kube_client`), here under this module.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,44 +47,63 @@ use kube::Config;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use tower::util::BoxService;
 use tower::{BoxError, Service, ServiceBuilder};
+use tracing::Instrument;
 
 /// How often an HTTP/2 connection is pinged, even with no request on it.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is dropped.
 pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Times a request refused unprocessed is sent again.
+const RESENDS: usize = 3;
 
 /// The service [`builder`] returns (the same as kube's default stack).
 pub type Transport = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
 
 type Connector = hyper_timeout::TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
 
-/// Whether a request may stay open indefinitely: a watch, a followed log or an upgrade.
+/// Whether a request may stay open indefinitely: a watch (a `watch` parameter the API server
+/// reads as true — any value but `false` or `0` — or a path under `/watch/`), a followed log
+/// (`follow`, alike) or an upgrade (exec, attach, port-forward).
 pub fn long_running<B>(request: &Request<B>) -> bool {
-    let flag = |name: &str| {
-        request.uri().query().is_some_and(|q| {
-            q.split('&')
-                .any(|p| p == format!("{name}=true") || p == format!("{name}=1"))
+    let set = |name: &str| {
+        let query = request.uri().query().unwrap_or_default();
+        query.split('&').any(|p| {
+            let (key, value) = p.split_once('=').unwrap_or((p, ""));
+            key == name && !value.eq_ignore_ascii_case("false") && value != "0"
         })
     };
-    flag("watch") || flag("follow") || request.headers().contains_key(http::header::UPGRADE)
+    // `/api/<version>/watch/…` or `/apis/<group>/<version>/watch/…`.
+    let segments: Vec<&str> = request.uri().path().split('/').collect();
+    let watch_path = match segments.get(1) {
+        Some(&"api") => segments.get(3) == Some(&"watch"),
+        Some(&"apis") => segments.get(4) == Some(&"watch"),
+        _ => false,
+    };
+    set("watch")
+        || set("follow")
+        || watch_path
+        || request.headers().contains_key(http::header::UPGRADE)
 }
 
-/// A client builder for `config` on this transport (kube's own, HTTP/1.1, through a proxy);
-/// add layers and `build()` it.
+/// A client builder for `config` on this transport (kube's own, HTTP/1.1, through a proxy or
+/// with an `exec` credential plugin); add layers and `build()` it.
 ///
 /// # Errors
-/// When the TLS material, the credentials or the extra headers of `config` are unusable.
+/// When the TLS material, the server name, the credentials or the extra headers of `config`
+/// are unusable.
 pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> {
-    if config.proxy_url.is_some() {
+    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
         return ClientBuilder::try_from(config);
     }
+    let tls = config.cluster_url.scheme_str() == Some("https");
     let multiplexed = HttpClient::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
+        .http2_only(tls)
         .http2_keep_alive_interval(PING_INTERVAL)
         .http2_keep_alive_timeout(PING_TIMEOUT)
         .http2_keep_alive_while_idle(true)
-        .build(connector(&config, true)?);
+        .build(connector(&config, tls)?);
     let dedicated = HttpClient::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .build(connector(&config, false)?);
@@ -87,19 +121,25 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
     ))
 }
 
-/// TLS (with the configuration's roots, client identity and server name) and the
-/// configuration's timeouts; offering HTTP/2 when `http2`.
+/// TLS with the configuration's roots, client identity and server name (`tls-server-name`),
+/// and its timeouts; offering HTTP/2 alone when `http2`, HTTP/1.1 alone otherwise.
 fn connector(config: &Config, http2: bool) -> Result<Connector, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+    let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config.rustls_client_config()?)
-        .https_or_http()
-        .enable_http1();
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = name
+            .clone()
+            .try_into()
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
     let https = if http2 {
         tls.enable_http2().wrap_connector(http)
     } else {
-        tls.wrap_connector(http)
+        tls.enable_http1().wrap_connector(http)
     };
     let mut timed = hyper_timeout::TimeoutConnector::new(https);
     timed.set_connect_timeout(config.connect_timeout);
@@ -107,6 +147,33 @@ fn connector(config: &Config, http2: bool) -> Result<Connector, kube::Error> {
     timed.set_write_timeout(config.write_timeout);
     timed.set_reset_reader_on_write(config.reset_reader_on_write);
     Ok(timed)
+}
+
+/// Whether `error` says the server refused the request without processing it: its stream was
+/// above the last one a graceful `GOAWAY` (`NO_ERROR`) let through, or was reset with
+/// `REFUSED_STREAM`.
+fn refused_unprocessed(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away()
+                    && h2.is_remote()
+                    && h2.reason() == Some(h2::Reason::NO_ERROR));
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// A copy of `request` to send again, when its body can be copied.
+fn copy(request: &Request<Body>) -> Option<Request<Body>> {
+    let mut copy = Request::new(request.body().try_clone()?);
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
 }
 
 /// Sends each request on the shared connection, or on one of its own when it is
@@ -128,16 +195,39 @@ impl Service<Request<Body>> for Route {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let client = if long_running(&request) {
-            &self.dedicated
+        let span = tracing::debug_span!(
+            "HTTP",
+            method = %request.method(),
+            uri = %request.uri(),
+            status = tracing::field::Empty,
+        );
+        let long = long_running(&request);
+        let client = if long {
+            self.dedicated.clone()
         } else {
-            &self.multiplexed
+            self.multiplexed.clone()
         };
-        let response = client.request(request);
-        Box::pin(async move {
-            let response = response.await.map_err(BoxError::from)?;
+        let send = async move {
+            let mut request = request;
+            let mut resends = 0;
+            let response = loop {
+                let again = (!long && resends < RESENDS)
+                    .then(|| copy(&request))
+                    .flatten();
+                match client.request(request).await {
+                    Err(e) if refused_unprocessed(&e) && again.is_some() => {
+                        tracing::debug!(error = %e, "refused unprocessed; sending again");
+                        resends += 1;
+                        request = again.expect("checked");
+                    }
+                    result => break result.map_err(BoxError::from)?,
+                }
+            };
+            tracing::Span::current().record("status", response.status().as_u16());
+            tracing::debug!("response");
             Ok(response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>))
-        })
+        };
+        Box::pin(send.instrument(span))
     }
 }
 
@@ -150,26 +240,45 @@ mod tests {
     }
 
     #[test]
-    fn watches_follows_and_upgrades_are_long_running_other_requests_are_not() {
-        assert!(long_running(&get("/api/v1/namespaces?watch=true")));
-        assert!(long_running(&get(
-            "/api/v1/pods?labelSelector=a&watch=1&resourceVersion=5"
-        )));
-        assert!(long_running(&get(
-            "/api/v1/namespaces/n/pods/p/log?follow=true"
-        )));
+    fn what_the_server_reads_as_a_watch_a_follow_or_an_upgrade_is_long_running() {
+        for uri in [
+            "/api/v1/namespaces?watch=true",
+            "/api/v1/pods?labelSelector=a&watch=1&resourceVersion=5",
+            "/api/v1/pods?watch=True",
+            "/api/v1/pods?watch=yes",
+            "/api/v1/pods?watch",
+            "/api/v1/pods?watch=",
+            "/api/v1/watch/namespaces",
+            "/apis/apps/v1/watch/namespaces/n/deployments/d",
+            "/api/v1/namespaces/n/pods/p/log?follow=true",
+        ] {
+            assert!(long_running(&get(uri)), "{uri}");
+        }
         let mut exec = get("/api/v1/namespaces/n/pods/p/exec?command=ls");
         exec.headers_mut()
             .insert(http::header::UPGRADE, "websocket".parse().unwrap());
         assert!(long_running(&exec));
 
-        assert!(!long_running(&get("/api/v1/namespaces")));
-        assert!(!long_running(&get("/api/v1/namespaces?watch=false")));
-        assert!(!long_running(&get(
-            "/api/v1/pods?labelSelector=watch%3Dtrue"
-        )));
-        assert!(!long_running(&get(
-            "/api/v1/pods?allowWatchBookmarks=true&limit=500"
-        )));
+        for uri in [
+            "/api/v1/namespaces",
+            "/api/v1/namespaces?watch=false",
+            "/api/v1/namespaces?watch=FALSE",
+            "/api/v1/namespaces?watch=0",
+            "/api/v1/pods?labelSelector=watch%3Dtrue",
+            "/api/v1/pods?allowWatchBookmarks=true&limit=500",
+            "/api/v1/namespaces/watch/configmaps/watcher",
+        ] {
+            assert!(!long_running(&get(uri)), "{uri}");
+        }
+    }
+
+    #[test]
+    fn only_a_graceful_goaway_or_a_refused_stream_is_sent_again() {
+        let refused: h2::Error = h2::Reason::REFUSED_STREAM.into();
+        assert!(refused_unprocessed(&refused));
+        let cancelled: h2::Error = h2::Reason::CANCEL.into();
+        assert!(!refused_unprocessed(&cancelled));
+        let io = std::io::Error::other("connection reset");
+        assert!(!refused_unprocessed(&io));
     }
 }
