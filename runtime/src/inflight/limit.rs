@@ -25,8 +25,9 @@
 //!   time as queueing and never grow. The baseline only falls, with one exception: a window
 //!   at the lowest cap that held a tenant back and whose latency is still high becomes the
 //!   baseline (the server became slower for good: with the fewest requests of ours in
-//!   flight, none of its latency is our queueing). A baseline that followed recent latency under load would drift up with the
-//!   queue the cap itself builds, and walk the cap up without end;
+//!   flight, none of its latency is our queueing). A baseline that followed recent latency
+//!   under load would drift up with the queue the cap itself builds, and walk the cap up
+//!   without end;
 //! - samples are judged in windows of at least [`WINDOW`] samples and twice the cap;
 //! - a window with a throttled answer (429, or 503 from an overloaded server) cuts the tenant
 //!   cap to ¾ of it, and the total to ¾ of the requests in flight then; a window without one
