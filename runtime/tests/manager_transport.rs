@@ -2,7 +2,8 @@
 //! connection, where kube's default stack opens an HTTP/1.1 connection for each request in
 //! flight; watches keep an HTTP/1.1 connection each, so they never take the shared
 //! connection's streams; the configuration's TLS server name is used; requests a server closing
-//! the connection gracefully refused are sent again. Connections are counted by a TCP relay in
+//! the connection gracefully refused are sent again; a server that speaks only HTTP/1.1 (a TLS
+//! proxy in front) gets HTTP/1.1. Connections are counted by a TCP relay in
 //! front of the server, as it accepts them.
 
 use std::sync::Arc;
@@ -23,9 +24,14 @@ fn get(uri: &str) -> http::Request<Body> {
 
 /// A TCP relay on `host` to the API server's port, counting the connections it accepts.
 async fn relay(host: &str) -> (kube::Config, Arc<AtomicUsize>) {
+    relay_on(host, TcpListener::bind((host, 0)).await.unwrap())
+}
+
+/// A TCP relay from `listener` (on `host`) to the API server's port, counting the connections
+/// it accepts.
+fn relay_on(host: &str, listener: TcpListener) -> (kube::Config, Arc<AtomicUsize>) {
     let mut config = shared().config();
     let upstream = config.cluster_url.port_u16().expect("the server's port");
-    let listener = TcpListener::bind((host, 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
@@ -83,8 +89,119 @@ async fn requests_sent_at_once_share_one_http2_connection() {
     }
     assert_eq!(
         accepted.load(Ordering::SeqCst),
-        1,
-        "two bursts of {AT_ONCE} requests (kube's stack opened {kube_opened} connections for one)"
+        2,
+        "two bursts of {AT_ONCE} requests: one connection shared and the first request's \
+         handshake that asked the server's protocol (kube's stack opened {kube_opened} \
+         connections for one burst)"
+    );
+}
+
+/// A TLS proxy on 127.0.0.1 in front of the API server that speaks HTTP/1.1 alone (it offers
+/// only `http/1.1` in the TLS handshake, as a proxy without HTTP/2 does), with the server's
+/// certificate, forwarding to the server over TLS with the configuration's client identity;
+/// counting the connections it accepts.
+async fn http1_proxy() -> (kube::Config, Arc<AtomicUsize>) {
+    use kube::client::ConfigExt as _;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+    let cp = shared();
+    let mut config = cp.config();
+    let upstream = config.cluster_url.port_u16().expect("the server's port");
+    let pki = cp.run_dir().join("pki");
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(pki.join("apiserver.crt"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = PrivateKeyDer::from_pem_file(pki.join("apiserver.key")).unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let mut client = config.rustls_client_config().unwrap();
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, connector) = (acceptor.clone(), connector.clone());
+            tokio::spawn(async move {
+                let Ok(mut inbound) = acceptor.accept(inbound).await else {
+                    return;
+                };
+                let Ok(tcp) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    return;
+                };
+                let name = ServerName::try_from("localhost").unwrap();
+                if let Ok(mut outbound) = connector.connect(name, tcp).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+    (config, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_speaks_only_http1_gets_http1() {
+    let (config, accepted) = http1_proxy().await;
+    let client = idem_runtime::manager::client::build(config).unwrap();
+    let versions = lists_at_once(&client).await;
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_11),
+        "{versions:?}"
+    );
+    // Kept open by the pool, reused by the next burst: at most one per request in flight, and
+    // the handshake that asked the server's protocol.
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!((2..=AT_ONCE + 1).contains(&opened), "{opened} connections");
+    lists_at_once(&client).await;
+    let watch = client
+        .send(get("/api/v1/namespaces?watch=true&timeoutSeconds=60"))
+        .await
+        .unwrap();
+    assert!(watch.status().is_success(), "{:?}", watch.status());
+    assert_eq!(watch.version(), http::Version::HTTP_11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_is_asked_again_after_a_handshake_failed() {
+    // Nothing listens on the port at first: the requests waiting for the first handshake fail
+    // with it; once the server is there, the next request asks again and gets through.
+    let port = TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = shared().config();
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+    let client = idem_runtime::manager::client::build(config).unwrap();
+    let failed = futures::future::join_all((0..8).map(|_| client.send(get("/version")))).await;
+    assert!(failed.iter().all(Result::is_err), "nothing listens yet");
+
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let (_, accepted) = relay_on("127.0.0.1", listener);
+    let response = client.send(get("/version")).await.unwrap();
+    assert!(response.status().is_success(), "{:?}", response.status());
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "the handshake, the shared connection"
     );
 }
 
@@ -114,8 +231,8 @@ async fn watches_keep_a_connection_of_their_own_beside_the_shared_one() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(
         accepted.load(Ordering::SeqCst),
-        4 + 1,
-        "a connection per watch, one shared"
+        4 + 1 + 1,
+        "a connection per watch, one shared, one handshake that asked the server's protocol"
     );
     // The watches deliver: each starts with the existing Namespaces.
     for watch in watches {

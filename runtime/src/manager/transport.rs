@@ -7,14 +7,17 @@
 //! its TLS session and buffers: about 3 MB of a 15 MB heap at 1,000 tenants. One HTTP/2
 //! connection carries the same requests as streams.
 //!
-//! - **HTTP/2 only, over TLS.** The shared client speaks HTTP/2 from the first byte of an
-//!   `https` server, so a burst of requests on a new client, or right after the connection was
-//!   lost, waits for one connection instead of each opening its own (with the protocol
-//!   negotiated per connection, 64 requests opened 34 connections and dropped all but one).
-//!   Every kube-apiserver speaks HTTP/2; a TLS proxy in between must too. Kube's own stack
-//!   (HTTP/1.1) serves a configuration with a `proxy_url` or an `exec` credential plugin
-//!   (whose client certificates expire: [`kube::Client::valid_until`] needs kube's stack) and
-//!   plain-`http` servers get HTTP/1.1 on the shared client.
+//! - **HTTP/2 only, over TLS, once the server has said it speaks it.** The first request asks
+//!   the `https` server which protocols it speaks (one TLS handshake offering HTTP/2 and
+//!   HTTP/1.1, [`Protocol`]); every request after it waits for that answer. Where the server
+//!   chose HTTP/2 (every kube-apiserver does) the shared client speaks it from the first byte,
+//!   so a burst of requests on a new client, or right after the connection was lost, waits for
+//!   one connection instead of each opening its own (with the protocol negotiated per
+//!   connection, 64 requests opened 34 connections and dropped all but one). Where it chose
+//!   HTTP/1.1 (a TLS proxy in between that speaks only that) every request gets a connection
+//!   of its own, as on kube's stack. Kube's own stack serves a configuration with a
+//!   `proxy_url` or an `exec` credential plugin (whose client certificates expire:
+//!   [`kube::Client::valid_until`] needs kube's stack); plain-`http` servers get HTTP/1.1.
 //! - **Long-running requests keep a connection of their own** ([`long_running`]: watches,
 //!   followed logs, upgrades such as exec and port-forward), over HTTP/1.1: a server allows only
 //!   so many streams on one connection (kube-apiserver 1.37 advertises 100) and the HTTP/2
@@ -34,14 +37,15 @@
 //! Each request is a debug-level `HTTP` span with its method, URI and status (what kube's
 //! stack logs under `kube_client`), here under this module.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt as _, Shared};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::Config;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
@@ -103,10 +107,15 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
         .http2_keep_alive_interval(PING_INTERVAL)
         .http2_keep_alive_timeout(PING_TIMEOUT)
         .http2_keep_alive_while_idle(true)
-        .build(connector(&config, tls)?);
+        .build(connector(&config, if tls { Alpn::H2 } else { Alpn::H1 })?);
     let dedicated = HttpClient::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
-        .build(connector(&config, false)?);
+        .build(connector(&config, Alpn::H1)?);
+    let protocol = if tls {
+        Protocol::Ask(connector(&config, Alpn::Both)?, Arc::default())
+    } else {
+        Protocol::Http1
+    };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
@@ -114,6 +123,7 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
         .service(Route {
             multiplexed,
             dedicated,
+            protocol,
         });
     Ok(ClientBuilder::new(
         BoxService::new(service),
@@ -121,9 +131,17 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
     ))
 }
 
+/// The protocols a connector offers the server (TLS ALPN).
+#[derive(Clone, Copy)]
+enum Alpn {
+    H2,
+    H1,
+    Both,
+}
+
 /// TLS with the configuration's roots, client identity and server name (`tls-server-name`),
-/// and its timeouts; offering HTTP/2 alone when `http2`, HTTP/1.1 alone otherwise.
-fn connector(config: &Config, http2: bool) -> Result<Connector, kube::Error> {
+/// and its timeouts; offering the protocols of `alpn`.
+fn connector(config: &Config, alpn: Alpn) -> Result<Connector, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
@@ -136,10 +154,10 @@ fn connector(config: &Config, http2: bool) -> Result<Connector, kube::Error> {
             .map_err(|e| kube::Error::Service(Box::new(e)))?;
         tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let https = if http2 {
-        tls.enable_http2().wrap_connector(http)
-    } else {
-        tls.enable_http1().wrap_connector(http)
+    let https = match alpn {
+        Alpn::H2 => tls.enable_http2().wrap_connector(http),
+        Alpn::H1 => tls.enable_http1().wrap_connector(http),
+        Alpn::Both => tls.enable_all_versions().wrap_connector(http),
     };
     let mut timed = hyper_timeout::TimeoutConnector::new(https);
     timed.set_connect_timeout(config.connect_timeout);
@@ -176,12 +194,80 @@ fn copy(request: &Request<Body>) -> Option<Request<Body>> {
     Some(copy)
 }
 
+/// Whether the server speaks HTTP/2: known, or asked once by a connection offering both.
+#[derive(Clone)]
+enum Protocol {
+    /// Plain `http`: HTTP/1.1.
+    Http1,
+    /// `https`: the connector offering both protocols, and what is known of the server.
+    Ask(Connector, Arc<Mutex<Asked>>),
+}
+
+/// A handshake's answer: HTTP/2 or not, or why it failed.
+type Answer = Shared<BoxFuture<'static, Result<bool, Arc<BoxError>>>>;
+
+/// What is known of the server's protocol.
+#[derive(Default)]
+enum Asked {
+    /// Nothing yet, or the last handshake failed.
+    #[default]
+    Unknown,
+    /// A handshake is under way; everyone asking waits for its answer.
+    Asking(Answer),
+    /// The server's choice (`true`: HTTP/2).
+    Known(bool),
+}
+
+impl Protocol {
+    /// Whether requests to the server at `uri` go on the shared HTTP/2 connection: asked with
+    /// one TLS handshake, whose answer every request waits for; asked again by the first
+    /// request after a handshake failed (every request that waited for it fails with it).
+    ///
+    /// # Errors
+    /// When the connection or the handshake failed.
+    async fn http2(&self, uri: &http::Uri) -> Result<bool, BoxError> {
+        let Self::Ask(connector, asked) = self else {
+            return Ok(false);
+        };
+        let answer = {
+            let mut asked = asked.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*asked {
+                Asked::Known(h2) => return Ok(*h2),
+                Asked::Asking(answer) => answer.clone(),
+                Asked::Unknown => {
+                    let (mut connector, uri) = (connector.clone(), uri.clone());
+                    let answer = async move {
+                        let connection = connector.call(uri).await.map_err(Arc::new)?;
+                        let h2 = connection.connected().is_negotiated_h2();
+                        tracing::debug!(http2 = h2, "the server's protocol");
+                        Ok(h2)
+                    }
+                    .boxed()
+                    .shared();
+                    *asked = Asked::Asking(answer.clone());
+                    answer
+                }
+            }
+        };
+        let result = answer.clone().await;
+        let mut asked = asked.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(&*asked, Asked::Asking(current) if current.ptr_eq(&answer)) {
+            *asked = match result {
+                Ok(h2) => Asked::Known(h2),
+                Err(_) => Asked::Unknown,
+            };
+        }
+        result.map_err(|e| e.to_string().into())
+    }
+}
+
 /// Sends each request on the shared connection, or on one of its own when it is
-/// [`long_running`].
+/// [`long_running`] or the server speaks only HTTP/1.1.
 #[derive(Clone)]
 struct Route {
     multiplexed: HttpClient<Connector, Body>,
     dedicated: HttpClient<Connector, Body>,
+    protocol: Protocol,
 }
 
 impl Service<Request<Body>> for Route {
@@ -202,12 +288,14 @@ impl Service<Request<Body>> for Route {
             status = tracing::field::Empty,
         );
         let long = long_running(&request);
-        let client = if long {
-            self.dedicated.clone()
-        } else {
-            self.multiplexed.clone()
-        };
+        let (multiplexed, dedicated) = (self.multiplexed.clone(), self.dedicated.clone());
+        let protocol = self.protocol.clone();
         let send = async move {
+            let client = if !long && protocol.http2(request.uri()).await? {
+                multiplexed
+            } else {
+                dedicated
+            };
             let mut request = request;
             let mut resends = 0;
             let response = loop {
