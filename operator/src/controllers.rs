@@ -11,6 +11,7 @@ use idem_runtime::reconciler::Driver;
 use idem_runtime::schema::SchemaError;
 use idem_runtime::shard::{ShardField, shard_hash};
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Resource as _;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -42,6 +43,12 @@ impl Controllers for Operator {
             path("/api/v1/services".into()),
             path("/apis/apps/v1/deployments".into()),
         ]
+    }
+
+    /// The operator's ClusterRole rules (`operator/src/rbac.rs`, what `cargo xtask manifests`
+    /// writes in `deploy/operator/`).
+    fn rules(&self) -> Vec<PolicyRule> {
+        crate::rbac::policy_rules()
     }
 
     fn start(&self, start: Start<'_>) -> Running {

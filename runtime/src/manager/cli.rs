@@ -1,5 +1,5 @@
-//! The command line of a binary built on a [`Manager`](super::Manager): `run` (the default)
-//! and `crds`.
+//! The command line of a binary built on a [`Manager`](super::Manager): `run` (the default),
+//! `crds` and `rbac`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,6 +26,17 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
+    /// Print the RBAC objects of the manager's ServiceAccount as YAML: the account, a
+    /// ClusterRole with the verbs its controllers use, a Role for its Leases, their bindings.
+    Rbac(RbacArgs),
+}
+
+/// The flags of `rbac`.
+#[derive(Debug, clap::Args)]
+pub struct RbacArgs {
+    /// The namespace of the ServiceAccount and of the Leases (where the manager runs).
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
 }
 
 /// The flags of `run`.
@@ -178,5 +189,9 @@ mod tests {
             Cli::parse_from_for("x", ["x", "crds"]),
             Command::Crds
         ));
+        let Command::Rbac(rbac) = Cli::parse_from_for("x", ["x", "rbac", "-n", "ops"]) else {
+            panic!("not rbac")
+        };
+        assert_eq!(rbac.namespace, "ops");
     }
 }

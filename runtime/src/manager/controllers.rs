@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ObjectMeta;
 use kube::runtime::events::Reporter;
@@ -18,9 +19,11 @@ use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
 use crate::reconciler::{Driver, Reconciler, children_config};
-use crate::resource::IdempotentResource;
+use crate::resource::{IdempotentResource, TenantRule};
 use crate::schema::SchemaError;
 use crate::shard::{Ranges, ShardField, shard_hash};
+
+use super::rbac;
 
 /// Whether the ring a run of controllers was started for is still the current one.
 type CurrentFn = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -165,6 +168,11 @@ pub trait Controllers: Send + Sync + 'static {
 
     /// Starts the controllers for one run (a ring, or the whole life of a single replica).
     fn start(&self, start: Start<'_>) -> Running;
+
+    /// What the controllers do on the API server, as RBAC rules (beside the manager's own:
+    /// Events, CRDs, Leases; see [`super::rbac`]): `rbac` prints them in its ServiceAccount's
+    /// ClusterRole. [`super::rbac::rule`] writes one.
+    fn rules(&self) -> Vec<PolicyRule>;
 }
 
 type Configure<K> = Box<dyn Fn(Controller<K>) -> Controller<K> + Send + Sync>;
@@ -219,6 +227,20 @@ where
 
     fn sharded(&self) -> Vec<(String, ShardField)> {
         vec![(R::Resource::url_path(&(), None), ShardField::Uid)]
+    }
+
+    /// The primary kind's rules, each declared child kind's, and `namespaces` (read) when the
+    /// tenant is a namespace's label.
+    fn rules(&self) -> Vec<PolicyRule> {
+        let mut rules = rbac::primary_rules(&R::Resource::group(&()), &R::Resource::plural(&()));
+        rules.extend(R::children().iter().map(rbac::child_rule));
+        if matches!(
+            <R::Resource as IdempotentResource>::TENANT_RULE,
+            TenantRule::NamespaceLabel(_)
+        ) {
+            rules.push(rbac::rule("", &["namespaces"], &["get", "list", "watch"]));
+        }
+        rules
     }
 
     fn start(&self, start: Start<'_>) -> Running {

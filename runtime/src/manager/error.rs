@@ -53,6 +53,14 @@ pub enum ManagerError {
         /// What failed.
         message: String,
     },
+    /// An RBAC object could not be printed.
+    #[error("RBAC object {kind}: {message}")]
+    Rbac {
+        /// Its kind.
+        kind: String,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl fmt::Debug for ManagerError {

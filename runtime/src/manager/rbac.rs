@@ -1,0 +1,266 @@
+//! The permissions a manager's controllers use, as the RBAC objects of its ServiceAccount
+//! (`rbac` prints them): a ClusterRole with each kind's verbs, and a Role for its Leases.
+//!
+//! What each rule is for:
+//! - a primary kind: `get`, `list`, `watch`, and `patch` (finalizers, guarded by
+//!   resourceVersion); `update` on `<plural>/status` (a resourceVersion-guarded PUT) and on
+//!   `<plural>/finalizers` (which children's `blockOwnerDeletion` ownerReferences need); `get`
+//!   on its own CustomResourceDefinition (a deleted object's cleanup asks whether the CRD is
+//!   being deleted, [`crate::reconciler::retention`], and releases the children when it
+//!   cannot tell);
+//! - a child kind: `get`, `list`, `watch`, `create` (create-once children), `patch`
+//!   (server-side apply, its dry runs, release) and `delete` (prune);
+//! - `namespaces` `get`, `list`, `watch` for a kind whose tenant is a namespace's label;
+//! - `events` (`events.k8s.io`) `create`, `patch`; `customresourcedefinitions` `get`, `list`,
+//!   `watch`, `create`, `patch` with [`Manager::installing_crds`](super::Manager::installing_crds);
+//! - in the Leases' namespace, `leases` `list` and `watch` (a replica outside a shard ring
+//!   watches whether one runs) and `get`, `create`, `update`, `delete` (`--leader-elect`,
+//!   `--shards auto`; a member deletes its Lease when it leaves, and dead members' ones).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::ApiResource;
+
+/// What a controller does with a child kind.
+pub(crate) const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+
+/// One rule: `verbs` on `resources` of API `group`.
+pub fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+/// The rules of a primary kind (`group`, `plural`).
+pub(crate) fn primary_rules(group: &str, plural: &str) -> Vec<PolicyRule> {
+    let mut crd = rule(
+        "apiextensions.k8s.io",
+        &["customresourcedefinitions"],
+        &["get"],
+    );
+    crd.resource_names = Some(vec![format!("{plural}.{group}")]);
+    vec![
+        rule(group, &[plural], &["get", "list", "watch", "patch"]),
+        rule(
+            group,
+            &[&format!("{plural}/status"), &format!("{plural}/finalizers")],
+            &["update"],
+        ),
+        crd,
+    ]
+}
+
+/// The rule of a child kind.
+pub(crate) fn child_rule(kind: &ApiResource) -> PolicyRule {
+    rule(&kind.group, &[&kind.plural], CHILD_VERBS)
+}
+
+/// The rules of the manager itself: Events, and CRDs when it installs them.
+pub(crate) fn manager_rules(install_crds: bool) -> Vec<PolicyRule> {
+    let mut rules = vec![rule("events.k8s.io", &["events"], &["create", "patch"])];
+    if install_crds {
+        rules.push(rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch", "create", "patch"],
+        ));
+    }
+    rules
+}
+
+/// What `rbac` cannot know, printed as a comment above its objects: when the controllers
+/// write RoleBindings or ClusterRoleBindings, RBAC lets them grant only the permissions they
+/// hold, or roles they may `bind` (its escalation check).
+pub(crate) fn notes(rules: &[PolicyRule]) -> Vec<String> {
+    let grants = rules.iter().any(|r| {
+        r.api_groups
+            .iter()
+            .flatten()
+            .any(|g| g == "rbac.authorization.k8s.io")
+            && (r.resources.iter().flatten())
+                .any(|x| x == "rolebindings" || x == "clusterrolebindings")
+            && r.verbs.iter().any(|v| v == "create" || v == "patch")
+    });
+    let mut notes = Vec::new();
+    if grants {
+        notes.push(
+            "The controllers write RoleBindings: RBAC lets this account grant only what it \
+             holds. Add `bind` on `clusterroles` (API group rbac.authorization.k8s.io) with \
+             the resourceNames of the roles they grant to the ClusterRole."
+                .to_owned(),
+        );
+    }
+    notes
+}
+
+/// `rules` with those of the same API groups, verbs and names in one, resources sorted and
+/// each once; the rules in the order of their first appearance.
+pub fn merged(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
+    let mut out: Vec<PolicyRule> = Vec::new();
+    for mut rule in rules {
+        let mut verbs = rule.verbs.clone();
+        verbs.sort();
+        verbs.dedup();
+        rule.verbs = verbs;
+        let same = out.iter_mut().find(|r| {
+            r.api_groups == rule.api_groups
+                && r.verbs == rule.verbs
+                && r.resource_names == rule.resource_names
+                && r.non_resource_urls == rule.non_resource_urls
+        });
+        match same {
+            Some(r) => {
+                let mut resources: BTreeSet<String> =
+                    r.resources.take().unwrap_or_default().into_iter().collect();
+                resources.extend(rule.resources.unwrap_or_default());
+                r.resources = Some(resources.into_iter().collect());
+            }
+            None => {
+                let resources: BTreeSet<String> = rule
+                    .resources
+                    .take()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                rule.resources = Some(resources.into_iter().collect());
+                out.push(rule);
+            }
+        }
+    }
+    out
+}
+
+/// The ServiceAccount `name` in `namespace`, its ClusterRole (`cluster_rules`) and binding,
+/// and the Role and binding of its Leases in `namespace`, as YAML documents.
+pub(crate) fn objects(
+    name: &str,
+    namespace: &str,
+    cluster_rules: Vec<PolicyRule>,
+) -> Vec<serde_json::Value> {
+    let meta = |namespaced: bool| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespaced.then(|| namespace.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: name.to_owned(),
+        namespace: Some(namespace.to_owned()),
+        ..Subject::default()
+    };
+    let role_ref = |kind: &str| RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.to_owned(),
+    };
+    let leases = vec![rule(
+        "coordination.k8s.io",
+        &["leases"],
+        &["get", "list", "watch", "create", "update", "delete"],
+    )];
+    let json = |v: Result<serde_json::Value, serde_json::Error>| {
+        v.expect("k8s-openapi's objects serialise")
+    };
+    vec![
+        with_type(
+            json(serde_json::to_value(ServiceAccount {
+                metadata: meta(true),
+                ..ServiceAccount::default()
+            })),
+            "v1",
+            "ServiceAccount",
+        ),
+        with_type(
+            json(serde_json::to_value(ClusterRole {
+                metadata: meta(false),
+                rules: Some(merged(cluster_rules)),
+                ..ClusterRole::default()
+            })),
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+        ),
+        with_type(
+            json(serde_json::to_value(ClusterRoleBinding {
+                metadata: meta(false),
+                role_ref: role_ref("ClusterRole"),
+                subjects: Some(vec![subject.clone()]),
+            })),
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+        ),
+        with_type(
+            json(serde_json::to_value(Role {
+                metadata: meta(true),
+                rules: Some(leases),
+            })),
+            "rbac.authorization.k8s.io/v1",
+            "Role",
+        ),
+        with_type(
+            json(serde_json::to_value(RoleBinding {
+                metadata: meta(true),
+                role_ref: role_ref("Role"),
+                subjects: Some(vec![subject]),
+            })),
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+        ),
+    ]
+}
+
+/// `object` with `apiVersion` and `kind` first.
+fn with_type(object: serde_json::Value, api_version: &str, kind: &str) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    out.insert("apiVersion".into(), api_version.into());
+    out.insert("kind".into(), kind.into());
+    if let serde_json::Value::Object(fields) = object {
+        out.extend(fields);
+    }
+    serde_json::Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_of_the_same_groups_and_verbs_are_one_with_each_resource_once() {
+        let rules = merged(vec![
+            rule("", &["namespaces"], &["get", "list", "watch"]),
+            rule("", &["configmaps"], CHILD_VERBS),
+            rule("", &["resourcequotas", "configmaps"], CHILD_VERBS),
+            rule("", &["namespaces"], &["watch", "list", "get", "get"]),
+            rule("apps", &["deployments"], CHILD_VERBS),
+        ]);
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["namespaces".to_owned()][..])
+        );
+        assert_eq!(
+            rules[1].resources.as_deref(),
+            Some(&["configmaps".to_owned(), "resourcequotas".to_owned()][..])
+        );
+        assert_eq!(
+            rules[2].api_groups.as_deref(),
+            Some(&["apps".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn a_note_says_what_granting_roles_needs_when_the_controllers_write_role_bindings() {
+        let group = "rbac.authorization.k8s.io";
+        assert!(notes(&[rule("", &["configmaps"], CHILD_VERBS)]).is_empty());
+        assert!(notes(&[rule(group, &["rolebindings"], &["get", "list"])]).is_empty());
+        let note = notes(&[rule(group, &["rolebindings"], CHILD_VERBS)]);
+        assert!(note.len() == 1 && note[0].contains("`bind`"), "{note:?}");
+    }
+}
