@@ -9,10 +9,14 @@
 //! client-go's per-item default is 5 ms doubling to 1,000 s without jitter, kube-runtime leaves
 //! it to the error policy). A success resets the key, and a reconcile-requested
 //! `requeue_after` bypasses backoff entirely (the controller handles that).
+//!
+//! Watches wait between failed attempts too ([`watch_backoff`]), reset only by progress.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt as _};
+use kube::runtime::watcher::{self, Event};
 use rand::Rng;
 
 use crate::key::ObjectKey;
@@ -107,6 +111,47 @@ impl BackoffConfig {
         let u: f64 = rng.random_range(0.0..self.jitter);
         nominal.mul_f64(1.0 + u)
     }
+}
+
+/// The waits between a watch's failed attempts: kube-runtime's `default_backoff` values
+/// (0.8 s doubling to 30 s), with 10 % jitter.
+pub(crate) const WATCH_BACKOFF: BackoffConfig = BackoffConfig {
+    base: Duration::from_millis(800),
+    factor: 2.0,
+    cap: Duration::from_secs(30),
+    jitter: 0.1,
+};
+
+/// `stream`, a watcher's events, waiting before it is polled again after each error
+/// ([`WATCH_BACKOFF`], growing with consecutive errors), reset only by progress: an object, a
+/// deletion, a complete list; never by the `Init` a watcher yields before each attempt to
+/// list. kube-runtime's `default_backoff` resets on any event, so a list that keeps failing (a
+/// CRD not installed, a list RBAC refuses) was sent again about every second, for good.
+pub(crate) fn watch_backoff<K, S>(stream: S) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    K: Send,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send,
+{
+    let state = (Box::pin(stream), 0u32, false);
+    futures::stream::unfold(state, |(mut stream, mut failures, wait)| async move {
+        if wait {
+            let delay = WATCH_BACKOFF.delay(failures, &mut rand::rng());
+            tokio::time::sleep(delay).await;
+        }
+        let item = stream.next().await?;
+        let wait = match &item {
+            Err(_) => {
+                failures = failures.saturating_add(1);
+                true
+            }
+            Ok(Event::Init) => false,
+            Ok(_) => {
+                failures = 0;
+                false
+            }
+        };
+        Some((item, (stream, failures, wait)))
+    })
 }
 
 /// How often and how long to retry an optimistic-concurrency write that met 409 Conflict:
@@ -233,6 +278,54 @@ mod tests {
 
     fn key() -> ObjectKey {
         ObjectKey::namespaced("App", "ns", "a")
+    }
+
+    /// When each item of `items` comes out of [`watch_backoff`], in virtual seconds since
+    /// the start.
+    async fn times(items: Vec<watcher::Result<Event<()>>>) -> Vec<f64> {
+        let start = tokio::time::Instant::now();
+        let stream = watch_backoff(futures::stream::iter(items));
+        stream
+            .map(|_| (tokio::time::Instant::now() - start).as_secs_f64())
+            .collect()
+            .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_waits_longer_after_each_failed_list_until_it_makes_progress() {
+        let (init, fail) = (
+            || Ok(Event::Init),
+            || Err(watcher::Error::NoResourceVersion),
+        );
+        // A list that fails three times (the watcher yields `Init` before each attempt), then
+        // succeeds; then a watch error.
+        let items = vec![
+            init(),
+            fail(),
+            init(),
+            fail(),
+            init(),
+            fail(),
+            init(),
+            Ok(Event::InitApply(())),
+            Ok(Event::InitDone),
+            fail(),
+            Ok(Event::Apply(())),
+        ];
+        let t = times(items).await;
+        let gap = |i: usize| t[i] - t[i - 1];
+        // Waits of 0.8, 1.6, 3.2 s (+ up to 10 %) after the failures, not reset by `Init`.
+        for (i, nominal) in [(2, 0.8), (4, 1.6), (6, 3.2)] {
+            assert!(
+                (nominal..nominal * 1.1).contains(&gap(i)),
+                "wait {} s before item {i}, {nominal} s nominal: {t:?}",
+                gap(i)
+            );
+        }
+        // Progress (the objects of a complete list) resets it: 0.8 s again.
+        assert!((0.8..0.88).contains(&gap(10)), "{t:?}");
+        // No wait where nothing failed.
+        assert_eq!([gap(1), gap(3), gap(7), gap(8), gap(9)], [0.0; 5], "{t:?}");
     }
 
     #[test]

@@ -21,12 +21,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
+use kube::runtime::watcher as watch_fn;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as watch_fn};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::backoff::watch_backoff;
 use crate::key::{ObjectKey, TenantKey};
 
 /// Most blocking objects one controller watches at once for all tenants together (a
@@ -241,7 +242,7 @@ impl BlockedWatches {
         let (state, trigger) = (Arc::clone(&self.state), self.trigger.clone());
         let task = tokio::spawn(async move {
             let _live = live;
-            let stream = watch_fn(api, config).default_backoff();
+            let stream = watch_backoff(watch_fn(api, config));
             futures::pin_mut!(stream);
             // The uid of the blocking object, as first seen; `present`: seen in this list.
             let mut first: Option<String> = None;

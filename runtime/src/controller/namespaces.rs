@@ -13,12 +13,12 @@ use std::sync::{Arc, RwLock};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PartialObjectMeta};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::watch::{WatchTask, not_established};
+use crate::backoff::watch_backoff;
 use crate::key::TenantKey;
 use crate::resource::TenantError;
 
@@ -157,7 +157,7 @@ impl NamespaceTenants {
         let run = async move {
             // Metadata-only requests (`PartialObjectMetadata`).
             let api = Api::<PartialObjectMeta<Namespace>>::all(client);
-            let stream = watcher(api, config).default_backoff();
+            let stream = watch_backoff(watcher(api, config));
             futures::pin_mut!(stream);
             // A relist's namespaces, swapped in at its end (one missing from it is gone).
             let mut listing: Option<HashMap<String, TenantKey>> = None;

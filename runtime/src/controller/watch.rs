@@ -8,14 +8,15 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher as watch_fn;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as watch_fn};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
+use crate::backoff::watch_backoff;
 use crate::cache::{ChildCaches, CompactStore, Origin, Seen};
 use crate::key::{ObjectKey, Owners, SharedStrings, TenantKey};
 use crate::labels::Labels;
@@ -123,7 +124,7 @@ fn streaming_refused(config: &watcher::Config, e: &watcher::Error) -> bool {
 /// and nothing would tell that the watch is established again. With the list, `InitDone` does.
 /// A config asking for streaming lists falls back to paged lists (its `page_size`) for good
 /// when the API server refuses them ([`streaming_refused`]).
-/// Give it `default_backoff()`: every error then waits before the next attempt.
+/// Give it [`watch_backoff`]: every error then waits before the next attempt.
 fn relisting<C>(
     api: Api<C>,
     config: watcher::Config,
@@ -180,7 +181,7 @@ where
         // sets), kept once per primary for as long as it lives.
         let events = relisting(api, config)
             .map_ok(|event| event.modify(|obj| obj.meta_mut().managed_fields = None));
-        let stream = reflector::reflector(writer, events.default_backoff());
+        let stream = reflector::reflector(writer, watch_backoff(events));
         let mut first_list = true;
         futures::pin_mut!(stream);
         // Keyed by name, valued with the uid: a delete + create under the same name is a
@@ -329,7 +330,7 @@ where
     let run = async move {
         // Decoded as metadata plus text: the content of an object that is not ours is never
         // decoded (see `Raw`).
-        let stream = relisting(super::raw::raw_api(api), config).default_backoff();
+        let stream = watch_backoff(relisting(super::raw::raw_api(api), config));
         let mut first_list = true;
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::Reconciler;
 use crate::apply::{ChildCaches, ChildScope, MANAGED_BY_LABEL};
+use crate::backoff::watch_backoff;
 use crate::controller::{Controller, KindSet, same};
 use crate::resource::IdempotentResource;
 
@@ -268,8 +269,7 @@ where
         let cache: CacheFn = Arc::new(|client, config, caches| {
             Box::pin(async move {
                 let (store, writer) = reflector::store::<C>();
-                let stream = watcher(Api::<C>::all(client), config)
-                    .default_backoff()
+                let stream = watch_backoff(watcher(Api::<C>::all(client), config))
                     .reflect(writer)
                     .for_each(|_| futures::future::ready(()));
                 let task = tokio::spawn(stream);
