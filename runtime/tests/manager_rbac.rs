@@ -8,7 +8,6 @@
 #[path = "../examples/base_tenant.rs"]
 mod base_tenant;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenants};
@@ -22,20 +21,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::oneshot;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The body of `GET /metrics` on `addr`.
-async fn metrics(addr: SocketAddr) -> Option<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
-}
 
 /// Creates the objects `rbac` printed, as the admin.
 async fn create_all(client: &Client, namespace: &str, objects: Vec<Value>) {
@@ -203,7 +191,9 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
     })
     .await;
 
-    let text = metrics(metrics_addr).await.expect("the manager's /metrics");
+    let text = idem_tests::metrics::scrape(metrics_addr)
+        .await
+        .expect("the manager's /metrics");
     let _ = stop.send(());
     let _ = tokio::time::timeout(TIMEOUT, task).await;
     let sent: Vec<&str> = (text.lines())

@@ -7,7 +7,6 @@
 #[path = "../examples/base_tenant.rs"]
 mod base_tenant;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
@@ -16,21 +15,9 @@ use idem_tests::ports::free_addr;
 use idem_tests::{shared, unique_name};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Longest wait for any condition (two cores, other builds beside the tests).
 const TIMEOUT: Duration = Duration::from_secs(180);
-
-/// The body of `GET /metrics` on `addr`, once it answers 200.
-async fn metrics(addr: SocketAddr) -> Option<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.ok()?;
-    let (head, body) = reply.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
-}
 
 /// The value of gauge `name` in a `/metrics` text.
 fn gauge(metrics: &str, name: &str) -> Option<i64> {
@@ -88,7 +75,10 @@ async fn requests_in_flight_sets_the_cap_of_the_reconciles_requests() {
         let text = loop {
             assert!(!task.is_finished(), "{setting:?}: the manager exited");
             let converged = tenants.get(&name).await.is_ok_and(|t| ready(&t));
-            if let Some(text) = metrics(addr).await.filter(|_| converged) {
+            if let Some(text) = idem_tests::metrics::scrape(addr)
+                .await
+                .filter(|_| converged)
+            {
                 break text;
             }
             assert!(

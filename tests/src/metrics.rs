@@ -1,5 +1,21 @@
 //! Reading the API server's own request counters (`apiserver_request_total` in `/metrics`), so
-//! tests count writes as the server saw them rather than by their own bookkeeping.
+//! tests count writes as the server saw them rather than by their own bookkeeping; and a
+//! manager's own `/metrics` ([`scrape`]).
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// The body of `GET /metrics` on `addr` (a manager's metrics address), once it answers 200.
+pub async fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.ok()?;
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
 
 /// The verbs that change state, as `apiserver_request_total` labels them (`APPLY` is
 /// server-side apply, a PATCH with `application/apply-patch+yaml`).
