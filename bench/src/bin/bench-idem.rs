@@ -13,10 +13,10 @@ use idem_runtime::TenantKey;
 use idem_runtime::apply::{Applier, ChildCaches, DesiredChildren, Owner};
 use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
 use idem_runtime::inflight::{AdaptiveLimit, RequestSlots};
+use idem_runtime::reconciler::primary_config;
 use idem_runtime::status::StatusWriter;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::runtime::watcher;
 use kube::{Api, Client};
 
 /// `bench-idem`'s command line: the common one and idem's own options.
@@ -83,8 +83,8 @@ async fn main() -> anyhow::Result<()> {
         "0" => client.clone(),
         n => RequestSlots::new(n.parse()?).client(client.clone()),
     };
-    let children =
-        || watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));
+    // idem's watch configuration (`idem_runtime::reconciler::primary_config`): lists streamed.
+    let children = || primary_config().labels(&format!("{MANAGED_BY_LABEL}={IDEM_MANAGER}"));
     let mut config = ControllerConfig {
         workers: args.workers,
         ..ControllerConfig::default()
@@ -105,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     });
     Controller::new(
         Api::<BaseTenant>::all(client.clone()),
-        watcher::Config::default().labels(&args.run_selector()),
+        primary_config().labels(&args.run_selector()),
     )
     .owns(Api::<Namespace>::all(client.clone()), children())
     .owns(Api::<ResourceQuota>::all(client.clone()), children())

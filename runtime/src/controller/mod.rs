@@ -60,6 +60,7 @@ pub(crate) use self::kinds::{KindSet, same};
 pub use self::namespaces::NamespaceTenants;
 pub use self::reason::Reason;
 use self::reason::Reasons;
+pub(crate) use self::watch::relisting;
 use self::watch::{ChangeFn, RecordFn, Shared, TenantFn, WatchTask, WeightFn};
 use self::worker::Worker;
 use crate::backoff::{Backoff, BackoffConfig, BackoffError};

@@ -125,7 +125,7 @@ fn streaming_refused(config: &watcher::Config, e: &watcher::Error) -> bool {
 /// A config asking for streaming lists falls back to paged lists (its `page_size`) for good
 /// when the API server refuses them ([`streaming_refused`]).
 /// Give it [`watch_backoff`]: every error then waits before the next attempt.
-fn relisting<C>(
+pub(crate) fn relisting<C>(
     api: Api<C>,
     config: watcher::Config,
 ) -> impl futures::Stream<Item = watcher::Result<Event<C>>> + Send

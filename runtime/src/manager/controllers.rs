@@ -18,7 +18,7 @@ use crate::apply::{ChildCaches, ChildScope, DriftMetrics, Labels};
 use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
-use crate::reconciler::{Driver, Reconciler, children_config};
+use crate::reconciler::{Driver, Reconciler, children_config, primary_config};
 use crate::resource::{IdempotentResource, TenantRule};
 use crate::schema::SchemaError;
 use crate::shard::{Ranges, ShardField, shard_hash};
@@ -251,7 +251,7 @@ where
             None => base,
         };
         let mut controller =
-            Controller::for_reconciler_with::<R>(client, watcher::Config::default(), children);
+            Controller::for_reconciler_with::<R>(client, primary_config(), children);
         if let Some(configure) = &self.configure {
             controller = configure(controller);
         }

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use super::Reconciler;
 use crate::apply::{ChildCaches, ChildScope, MANAGED_BY_LABEL};
 use crate::backoff::watch_backoff;
+use crate::controller::relisting;
 use crate::controller::{Controller, KindSet, same};
 use crate::resource::IdempotentResource;
 
@@ -28,9 +29,18 @@ pub const KIND_NOT_DECLARED: &str = "ChildKindNotDeclared";
 
 /// The watch configuration of the children of kind `K`'s objects: only objects labelled
 /// `app.kubernetes.io/managed-by=<FIELD_MANAGER>`, which the apply engine puts on every child,
-/// so a controller does not cache every Namespace or RoleBinding of the cluster.
+/// so a controller does not cache every Namespace or RoleBinding of the cluster; listed by a
+/// streaming list ([`primary_config`]).
 pub fn children_config<K: IdempotentResource>() -> watcher::Config {
-    watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", K::FIELD_MANAGER))
+    primary_config().labels(&format!("{MANAGED_BY_LABEL}={}", K::FIELD_MANAGER))
+}
+
+/// The watch configuration of a controller's objects: every object of the kind, its lists
+/// streamed (`sendInitialEvents`: a watch that starts with the objects, served from the API
+/// server's watch cache and decoded one object at a time, as client-go's informers list on
+/// Kubernetes 1.34 and later), by pages where the API server refuses that.
+pub fn primary_config() -> watcher::Config {
+    watcher::Config::default().streaming_lists()
 }
 
 /// Registers the watch of one child kind on a controller of `K`.
@@ -269,7 +279,7 @@ where
         let cache: CacheFn = Arc::new(|client, config, caches| {
             Box::pin(async move {
                 let (store, writer) = reflector::store::<C>();
-                let stream = watch_backoff(watcher(Api::<C>::all(client), config))
+                let stream = watch_backoff(relisting(Api::<C>::all(client), config))
                     .reflect(writer)
                     .for_each(|_| futures::future::ready(()));
                 let task = tokio::spawn(stream);
@@ -335,7 +345,7 @@ where
     ///
     /// [`Reconciler::children`]: super::Reconciler::children
     pub fn for_reconciler<R: Reconciler<Resource = K>>(client: &Client) -> Self {
-        Self::for_reconciler_with::<R>(client, watcher::Config::default(), children_config::<K>())
+        Self::for_reconciler_with::<R>(client, primary_config(), children_config::<K>())
     }
 
     /// As [`Controller::for_reconciler`], watching the objects with `config` and the children

@@ -66,6 +66,7 @@ pub use self::children::{Children, STATUS_NOT_DECLARED};
 pub use self::driver::{Driver, DriverConfig};
 pub use self::kinds::{
     ChildKinds, ChildWatches, KIND_NOT_DECLARED, WatchChildrenError, children_config,
+    primary_config,
 };
 pub use self::pass::{CREATE_ONCE_WITHOUT_RECORD, Pass};
 pub use crate::controller::Reason;
