@@ -1,6 +1,6 @@
 //! A manager's `rbac` objects are enough for it to work on the real control plane: the
 //! example `BaseTenant` manager (runtime/examples/base_tenant.rs), run as the ServiceAccount
-//! `rbac` prints and nothing more (impersonated), creates a BaseTenant's children, repairs
+//! `rbac` prints and nothing more (impersonated), in a shard ring of one, creates a BaseTenant's children, repairs
 //! their drift with an Event, and removes its finalizer when the BaseTenant is deleted; no
 //! request it sends is forbidden (its own request counter by status code).
 
@@ -93,6 +93,9 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
             "system:serviceaccount:{namespace}:{name}"
         ))),
         leader_elect_namespace: Some(namespace.clone()),
+        // A ring of one: the member Lease, the ring's guard, the server's shardSelector probe.
+        shards: true,
+        identity: Some("a".into()),
         metrics_addr,
         health_addr: free_addr(),
         ..ManagerOptions::default()
@@ -103,6 +106,7 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
     assert_eq!(
         kinds,
         [
+            "Namespace",
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
@@ -110,6 +114,8 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
             "RoleBinding"
         ]
     );
+    // The namespace exists already (applied, it would be left as it is).
+    objects.remove(0);
     // What `rbac` cannot know, as its output says: the example's RoleBindings grant `edit`,
     // which RBAC lets only an account holding every permission of `edit`, or allowed to
     // `bind` it, grant.

@@ -101,6 +101,11 @@ async fn requests_sent_at_once_share_one_http2_connection() {
 /// certificate, forwarding to the server over TLS with the configuration's client identity;
 /// counting the connections it accepts.
 async fn http1_proxy() -> (kube::Config, Arc<AtomicUsize>) {
+    http1_proxy_on(TcpListener::bind(("127.0.0.1", 0)).await.unwrap())
+}
+
+/// [`http1_proxy`] on `listener`.
+fn http1_proxy_on(listener: TcpListener) -> (kube::Config, Arc<AtomicUsize>) {
     use kube::client::ConfigExt as _;
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -129,7 +134,6 @@ async fn http1_proxy() -> (kube::Config, Arc<AtomicUsize>) {
     client.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
 
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
@@ -202,6 +206,58 @@ async fn the_protocol_is_asked_again_after_a_handshake_failed() {
         accepted.load(Ordering::SeqCst),
         2,
         "the handshake, the shared connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_is_asked_again_when_a_connection_cannot_be_made_with_it() {
+    // The server answers HTTP/2 through a relay whose connections the test can end...
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = shared().config().cluster_url.port_u16().unwrap();
+    let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks = Arc::clone(&open);
+    let relay = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let task = tokio::spawn(async move {
+                if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+            tasks.lock().unwrap().push(task);
+        }
+    });
+    let mut config = shared().config();
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+    let client = idem_runtime::manager::client::build(config).unwrap();
+    let response = client.send(get("/version")).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+
+    // ... then a proxy that speaks only HTTP/1.1 takes its place at the same address.
+    relay.abort();
+    let _ = relay.await;
+    for task in open.lock().unwrap().drain(..) {
+        task.abort();
+    }
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let (_, accepted) = http1_proxy_on(listener);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let answer = client.send(get("/version")).await;
+        let done = answer
+            .as_ref()
+            .is_ok_and(|r| r.version() == http::Version::HTTP_11);
+        answers.push(answer.map(|r| r.version()).map_err(|e| e.to_string()));
+        if done {
+            break;
+        }
+    }
+    // The request on the shared connection fails to connect (the proxy refuses HTTP/2); the
+    // next one asks again and gets HTTP/1.1.
+    assert!(
+        answers.len() <= 2 && answers.last().is_some_and(Result::is_ok),
+        "{answers:?} ({} connections to the proxy)",
+        accepted.load(Ordering::SeqCst)
     );
 }
 

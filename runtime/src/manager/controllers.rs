@@ -185,6 +185,7 @@ pub struct Reconciles<R: Reconciler> {
     reconciler: R,
     configure: Option<Configure<R::Resource>>,
     crds: fn() -> Result<CustomResourceDefinition, SchemaError>,
+    rules: Vec<PolicyRule>,
 }
 
 impl<R> Reconciles<R>
@@ -201,7 +202,17 @@ where
             reconciler,
             configure: None,
             crds: crate::schema::crd::<R::Resource>,
+            rules: Vec::new(),
         }
+    }
+
+    /// Adds `rules` to those [`Controllers::rules`] derives from the kind and its declared
+    /// children: what the reconciler or [`Reconciles::configure`] does beyond them (a kind it
+    /// reads, a watch it adds), so `rbac` prints it too ([`super::rbac::rule`] writes one).
+    #[must_use]
+    pub fn with_rules(mut self, rules: impl IntoIterator<Item = PolicyRule>) -> Self {
+        self.rules.extend(rules);
+        self
     }
 
     /// Changes the controller each run builds (e.g. a weight, more watches).
@@ -229,8 +240,8 @@ where
         vec![(R::Resource::url_path(&(), None), ShardField::Uid)]
     }
 
-    /// The primary kind's rules, each declared child kind's, and `namespaces` (read) when the
-    /// tenant is a namespace's label.
+    /// The primary kind's rules, each declared child kind's, `namespaces` (read) when the
+    /// tenant is a namespace's label, and those added with [`Reconciles::with_rules`].
     fn rules(&self) -> Vec<PolicyRule> {
         let mut rules = rbac::primary_rules(&R::Resource::group(&()), &R::Resource::plural(&()));
         rules.extend(R::children().iter().map(rbac::child_rule));
@@ -240,6 +251,7 @@ where
         ) {
             rules.push(rbac::rule("", &["namespaces"], &["get", "list", "watch"]));
         }
+        rules.extend(self.rules.iter().cloned());
         rules
     }
 

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -63,40 +63,66 @@ pub(crate) fn child_rule(kind: &ApiResource) -> PolicyRule {
     rule(&kind.group, &[&kind.plural], CHILD_VERBS)
 }
 
-/// The rules of the manager itself: Events, and CRDs when it installs them.
-pub(crate) fn manager_rules(install_crds: bool) -> Vec<PolicyRule> {
+/// The rules of the manager itself: Events, and when it installs CRDs (`installing`: their
+/// names), `create` on CRDs (RBAC cannot name what a create makes) and the rest on its own
+/// CRDs only.
+pub(crate) fn manager_rules(installing: &[String]) -> Vec<PolicyRule> {
     let mut rules = vec![rule("events.k8s.io", &["events"], &["create", "patch"])];
-    if install_crds {
-        rules.push(rule(
+    if !installing.is_empty() {
+        let crds = &["customresourcedefinitions"];
+        rules.push(rule("apiextensions.k8s.io", crds, &["create"]));
+        let mut own = rule(
             "apiextensions.k8s.io",
-            &["customresourcedefinitions"],
-            &["get", "list", "watch", "create", "patch"],
-        ));
+            crds,
+            &["get", "list", "watch", "patch"],
+        );
+        own.resource_names = Some(installing.to_vec());
+        rules.push(own);
     }
     rules
 }
 
-/// What `rbac` cannot know, printed as a comment above its objects: when the controllers
-/// write RoleBindings or ClusterRoleBindings, RBAC lets them grant only the permissions they
-/// hold, or roles they may `bind` (its escalation check).
-pub(crate) fn notes(rules: &[PolicyRule]) -> Vec<String> {
-    let grants = rules.iter().any(|r| {
-        r.api_groups
-            .iter()
-            .flatten()
-            .any(|g| g == "rbac.authorization.k8s.io")
-            && (r.resources.iter().flatten())
-                .any(|x| x == "rolebindings" || x == "clusterrolebindings")
-            && r.verbs.iter().any(|v| v == "create" || v == "patch")
-    });
+/// What `rbac` cannot know or decide for the user, printed as comments above its objects:
+/// - controllers that write RoleBindings or ClusterRoleBindings may grant only the
+///   permissions they hold or roles they may `bind` (RBAC's escalation check);
+/// - controllers that write Roles or ClusterRoles may grant only what they hold, or need
+///   `escalate`;
+/// - a Role in a `kube-*` namespace lets the account update and delete the Leases of
+///   Kubernetes' own components there.
+pub(crate) fn notes(rules: &[PolicyRule], namespace: &str) -> Vec<String> {
+    let writes = |kinds: &[&str]| {
+        rules.iter().any(|r| {
+            r.api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "rbac.authorization.k8s.io")
+                && (r.resources.iter().flatten()).any(|x| kinds.contains(&x.as_str()))
+                && r.verbs.iter().any(|v| v == "create" || v == "patch")
+        })
+    };
     let mut notes = Vec::new();
-    if grants {
+    if writes(&["rolebindings", "clusterrolebindings"]) {
         notes.push(
             "The controllers write RoleBindings: RBAC lets this account grant only what it \
-             holds. Add `bind` on `clusterroles` (API group rbac.authorization.k8s.io) with \
-             the resourceNames of the roles they grant to the ClusterRole."
+             holds. Add `bind` on `clusterroles` (and `roles`, for bindings to Roles; API group \
+             rbac.authorization.k8s.io) with the resourceNames of the roles they grant to the \
+             ClusterRole."
                 .to_owned(),
         );
+    }
+    if writes(&["roles", "clusterroles"]) {
+        notes.push(
+            "The controllers write Roles: RBAC lets this account write only roles whose \
+             permissions it holds. Add those permissions, or `escalate` on `roles` or \
+             `clusterroles`, to the ClusterRole."
+                .to_owned(),
+        );
+    }
+    if namespace.starts_with("kube-") {
+        notes.push(format!(
+            "The Role lets this account update and delete every Lease in {namespace}, those \
+             of Kubernetes' own components among them: give the manager a namespace of its own."
+        ));
     }
     notes
 }
@@ -138,8 +164,8 @@ pub fn merged(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
     out
 }
 
-/// The ServiceAccount `name` in `namespace`, its ClusterRole (`cluster_rules`) and binding,
-/// and the Role and binding of its Leases in `namespace`, as YAML documents.
+/// The namespace (unless `default`), the ServiceAccount `name` in it, its ClusterRole
+/// (`cluster_rules`) and binding, and the Role and binding of its Leases in `namespace`.
 pub(crate) fn objects(
     name: &str,
     namespace: &str,
@@ -169,51 +195,65 @@ pub(crate) fn objects(
     let json = |v: Result<serde_json::Value, serde_json::Error>| {
         v.expect("k8s-openapi's objects serialise")
     };
-    vec![
-        with_type(
-            json(serde_json::to_value(ServiceAccount {
-                metadata: meta(true),
-                ..ServiceAccount::default()
-            })),
-            "v1",
-            "ServiceAccount",
-        ),
-        with_type(
-            json(serde_json::to_value(ClusterRole {
-                metadata: meta(false),
-                rules: Some(merged(cluster_rules)),
-                ..ClusterRole::default()
-            })),
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRole",
-        ),
-        with_type(
-            json(serde_json::to_value(ClusterRoleBinding {
-                metadata: meta(false),
-                role_ref: role_ref("ClusterRole"),
-                subjects: Some(vec![subject.clone()]),
-            })),
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRoleBinding",
-        ),
-        with_type(
-            json(serde_json::to_value(Role {
-                metadata: meta(true),
-                rules: Some(leases),
-            })),
-            "rbac.authorization.k8s.io/v1",
-            "Role",
-        ),
-        with_type(
-            json(serde_json::to_value(RoleBinding {
-                metadata: meta(true),
-                role_ref: role_ref("Role"),
-                subjects: Some(vec![subject]),
-            })),
-            "rbac.authorization.k8s.io/v1",
-            "RoleBinding",
-        ),
-    ]
+    // The namespace, unless it is `default`: applied, it is created or left as it is.
+    let ns = (namespace != "default").then(|| {
+        let meta = ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        };
+        let ns = json(serde_json::to_value(Namespace {
+            metadata: meta,
+            ..Namespace::default()
+        }));
+        with_type(ns, "v1", "Namespace")
+    });
+    ns.into_iter()
+        .chain([
+            with_type(
+                json(serde_json::to_value(ServiceAccount {
+                    metadata: meta(true),
+                    ..ServiceAccount::default()
+                })),
+                "v1",
+                "ServiceAccount",
+            ),
+            with_type(
+                json(serde_json::to_value(ClusterRole {
+                    metadata: meta(false),
+                    rules: Some(merged(cluster_rules)),
+                    ..ClusterRole::default()
+                })),
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole",
+            ),
+            with_type(
+                json(serde_json::to_value(ClusterRoleBinding {
+                    metadata: meta(false),
+                    role_ref: role_ref("ClusterRole"),
+                    subjects: Some(vec![subject.clone()]),
+                })),
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRoleBinding",
+            ),
+            with_type(
+                json(serde_json::to_value(Role {
+                    metadata: meta(true),
+                    rules: Some(leases),
+                })),
+                "rbac.authorization.k8s.io/v1",
+                "Role",
+            ),
+            with_type(
+                json(serde_json::to_value(RoleBinding {
+                    metadata: meta(true),
+                    role_ref: role_ref("Role"),
+                    subjects: Some(vec![subject]),
+                })),
+                "rbac.authorization.k8s.io/v1",
+                "RoleBinding",
+            ),
+        ])
+        .collect()
 }
 
 /// `object` with `apiVersion` and `kind` first.
@@ -256,11 +296,21 @@ mod tests {
     }
 
     #[test]
-    fn a_note_says_what_granting_roles_needs_when_the_controllers_write_role_bindings() {
+    fn notes_say_what_granting_roles_needs_and_warn_of_kube_namespaces() {
         let group = "rbac.authorization.k8s.io";
-        assert!(notes(&[rule("", &["configmaps"], CHILD_VERBS)]).is_empty());
-        assert!(notes(&[rule(group, &["rolebindings"], &["get", "list"])]).is_empty());
-        let note = notes(&[rule(group, &["rolebindings"], CHILD_VERBS)]);
+        assert!(notes(&[rule("", &["configmaps"], CHILD_VERBS)], "ops").is_empty());
+        assert!(notes(&[rule(group, &["rolebindings"], &["get", "list"])], "ops").is_empty());
+        let note = notes(&[rule(group, &["rolebindings"], CHILD_VERBS)], "ops");
         assert!(note.len() == 1 && note[0].contains("`bind`"), "{note:?}");
+        let note = notes(&[rule(group, &["clusterroles"], CHILD_VERBS)], "ops");
+        assert!(
+            note.len() == 1 && note[0].contains("`escalate`"),
+            "{note:?}"
+        );
+        let note = notes(&[], "kube-system");
+        assert!(
+            note.len() == 1 && note[0].contains("kube-system"),
+            "{note:?}"
+        );
     }
 }

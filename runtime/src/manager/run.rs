@@ -147,7 +147,7 @@ pub(super) async fn run(
     let cached_children = Gauge::default();
     let server_side: Gauge = Gauge::default();
     if membership.is_some() {
-        match crate::shard::probe_server_side(&lease_client).await {
+        match crate::shard::probe_server_side(&lease_client, &namespace).await {
             Ok(on) => {
                 tracing::info!(server_side = on, "shardSelector support of the API server");
                 (selectors.server_side).store(on, std::sync::atomic::Ordering::Relaxed);

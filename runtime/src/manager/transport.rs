@@ -259,10 +259,23 @@ impl Protocol {
         }
         result.map_err(|e| e.to_string().into())
     }
+
+    /// Forgets the server's answer, so the next request asks again: a connection could not be
+    /// made with the protocol it chose (another server behind the same address, a proxy put
+    /// in front since).
+    fn forget(&self) {
+        if let Self::Ask(_, asked) = self {
+            let mut asked = asked.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(&*asked, Asked::Known(_)) {
+                *asked = Asked::Unknown;
+            }
+        }
+    }
 }
 
 /// Sends each request on the shared connection, or on one of its own when it is
-/// [`long_running`] or the server speaks only HTTP/1.1.
+/// [`long_running`] or the server speaks only HTTP/1.1; a connection that could not be made
+/// makes the next request ask the server's protocol again.
 #[derive(Clone)]
 struct Route {
     multiplexed: HttpClient<Connector, Body>,
@@ -308,7 +321,13 @@ impl Service<Request<Body>> for Route {
                         resends += 1;
                         request = again.expect("checked");
                     }
-                    result => break result.map_err(BoxError::from)?,
+                    Err(e) => {
+                        if !long && e.is_connect() {
+                            protocol.forget();
+                        }
+                        return Err(e.into());
+                    }
+                    Ok(response) => break response,
                 }
             };
             tracing::Span::current().record("status", response.status().as_u16());

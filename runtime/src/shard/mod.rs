@@ -36,17 +36,19 @@ use kube::Client;
 pub use self::hash::{ShardField, fnv1a64, shard_hash};
 pub use self::ring::{BUCKETS, Ranges, Ring, bucket_of};
 
-/// Whether the API server filters lists by `shardSelector`: lists one Namespace with a selector
-/// of the whole hash space and looks for the echoed `metadata.shardInfo.selector`.
+/// Whether the API server filters lists by `shardSelector`: lists one Lease of `namespace` (the
+/// ring's, which a member may list) with a selector of the whole hash space and looks for the
+/// echoed `metadata.shardInfo.selector`.
 ///
 /// # Errors
 /// When the list request fails.
-pub async fn probe_server_side(client: &Client) -> Result<bool, kube::Error> {
+pub async fn probe_server_side(client: &Client, namespace: &str) -> Result<bool, kube::Error> {
     let selector = Ranges::all().selector(ShardField::Uid).unwrap_or_default();
-    let uri = selector::with_selector(
-        &"/api/v1/namespaces?limit=1".parse().expect("a valid URI"),
-        &selector,
-    );
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases?limit=1");
+    let path = path
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| kube::Error::HttpError(e.into()))?;
+    let uri = selector::with_selector(&path, &selector);
     let request = http::Request::get(uri.to_string())
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
