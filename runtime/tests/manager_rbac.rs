@@ -2,7 +2,8 @@
 //! example `BaseTenant` manager (runtime/examples/base_tenant.rs), run as the ServiceAccount
 //! `rbac` prints and nothing more (impersonated), in a shard ring of one, creates a BaseTenant's children, repairs
 //! their drift with an Event, and removes its finalizer when the BaseTenant is deleted; no
-//! request it sends is forbidden (its own request counter by status code).
+//! request it sends is forbidden (its own request counter by status code). So does a manager
+//! of a namespaced kind owning only ConfigMaps that installs its own CRD, in a shard ring.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -24,6 +25,60 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A namespaced kind whose tenant is its namespace, owning one ConfigMap: nothing of it
+/// lists Namespaces.
+mod notes {
+    use idem_runtime::prelude::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use kube::{CustomResource, ResourceExt as _};
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(
+        CustomResource, IdempotentResource, Clone, Debug, Serialize, Deserialize, JsonSchema,
+    )]
+    #[kube(
+        group = "rbac.idem.dev",
+        version = "v1",
+        kind = "Note",
+        namespaced,
+        status = "NoteStatus"
+    )]
+    #[idempotent(tenant = namespace)]
+    pub struct NoteSpec {
+        pub text: String,
+    }
+
+    #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NoteStatus {
+        pub observed_generation: Option<i64>,
+        #[serde(default)]
+        pub conditions: Vec<Condition>,
+        #[serde(default)]
+        pub created_children: Vec<CreatedChild>,
+    }
+
+    #[derive(Clone)]
+    pub struct Notes;
+    impl Reconciler for Notes {
+        type Resource = Note;
+        fn children() -> ChildKinds<Note> {
+            ChildKinds::new().owns::<ConfigMap>()
+        }
+        fn desired(&self, note: &Note) -> Result<DesiredChildren, ReconcileError> {
+            let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": note.name_any()}, "data": {"text": note.spec.text},
+            }))
+            .map_err(|e| ReconcileError::terminal("InvalidSpec", e.to_string()))?;
+            let mut children = DesiredChildren::new();
+            children.add(&cm)?;
+            Ok(children)
+        }
+    }
+}
 
 /// Creates the objects `rbac` printed, as the admin.
 async fn create_all(client: &Client, namespace: &str, objects: Vec<Value>) {
@@ -210,5 +265,69 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
     assert!(
         refused.is_empty(),
         "requests forbidden to the account `rbac` printed: {refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_manager_whose_kind_owns_no_namespaces_runs_on_the_rbac_it_prints() {
+    use notes::{Note, Notes};
+    let client = shared().client();
+    let namespace = create_namespace(&client, "notes").await.unwrap();
+    let name = unique_name("notes");
+    let metrics_addr = free_addr();
+    let options = ManagerOptions {
+        kubeconfig: Some(impersonating(&format!(
+            "system:serviceaccount:{namespace}:{name}"
+        ))),
+        leader_elect_namespace: Some(namespace.clone()),
+        shards: true,
+        identity: Some("a".into()),
+        metrics_addr,
+        health_addr: free_addr(),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::new(name.clone(), options)
+        .add(Reconciles::new(Notes))
+        .installing_crds();
+    let mut objects = manager.rbac(&namespace);
+    objects.retain(|o| o["kind"] != "Namespace");
+    create_all(&client, &namespace, objects).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(manager.run_until(async move {
+        let _ = stopped.await;
+    }));
+
+    // The manager installs the CRD; the note is created once the API server serves the kind.
+    let notes: Api<Note> = Api::namespaced(client.clone(), &namespace);
+    let note = Note::new("n", notes::NoteSpec { text: "x".into() });
+    eventually("the Note created", || async {
+        notes
+            .create(&PostParams::default(), &note)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    eventually("the Note Ready", || async {
+        let n = notes.get("n").await.map_err(|e| e.to_string())?;
+        let status = n.status.clone().unwrap_or_default();
+        let ready = (status.conditions.iter()).any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(()).ok_or(format!("{status:?}"))
+    })
+    .await;
+    let text = idem_tests::metrics::scrape(metrics_addr)
+        .await
+        .expect("the manager's /metrics");
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(TIMEOUT, task).await;
+    let refused: Vec<&str> = (text.lines())
+        .filter(|l| l.starts_with("idem_rest_client_requests_total{") && l.contains("\"403\""))
+        .collect();
+    assert!(refused.is_empty(), "requests refused: {refused:?}");
+    // The ring's probe of the server's shardSelector answered (1 or 0, not missing).
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("idem_shard_server_side ")),
+        "{text}"
     );
 }
