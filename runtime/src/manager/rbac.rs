@@ -11,11 +11,13 @@
 //! - a child kind: `get`, `list`, `watch`, `create` (create-once children), `patch`
 //!   (server-side apply, its dry runs, release) and `delete` (prune);
 //! - `namespaces` `get`, `list`, `watch` for a kind whose tenant is a namespace's label;
-//! - `events` (`events.k8s.io`) `create`, `patch`; `customresourcedefinitions` `get`, `list`,
-//!   `watch`, `create`, `patch` with [`Manager::installing_crds`](super::Manager::installing_crds);
+//! - `events` (`events.k8s.io`) `create`, `patch`; with
+//!   [`Manager::installing_crds`](super::Manager::installing_crds), `create` on
+//!   `customresourcedefinitions` and `get`, `list`, `watch`, `patch` on the manager's own;
 //! - in the Leases' namespace, `leases` `list` and `watch` (a replica outside a shard ring
-//!   watches whether one runs) and `get`, `create`, `update`, `delete` (`--leader-elect`,
-//!   `--shards auto`; a member deletes its Lease when it leaves, and dead members' ones).
+//!   watches whether one runs; a ring's member probes the server's `shardSelector` with a
+//!   list) and `get`, `create`, `update`, `delete` (`--leader-elect`, `--shards auto`; a
+//!   member deletes its Lease when it leaves, and dead members' ones).
 
 use std::collections::BTreeSet;
 
