@@ -4,7 +4,8 @@
 //! A `Database` owns a StatefulSet; its reconciler declares StatefulSet in
 //! `Reconciler::children` with `owns_reading_status` and its `ready()` reads `status.readyReplicas` from the
 //! `Children` it is given — no `reconcile()` override, no `OwnsOptions`. The first pass
-//! creates the StatefulSet (no status yet: `Reconciling`); with no resync and no requeue, only
+//! creates the StatefulSet, whose pods no node takes until the test labels one (`Reconciling`);
+//! with no resync and no requeue, only
 //! the StatefulSet's status changes can reconcile the Database again, so reaching `Ready`
 //! proves the child's watch keeps the status and its changes reconcile the owner. Reading a
 //! kind whose status is not declared read is a terminal `StatusNotDeclared` error naming the
@@ -25,8 +26,9 @@ use idem_runtime::reconciler::{
 };
 use idem_runtime::status::Readiness;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
@@ -35,6 +37,10 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(90);
+
+/// The label a fake node needs for a Database's pods to be scheduled on it: its value is the
+/// Database's namespace, so a test decides when its StatefulSet's pods can become ready.
+const NODE_LABEL: &str = "test.idem.dev/databases-of";
 
 /// A database: a StatefulSet of `replicas` pods.
 #[derive(CustomResource, IdempotentResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
@@ -71,7 +77,11 @@ fn statefulset(db: &Database) -> Result<DesiredChildren, ReconcileError> {
             "selector": {"matchLabels": {"db": name}},
             "template": {
                 "metadata": {"labels": {"db": name}},
-                "spec": {"containers": [{"name": "db", "image": "example.invalid/db:1"}]},
+                // Scheduled only once the test labels a node for this namespace.
+                "spec": {
+                    "containers": [{"name": "db", "image": "example.invalid/db:1"}],
+                    "nodeSelector": {NODE_LABEL: db.namespace()},
+                },
             },
         },
     }))
@@ -227,6 +237,35 @@ async fn ready_follows_the_child_status_without_a_reconcile_override() {
     )
     .await
     .unwrap();
+    // No node takes its pods yet: the first pass finds no ready replica.
+    idem_tests::eventually("the Database Reconciling", || async {
+        let db = dbs.get("db").await.map_err(|e| e.to_string())?;
+        let reconciling = condition(&db, "Reconciling").is_some_and(|c| c.status == "True");
+        reconciling.then_some(()).ok_or(format!("{:?}", db.status))
+    })
+    .await;
+    // Now a fake node takes them; only the StatefulSet's status changes can tell the Database.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let fake = (nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter())
+    .find(|n| {
+        n.annotations()
+            .contains_key(idem_tests::KWOK_NODE_ANNOTATION)
+    })
+    .expect("a fake node");
+    let label = json!({"metadata": {"labels": {NODE_LABEL: ns}}});
+    nodes
+        .patch(
+            &fake.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(label),
+        )
+        .await
+        .unwrap();
     let before = tokio::time::timeout(WAIT, seen)
         .await
         .unwrap_or_else(|_| panic!("the Database did not become Ready within {WAIT:?}"))
