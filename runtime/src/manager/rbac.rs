@@ -129,6 +129,24 @@ pub(crate) fn notes(rules: &[PolicyRule], namespace: &str) -> Vec<String> {
     notes
 }
 
+/// `note` as YAML comment lines of at most 94 characters.
+pub(crate) fn comment(note: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::from("#");
+    for word in note.split(' ') {
+        if line.len() + word.len() > 92 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
 /// `rules` with those of the same API groups, verbs and names in one, resources sorted and
 /// each once; the rules in the order of their first appearance.
 pub fn merged(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
@@ -310,6 +328,16 @@ mod tests {
             "{note:?}"
         );
         let note = notes(&[], "kube-system");
+        let lines = comment(&note[0]);
+        assert!(lines.lines().count() > 1, "{lines}");
+        assert!(
+            lines.lines().all(|l| l.starts_with("# ") && l.len() <= 94),
+            "{lines}"
+        );
+        assert_eq!(
+            lines.replace("\n# ", " ").trim_end(),
+            format!("# {}", note[0])
+        );
         assert!(
             note.len() == 1 && note[0].contains("kube-system"),
             "{note:?}"
