@@ -9,6 +9,7 @@
 #[path = "../examples/base_tenant.rs"]
 mod base_tenant;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenants};
@@ -135,6 +136,37 @@ fn impersonating(user: &str) -> std::path::PathBuf {
     path
 }
 
+/// A manager's options as the ServiceAccount `name` of `namespace` (impersonated), its Leases
+/// there, in a shard ring of one (the member Lease, the ring's guard, the server's
+/// `shardSelector` probe), its `/metrics` on `metrics_addr`.
+fn ring_of_one_as(namespace: &str, name: &str, metrics_addr: SocketAddr) -> ManagerOptions {
+    ManagerOptions {
+        kubeconfig: Some(impersonating(&format!(
+            "system:serviceaccount:{namespace}:{name}"
+        ))),
+        leader_elect_namespace: Some(namespace.to_owned()),
+        shards: true,
+        identity: Some("a".into()),
+        metrics_addr,
+        health_addr: free_addr(),
+        ..ManagerOptions::default()
+    }
+}
+
+/// Asserts that the manager's request counter in `/metrics` text `text` counts requests and
+/// none answered 403.
+fn assert_none_refused(text: &str) {
+    let sent: Vec<&str> = (text.lines())
+        .filter(|l| l.starts_with("idem_rest_client_requests_total{"))
+        .collect();
+    assert!(!sent.is_empty(), "the manager counts its requests: {text}");
+    let refused: Vec<&&str> = sent.iter().filter(|l| l.contains("\"403\"")).collect();
+    assert!(
+        refused.is_empty(),
+        "requests forbidden to the account `rbac` printed: {refused:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_runs_on_the_rbac_it_prints() {
     let client = shared().client();
@@ -143,18 +175,7 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
     // One ServiceAccount and ClusterRole per run of this test: the name is the manager's.
     let name = unique_name("base-tenant");
     let metrics_addr = free_addr();
-    let options = ManagerOptions {
-        kubeconfig: Some(impersonating(&format!(
-            "system:serviceaccount:{namespace}:{name}"
-        ))),
-        leader_elect_namespace: Some(namespace.clone()),
-        // A ring of one: the member Lease, the ring's guard, the server's shardSelector probe.
-        shards: true,
-        identity: Some("a".into()),
-        metrics_addr,
-        health_addr: free_addr(),
-        ..ManagerOptions::default()
-    };
+    let options = ring_of_one_as(&namespace, &name, metrics_addr);
     let manager = Manager::new(name.clone(), options).add(Reconciles::new(BaseTenants));
     let mut objects = manager.rbac(&namespace);
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
@@ -257,15 +278,7 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
         .expect("the manager's /metrics");
     let _ = stop.send(());
     let _ = tokio::time::timeout(TIMEOUT, task).await;
-    let sent: Vec<&str> = (text.lines())
-        .filter(|l| l.starts_with("idem_rest_client_requests_total{"))
-        .collect();
-    assert!(!sent.is_empty(), "the manager counts its requests: {text}");
-    let refused: Vec<&&str> = sent.iter().filter(|l| l.contains("\"403\"")).collect();
-    assert!(
-        refused.is_empty(),
-        "requests forbidden to the account `rbac` printed: {refused:?}"
-    );
+    assert_none_refused(&text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,17 +288,7 @@ async fn a_sharded_manager_whose_kind_owns_no_namespaces_runs_on_the_rbac_it_pri
     let namespace = create_namespace(&client, "notes").await.unwrap();
     let name = unique_name("notes");
     let metrics_addr = free_addr();
-    let options = ManagerOptions {
-        kubeconfig: Some(impersonating(&format!(
-            "system:serviceaccount:{namespace}:{name}"
-        ))),
-        leader_elect_namespace: Some(namespace.clone()),
-        shards: true,
-        identity: Some("a".into()),
-        metrics_addr,
-        health_addr: free_addr(),
-        ..ManagerOptions::default()
-    };
+    let options = ring_of_one_as(&namespace, &name, metrics_addr);
     let manager = Manager::new(name.clone(), options)
         .add(Reconciles::new(Notes))
         .installing_crds();
@@ -320,10 +323,7 @@ async fn a_sharded_manager_whose_kind_owns_no_namespaces_runs_on_the_rbac_it_pri
         .expect("the manager's /metrics");
     let _ = stop.send(());
     let _ = tokio::time::timeout(TIMEOUT, task).await;
-    let refused: Vec<&str> = (text.lines())
-        .filter(|l| l.starts_with("idem_rest_client_requests_total{") && l.contains("\"403\""))
-        .collect();
-    assert!(refused.is_empty(), "requests refused: {refused:?}");
+    assert_none_refused(&text);
     // The ring's probe of the server's shardSelector answered (1 or 0, not missing).
     assert!(
         text.lines()
