@@ -478,7 +478,10 @@ fn normalised(mut v: Value) -> Value {
 }
 
 /// Removes from the `fieldsV1` set `from` what `owned` owns: a leaf of `owned` (a value owned
-/// whole) takes the whole node; a path is followed; what is left empty is removed.
+/// whole) takes the whole node; a path is followed, and the node's own member (`.`, the map or
+/// list itself) goes too, as a field `owned` holds below it needs it to exist; what is left
+/// empty is removed. (An apply that respells a quantity below a map drops the map's `.` from
+/// our create's `Update` entry: ownership moves between our own entries, no value changes.)
 fn subtract(from: &mut Value, owned: &Value) {
     let (Some(f), Some(o)) = (from.as_object_mut(), owned.as_object()) else {
         return;
@@ -491,6 +494,9 @@ fn subtract(from: &mut Value, owned: &Value) {
         if ov.as_object().is_some_and(|m| m.is_empty()) {
             f.remove(k);
         } else {
+            if let Some(m) = fv.as_object_mut() {
+                m.remove(".");
+            }
             subtract(fv, ov);
             if fv.as_object().is_some_and(|m| m.is_empty()) {
                 f.remove(k);
