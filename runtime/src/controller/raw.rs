@@ -8,39 +8,29 @@
 //! whole (idem's own, see [`crate::apply::ChildCaches`]).
 
 use std::borrow::Cow;
-use std::marker::PhantomData;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::core::DynamicResourceScope;
+use kube::core::{ApiResource, DynamicResourceScope};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-/// An object of kind `C`: its metadata, and the whole object as JSON text.
-pub(crate) struct Raw<C> {
+/// An object of any kind: its metadata, and the whole object as JSON text. Its kind is the
+/// [`ApiResource`] of its [`kube::Api`], so every child kind shares one watch's code.
+#[derive(Clone)]
+pub(crate) struct Raw {
     meta: ObjectMeta,
     text: Box<RawValue>,
-    kind: PhantomData<fn() -> C>,
 }
 
-impl<C> Raw<C> {
+impl Raw {
     /// The whole object as the API server sent it (JSON).
     pub(crate) fn text(&self) -> &str {
         self.text.get()
     }
 }
 
-impl<C> Clone for Raw<C> {
-    fn clone(&self) -> Self {
-        Self {
-            meta: self.meta.clone(),
-            text: self.text.clone(),
-            kind: PhantomData,
-        }
-    }
-}
-
-impl<C> std::fmt::Debug for Raw<C> {
+impl std::fmt::Debug for Raw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Raw")
             .field("namespace", &self.meta.namespace)
@@ -50,7 +40,7 @@ impl<C> std::fmt::Debug for Raw<C> {
     }
 }
 
-impl<'de, C> Deserialize<'de> for Raw<C> {
+impl<'de> Deserialize<'de> for Raw {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         /// The metadata alone; every other field is skipped without being decoded.
         #[derive(Deserialize)]
@@ -62,37 +52,33 @@ impl<'de, C> Deserialize<'de> for Raw<C> {
         let meta = serde_json::from_str::<MetaOnly>(text.get())
             .map_err(serde::de::Error::custom)?
             .metadata;
-        Ok(Self {
-            meta,
-            text,
-            kind: PhantomData,
-        })
+        Ok(Self { meta, text })
     }
 }
 
-impl<C: Resource<DynamicType = ()>> Resource for Raw<C> {
-    type DynamicType = ();
-    /// Either: the [`kube::Api`] of a `Raw<C>` is built from the caller's `Api<C>`.
+impl Resource for Raw {
+    type DynamicType = ApiResource;
+    /// Either: the [`kube::Api`] of a `Raw` is built from the caller's `Api<C>`.
     type Scope = DynamicResourceScope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
-        C::kind(dt)
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.kind)
     }
 
-    fn group(dt: &()) -> Cow<'_, str> {
-        C::group(dt)
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.group)
     }
 
-    fn version(dt: &()) -> Cow<'_, str> {
-        C::version(dt)
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.version)
     }
 
-    fn api_version(dt: &()) -> Cow<'_, str> {
-        C::api_version(dt)
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.api_version)
     }
 
-    fn plural(dt: &()) -> Cow<'_, str> {
-        C::plural(dt)
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.plural)
     }
 
     fn meta(&self) -> &ObjectMeta {
@@ -104,14 +90,18 @@ impl<C: Resource<DynamicType = ()>> Resource for Raw<C> {
     }
 }
 
-/// The same collection as `api`, decoding objects as [`Raw`].
-pub(crate) fn raw_api<C: Resource<DynamicType = ()>>(api: kube::Api<C>) -> kube::Api<Raw<C>> {
+/// The same collection as `api`, decoding objects as [`Raw`], and its kind.
+pub(crate) fn raw_api<C: Resource<DynamicType = ()>>(
+    api: kube::Api<C>,
+) -> (kube::Api<Raw>, ApiResource) {
+    let resource = ApiResource::erase::<C>(&());
     let namespace = api.namespace().map(str::to_owned);
     let client = api.into_client();
-    match namespace {
-        Some(ns) => kube::Api::namespaced_with(client, &ns, &()),
-        None => kube::Api::all_with(client, &()),
-    }
+    let raw = match namespace {
+        Some(ns) => kube::Api::namespaced_with(client, &ns, &resource),
+        None => kube::Api::all_with(client, &resource),
+    };
+    (raw, resource)
 }
 
 #[cfg(test)]
@@ -127,17 +117,17 @@ mod tests {
         let obj = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding","metadata":{"name":"b","namespace":"ns","uid":"u1","resourceVersion":"7"},"subjects":[{"kind":"User","name":"alice"}],"roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"view"}}"#;
         let line = format!(r#"{{"type":"ADDED","object":{obj}}}"#);
         let WatchEvent::Added(raw) =
-            serde_json::from_str::<WatchEvent<Raw<RoleBinding>>>(&line).expect("decodes")
+            serde_json::from_str::<WatchEvent<Raw>>(&line).expect("decodes")
         else {
             panic!("an ADDED event");
         };
         assert_eq!(raw.meta().uid.as_deref(), Some("u1"));
         assert_eq!(raw.text(), obj);
         let list = format!(r#"{{"metadata":{{"resourceVersion":"9"}},"items":[{obj}]}}"#);
-        let list: ObjectList<Raw<RoleBinding>> = serde_json::from_str(&list).expect("decodes");
+        let list: ObjectList<Raw> = serde_json::from_str(&list).expect("decodes");
         assert_eq!(list.items[0].meta().name.as_deref(), Some("b"));
         assert_eq!(
-            Raw::<RoleBinding>::url_path(&(), Some("ns")),
+            Raw::url_path(&ApiResource::erase::<RoleBinding>(&()), Some("ns")),
             RoleBinding::url_path(&(), Some("ns"))
         );
     }

@@ -10,12 +10,14 @@ use futures::{StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher as watch_fn;
 use kube::runtime::watcher::{self, Event};
+use kube::core::ApiResource;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
+use super::raw::Raw;
 use crate::backoff::watch_backoff;
 use crate::cache::{ChildCaches, CompactStore, Origin, Seen};
 use crate::key::{ObjectKey, Owners, SharedStrings, TenantKey};
@@ -311,34 +313,43 @@ pub(crate) fn child<K, C>(
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     K::Scope: 'static,
-    C: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    C: Resource<DynamicType = ()>,
+{
+    let (api, resource) = super::raw::raw_api(api);
+    raw_child(api, resource, config, options, shared)
+}
+
+/// [`child`] of the kind `resource`, one body for every child kind.
+fn raw_child<K>(
+    api: Api<Raw>,
+    resource: ApiResource,
+    config: watcher::Config,
+    options: OwnsOptions,
+    shared: Arc<Shared<K>>,
+) -> WatchTask
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K::Scope: 'static,
 {
     let (tx, synced) = watch::channel(false);
     let options = OwnsOptions {
         reads_status: options.reads_status
             || shared
                 .reads_status
-                .has_kind(&C::api_version(&()), &C::kind(&())),
+                .has_kind(&resource.api_version, &resource.kind),
     };
     let run = async move {
         // Decoded as metadata plus text: the content of an object that is not ours is never
         // decoded (see `Raw`).
-        let stream = watch_backoff(relisting(super::raw::raw_api(api), config));
+        let stream = watch_backoff(relisting(api, config));
         let mut first_list = true;
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
         let store = shared.caches.as_ref().map(|caches| {
             Arc::new(
                 CompactStore::new(
-                    &C::api_version(&()),
-                    &C::kind(&()),
+                    &resource.api_version,
+                    &resource.kind,
                     options.reads_status,
                     shared.record_of.as_ref().map(|_| caches.trust()),
                 )
@@ -360,7 +371,7 @@ where
             let event = match event {
                 Ok(event) => event,
                 Err(e) => {
-                    tracing::warn!(error = %e, kind = %C::kind(&()), "child watch error");
+                    tracing::warn!(error = %e, kind = %resource.kind, "child watch error");
                     if not_established(&e) {
                         tx.send_replace(false);
                     }
@@ -393,7 +404,7 @@ where
                         Some(store) => {
                             vanished.extend(store.init_done().into_iter().map(|gone| {
                                 let key = ObjectKey {
-                                    kind: C::kind(&()).as_ref().into(),
+                                    kind: resource.kind.as_str().into(),
                                     namespace: gone.namespace.map(Into::into),
                                     name: gone.name.into(),
                                 };
@@ -449,7 +460,11 @@ where
                             (strings.key(&owner, true), strings.tenant(&tenant))
                         })
                         .collect();
-                (strings.key(&key_of(&obj), false), strings.owners(&owners))
+                let key = match obj.meta().namespace.as_deref() {
+                    Some(ns) => ObjectKey::namespaced(&resource.kind, ns, &obj.name_any()),
+                    None => ObjectKey::cluster(&resource.kind, &obj.name_any()),
+                };
+                (strings.key(&key, false), strings.owners(&owners))
             };
             if owners.is_empty() {
                 // A child that mapped to owners before and maps to none now (someone removed
