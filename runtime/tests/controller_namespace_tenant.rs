@@ -4,6 +4,7 @@
 //! namespace's name nor the object's own label), its children are labelled with that tenant,
 //! and once converged a pass makes no request: none is dispatched for the controller's user,
 //! counted by the API server under a FlowSchema of that user's own, while whole passes run.
+//! Its watch of namespaces starts with a streaming list (no LIST).
 
 mod common;
 
@@ -16,6 +17,7 @@ use idem_runtime::apply::{DesiredChildren, Labels};
 use idem_runtime::controller::{Controller, ControllerConfig};
 use idem_runtime::metrics::Metrics;
 use idem_runtime::reconciler::{ChildKinds, Driver, ReconcileError, Reconciler};
+use idem_tests::metrics::requests;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ObjectMeta, PostParams};
@@ -155,6 +157,7 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         resync_period: Duration::from_millis(200),
         ..ControllerConfig::default()
     });
+    let lists_before = idem_tests::shared().metrics().await.expect("metrics");
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(
         Driver::new(client.clone(), Notebooks).run(controller, async {
@@ -167,6 +170,14 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
         .await
         .expect("Ready in time")
         .unwrap();
+    // The namespace watch starts with a streaming list, as the controller's other watches.
+    let lists_after = idem_tests::shared().metrics().await.expect("metrics");
+    let listed = |m: &str| requests(m, "LIST", "", "namespaces");
+    assert_eq!(
+        listed(&lists_after) - listed(&lists_before),
+        0,
+        "the namespace watch sent a LIST"
+    );
     let cm = Api::<ConfigMap>::namespaced(admin.clone(), &ns)
         .get("nb")
         .await

@@ -70,7 +70,10 @@ where
     pub fn for_derived(api: Api<K>, watcher_config: watcher::Config) -> Self {
         let mut c = Self::new(api, watcher_config).label_names(Labels::of::<K>());
         if let TenantRule::NamespaceLabel(label) = K::TENANT_RULE {
-            c.namespaces = Some((NamespaceTenants::new(label), watcher::Config::default()));
+            c.namespaces = Some((
+                NamespaceTenants::new(label),
+                watcher::Config::default().streaming_lists(),
+            ));
         }
         c.tenant_of = tenant_fn::<K>(c.namespaces.as_ref().map(|(n, _)| n.clone()));
         c.change_of = Some(Arc::new(change_fingerprint::<K>));

@@ -13,11 +13,11 @@ use std::sync::{Arc, RwLock};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PartialObjectMeta};
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::watch::{WatchTask, not_established};
+use super::watch::{WatchTask, not_established, relisting};
 use crate::backoff::watch_backoff;
 use crate::key::TenantKey;
 use crate::resource::TenantError;
@@ -155,9 +155,10 @@ impl NamespaceTenants {
         let this = self.clone();
         let synced = self.synced.clone();
         let run = async move {
-            // Metadata-only requests (`PartialObjectMetadata`).
+            // Metadata-only requests (`PartialObjectMetadata`), started over as the other
+            // watches are ([`relisting`]: a streaming list refused is listed by pages).
             let api = Api::<PartialObjectMeta<Namespace>>::all(client);
-            let stream = watch_backoff(watcher(api, config));
+            let stream = watch_backoff(relisting(api, config));
             futures::pin_mut!(stream);
             // A relist's namespaces, swapped in at its end (one missing from it is gone).
             let mut listing: Option<HashMap<String, TenantKey>> = None;

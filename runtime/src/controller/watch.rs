@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
+use kube::core::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher as watch_fn;
 use kube::runtime::watcher::{self, Event};
-use kube::core::ApiResource;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
