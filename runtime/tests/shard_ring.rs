@@ -2,12 +2,15 @@
 //! them seeing every Lease request delayed by seconds (less than the lease duration, more
 //! than a round), keeps its place in the ring: no member hands over, every member keeps
 //! working on the ring of three, and the slow member's Lease goes on being renewed for longer
-//! than a lease duration. The test plays the manager's part of a handover
+//! than a lease duration. And no two members ever have an open fence on a common bucket:
+//! not when someone else deletes or edits a member's Lease, nor when a second process of one
+//! identity starts beside a stalled first. The test plays the manager's part of a handover
 //! ([`Membership::stopped`] when told to stop), as idem-runtime's manager does.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::shard::Ring;
 use idem_runtime::shard::membership::{Membership, MembershipMetrics, lease_name};
 use idem_tests::faults::Faults;
 use idem_tests::{create_namespace, eventually, shared, unique_name};
@@ -276,4 +279,248 @@ async fn slow_member_stays(latency: Duration, fence_usable: bool) {
             membership.leave().await;
         }
     }
+}
+
+// No object is written by two replicas at once: members' shares with an open fence never
+// overlap, whatever others do to their Leases.
+
+/// Whether `m` works on a ring (not refused) with its write fence open, and that ring.
+fn writing(m: &Member) -> Option<Ring> {
+    let a = m.membership.assignments().borrow().clone();
+    match a.ring {
+        Some(r) if a.refused.is_none() && m.membership.fence().is_valid() => Some(r),
+        _ => None,
+    }
+}
+
+/// Whether two writing members' shares overlap (an object both may write at this instant).
+fn overlap(x: &Member, y: &Member) -> Option<String> {
+    let (rx, ry) = (writing(x)?, writing(y)?);
+    let (sx, sy) = (rx.ranges_of(x.identity), ry.ranges_of(y.identity));
+    let both: Vec<usize> = sx
+        .buckets()
+        .filter(|b| sy.buckets().any(|c| c == *b))
+        .collect();
+    (!both.is_empty()).then(|| {
+        format!(
+            "{} (ring {:?}) and {} (ring {:?}) both have an open fence on {} common buckets",
+            x.identity,
+            rx.members(),
+            y.identity,
+            ry.members(),
+            both.len()
+        )
+    })
+}
+
+/// Waits until the Lease `name` changes (its holder renewed it) and returns at once.
+async fn just_renewed(leases: &Api<Lease>, name: &str) {
+    let first = leases.get(name).await.unwrap().metadata.resource_version;
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Ok(Some(l)) = leases.get_opt(name).await
+            && l.metadata.resource_version != first
+        {
+            return;
+        }
+    }
+}
+
+/// Someone else (an admin cleaning Leases) deletes the member Lease of c right after c
+/// renewed it. c's fence, extended from its own renewals, stays open for up to a lease
+/// duration: a keeps c in the ring that long (c recreates its Lease at its next renewal), and
+/// never works on c's share while c may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lease_deleted_by_someone_else_gives_no_second_writer() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("del-ring");
+    let a = Member::start(plain(), &ring, &ns, "ring-a");
+    let c = Member::start(plain(), &ring, &ns, "ring-c");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let c_lease = lease_name(&ring, "ring-c");
+    for trial in 0..3 {
+        eventually("both working on the ring of two", || async {
+            a.working(2)?;
+            c.working(2)
+        })
+        .await;
+        just_renewed(&leases, &c_lease).await;
+        leases
+            .delete(&c_lease, &Default::default())
+            .await
+            .expect("deleting c's Lease");
+        let deleted = std::time::Instant::now();
+        while deleted.elapsed() < Duration::from_secs(6) {
+            if let Some(why) = overlap(&a, &c) {
+                panic!(
+                    "trial {trial}, {:?} after c's Lease was deleted: two writers: {why}",
+                    deleted.elapsed()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        println!("trial {trial}: no overlap seen");
+    }
+}
+
+/// Two processes with the same identity: a1's Lease requests stall (a dead connection, a
+/// paused renewal loop) just after a good round, for longer than a round may wait
+/// (`LEASE_DURATION − CLOCK_SKEW`): its renewals never land and its fence closes. a2, started
+/// with the same identity, waits a whole lease duration without a renewal before it takes the
+/// Lease over: it never works beside a1, and works once a1's fence has closed; a1, its
+/// requests flowing again, finds its Lease taken and refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_the_same_identity_waits_for_a_stalled_first() {
+    same_identity(Duration::from_secs(12), Second::TakesOver).await;
+}
+
+/// The same, but a1's requests are only slow: each lands within a round's wait
+/// (`LEASE_DURATION − CLOCK_SKEW`), so a1 is alive and keeps its fence. a2 sees a1's Lease
+/// renewed while it looks and refuses, never working beside a1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_the_same_identity_refuses_beside_a_slow_first() {
+    same_identity(Duration::from_secs(9), Second::Refuses).await;
+}
+
+/// What the second process of an identity must end up doing.
+#[derive(PartialEq)]
+enum Second {
+    TakesOver,
+    Refuses,
+}
+
+/// a1 and b work on the ring of two; every Lease request of a1 then waits `latency` before it
+/// is sent, and a2 starts with a1's identity. For 20 s no two fences may be open on a common
+/// bucket; then, the requests flowing again, a2 and a1 end as `second` says.
+async fn same_identity(latency: Duration, second: Second) {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("dup-ring");
+    let faults = Faults::new();
+    let slow = {
+        let (faults, config) = (faults.clone(), shared().config());
+        move || {
+            faults
+                .client(config)
+                .expect("a client with the fault layer")
+        }
+    };
+    let a1 = Member::start(slow, &ring, &ns, "ring-a");
+    let b = Member::start(plain(), &ring, &ns, "ring-b");
+    eventually("both working on the ring of two", || async {
+        a1.working(2)?;
+        b.working(2)
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    just_renewed(&leases, &lease_name(&ring, "ring-a")).await;
+    faults.latency(latency);
+    let a2 = Member::start(plain(), &ring, &ns, "ring-a");
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if let Some(why) = overlap(&a1, &a2) {
+            panic!(
+                "{:?} after a2 started: two processes of identity ring-a write: {why}",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    faults.clear();
+    let refused = |m: &Member| m.membership.assignments().borrow().refused.is_some();
+    match second {
+        Second::TakesOver => {
+            eventually("a2 working beside b, a1 refusing", || async {
+                a2.working(2)?;
+                b.working(2)?;
+                refused(&a1)
+                    .then_some(())
+                    .ok_or("a1 does not refuse".to_string())
+            })
+            .await;
+        }
+        Second::Refuses => {
+            eventually("a1 working beside b, a2 refusing", || async {
+                a1.working(2)?;
+                b.working(2)?;
+                refused(&a2)
+                    .then_some(())
+                    .ok_or("a2 does not refuse".to_string())
+            })
+            .await;
+        }
+    }
+}
+
+/// The same with an edit instead of a deletion: someone sets c's `leaseDurationSeconds` to 1
+/// (what client-go's release writes). a counts c as a member for the lease duration every
+/// replica writes, as c's fence is extended by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lease_edited_by_someone_else_gives_no_second_writer() {
+    use kube::api::{Patch, PatchParams};
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("edit-ring");
+    let a = Member::start(plain(), &ring, &ns, "ring-a");
+    let c = Member::start(plain(), &ring, &ns, "ring-c");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let c_lease = lease_name(&ring, "ring-c");
+    for trial in 0..3 {
+        eventually("both working on the ring of two", || async {
+            a.working(2)?;
+            c.working(2)
+        })
+        .await;
+        just_renewed(&leases, &c_lease).await;
+        let patch = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
+        leases
+            .patch(&c_lease, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("editing c's Lease");
+        let edited = std::time::Instant::now();
+        while edited.elapsed() < Duration::from_secs(6) {
+            if let Some(why) = overlap(&a, &c) {
+                panic!(
+                    "trial {trial}, {:?} after c's Lease was edited: two writers: {why}",
+                    edited.elapsed()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        println!("trial {trial}: no overlap seen");
+    }
+}
+
+/// A replica started without `--shards` beside a live ring: its guard's first list of the
+/// member Leases fails once (a 500, a 429 at start-up). That tells nothing: the guard lists
+/// again and finds the ring live, so the manager never starts beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_whose_first_list_fails_still_finds_a_live_ring() {
+    use idem_runtime::shard::guard;
+    use idem_tests::faults::Schedule;
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("guard-ring");
+    let a = Member::start(plain(), &ring, &ns, "ring-a");
+    eventually("a working on the ring of one", || async { a.working(1) }).await;
+    let faults = Faults::new();
+    faults.server_errors(Schedule::Next(1));
+    let guard_client = faults.client(shared().config()).unwrap();
+    let mut seen = guard::start(guard_client, &ns, &ring);
+    let first = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let r = seen.borrow_and_update().clone();
+            if r != guard::Ring::Unknown {
+                return r;
+            }
+            seen.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the guard decided");
+    assert!(
+        matches!(first, guard::Ring::Live(_)),
+        "the guard said {first:?} while ring-a works on the ring"
+    );
 }

@@ -330,8 +330,11 @@ impl Leadership {
     }
 
     /// Stops the election loop and, if this replica still holds a valid lease, clears the
-    /// holder so a standby takes over at its next round (client-go's `ReleaseOnCancel`).
-    /// Failures are logged, not returned: the lease then expires by itself.
+    /// holder so a standby takes over at its next round (client-go's `ReleaseOnCancel`), once
+    /// every write the fence let through has ended ([`Fence::drained`]): a reconcile cancelled
+    /// at shutdown may have left one in flight, and the standby must not write beside it.
+    /// Failures are logged, not returned: the lease then expires by itself, as it does when
+    /// those writes do not end within the request timeout.
     pub async fn release(mut self) {
         let _ = self.stop.send(true);
         let _ = (&mut self.task).await;
@@ -339,6 +342,17 @@ impl Leadership {
             return;
         }
         self.fence.revoke();
+        if self.fence.writes_in_flight() > 0 {
+            tracing::info!(
+                writes = self.fence.writes_in_flight(),
+                "waiting for the writes in flight before releasing the leader Lease"
+            );
+        }
+        let drained = tokio::time::timeout(self.config.request_timeout(), self.fence.drained());
+        if drained.await.is_err() {
+            tracing::warn!("writes still in flight: the leader Lease is left to expire");
+            return;
+        }
         self.config.status.set(0);
         let name = self.config.lease_name.clone();
         let identity = self.config.identity.clone();

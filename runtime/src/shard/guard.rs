@@ -39,6 +39,16 @@ pub const GUARD_POLL: Duration = Duration::from_secs(5);
 /// started again from the last resourceVersion seen (no list).
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
+/// How long to wait before the next list: [`HANDSHAKE_POLL`] while the ring is not known
+/// yet (the start waits for it), else `poll`.
+fn unknown_or(tx: &watch::Sender<Ring>, poll: Duration) -> Duration {
+    if *tx.borrow() == Ring::Unknown {
+        HANDSHAKE_POLL
+    } else {
+        poll
+    }
+}
+
 /// What the guard found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ring {
@@ -71,15 +81,18 @@ pub fn start(client: Client, namespace: &str, ring: &str) -> watch::Receiver<Rin
                 Ok(Ok(list)) => (list.items, list.metadata.resource_version),
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, %namespace, "listing the shard ring's member Leases failed");
-                    if *tx.borrow() == Ring::Unknown {
-                        // Cannot tell (e.g. not allowed to list): do not block the start.
+                    let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
+                    if forbidden && *tx.borrow() == Ring::Unknown {
+                        // Cannot tell for good (not allowed to list): do not block the start.
                         tx.send_replace(Ring::None);
                     }
-                    tokio::time::sleep(GUARD_POLL).await;
+                    // A transient failure (a 500, a 429 at start-up) tells nothing: still
+                    // unknown, looked at again soon.
+                    tokio::time::sleep(unknown_or(&tx, GUARD_POLL)).await;
                     continue;
                 }
                 Err(_) => {
-                    tokio::time::sleep(GUARD_POLL).await;
+                    tokio::time::sleep(unknown_or(&tx, GUARD_POLL)).await;
                     continue;
                 }
             };

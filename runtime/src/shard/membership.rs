@@ -8,10 +8,14 @@
 //! live ones. The renewal is one request (a replace of the Lease as its last write returned
 //! it; only a conflict reads it again), and each waits at most [`ROUND_TIMEOUT`], the renewal
 //! deadline, so a server that answers slowly but within the lease still renews it: a late
-//! renewal is not a departure. A Lease is live while a list sent less than its
-//! `leaseDurationSeconds` after its record last changed still shows it, the change dated
-//! *on this replica's clock* (client-go's leader-election rule, no cross-node clock
-//! comparison; below, how a change is dated). A list vouches for the renewal answered before
+//! renewal is not a departure. A member is live while a list is sent less than
+//! [`LEASE_DURATION`] (what every replica writes, whatever its Lease says now) after its Lease
+//! last changed, the change dated *on this replica's clock* (client-go's leader-election
+//! rule, no cross-node clock comparison; below, how a change is dated). It stays live that
+//! long even when its Lease is deleted or edited by someone else meanwhile (an admin, a tool
+//! cleaning Leases): its fence, extended from its own renewals, stays open that long. Only its
+//! holder's own word ([`LEFT_ANNOTATION`]) ends it sooner, and a Lease counts only for the
+//! holder it is named after. A list vouches for the renewal answered before
 //! it was sent (the previous round's, or an earlier one), not for the one sent beside it: the
 //! members' acknowledgements it shows were read after that renewal was on the server. Then:
 //! - ring unchanged, running, and every other member's Lease still acknowledging it: the write
@@ -54,14 +58,16 @@
 //!
 //! A replica that renews its Lease but has not acknowledged a new ring keeps the others
 //! waiting; a replica paused past its lease duration finds its fence closed when it wakes and
-//! sees the new ring before its next write. On shutdown it deletes its Lease, so the others
-//! take over its share at their next round. Leases whose holder has been gone for three lease
+//! sees the new ring before its next write. On shutdown, once nothing of it writes any more,
+//! it writes that it left ([`LEFT_ANNOTATION`]), so the others take over its share at their
+//! next round, and deletes its Lease a round later. Leases unchanged for three lease
 //! durations are deleted by whichever member notices (guarded by `resourceVersion`).
 //!
 //! Each process writes an id of its own ([`INSTANCE_ANNOTATION`]) into its Lease. Two
 //! processes with the same identity would share one Lease and each work on the same share:
 //! a replica that finds its Lease renewed by another process — at start (renewed by another
-//! instance while it looks) or later (another instance's id in it) — refuses to work
+//! instance while it looks, for a whole lease duration unless that process wrote that it
+//! left) or later (another instance's id in it) — refuses to work
 //! ([`Assignment::refused`]) and stops renewing, leaving the Lease to the other.
 
 use std::collections::{BTreeMap, HashMap};
@@ -95,6 +101,10 @@ pub const MEMBER_LABEL: &str = "tenancy.idem.dev/shard-ring";
 pub const APPLIED_ANNOTATION: &str = "tenancy.idem.dev/applied-ring";
 /// Annotation of a member Lease: the id of the process that renews it (one per start).
 pub const INSTANCE_ANNOTATION: &str = "tenancy.idem.dev/instance";
+/// Annotation of a member Lease: the id of the process that left the ring, written by that
+/// process once nothing of it writes any more; equal to [`INSTANCE_ANNOTATION`], the other
+/// members drop its holder at once instead of when its last renewal expires.
+pub const LEFT_ANNOTATION: &str = "tenancy.idem.dev/left";
 /// What follows the ring's name in a member Lease's name (`<ring>-shard-<identity>`).
 pub const LEASE_INFIX: &str = "-shard-";
 /// Longest wait for one Lease request outside the rounds (reading the Lease at start,
@@ -235,6 +245,7 @@ impl Membership {
                         own: None,
                         metrics,
                         observed: HashMap::new(),
+                        members: HashMap::new(),
                         applied: String::new(),
                         running: None,
                         last_renewal: None,
@@ -321,6 +332,9 @@ struct Member {
     metrics: MembershipMetrics,
     /// Per Lease name: its last resourceVersion and when (this replica's clock) it changed.
     observed: HashMap<String, (Option<String>, Instant)>,
+    /// Per member (holder identity): its last renewal seen and its acknowledgement, kept
+    /// after its Lease is gone or edited until that renewal expires.
+    members: HashMap<String, Seen>,
     /// The ring version this replica acknowledged last.
     applied: String,
     /// The ring version it works on.
@@ -360,16 +374,80 @@ impl Member {
         if self.assignment.borrow().refused.is_some() {
             return;
         }
-        let deleted = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            self.api.delete(&self.name, &DeleteParams::default()),
-        )
-        .await;
+        // The others drop this replica at their next round once they read that it left;
+        // one that does not read it before the Lease is gone waits for its last renewal to
+        // expire instead.
+        let marked = tokio::time::timeout(REQUEST_TIMEOUT, self.mark_left()).await;
+        let precondition = match marked {
+            // Another process's Lease now: not this replica's to delete.
+            Ok(Ok(None)) => return,
+            Ok(Ok(rv)) => {
+                tokio::time::sleep(RETRY_PERIOD + HANDSHAKE_POLL).await;
+                Some(Preconditions {
+                    resource_version: rv,
+                    uid: None,
+                })
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not write that this replica left the ring");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("writing that this replica left the ring timed out");
+                None
+            }
+        };
+        let dp = DeleteParams {
+            preconditions: precondition,
+            ..DeleteParams::default()
+        };
+        let deleted = tokio::time::timeout(REQUEST_TIMEOUT, self.api.delete(&self.name, &dp)).await;
         match deleted {
             Ok(Ok(_)) => tracing::info!(lease = %self.name, "left the shard ring"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not delete the member Lease"),
             Err(_) => tracing::warn!("deleting the member Lease timed out"),
         }
+    }
+
+    /// Writes [`LEFT_ANNOTATION`] into this replica's Lease (once nothing of it writes any
+    /// more); returns the Lease's new resourceVersion.
+    async fn mark_left(&mut self) -> Result<Option<String>, kube::Error> {
+        let mut lease = match self.own.take() {
+            Some(own) => own,
+            None => match self.api.get_opt(&self.name).await? {
+                Some(lease) if instance_of(&lease) == Some(self.instance.as_str()) => lease,
+                _ => return Ok(None),
+            },
+        };
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(LEFT_ANNOTATION.into(), self.instance.clone());
+        let written = match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Written since (a renewal that timed out here but reached the server).
+                match self.api.get_opt(&self.name).await? {
+                    Some(mut fresh) if instance_of(&fresh) == Some(self.instance.as_str()) => {
+                        fresh
+                            .metadata
+                            .annotations
+                            .get_or_insert_with(BTreeMap::new)
+                            .insert(LEFT_ANNOTATION.into(), self.instance.clone());
+                        self.api
+                            .replace(&self.name, &PostParams::default(), &fresh)
+                            .await?
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            other => other?,
+        };
+        Ok(written.metadata.resource_version)
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
@@ -418,8 +496,14 @@ impl Member {
 
     /// At start: `Some(why)` when this replica's Lease exists, carries another process's id
     /// and is renewed while this one looks (another replica runs with the same identity).
-    /// A Lease left by a previous process of this identity (a restart) is not renewed any
-    /// more: it is taken over after at most a few rounds of looking.
+    ///
+    /// A Lease left by a previous process of this identity is taken over once it is known
+    /// that nothing of that process writes any more: at once when that process wrote that it
+    /// left ([`LEFT_ANNOTATION`]); else once a read sent a whole [`LEASE_DURATION`] after the
+    /// first read was answered still shows it unchanged (or gone). Its fence, extended from a
+    /// renewal sent before that first answer, has closed by then, whatever the clocks of
+    /// the two nodes say: a process that stopped renewing (a crash, or its Lease requests
+    /// stalled) is waited for as long as its fence may stay open.
     async fn renewed_by_another(&self) -> Option<String> {
         let get = || async {
             match tokio::time::timeout(REQUEST_TIMEOUT, self.api.get_opt(&self.name)).await {
@@ -437,26 +521,24 @@ impl Member {
                 }
             }
         };
-        if instance_of(&first) == Some(self.instance.as_str()) {
+        if instance_of(&first) == Some(self.instance.as_str()) || left(&first) {
             return None;
         }
-        let fresh = first
-            .spec
-            .as_ref()
-            .and_then(|s| s.renew_time.as_ref())
-            .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
-            .is_none_or(|ago| ago < LEASE_DURATION);
-        if !fresh {
-            return None;
-        }
-        // A live holder renews every RETRY_PERIOD (every HANDSHAKE_POLL while it waits).
-        let deadline = Instant::now() + 2 * RETRY_PERIOD + HANDSHAKE_POLL;
-        while Instant::now() < deadline {
+        let deadline = Instant::now() + LEASE_DURATION;
+        tracing::info!(lease = %self.name, instance = instance_of(&first).unwrap_or("unknown"),
+            "the member Lease is another process's: waiting a lease duration for it to be renewed or left");
+        loop {
             tokio::time::sleep(HANDSHAKE_POLL).await;
-            let Ok(Some(now)) = get().await else {
-                continue;
+            let sent = Instant::now();
+            let now = match get().await {
+                Ok(Some(now)) => now,
+                Ok(None) if sent >= deadline => return None,
+                Ok(None) | Err(_) => continue,
             };
             if now.metadata.resource_version != first.metadata.resource_version {
+                if left(&now) {
+                    return None;
+                }
                 return Some(format!(
                     "member Lease {} is renewed by another process with identity {} (instance {}): \
                      two replicas have the same identity",
@@ -465,8 +547,10 @@ impl Member {
                     instance_of(&now).unwrap_or("unknown")
                 ));
             }
+            if sent >= deadline {
+                return None;
+            }
         }
-        None
     }
 
     /// Stops for good: the fence closes, the controllers stop, and the Lease is left alone.
@@ -645,8 +729,15 @@ impl Member {
     }
 
     /// The ring of live members (this replica included) and each member's acknowledged ring,
-    /// from `leases` listed at `list_sent`; deletes Leases dead for [`GC_AFTER`] lease
+    /// from `leases` listed at `list_sent`; deletes Leases unchanged for [`GC_AFTER`] lease
     /// durations and sets [`Member::next_expiry`].
+    ///
+    /// A member is live for [`LEASE_DURATION`] after the last change of its Lease, whatever
+    /// happens to the Lease meanwhile: its fence, extended from its own answered renewals,
+    /// stays open that long, so a Lease deleted, edited (its `leaseDurationSeconds`, its
+    /// holder, its label) or being deleted by someone else does not end its membership
+    /// sooner. Only its holder's own word does ([`left`]). A Lease counts only for the
+    /// holder it is named after ([`lease_name`]): a copy under another name is nobody's.
     async fn live(
         &mut self,
         leases: &[Lease],
@@ -655,9 +746,8 @@ impl Member {
         let now = Instant::now();
         let previous_list = self.previous_list.replace(list_sent);
         self.next_expiry = None;
-        let mut members = vec![self.identity.clone()];
-        let mut acks = BTreeMap::new();
         let mut seen = Vec::new();
+        let mut dead = Vec::new();
         for lease in leases {
             let Some(name) = lease.metadata.name.clone() else {
                 continue;
@@ -675,43 +765,75 @@ impl Member {
                 _ => now,
             };
             self.observed.insert(name.clone(), (rv.clone(), changed_at));
-            if name == self.name || lease.metadata.deletion_timestamp.is_some() {
+            if name == self.name {
                 continue;
             }
-            let spec = lease.spec.clone().unwrap_or_default();
-            let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
+            if list_sent.saturating_duration_since(changed_at) >= LEASE_DURATION * GC_AFTER {
+                dead.push((name, rv));
+                continue;
+            }
+            let holder = (lease.spec.as_ref())
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty() && lease_name(&self.ring, h) == name);
+            let Some(holder) = holder else {
                 continue;
             };
-            let duration = member_lease_duration(spec.lease_duration_seconds);
-            // Unchanged at least until this list was sent (the server answered it later): a
-            // slow list does not add its own latency to a member's silence.
-            let quiet = list_sent.saturating_duration_since(changed_at);
-            if quiet < duration {
-                let expiry = changed_at + duration;
-                self.next_expiry = Some(self.next_expiry.map_or(expiry, |e| e.min(expiry)));
-                members.push(holder.clone());
-                if let Some(v) = lease
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(APPLIED_ANNOTATION))
-                {
-                    acks.insert(holder, v.clone());
-                }
-            } else if quiet >= duration * GC_AFTER {
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        resource_version: rv,
-                        uid: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                if self.api.delete(&name, &dp).await.is_ok() {
-                    tracing::info!(lease = %name, %holder, "deleted a dead member's Lease");
-                }
+            let instance = instance_of(lease).map(str::to_owned);
+            if left(lease)
+                && (self.members.get(&holder))
+                    .is_none_or(|m| m.instance.is_none() || m.instance == instance)
+            {
+                // Its holder left: nothing of it writes any more.
+                self.members.remove(&holder);
+                continue;
             }
+            if lease.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let ack = (lease.metadata.annotations.as_ref())
+                .and_then(|a| a.get(APPLIED_ANNOTATION))
+                .cloned();
+            let member = self.members.entry(holder).or_insert(Seen {
+                changed_at,
+                instance: None,
+                ack: None,
+            });
+            member.changed_at = member.changed_at.max(changed_at);
+            member.instance = instance;
+            member.ack = ack;
         }
         self.observed.retain(|n, _| seen.contains(n));
+        for (name, rv) in dead {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: rv,
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let deleted = tokio::time::timeout(REQUEST_TIMEOUT, self.api.delete(&name, &dp)).await;
+            if let Ok(Ok(_)) = deleted {
+                tracing::info!(lease = %name, "deleted a dead member's Lease");
+            }
+        }
+        let mut members = vec![self.identity.clone()];
+        let mut acks = BTreeMap::new();
+        let mut next_expiry = None::<Instant>;
+        self.members.retain(|holder, m| {
+            // Unchanged at least until this list was sent (the server answered it later): a
+            // slow list does not add its own latency to a member's silence.
+            if list_sent.saturating_duration_since(m.changed_at) >= LEASE_DURATION {
+                return false;
+            }
+            let expiry = m.changed_at + LEASE_DURATION;
+            next_expiry = Some(next_expiry.map_or(expiry, |e| e.min(expiry)));
+            members.push(holder.clone());
+            if let Some(ack) = &m.ack {
+                acks.insert(holder.clone(), ack.clone());
+            }
+            true
+        });
+        self.next_expiry = next_expiry;
         (Ring::new(members), acks)
     }
 
@@ -768,11 +890,9 @@ impl Member {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(APPLIED_ANNOTATION.into(), self.applied.clone());
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(INSTANCE_ANNOTATION.into(), self.instance.clone());
+        let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(INSTANCE_ANNOTATION.into(), self.instance.clone());
+        annotations.remove(LEFT_ANNOTATION);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
             spec.acquire_time = Some(now.clone());
@@ -806,6 +926,24 @@ impl From<kube::Error> for Renewal {
     fn from(e: kube::Error) -> Self {
         Self::Failed(e)
     }
+}
+
+/// What a replica knows of another member.
+struct Seen {
+    /// When its Lease last changed (this replica's clock; see [`changed_at`]).
+    changed_at: Instant,
+    /// Its process ([`INSTANCE_ANNOTATION`]) then.
+    instance: Option<String>,
+    /// The ring it acknowledged then ([`APPLIED_ANNOTATION`]).
+    ack: Option<String>,
+}
+
+/// Whether the process that renews `lease` wrote that it left the ring
+/// ([`LEFT_ANNOTATION`] equal to [`INSTANCE_ANNOTATION`]).
+fn left(lease: &Lease) -> bool {
+    let annotations = lease.metadata.annotations.as_ref();
+    let get = |key: &str| annotations.and_then(|a| a.get(key));
+    get(LEFT_ANNOTATION).is_some_and(|l| Some(l) == get(INSTANCE_ANNOTATION))
 }
 
 /// The process id in a member Lease ([`INSTANCE_ANNOTATION`]).
@@ -854,26 +992,9 @@ fn changed_at(
         .min(now)
 }
 
-/// How long a member's Lease counts without a change: its `leaseDurationSeconds`, capped at
-/// [`LEASE_SECONDS`] (what every replica writes). A longer duration is not a replica's: a Lease
-/// forged with, say, `2147483647` would otherwise count as a live member for ever and stall
-/// every replica's handshake.
-fn member_lease_duration(seconds: Option<i32>) -> Duration {
-    let seconds = u64::try_from(seconds.unwrap_or(0)).unwrap_or(0);
-    Duration::from_secs(seconds.min(LEASE_SECONDS))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_members_lease_counts_at_most_the_replicas_own_duration() {
-        assert_eq!(member_lease_duration(Some(i32::MAX)), LEASE_DURATION);
-        assert_eq!(member_lease_duration(Some(5)), Duration::from_secs(5));
-        assert_eq!(member_lease_duration(Some(-3)), Duration::ZERO);
-        assert_eq!(member_lease_duration(None), Duration::ZERO);
-    }
 
     #[test]
     fn a_change_is_placed_at_its_renew_time_within_what_this_replica_saw() {
