@@ -2,9 +2,11 @@
 //! while this replica's lease is not valid by its own clock, so a deposed or paused leader
 //! (or shard member) cannot write.
 //!
-//! The check runs as the request enters the layer, immediately before it is handed to the
-//! layers below (in the end the HTTP connection); reads (GET, including watches, HEAD,
-//! OPTIONS) always pass. A refused request fails with a [`FenceError`] naming the mode of the
+//! The check runs as the request enters the layer, before it is handed to the layers below
+//! (in the end the HTTP connection); reads (GET, including watches, HEAD, OPTIONS) always
+//! pass. A write let through that has not ended when the fence's time runs out (it waited
+//! for a connection, a stream, or a slow server) is abandoned then ([`FenceError::Expired`]),
+//! so it is not sent later, once another replica may write. A refused request fails with a [`FenceError`] naming the mode of the
 //! fence (kube reports it as `kube::Error::Service`) and counts in [`Fence::refused`].
 //!
 //! A write the fence lets through is driven to its end (its response, or the client's timeout)
@@ -51,6 +53,16 @@ pub enum FenceError {
         "{method} {path} refused: this replica is not working on the current shard ring or its member lease ran out"
     )]
     NotShardMember {
+        /// The request's method.
+        method: Method,
+        /// The request's path.
+        path: String,
+    },
+    /// A write let through had not ended when the lease it was let through under ran out (it
+    /// waited for a connection, or the server was slow): it is abandoned, so that it is not
+    /// sent once another replica may write.
+    #[error("{method} {path} abandoned: not answered before this replica's lease ran out")]
+    Expired {
         /// The request's method.
         method: Method,
         /// The request's path.
@@ -153,14 +165,39 @@ impl Fence {
     /// Lets a write through if the fence is valid, counting it in flight until the returned
     /// guard is dropped; checked and counted under the lock, so a write let through before a
     /// [`Fence::revoke`] is counted before it returns.
-    fn admit(self: &Arc<Self>) -> Option<InFlight> {
+    fn admit(self: &Arc<Self>) -> Option<(InFlight, Instant)> {
         let guard = self.lock();
-        if !guard.is_some_and(|until| Instant::now() < until) {
-            return None;
-        }
+        let until = (*guard).filter(|until| Instant::now() < *until)?;
         self.admitted.send_modify(|n| *n += 1);
         drop(guard);
-        Some(InFlight(Arc::clone(self)))
+        Some((InFlight(Arc::clone(self)), until))
+    }
+
+    /// Drives `write`, let through while the fence was valid until `until`, to its end or
+    /// until the fence's time runs out, whichever comes first: `until`, or a later instant the
+    /// fence was extended to meanwhile while valid (a revoked fence lets what it let through
+    /// finish within the time it had when let through).
+    async fn within<T>(
+        &self,
+        until: Instant,
+        write: impl Future<Output = Result<T, BoxError>>,
+        expired: impl FnOnce() -> FenceError,
+    ) -> Result<T, BoxError> {
+        let mut until = until;
+        let mut write = std::pin::pin!(write);
+        loop {
+            // An open fence (`Fence::open`) has no time to run out.
+            if until.saturating_duration_since(Instant::now()) > Duration::from_secs(24 * 3600) {
+                return write.await;
+            }
+            match tokio::time::timeout_at(until.into(), &mut write).await {
+                Ok(result) => return result,
+                Err(_) => match *self.lock() {
+                    Some(later) if later > until => until = later,
+                    _ => return Err(Box::new(expired())),
+                },
+            }
+        }
     }
 
     /// A layer that lets this fence's writes through only while it is valid.
@@ -274,17 +311,24 @@ where
         if !is_write(req.method()) {
             return self.inner.call(req).map(|r| r.map_err(Into::into)).boxed();
         }
-        let Some(in_flight) = self.fence.admit() else {
+        let Some((in_flight, until)) = self.fence.admit() else {
             self.fence.refused.inc();
             let err = self.fence.refusal(req.method(), req.uri().path());
             tracing::warn!(error = %err, "write fenced");
             return ready(Err(Box::new(err) as BoxError)).boxed();
         };
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
         // Driven to its end by a task of its own, so that `drained` sees its end even when
-        // the caller is cancelled meanwhile.
+        // the caller is cancelled meanwhile; abandoned once the fence's time ran out.
         let write = self.inner.call(req).map(|r| r.map_err(Into::into));
+        let fence = Arc::clone(&self.fence);
         let task = tokio::spawn(async move {
-            let result = write.await;
+            let result = fence
+                .within(until, write, || {
+                    tracing::warn!(%method, %path, "write abandoned: the fence's time ran out");
+                    FenceError::Expired { method, path }
+                })
+                .await;
             drop(in_flight);
             result
         });
@@ -410,6 +454,29 @@ mod tests {
         );
         assert_eq!(fence.writes_in_flight(), 0);
         // Reads are neither counted nor held.
+        fence.drained().await;
+    }
+
+    #[tokio::test]
+    async fn a_write_not_ended_when_the_fences_time_runs_out_is_abandoned() {
+        let fence = Fence::new(FenceMode::ShardMembership);
+        fence.extend(Instant::now() + Duration::from_millis(300));
+        let inner = Slow::default();
+        let mut svc = fence.layer().layer(inner.clone());
+        // Let through while valid, never answered (waiting for a connection, say).
+        let write = tokio::spawn(svc.call(request(Method::PATCH)));
+        // Extended meanwhile (a renewal): the write may go on until then.
+        fence.extend(Instant::now() + Duration::from_millis(600));
+        let extended = Instant::now() + Duration::from_millis(500);
+        let err = write.await.expect("no panic").unwrap_err();
+        assert!(Instant::now() >= extended, "abandoned before the extended time ran out");
+        let err = err.downcast::<FenceError>().expect("a FenceError");
+        assert!(
+            matches!(*err, FenceError::Expired { ref method, .. } if method == Method::PATCH),
+            "{err:?}"
+        );
+        assert_eq!(inner.ended.load(Ordering::SeqCst), 0, "never ended");
+        assert_eq!(fence.writes_in_flight(), 0, "no longer in flight");
         fence.drained().await;
     }
 
