@@ -469,7 +469,10 @@ mod tests {
         fence.extend(Instant::now() + Duration::from_millis(600));
         let extended = Instant::now() + Duration::from_millis(500);
         let err = write.await.expect("no panic").unwrap_err();
-        assert!(Instant::now() >= extended, "abandoned before the extended time ran out");
+        assert!(
+            Instant::now() >= extended,
+            "abandoned before the extended time ran out"
+        );
         let err = err.downcast::<FenceError>().expect("a FenceError");
         assert!(
             matches!(*err, FenceError::Expired { ref method, .. } if method == Method::PATCH),

@@ -854,9 +854,11 @@ impl Member {
             }
         }
         let existing = self.api.get_opt(&self.name).await?;
+        // A Lease without any process id was not written by a replica since (someone
+        // stripped the annotation): this replica's own still.
         if self.claimed
             && let Some(lease) = &existing
-            && instance_of(lease) != Some(self.instance.as_str())
+            && instance_of(lease).is_some_and(|other| other != self.instance)
         {
             return Err(Renewal::Taken(format!(
                 "member Lease {} was renewed by another process with identity {} (instance {}): \
