@@ -144,6 +144,17 @@ fn plain() -> impl FnOnce() -> kube::Client + Send + 'static {
     move || kube::Client::try_from(config).expect("a client")
 }
 
+/// A Lease client of the shared control plane through `faults`' layer, built where it is
+/// called.
+fn through(faults: &Faults) -> impl FnOnce() -> kube::Client + Send + 'static {
+    let (faults, config) = (faults.clone(), shared().config());
+    move || {
+        faults
+            .client(config)
+            .expect("a client with the fault layer")
+    }
+}
+
 /// Members `ring-a` (its Lease client built by `first`), `ring-b` and `ring-c` of `ring`,
 /// once all three work on the ring of three.
 async fn ring_of_three(
@@ -231,14 +242,7 @@ async fn slow_member_stays(latency: Duration, fence_usable: bool) {
     let ring = unique_name("slow-ring");
     // Member a's Lease client passes a fault layer that delays its requests when told to.
     let faults = Faults::new();
-    let slow = {
-        let (faults, config) = (faults.clone(), shared().config());
-        move || {
-            faults
-                .client(config)
-                .expect("a client with the fault layer")
-        }
-    };
+    let slow = through(&faults);
     let members = ring_of_three(slow, &ring, &ns).await;
     let handovers: Vec<u64> = members.iter().map(|m| m.metrics.handovers.get()).collect();
 
@@ -372,14 +376,7 @@ async fn same_identity(latency: Duration, second: Second) {
     let ns = create_namespace(&client, "ring").await.unwrap();
     let ring = unique_name("dup-ring");
     let faults = Faults::new();
-    let slow = {
-        let (faults, config) = (faults.clone(), shared().config());
-        move || {
-            faults
-                .client(config)
-                .expect("a client with the fault layer")
-        }
-    };
+    let slow = through(&faults);
     let a1 = Member::start(slow, &ring, &ns, "ring-a");
     let b = Member::start(plain(), &ring, &ns, "ring-b");
     eventually("both working on the ring of two", || async {
