@@ -424,6 +424,110 @@ async fn same_identity(latency: Duration, second: Second) {
     }
 }
 
+/// The same as a stalled first process, and someone also deletes its Lease right after it
+/// stalled: a2 finds no Lease at start. A Lease deleted under a live holder looks like none at
+/// all, so a2 waits a lease duration all the same and never works beside a1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_finding_no_lease_waits_for_a_stalled_first() {
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("dupdel-ring");
+    let faults = Faults::new();
+    let a1 = Member::start(through(&faults), &ring, &ns, "ring-a");
+    let b = Member::start(plain(), &ring, &ns, "ring-b");
+    eventually("both working on the ring of two", || async {
+        a1.working(2)?;
+        b.working(2)
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a_lease = lease_name(&ring, "ring-a");
+    just_renewed(&leases, &a_lease).await;
+    faults.latency(Duration::from_secs(12));
+    leases
+        .delete(&a_lease, &Default::default())
+        .await
+        .expect("deleting a1's Lease");
+    let a2 = Member::start(plain(), &ring, &ns, "ring-a");
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if let Some(why) = overlap(&a1, &a2) {
+            panic!(
+                "{:?} after a2 started (a1's Lease deleted): two processes of identity ring-a \
+                 write: {why}",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    faults.clear();
+    eventually("a2 working beside b", || async {
+        a2.working(2)?;
+        b.working(2)
+    })
+    .await;
+}
+
+/// A replica leaving the ring says so only once its writes in flight ended: a write sent
+/// through a client fenced by a's membership, slow on its way, has ended before b works on
+/// a's share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_member_says_it_left_only_after_its_writes_in_flight() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("leave-ring");
+    let a = Member::start(plain(), &ring, &ns, "ring-a");
+    let b = Member::start(plain(), &ring, &ns, "ring-b");
+    eventually("both working on the ring of two", || async {
+        a.working(2)?;
+        b.working(2)
+    })
+    .await;
+    // a's writes: a client whose requests wait 5 s before they are sent, fenced by a's ring.
+    let faults = Faults::new();
+    faults.latency(Duration::from_secs(5));
+    let fence = a.membership.fence();
+    let writer = fence.wrap(&through(&faults)());
+    let cms: Api<ConfigMap> = Api::namespaced(writer, &ns);
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "written-by-a"}
+    }))
+    .unwrap();
+    let write = tokio::spawn(async move { cms.create(&Default::default(), &cm).await });
+    eventually("a's write let through", || async {
+        (fence.writes_in_flight() == 1)
+            .then_some(())
+            .ok_or("not in flight".to_string())
+    })
+    .await;
+    a.manager.abort();
+    let _ = a.manager.await;
+    let membership = Arc::try_unwrap(a.membership).ok().expect("one owner");
+    let leaving = tokio::spawn(membership.leave());
+    let took_over = async {
+        loop {
+            let in_flight = fence.writes_in_flight() > 0;
+            if b.working(1).is_ok() {
+                assert!(
+                    !in_flight,
+                    "b works on a's share while a's write is in flight"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), took_over)
+        .await
+        .expect("b works on the ring of one");
+    write
+        .await
+        .unwrap()
+        .expect("a's write created its ConfigMap");
+    leaving.await.unwrap();
+}
+
 /// The same with an edit instead of a deletion: someone sets c's `leaseDurationSeconds` to 1
 /// (what client-go's release writes). a counts c as a member for the lease duration every
 /// replica writes, as c's fence is extended by it.

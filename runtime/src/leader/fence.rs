@@ -5,15 +5,17 @@
 //! The check runs as the request enters the layer, before it is handed to the layers below
 //! (in the end the HTTP connection); reads (GET, including watches, HEAD, OPTIONS) always
 //! pass. A write let through that has not ended when the fence's time runs out (it waited
-//! for a connection, a stream, or a slow server) is abandoned then ([`FenceError::Expired`]),
-//! so it is not sent later, once another replica may write. A refused request fails with a [`FenceError`] naming the mode of the
+//! for a connection, a stream, or a slow server) is abandoned then ([`FenceError::Expired`]):
+//! one still waiting for a connection or a stream is never sent; one already on the wire
+//! cannot be called back, so [`Fence::drained`] waits [`ABANDONED_MARGIN`] more. A refused request fails with a [`FenceError`] naming the mode of the
 //! fence (kube reports it as `kube::Error::Service`) and counts in [`Fence::refused`].
 //!
 //! A write the fence lets through is driven to its end (its response, or the client's timeout)
 //! by a task of its own, even when the caller stops waiting for it (a cancelled reconcile):
 //! its request may already be on its way to the server. [`Fence::drained`] resolves once no
-//! write it let through is still in flight, so a replica can revoke the fence, wait, and only
-//! then tell others that nothing of it can still reach the server (a shard ring's handover).
+//! write it let through is still in flight (answered, or abandoned and the margin past), so a
+//! replica can revoke the fence, wait, and only then tell others that it writes no more (a
+//! shard ring's handover).
 //!
 //! Put the layer *below* any retry layer (with kube's `ClientBuilder::with_layer`, add it
 //! before the retry layer), so that every attempt is checked; [`Fence::wrap`] fences a built
@@ -30,6 +32,11 @@ use kube::Client;
 use kube::client::Body;
 use prometheus_client::metrics::counter::Counter;
 use tower::{Layer, Service};
+
+/// How long [`Fence::drained`] waits after a write was abandoned ([`FenceError::Expired`])
+/// before it resolves: abandoning it ends the request on this side, but one already on the
+/// wire may still be applied by the server for a while.
+pub const ABANDONED_MARGIN: Duration = Duration::from_secs(5);
 
 /// The boxed error of kube's client stack.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -90,6 +97,8 @@ pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
     /// Writes let through whose request has not ended yet.
     admitted: tokio::sync::watch::Sender<usize>,
+    /// When a write let through was last abandoned ([`FenceError::Expired`]).
+    abandoned: Mutex<Option<Instant>>,
     /// Writes refused because the lease was not valid (register it, e.g. as
     /// `idem_fenced_writes`).
     pub refused: Counter,
@@ -108,6 +117,7 @@ impl Fence {
             mode,
             valid_until: Mutex::new(None),
             admitted: tokio::sync::watch::channel(0).0,
+            abandoned: Mutex::new(None),
             refused,
         })
     }
@@ -160,6 +170,15 @@ impl Fence {
     pub async fn drained(&self) {
         let mut rx = self.admitted.subscribe();
         let _ = rx.wait_for(|n| *n == 0).await;
+        // An abandoned write's request may already have reached the server (its connection
+        // held it, or the server had begun): give it time to be applied or dropped there.
+        let abandoned = *self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = abandoned {
+            tokio::time::sleep_until((at + ABANDONED_MARGIN).into()).await;
+        }
     }
 
     /// Lets a write through if the fence is valid, counting it in flight until the returned
@@ -194,7 +213,13 @@ impl Fence {
                 Ok(result) => return result,
                 Err(_) => match *self.lock() {
                     Some(later) if later > until => until = later,
-                    _ => return Err(Box::new(expired())),
+                    _ => {
+                        *self
+                            .abandoned
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                        return Err(Box::new(expired()));
+                    }
                 },
             }
         }
@@ -480,7 +505,13 @@ mod tests {
         );
         assert_eq!(inner.ended.load(Ordering::SeqCst), 0, "never ended");
         assert_eq!(fence.writes_in_flight(), 0, "no longer in flight");
-        fence.drained().await;
+        // It may have been on the wire: drained waits a margin more.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), fence.drained())
+                .await
+                .is_err(),
+            "drained at once after an abandoned write"
+        );
     }
 
     #[tokio::test]

@@ -29,9 +29,11 @@
 //! - ring changed: the fence is revoked at once (no write of this replica passes from then on)
 //!   and the controllers are told to stop; once the manager reports them stopped — their
 //!   reconciles cancelled, their client refusing every write for good, and every write they
-//!   had sent before the fence closed answered ([`Membership::stopped`], [`crate::leader::Fence::drained`]) — the replica
-//!   acknowledges the new ring by writing its version in its Lease's [`APPLIED_ANNOTATION`]
-//!   (the handshake), so no write of the old ring can reach the server after the ack;
+//!   had sent before the fence closed answered, or abandoned when the fence's time ran out
+//!   and a margin past ([`Membership::stopped`], [`crate::leader::Fence::drained`]) — the
+//!   replica acknowledges the new ring by writing its version in its Lease's
+//!   [`APPLIED_ANNOTATION`] (the handshake), so no write of the old ring reaches the server
+//!   after the ack (short of one held on the wire past that margin);
 //! - stopped: it starts its share of the ring once every live member's Lease carries that
 //!   version (and the renewal the list vouches for can still open the fence), polling every
 //!   [`HANDSHAKE_POLL`] meanwhile. A member that crashed stops counting once its Lease
@@ -70,7 +72,7 @@
 //! left) or later (another instance's id in it) — refuses to work
 //! ([`Assignment::refused`]) and stops renewing, leaving the Lease to the other.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -374,6 +376,8 @@ impl Member {
         if self.assignment.borrow().refused.is_some() {
             return;
         }
+        // Nothing of this replica writes once its writes in flight ended.
+        self.fence.drained().await;
         // The others drop this replica at their next round once they read that it left;
         // one that does not read it before the Lease is gone waits for its last renewal to
         // expire instead.
@@ -451,13 +455,16 @@ impl Member {
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
-        let refused = tokio::select! {
-            refused = self.renewed_by_another() => refused,
+        let checked = tokio::select! {
+            checked = self.renewed_by_another() => checked,
             _ = stop.wait_for(|s| *s) => return,
         };
-        if let Some(why) = refused {
-            self.refuse(why);
-            return;
+        match checked {
+            Ok(lease) => self.own = lease,
+            Err(why) => {
+                self.refuse(why);
+                return;
+            }
         }
         let mut stopped = self.stopped.clone();
         loop {
@@ -494,17 +501,21 @@ impl Member {
             .map_or(wait, |d| d.min(wait))
     }
 
-    /// At start: `Some(why)` when this replica's Lease exists, carries another process's id
-    /// and is renewed while this one looks (another replica runs with the same identity).
+    /// At start: `Err(why)` when this replica's Lease is renewed by another process while
+    /// this one looks (another replica runs with the same identity); else the Lease as last
+    /// read (`None`: absent), which the first renewal replaces only at that resourceVersion
+    /// (or creates), so a renewal landing after the look is found, not overwritten.
     ///
-    /// A Lease left by a previous process of this identity is taken over once it is known
-    /// that nothing of that process writes any more: at once when that process wrote that it
-    /// left ([`LEFT_ANNOTATION`]); else once a read sent a whole [`LEASE_DURATION`] after the
-    /// first read was answered still shows it unchanged (or gone). Its fence, extended from a
-    /// renewal sent before that first answer, has closed by then, whatever the clocks of
-    /// the two nodes say: a process that stopped renewing (a crash, or its Lease requests
-    /// stalled) is waited for as long as its fence may stay open.
-    async fn renewed_by_another(&self) -> Option<String> {
+    /// A Lease of another process, or no Lease (one deleted by someone else under a live
+    /// holder looks the same), is taken once it is known that nothing of another process
+    /// writes any more: at once when that process wrote that it left ([`LEFT_ANNOTATION`]);
+    /// else once a read sent a whole [`LEASE_DURATION`] after the first read was answered
+    /// still shows it unchanged (or absent). That process's fence, extended from a renewal
+    /// sent before that first answer, has closed by then, whatever the clocks of the two nodes
+    /// say: a process that stopped renewing (a crash, or its Lease requests stalled) is waited
+    /// for as long as its fence may stay open. So a replica's first start waits a lease
+    /// duration, and so does a restart after a crash.
+    async fn renewed_by_another(&self) -> Result<Option<Lease>, String> {
         let get = || async {
             match tokio::time::timeout(REQUEST_TIMEOUT, self.api.get_opt(&self.name)).await {
                 Ok(Ok(lease)) => Ok(lease),
@@ -514,41 +525,48 @@ impl Member {
         };
         let first = loop {
             match get().await {
-                Ok(lease) => break lease?,
+                Ok(lease) => break lease,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the member Lease failed");
                     tokio::time::sleep(HANDSHAKE_POLL).await;
                 }
             }
         };
-        if instance_of(&first) == Some(self.instance.as_str()) || left(&first) {
-            return None;
+        if first
+            .as_ref()
+            .is_some_and(|l| instance_of(l) == Some(self.instance.as_str()) || left(l))
+        {
+            return Ok(first);
         }
         let deadline = Instant::now() + LEASE_DURATION;
-        tracing::info!(lease = %self.name, instance = instance_of(&first).unwrap_or("unknown"),
-            "the member Lease is another process's: waiting a lease duration for it to be renewed or left");
+        tracing::info!(lease = %self.name,
+            instance = first.as_ref().and_then(instance_of).unwrap_or("none"),
+            "waiting a lease duration for any other process of this identity to renew its Lease or leave");
+        let version = |l: &Option<Lease>| l.as_ref().map(|l| l.metadata.resource_version.clone());
         loop {
             tokio::time::sleep(HANDSHAKE_POLL).await;
             let sent = Instant::now();
-            let now = match get().await {
-                Ok(Some(now)) => now,
-                Ok(None) if sent >= deadline => return None,
-                Ok(None) | Err(_) => continue,
+            let Ok(now) = get().await else {
+                continue;
             };
-            if now.metadata.resource_version != first.metadata.resource_version {
-                if left(&now) {
-                    return None;
+            if version(&now) != version(&first) {
+                match &now {
+                    Some(lease) if !left(lease) => {
+                        return Err(format!(
+                            "member Lease {} is renewed by another process with identity {} \
+                             (instance {}): two replicas have the same identity",
+                            self.name,
+                            self.identity,
+                            instance_of(lease).unwrap_or("unknown")
+                        ));
+                    }
+                    // Left by its process, or deleted: nothing of it renews.
+                    Some(_) => return Ok(now),
+                    None => {}
                 }
-                return Some(format!(
-                    "member Lease {} is renewed by another process with identity {} (instance {}): \
-                     two replicas have the same identity",
-                    self.name,
-                    self.identity,
-                    instance_of(&now).unwrap_or("unknown")
-                ));
             }
             if sent >= deadline {
-                return None;
+                return Ok(now);
             }
         }
     }
@@ -656,7 +674,7 @@ impl Member {
         // duration, less the clock skew allowed for (the leader's rule).
         let fence_until = vouched + LEASE_DURATION - CLOCK_SKEW;
         let fresh = Instant::now() < fence_until;
-        let (ring, acks) = self.live(&leases, sent).await;
+        let (ring, acks, unseen) = self.live(&leases, sent).await;
         self.metrics.members.set(ring.members().len() as i64);
         let version = ring.version();
         let moved_on: Vec<&String> = ring
@@ -703,7 +721,11 @@ impl Member {
             }
             return Ok(());
         }
-        let waiting = moved_on;
+        // An acknowledgement kept from a Lease that is gone says the member still works on
+        // that ring (it may not write another one's share before a list shows it): it never
+        // starts a ring.
+        let mut waiting = moved_on;
+        waiting.extend(ring.members().iter().filter(|m| unseen.contains(*m)));
         if waiting.is_empty() && !self.previous_ring_stopped() {
             tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
         } else if waiting.is_empty() && !fresh {
@@ -728,9 +750,10 @@ impl Member {
         Ok(())
     }
 
-    /// The ring of live members (this replica included) and each member's acknowledged ring,
-    /// from `leases` listed at `list_sent`; deletes Leases unchanged for [`GC_AFTER`] lease
-    /// durations and sets [`Member::next_expiry`].
+    /// The ring of live members (this replica included), each member's acknowledged ring,
+    /// and the members whose Lease this list did not show as a live member's (their
+    /// acknowledgement is the last seen), from `leases` listed at `list_sent`; deletes Leases
+    /// unchanged for [`GC_AFTER`] lease durations and sets [`Member::next_expiry`].
     ///
     /// A member is live for [`LEASE_DURATION`] after the last change of its Lease, whatever
     /// happens to the Lease meanwhile: its fence, extended from its own answered renewals,
@@ -742,10 +765,13 @@ impl Member {
         &mut self,
         leases: &[Lease],
         list_sent: Instant,
-    ) -> (Ring, BTreeMap<String, String>) {
+    ) -> (Ring, BTreeMap<String, String>, BTreeSet<String>) {
         let now = Instant::now();
         let previous_list = self.previous_list.replace(list_sent);
         self.next_expiry = None;
+        for member in self.members.values_mut() {
+            member.listed = false;
+        }
         let mut seen = Vec::new();
         let mut dead = Vec::new();
         for lease in leases {
@@ -797,10 +823,12 @@ impl Member {
                 changed_at,
                 instance: None,
                 ack: None,
+                listed: true,
             });
             member.changed_at = member.changed_at.max(changed_at);
             member.instance = instance;
             member.ack = ack;
+            member.listed = true;
         }
         self.observed.retain(|n, _| seen.contains(n));
         for (name, rv) in dead {
@@ -818,6 +846,7 @@ impl Member {
         }
         let mut members = vec![self.identity.clone()];
         let mut acks = BTreeMap::new();
+        let mut unseen = BTreeSet::new();
         let mut next_expiry = None::<Instant>;
         self.members.retain(|holder, m| {
             // Unchanged at least until this list was sent (the server answered it later): a
@@ -831,10 +860,13 @@ impl Member {
             if let Some(ack) = &m.ack {
                 acks.insert(holder.clone(), ack.clone());
             }
+            if !m.listed {
+                unseen.insert(holder.clone());
+            }
             true
         });
         self.next_expiry = next_expiry;
-        (Ring::new(members), acks)
+        (Ring::new(members), acks, unseen)
     }
 
     /// Creates or renews this replica's Lease, carrying [`Member::applied`] and this
@@ -854,11 +886,13 @@ impl Member {
             }
         }
         let existing = self.api.get_opt(&self.name).await?;
-        // A Lease without any process id was not written by a replica since (someone
-        // stripped the annotation): this replica's own still.
-        if self.claimed
-            && let Some(lease) = &existing
+        // Written by another process since this one last wrote it, or (before the first
+        // write) since this one looked at it at start: taken. A Lease without any process id
+        // was not written by a replica (someone stripped the annotation); one that its
+        // process left is free.
+        if let Some(lease) = &existing
             && instance_of(lease).is_some_and(|other| other != self.instance)
+            && (self.claimed || !left(lease))
         {
             return Err(Renewal::Taken(format!(
                 "member Lease {} was renewed by another process with identity {} (instance {}): \
@@ -938,6 +972,9 @@ struct Seen {
     instance: Option<String>,
     /// The ring it acknowledged then ([`APPLIED_ANNOTATION`]).
     ack: Option<String>,
+    /// Whether the last list showed its Lease as a live member's (not gone, not being
+    /// deleted): else `ack` is only what it last said.
+    listed: bool,
 }
 
 /// Whether the process that renews `lease` wrote that it left the ring
