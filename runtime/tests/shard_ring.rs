@@ -350,7 +350,7 @@ async fn a_member_lease_deleted_by_someone_else_gives_no_second_writer() {
 /// requests flowing again, finds its Lease taken and refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_with_the_same_identity_waits_for_a_stalled_first() {
-    same_identity(Duration::from_secs(12), Second::TakesOver).await;
+    same_identity(Duration::from_secs(12), Second::TakesOver, false).await;
 }
 
 /// The same, but a1's requests are only slow: each lands within a round's wait
@@ -358,7 +358,7 @@ async fn a_second_process_with_the_same_identity_waits_for_a_stalled_first() {
 /// renewed while it looks and refuses, never working beside a1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_with_the_same_identity_refuses_beside_a_slow_first() {
-    same_identity(Duration::from_secs(9), Second::Refuses).await;
+    same_identity(Duration::from_secs(9), Second::Refuses, false).await;
 }
 
 /// What the second process of an identity must end up doing.
@@ -369,9 +369,9 @@ enum Second {
 }
 
 /// a1 and b work on the ring of two; every Lease request of a1 then waits `latency` before it
-/// is sent, and a2 starts with a1's identity. For 20 s no two fences may be open on a common
+/// is sent (and with `delete`, someone deletes a1's Lease), and a2 starts with a1's identity. For 20 s no two fences may be open on a common
 /// bucket; then, the requests flowing again, a2 and a1 end as `second` says.
-async fn same_identity(latency: Duration, second: Second) {
+async fn same_identity(latency: Duration, second: Second, delete: bool) {
     let client = shared().client();
     let ns = create_namespace(&client, "ring").await.unwrap();
     let ring = unique_name("dup-ring");
@@ -385,8 +385,15 @@ async fn same_identity(latency: Duration, second: Second) {
     })
     .await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    just_renewed(&leases, &lease_name(&ring, "ring-a")).await;
+    let a_lease = lease_name(&ring, "ring-a");
+    just_renewed(&leases, &a_lease).await;
     faults.latency(latency);
+    if delete {
+        leases
+            .delete(&a_lease, &Default::default())
+            .await
+            .expect("deleting a1's Lease");
+    }
     let a2 = Member::start(plain(), &ring, &ns, "ring-a");
     let started = std::time::Instant::now();
     while started.elapsed() < Duration::from_secs(20) {
@@ -429,43 +436,7 @@ async fn same_identity(latency: Duration, second: Second) {
 /// all, so a2 waits a lease duration all the same and never works beside a1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_finding_no_lease_waits_for_a_stalled_first() {
-    let client = shared().client();
-    let ns = create_namespace(&client, "ring").await.unwrap();
-    let ring = unique_name("dupdel-ring");
-    let faults = Faults::new();
-    let a1 = Member::start(through(&faults), &ring, &ns, "ring-a");
-    let b = Member::start(plain(), &ring, &ns, "ring-b");
-    eventually("both working on the ring of two", || async {
-        a1.working(2)?;
-        b.working(2)
-    })
-    .await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let a_lease = lease_name(&ring, "ring-a");
-    just_renewed(&leases, &a_lease).await;
-    faults.latency(Duration::from_secs(12));
-    leases
-        .delete(&a_lease, &Default::default())
-        .await
-        .expect("deleting a1's Lease");
-    let a2 = Member::start(plain(), &ring, &ns, "ring-a");
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(20) {
-        if let Some(why) = overlap(&a1, &a2) {
-            panic!(
-                "{:?} after a2 started (a1's Lease deleted): two processes of identity ring-a \
-                 write: {why}",
-                started.elapsed()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    faults.clear();
-    eventually("a2 working beside b", || async {
-        a2.working(2)?;
-        b.working(2)
-    })
-    .await;
+    same_identity(Duration::from_secs(12), Second::TakesOver, true).await;
 }
 
 /// A replica leaving the ring says so only once its writes in flight ended: a write sent
