@@ -416,42 +416,33 @@ impl Member {
     /// Writes [`LEFT_ANNOTATION`] into this replica's Lease (once nothing of it writes any
     /// more); returns the Lease's new resourceVersion.
     async fn mark_left(&mut self) -> Result<Option<String>, kube::Error> {
-        let mut lease = match self.own.take() {
-            Some(own) => own,
-            None => match self.api.get_opt(&self.name).await? {
-                Some(lease) if instance_of(&lease) == Some(self.instance.as_str()) => lease,
-                _ => return Ok(None),
-            },
-        };
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(LEFT_ANNOTATION.into(), self.instance.clone());
-        let written = match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Written since (a renewal that timed out here but reached the server).
-                match self.api.get_opt(&self.name).await? {
-                    Some(mut fresh) if instance_of(&fresh) == Some(self.instance.as_str()) => {
-                        fresh
-                            .metadata
-                            .annotations
-                            .get_or_insert_with(BTreeMap::new)
-                            .insert(LEFT_ANNOTATION.into(), self.instance.clone());
-                        self.api
-                            .replace(&self.name, &PostParams::default(), &fresh)
-                            .await?
-                    }
+        let mine = |lease: &Lease| instance_of(lease) == Some(self.instance.as_str());
+        // This replica's Lease as it last wrote it; once more as read, when written since (a
+        // renewal that timed out here but reached the server).
+        for attempt in 0..2 {
+            let mut lease = match self.own.take().filter(|own| mine(own)) {
+                Some(own) => own,
+                None => match self.api.get_opt(&self.name).await? {
+                    Some(lease) if mine(&lease) => lease,
                     _ => return Ok(None),
-                }
+                },
+            };
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(LEFT_ANNOTATION.into(), self.instance.clone());
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(written) => return Ok(written.metadata.resource_version),
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt == 0 => {}
+                Err(e) => return Err(e),
             }
-            other => other?,
-        };
-        Ok(written.metadata.resource_version)
+        }
+        unreachable!("the second attempt returns")
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
@@ -725,7 +716,10 @@ impl Member {
         // that ring (it may not write another one's share before a list shows it): it never
         // starts a ring.
         let mut waiting = moved_on;
-        waiting.extend(ring.members().iter().filter(|m| unseen.contains(*m)));
+        let unacknowledged: Vec<&String> = (ring.members().iter())
+            .filter(|m| unseen.contains(*m) && !waiting.contains(m))
+            .collect();
+        waiting.extend(unacknowledged);
         if waiting.is_empty() && !self.previous_ring_stopped() {
             tracing::info!(ring = %version, "waiting for the controllers of the previous ring to stop");
         } else if waiting.is_empty() && !fresh {
