@@ -37,3 +37,15 @@ pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
 pub(crate) fn is_not_found(err: &kube::Error) -> bool {
     matches!(api_reason(err), Some((404, _)))
 }
+
+/// Whether `err` is a denial by an admission webhook or a ValidatingAdmissionPolicy (which
+/// answers 422 Invalid when the policy names no other reason), not the server's validation of
+/// the object: an administrator's rule, which deleting and creating the object again must
+/// not get around.
+pub(crate) fn is_admission_denial(err: &kube::Error) -> bool {
+    let kube::Error::Api(status) = err else {
+        return false;
+    };
+    status.message.contains("admission webhook")
+        || status.message.contains("ValidatingAdmissionPolicy")
+}

@@ -584,7 +584,7 @@ impl Applier {
             if is_invalid(&e)
                 && child.recreate
                 && !uid_mismatch(&e)
-                && !super::is_admission_denial(&e)
+                && !crate::api_error::is_admission_denial(&e)
             {
                 let reason = super::describe(&e);
                 let uid = self.recreate(&api, owner, &key, &body, &meta).await?;

@@ -70,6 +70,7 @@ pub use crate::labels::{
     SHARD_BUCKET_LABEL, TENANT_LABEL,
 };
 
+use crate::api_error::is_admission_denial;
 pub(crate) use crate::api_error::{
     api_reason, describe, is_already_exists, is_conflict, is_not_found,
 };
@@ -181,18 +182,6 @@ impl ApplyError {
                 .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
             && !is_admission_denial(source)
     }
-}
-
-/// Whether `err` is a denial by an admission webhook or a ValidatingAdmissionPolicy (which
-/// answers 422 Invalid when the policy names no other reason), not the server's validation of
-/// the object: an administrator's rule, which deleting and creating the object again must
-/// not get around.
-pub(crate) fn is_admission_denial(err: &kube::Error) -> bool {
-    let kube::Error::Api(status) = err else {
-        return false;
-    };
-    status.message.contains("admission webhook")
-        || status.message.contains("ValidatingAdmissionPolicy")
 }
 
 #[cfg(test)]

@@ -317,7 +317,9 @@ where
                     other => other.to_string(),
                 };
                 let mut message = message.replace(['\n', '\r'], " ");
-                if matches!(&error, ReconcileError::Apply(e) if e.is_invalid_child()) {
+                if matches!(&error, ReconcileError::Apply(e) if e.is_invalid_child())
+                    || matches!(&error, ReconcileError::Status(e) if e.is_invalid_status())
+                {
                     message.push_str("; not retried until the object changes");
                 }
                 let readiness = Readiness::Stalled {

@@ -122,9 +122,11 @@ impl ReconcileError {
     /// not serialisable, or in a scope the owner cannot own: API conventions on ownership); a
     /// deleted create-once child ([`ApplyError::ChildDeleted`]: it needs a restore or an
     /// explicit opt-in to a new value);
-    /// and a child the API server's validation refuses as 422 Invalid
+    /// a child the API server's validation refuses as 422 Invalid
     /// ([`ApplyError::is_invalid_child`]): the same spec makes the same body, refused again on
-    /// every retry. Other errors the API server returns retry with backoff and stall after N
+    /// every retry; and a status refused alike ([`StatusError::is_invalid_status`]: a condition
+    /// these checks refuse, or 422 Invalid on the status write), the object then set `Stalled`
+    /// on its stored status. Other errors the API server returns retry with backoff and stall after N
     /// failures — among them denials by admission webhooks and policies, which an admin may
     /// lift, and the 422 the engine meets when a child was replaced since its read.
     pub fn is_terminal(&self) -> bool {
@@ -138,19 +140,21 @@ impl ReconcileError {
                 | ApplyError::ChildDeleted { .. },
             ) => true,
             Self::Apply(e) => e.is_invalid_child(),
+            Self::Status(e) => e.is_invalid_status(),
             _ => false,
         }
     }
 
     /// The condition reason of a terminal error: its own for [`ReconcileError::Terminal`],
     /// `ChildInvalid` for a child the API server refused as invalid, `ChildDeleted` for a
-    /// deleted create-once child, `InvalidDesiredState` for
+    /// deleted create-once child, `StatusInvalid` for a refused status, `InvalidDesiredState` for
     /// the other apply errors [`ReconcileError::is_terminal`] names.
     pub fn terminal_reason(&self) -> &str {
         match self {
             Self::Terminal { reason, .. } => reason,
             Self::Apply(e) if e.is_invalid_child() => "ChildInvalid",
             Self::Apply(ApplyError::ChildDeleted { .. }) => "ChildDeleted",
+            Self::Status(e) if e.is_invalid_status() => "StatusInvalid",
             _ => "InvalidDesiredState",
         }
     }

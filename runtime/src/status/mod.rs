@@ -31,6 +31,8 @@ pub use conditions::{ConditionStatus, Readiness, StatusDraft, validate_condition
 pub use message::{MAX_MESSAGE_BYTES, shorten};
 pub use writer::{StatusOutcome, StatusWriter};
 
+use crate::api_error::{api_reason, is_admission_denial};
+
 /// Errors of the status engine.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -74,4 +76,28 @@ pub enum StatusError {
         /// Attempts made.
         attempts: u32,
     },
+}
+
+impl StatusError {
+    /// Whether the status itself is refused, so the same reconcile meets the same refusal on
+    /// every retry: a condition these checks refuse (type, reason, message), or a status write
+    /// the API server's validation refuses as 422 Invalid (a value the CRD's status schema
+    /// does not allow). Not an admission webhook's or policy's denial, which an administrator
+    /// may lift.
+    pub fn is_invalid_status(&self) -> bool {
+        match self {
+            Self::InvalidType(_)
+            | Self::UndeclaredType(_)
+            | Self::InvalidReason(_)
+            | Self::MessageTooLong(_) => true,
+            Self::Api {
+                action: "replace_status",
+                source,
+                ..
+            } => {
+                matches!(api_reason(source), Some((422, "Invalid"))) && !is_admission_denial(source)
+            }
+            _ => false,
+        }
+    }
 }
