@@ -72,16 +72,14 @@
 //! left) or later (another instance's id in it) — refuses to work
 //! ([`Assignment::refused`]) and stops renewing, leaving the Lease to the other.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Ring;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, watch};
@@ -91,6 +89,12 @@ use crate::leader::{
     DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
 };
 use crate::leader::{Fence, FenceMode};
+
+mod lease;
+mod liveness;
+
+use lease::{Renewal, instance_id};
+use liveness::Seen;
 
 /// [`LEASE_DURATION`] in whole seconds, as written to `leaseDurationSeconds`.
 const LEASE_SECONDS: u64 = LEASE_DURATION.as_secs();
@@ -413,38 +417,6 @@ impl Member {
         }
     }
 
-    /// Writes [`LEFT_ANNOTATION`] into this replica's Lease (once nothing of it writes any
-    /// more); returns the Lease's new resourceVersion.
-    async fn mark_left(&mut self) -> Result<Option<String>, kube::Error> {
-        let mine = |lease: &Lease| instance_of(lease) == Some(self.instance.as_str());
-        // This replica's Lease as it last wrote it; once more as read, when written since (a
-        // renewal that timed out here but reached the server).
-        for attempt in 0..2 {
-            let mut lease = match self.own.take().filter(|own| mine(own)) {
-                Some(own) => own,
-                None => match self.api.get_opt(&self.name).await? {
-                    Some(lease) if mine(&lease) => lease,
-                    _ => return Ok(None),
-                },
-            };
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(LEFT_ANNOTATION.into(), self.instance.clone());
-            match self
-                .api
-                .replace(&self.name, &PostParams::default(), &lease)
-                .await
-            {
-                Ok(written) => return Ok(written.metadata.resource_version),
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt == 0 => {}
-                Err(e) => return Err(e),
-            }
-        }
-        unreachable!("the second attempt returns")
-    }
-
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let checked = tokio::select! {
             checked = self.renewed_by_another() => checked,
@@ -490,76 +462,6 @@ impl Member {
         self.next_expiry
             .map(|t| t.saturating_duration_since(Instant::now()) + EXPIRY_SLACK)
             .map_or(wait, |d| d.min(wait))
-    }
-
-    /// At start: `Err(why)` when this replica's Lease is renewed by another process while
-    /// this one looks (another replica runs with the same identity); else the Lease as last
-    /// read (`None`: absent), which the first renewal replaces only at that resourceVersion
-    /// (or creates), so a renewal landing after the look is found, not overwritten.
-    ///
-    /// A Lease of another process, or no Lease (one deleted by someone else under a live
-    /// holder looks the same), is taken once it is known that nothing of another process
-    /// writes any more: at once when that process wrote that it left ([`LEFT_ANNOTATION`]);
-    /// else once a read sent a whole [`LEASE_DURATION`] after the first read was answered
-    /// still shows it unchanged (or absent). That process's fence, extended from a renewal
-    /// sent before that first answer, has closed by then, whatever the clocks of the two nodes
-    /// say: a process that stopped renewing (a crash, or its Lease requests stalled) is waited
-    /// for as long as its fence may stay open. So a replica's first start waits a lease
-    /// duration, and so does a restart after a crash.
-    async fn renewed_by_another(&self) -> Result<Option<Lease>, String> {
-        let get = || async {
-            match tokio::time::timeout(REQUEST_TIMEOUT, self.api.get_opt(&self.name)).await {
-                Ok(Ok(lease)) => Ok(lease),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("timed out".to_string()),
-            }
-        };
-        let first = loop {
-            match get().await {
-                Ok(lease) => break lease,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the member Lease failed");
-                    tokio::time::sleep(HANDSHAKE_POLL).await;
-                }
-            }
-        };
-        if first
-            .as_ref()
-            .is_some_and(|l| instance_of(l) == Some(self.instance.as_str()) || left(l))
-        {
-            return Ok(first);
-        }
-        let deadline = Instant::now() + LEASE_DURATION;
-        tracing::info!(lease = %self.name,
-            instance = first.as_ref().and_then(instance_of).unwrap_or("none"),
-            "waiting a lease duration for any other process of this identity to renew its Lease or leave");
-        let version = |l: &Option<Lease>| l.as_ref().map(|l| l.metadata.resource_version.clone());
-        loop {
-            tokio::time::sleep(HANDSHAKE_POLL).await;
-            let sent = Instant::now();
-            let Ok(now) = get().await else {
-                continue;
-            };
-            if version(&now) != version(&first) {
-                match &now {
-                    Some(lease) if !left(lease) => {
-                        return Err(format!(
-                            "member Lease {} is renewed by another process with identity {} \
-                             (instance {}): two replicas have the same identity",
-                            self.name,
-                            self.identity,
-                            instance_of(lease).unwrap_or("unknown")
-                        ));
-                    }
-                    // Left by its process, or deleted: nothing of it renews.
-                    Some(_) => return Ok(now),
-                    None => {}
-                }
-            }
-            if sent >= deadline {
-                return Ok(now);
-            }
-        }
     }
 
     /// Stops for good: the fence closes, the controllers stop, and the Lease is left alone.
@@ -743,320 +645,11 @@ impl Member {
         }
         Ok(())
     }
-
-    /// The ring of live members (this replica included), each member's acknowledged ring,
-    /// and the members whose Lease this list did not show as a live member's (their
-    /// acknowledgement is the last seen), from `leases` listed at `list_sent`; deletes Leases
-    /// unchanged for [`GC_AFTER`] lease durations and sets [`Member::next_expiry`].
-    ///
-    /// A member is live for [`LEASE_DURATION`] after the last change of its Lease, whatever
-    /// happens to the Lease meanwhile: its fence, extended from its own answered renewals,
-    /// stays open that long, so a Lease deleted, edited (its `leaseDurationSeconds`, its
-    /// holder, its label) or being deleted by someone else does not end its membership
-    /// sooner. Only its holder's own word does ([`left`]). A Lease counts only for the
-    /// holder it is named after ([`lease_name`]): a copy under another name is nobody's.
-    async fn live(
-        &mut self,
-        leases: &[Lease],
-        list_sent: Instant,
-    ) -> (Ring, BTreeMap<String, String>, BTreeSet<String>) {
-        let now = Instant::now();
-        let previous_list = self.previous_list.replace(list_sent);
-        self.next_expiry = None;
-        for member in self.members.values_mut() {
-            member.listed = false;
-        }
-        let mut seen = Vec::new();
-        let mut dead = Vec::new();
-        for lease in leases {
-            let Some(name) = lease.metadata.name.clone() else {
-                continue;
-            };
-            seen.push(name.clone());
-            let rv = lease.metadata.resource_version.clone();
-            let renewed_at = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
-            let changed_at = match (self.observed.get(&name), previous_list) {
-                (Some((before, at)), _) if *before == rv => *at,
-                // Changed since the previous list: when, by its holder's renewTime.
-                (Some(_), Some(previous)) => {
-                    changed_at(now, previous, renewed_at.map(|t| t.0), Timestamp::now())
-                }
-                // First seen: now (client-go's rule).
-                _ => now,
-            };
-            self.observed.insert(name.clone(), (rv.clone(), changed_at));
-            if name == self.name {
-                continue;
-            }
-            if list_sent.saturating_duration_since(changed_at) >= LEASE_DURATION * GC_AFTER {
-                dead.push((name, rv));
-                continue;
-            }
-            let holder = (lease.spec.as_ref())
-                .and_then(|s| s.holder_identity.clone())
-                .filter(|h| !h.is_empty() && lease_name(&self.ring, h) == name);
-            let Some(holder) = holder else {
-                continue;
-            };
-            let instance = instance_of(lease).map(str::to_owned);
-            if left(lease)
-                && (self.members.get(&holder))
-                    .is_none_or(|m| m.instance.is_none() || m.instance == instance)
-            {
-                // Its holder left: nothing of it writes any more.
-                self.members.remove(&holder);
-                continue;
-            }
-            if lease.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let ack = (lease.metadata.annotations.as_ref())
-                .and_then(|a| a.get(APPLIED_ANNOTATION))
-                .cloned();
-            let member = self.members.entry(holder).or_insert(Seen {
-                changed_at,
-                instance: None,
-                ack: None,
-                listed: true,
-            });
-            member.changed_at = member.changed_at.max(changed_at);
-            member.instance = instance;
-            member.ack = ack;
-            member.listed = true;
-        }
-        self.observed.retain(|n, _| seen.contains(n));
-        for (name, rv) in dead {
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: rv,
-                    uid: None,
-                }),
-                ..DeleteParams::default()
-            };
-            let deleted = tokio::time::timeout(REQUEST_TIMEOUT, self.api.delete(&name, &dp)).await;
-            if let Ok(Ok(_)) = deleted {
-                tracing::info!(lease = %name, "deleted a dead member's Lease");
-            }
-        }
-        let mut members = vec![self.identity.clone()];
-        let mut acks = BTreeMap::new();
-        let mut unseen = BTreeSet::new();
-        let mut next_expiry = None::<Instant>;
-        self.members.retain(|holder, m| {
-            // Unchanged at least until this list was sent (the server answered it later): a
-            // slow list does not add its own latency to a member's silence.
-            if list_sent.saturating_duration_since(m.changed_at) >= LEASE_DURATION {
-                return false;
-            }
-            let expiry = m.changed_at + LEASE_DURATION;
-            next_expiry = Some(next_expiry.map_or(expiry, |e| e.min(expiry)));
-            members.push(holder.clone());
-            if let Some(ack) = &m.ack {
-                acks.insert(holder.clone(), ack.clone());
-            }
-            if !m.listed {
-                unseen.insert(holder.clone());
-            }
-            true
-        });
-        self.next_expiry = next_expiry;
-        (Ring::new(members), acks, unseen)
-    }
-
-    /// Creates or renews this replica's Lease, carrying [`Member::applied`] and this
-    /// process's id; [`Renewal::Taken`] once another process's id is in it.
-    ///
-    /// One request while nobody else wrote the Lease: a replace of [`Member::own`] at its
-    /// resourceVersion. Only a conflict (someone wrote it: another process, or this one's
-    /// earlier renewal that timed out here but reached the server) or a missing Lease reads it
-    /// again and writes once more.
-    async fn renew(&mut self) -> Result<(), Renewal> {
-        if let Some(own) = self.own.clone() {
-            match self.write(Some(own)).await {
-                Err(Renewal::Failed(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
-                    self.own = None;
-                }
-                other => return other,
-            }
-        }
-        let existing = self.api.get_opt(&self.name).await?;
-        // Written by another process since this one last wrote it, or (before the first
-        // write) since this one looked at it at start: taken. A Lease without any process id
-        // was not written by a replica (someone stripped the annotation); one that its
-        // process left is free.
-        if let Some(lease) = &existing
-            && instance_of(lease).is_some_and(|other| other != self.instance)
-            && (self.claimed || !left(lease))
-        {
-            return Err(Renewal::Taken(format!(
-                "member Lease {} was renewed by another process with identity {} (instance {}): \
-                 two replicas have the same identity",
-                self.name,
-                self.identity,
-                instance_of(lease).unwrap_or("unknown")
-            )));
-        }
-        self.write(existing).await
-    }
-
-    /// Writes this replica's Lease over `existing` (as read, or as last written), or creates
-    /// it; keeps what the server returned in [`Member::own`].
-    async fn write(&mut self, existing: Option<Lease>) -> Result<(), Renewal> {
-        let now = MicroTime(Timestamp::now());
-        let mut lease = existing.clone().unwrap_or_else(|| Lease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: None,
-        });
-        lease
-            .metadata
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(MEMBER_LABEL.into(), self.ring.clone());
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(APPLIED_ANNOTATION.into(), self.applied.clone());
-        let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        annotations.insert(INSTANCE_ANNOTATION.into(), self.instance.clone());
-        annotations.remove(LEFT_ANNOTATION);
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
-            spec.acquire_time = Some(now.clone());
-        }
-        spec.holder_identity = Some(self.identity.clone());
-        spec.lease_duration_seconds = Some(LEASE_SECONDS as i32);
-        spec.renew_time = Some(now);
-        let written = match existing {
-            None => self.api.create(&PostParams::default(), &lease).await?,
-            Some(_) => {
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await?
-            }
-        };
-        self.own = Some(written);
-        self.claimed = true;
-        Ok(())
-    }
-}
-
-/// Why a renewal did not happen.
-enum Renewal {
-    /// Another process renews this replica's Lease.
-    Taken(String),
-    /// The request failed.
-    Failed(kube::Error),
-}
-
-impl From<kube::Error> for Renewal {
-    fn from(e: kube::Error) -> Self {
-        Self::Failed(e)
-    }
-}
-
-/// What a replica knows of another member.
-struct Seen {
-    /// When its Lease last changed (this replica's clock; see [`changed_at`]).
-    changed_at: Instant,
-    /// Its process ([`INSTANCE_ANNOTATION`]) then.
-    instance: Option<String>,
-    /// The ring it acknowledged then ([`APPLIED_ANNOTATION`]).
-    ack: Option<String>,
-    /// Whether the last list showed its Lease as a live member's (not gone, not being
-    /// deleted): else `ack` is only what it last said.
-    listed: bool,
-}
-
-/// Whether the process that renews `lease` wrote that it left the ring
-/// ([`LEFT_ANNOTATION`] equal to [`INSTANCE_ANNOTATION`]).
-fn left(lease: &Lease) -> bool {
-    let annotations = lease.metadata.annotations.as_ref();
-    let get = |key: &str| annotations.and_then(|a| a.get(key));
-    get(LEFT_ANNOTATION).is_some_and(|l| Some(l) == get(INSTANCE_ANNOTATION))
-}
-
-/// The process id in a member Lease ([`INSTANCE_ANNOTATION`]).
-fn instance_of(lease: &Lease) -> Option<&str> {
-    lease
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(INSTANCE_ANNOTATION)
-        .map(String::as_str)
-}
-
-/// An id of this process, different for every start: its pid and start time.
-fn instance_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{}-{nanos:x}", std::process::id())
-}
-
-/// When a Lease seen changed at `now` (answer to this list) changed, given that the previous
-/// list, sent at `previous`, did not show the change: its holder's `renewed` (`renewTime`, by
-/// the holder's wall clock) read on this replica's wall clock `wall_now`, clamped into
-/// `[max(previous, now − RETRY_PERIOD), now]`, the interval this replica knows it lies in
-/// (narrowed to one round, so a skewed clock costs at most one round of accuracy and cannot
-/// place it earlier). Without `renewed`, or with a `renewed` in this replica's future, `now`.
-// The earliest expiry `changed_at` can give is past a dead holder's fence.
-const _: () = assert!(RETRY_PERIOD.as_millis() < CLOCK_SKEW.as_millis());
-
-fn changed_at(
-    now: Instant,
-    previous: Instant,
-    renewed: Option<Timestamp>,
-    wall_now: Timestamp,
-) -> Instant {
-    let earliest = previous.max(now.checked_sub(RETRY_PERIOD).unwrap_or(now));
-    let Some(renewed) = renewed else {
-        return now;
-    };
-    let Ok(ago) = Duration::try_from(wall_now.duration_since(renewed)) else {
-        return now;
-    };
-    now.checked_sub(ago)
-        .unwrap_or(earliest)
-        .max(earliest)
-        .min(now)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_change_is_placed_at_its_renew_time_within_what_this_replica_saw() {
-        let now = Instant::now() + Duration::from_secs(60);
-        let wall = Timestamp::from_second(1_000_000).unwrap();
-        let secs = |s: f64| Duration::from_secs_f64(s);
-        let ago = |s: f64| wall - secs(s);
-        // Renewed 0.7 s ago, previous list 2 s ago: 0.7 s ago.
-        assert_eq!(
-            changed_at(now, now - secs(2.0), Some(ago(0.7)), wall),
-            now - secs(0.7)
-        );
-        // Before the previous list (a clock behind): no earlier than the previous list.
-        assert_eq!(
-            changed_at(now, now - secs(1.5), Some(ago(9.0)), wall),
-            now - secs(1.5)
-        );
-        // A slow round: no earlier than one RETRY_PERIOD before this answer.
-        assert_eq!(
-            changed_at(now, now - secs(7.0), Some(ago(6.0)), wall),
-            now - RETRY_PERIOD
-        );
-        // A renewTime in the future (a clock ahead) or none: now.
-        assert_eq!(
-            changed_at(now, now - secs(2.0), Some(wall + secs(3.0)), wall),
-            now
-        );
-        assert_eq!(changed_at(now, now - secs(2.0), None, wall), now);
-    }
 
     #[test]
     fn lease_names_are_valid_object_names() {
