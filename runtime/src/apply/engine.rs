@@ -12,6 +12,7 @@ use super::owner::DesiredChild;
 use super::report::{ApplyReport, ChildOutcome, Repair};
 use super::takeover::fold_patch;
 use super::{ApplyError, Labels, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found};
+use crate::api_error::is_not_found_named;
 use crate::cache::{Answers, ChildCaches, InFlight};
 use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
@@ -388,11 +389,16 @@ impl Applier {
                     regenerated: false,
                 });
             }
-            if meta.deletion_timestamp.is_some() {
-                return done(ChildOutcome::Terminating {
-                    finalizers: meta.finalizers.clone().unwrap_or_default(),
-                });
-            }
+            // Being deleted, but still in effect until it is gone (a RoleBinding still grants,
+            // a ConfigMap is still read), however long a finalizer someone else put on it keeps
+            // it: what drifted is repaired as on any child of ours, never by a recreate, and
+            // the outcome is that it is terminating (created again once gone).
+            let terminating =
+                meta.deletion_timestamp
+                    .is_some()
+                    .then(|| ChildOutcome::Terminating {
+                        finalizers: meta.finalizers.clone().unwrap_or_default(),
+                    });
             // A child of ours that lost its ownerReference: put it back only if the owner, read
             // now, is not being deleted (see `Owner::is_being_deleted`: an orphaning deletion
             // removes the references, and the garbage collector would otherwise delete the
@@ -419,14 +425,15 @@ impl Applier {
                 judged.as_ref().unwrap_or(&live),
                 owner.field_manager(),
             );
-            let unchanged = |record| {
-                Ok(Applied {
+            let unchanged = |record| match terminating.clone() {
+                Some(outcome) => done(outcome),
+                None => Ok(Applied {
                     outcome: ChildOutcome::Unchanged,
                     repaired: None,
                     created: record,
                     released: None,
                     regenerated: false,
-                })
+                }),
             };
             if drift.is_empty() {
                 return unchanged(record);
@@ -481,7 +488,7 @@ impl Applier {
                         self.remember(&key, &patched);
                         observed = Some(patched);
                     }
-                    Err(e) if is_conflict(&e) || is_not_found(&e) => {
+                    Err(e) if is_conflict(&e) || is_not_found_named(&e, &key.name) => {
                         observed = self.get(&child.resource, &key).await?;
                     }
                     Err(e) => return Err(err("apply", e)),
@@ -542,7 +549,7 @@ impl Applier {
                     let by_others = !drift.is_empty()
                         && !drift.iter().any(|d| d.kind == DriftKind::NeverApplied);
                     return Ok(Applied {
-                        outcome: ChildOutcome::Applied,
+                        outcome: terminating.unwrap_or(ChildOutcome::Applied),
                         repaired: (same_desired && by_others).then(|| {
                             let rv = live.pointer("/metadata/resourceVersion");
                             (drift, rv.and_then(Value::as_str).map(str::to_owned))
@@ -554,6 +561,15 @@ impl Applier {
                 }
                 Err(e) => e,
             };
+            // One that cannot be made as desired without a recreate (an immutable field):
+            // created anew once it is gone.
+            if let Some(outcome) = terminating
+                && is_invalid(&e)
+                && !uid_mismatch(&e)
+            {
+                tracing::info!(child = %key, error = %super::describe(&e), "a terminating child cannot be repaired in place");
+                return done(outcome);
+            }
             // An object at a desired name that claims the owner by its ownerReference but is
             // not in the owner's record (a tenant owner's, with a copied reference), and that
             // the server refuses to make as desired (an immutable field differs): not ours
@@ -596,9 +612,10 @@ impl Applier {
                     regenerated: false,
                 });
             }
-            // 409: the fold's resourceVersion guard; 404: deleted since our read; 422 on
-            // metadata.uid: replaced by another object since our read. Read again.
-            if !(is_conflict(&e) || is_not_found(&e) || uid_mismatch(&e)) {
+            // 409: the fold's resourceVersion guard; 404 of the child: deleted since our read
+            // (not one of an object the server looked up, a missing ClusterRole: its refusal);
+            // 422 on metadata.uid: replaced by another object since our read. Read again.
+            if !(is_conflict(&e) || is_not_found_named(&e, &key.name) || uid_mismatch(&e)) {
                 return Err(err("apply", e));
             }
             observed = self.get(&child.resource, &key).await?;

@@ -22,7 +22,9 @@ pub enum ChildOutcome {
         reason: String,
     },
     /// The child is being deleted (it has a `deletionTimestamp`, e.g. waiting on a finalizer):
-    /// left alone; a later reconcile creates it anew once it is gone.
+    /// still in effect until it is gone, so what drifted in it is repaired in place (an
+    /// immutable field is not: never recreated meanwhile); a later reconcile creates it anew
+    /// once it is gone.
     Terminating {
         /// The finalizers it still has: what its deletion waits for (anyone who may edit the
         /// object can add one).

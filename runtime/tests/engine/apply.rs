@@ -345,7 +345,7 @@ async fn tenant_from_namespace_label_is_resolved_from_the_server() {
 }
 
 #[tokio::test]
-async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
+async fn terminating_child_is_repaired_in_place_and_reported_as_reconciling() {
     let client = client();
     ensure_crd(&client).await;
     let _guard = METRICS_LOCK.read().await;
@@ -353,7 +353,9 @@ async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
     let w = create_widget(&client, &ns, "w", widget_spec()).await;
     reconcile(&client, &w).await.expect("first reconcile");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    // Hold the child in deletion with a finalizer of someone else's, and drift it.
+    let desired = cms.get("w-config").await.expect("created").data;
+    // Hold the child in deletion with a finalizer of someone else's, and drift it: still in
+    // effect while it is held, so what drifted is put back (never recreated meanwhile).
     let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}, "data": {"greeting": "x"}});
     cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&hold))
         .await
@@ -363,23 +365,35 @@ async fn terminating_child_is_left_alone_and_reported_as_reconciling() {
         .expect("delete");
     let before = cms.get("w-config").await.expect("still there");
     assert!(before.metadata.deletion_timestamp.is_some());
+    assert_ne!(before.data, desired, "drifted");
 
+    let terminating = Some(ChildOutcome::Terminating {
+        finalizers: vec!["example.com/hold".into()],
+    });
+    let outcome_of = |report: &idem_runtime::apply::ApplyReport| {
+        report
+            .children
+            .iter()
+            .find(|(k, _)| &*k.name == "w-config")
+            .map(|(_, o)| o.clone())
+    };
     let (report, _) = reconcile(&client, &w).await.expect("reconcile");
-    let outcome = report
-        .children
-        .iter()
-        .find(|(k, _)| &*k.name == "w-config")
-        .map(|(_, o)| o);
-    assert_eq!(
-        outcome,
-        Some(&ChildOutcome::Terminating {
-            finalizers: vec!["example.com/hold".into()]
-        })
-    );
+    assert_eq!(outcome_of(&report), terminating);
     let after = cms.get("w-config").await.expect("get");
+    assert_eq!(after.data, desired, "repaired in place");
+    assert_eq!(after.metadata.uid, before.metadata.uid, "not recreated");
+    assert!(after.metadata.deletion_timestamp.is_some());
+    // Repaired, it is left alone: the next pass writes nothing.
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    assert_eq!(outcome_of(&report), terminating);
     assert_eq!(
-        after.metadata.resource_version, before.metadata.resource_version,
-        "untouched"
+        cms.get("w-config")
+            .await
+            .expect("get")
+            .metadata
+            .resource_version,
+        after.metadata.resource_version,
+        "untouched once repaired"
     );
     let w = get_widget(&client, &ns, "w").await;
     assert_eq!(condition(&w, "Reconciling").status, "True");

@@ -1,0 +1,88 @@
+//! Attack: a tenant owner tries to keep rights an administrator revoked by leaving
+//! `idem-owners` terminating (a finalizer of theirs, then a delete). A terminating binding
+//! still grants, so the operator repairs it in place while it waits for the deletion to finish:
+//! the revocation takes effect at once.
+
+mod common;
+use common::users::client_as;
+
+use std::time::Duration;
+
+use common::{shared_operator, tenants, why};
+use idem_operator::tenant::desired::OWNERS;
+use idem_tests::{shared, unique_name};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+#[tokio::test]
+async fn a_revoked_owner_cannot_keep_rights_through_a_terminating_idem_owners() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("term");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+
+    // alice, an owner (`admin` in the namespace), pins idem-owners with a finalizer of hers
+    // and deletes it: it stays, terminating, and still grants.
+    let as_alice = Api::<RoleBinding>::namespaced(client_as("alice"), &ns);
+    as_alice
+        .patch(
+            OWNERS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+        )
+        .await
+        .expect("alice may edit idem-owners");
+    as_alice
+        .delete(OWNERS, &DeleteParams::default())
+        .await
+        .expect("alice may delete idem-owners");
+
+    // The admin revokes alice (and the group): only bob stays.
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"owners": [{"kind": "User", "name": "bob"}]}})),
+        )
+        .await
+        .unwrap();
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let outcome = loop {
+        let rb = bindings.get_opt(OWNERS).await.map_err(why).unwrap();
+        let alice = rb
+            .as_ref()
+            .and_then(|rb| rb.subjects.as_ref())
+            .is_some_and(|s| s.iter().any(|s| s.name == "alice"));
+        if !alice {
+            break Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            let t = tenants::api(&client).get(&name).await.unwrap();
+            break Err(format!(
+                "60 s after the revocation idem-owners still binds alice (deletionTimestamp {:?}); Tenant conditions: {:?}",
+                rb.and_then(|rb| rb.metadata.deletion_timestamp),
+                t.status.map(|s| s
+                    .conditions
+                    .into_iter()
+                    .map(|c| (c.type_, c.reason, c.message))
+                    .collect::<Vec<_>>())
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // Clean up before asserting.
+    let _ = bindings
+        .patch(
+            OWNERS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    if let Err(e) = outcome {
+        panic!("a revoked owner kept admin through a terminating idem-owners: {e}");
+    }
+}
