@@ -229,3 +229,45 @@ async fn only_the_cluster_roles_the_shipped_rbac_names_are_bound() {
     );
     assert_eq!(state, "Stalled", "{message}");
 }
+
+/// An existing `roleBindings` entry changed to a ClusterRole that does not exist (a typo,
+/// `viewer`). The API server answers the operator's apply with 404 NotFound for the role (its
+/// RBAC escalation check cannot find it), not for the binding: not "deleted since our read",
+/// so not read again and applied 5 times a pass; the Tenant stalls with the server's reason
+/// (and retries with backoff: an administrator may create the role).
+#[tokio::test]
+async fn a_binding_changed_to_a_missing_cluster_role_stalls_with_the_servers_reason() {
+    install().await;
+    let client = shared().client();
+    let _ = operator();
+    let name = unique_name("typo");
+    let spec = |role: &str| TenantSpec {
+        namespaces: vec!["dev".into()],
+        owners: vec![user("alice")],
+        role_bindings: vec![TenantRoleBinding {
+            name: "auditors".into(),
+            cluster_role: role.into(),
+            subjects: vec![user("audrey")],
+        }],
+        weight: 1,
+        ..TenantSpec::default()
+    };
+    tenants::create(&client, &name, spec("view")).await;
+    tenants::wait_ready(&client, &name).await;
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"roleBindings": [
+                {"name": "auditors", "clusterRole": "viewer",
+                 "subjects": [{"kind": "User", "name": "audrey"}]}]}})),
+        )
+        .await
+        .unwrap();
+    let (state, message) = settled(&client, &name).await;
+    assert_eq!(state, "Stalled", "{message}");
+    assert!(
+        message.contains("not found") && message.contains("viewer"),
+        "the Stalled message names the server's reason (ClusterRole viewer not found): {message}"
+    );
+}

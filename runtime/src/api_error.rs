@@ -38,6 +38,21 @@ pub(crate) fn is_not_found(err: &kube::Error) -> bool {
     matches!(api_reason(err), Some((404, _)))
 }
 
+/// Whether `err` is 404 NotFound for the object `name` a write was sent to (its details name
+/// it, or name nothing), not for another object the server looked up to admit it: its
+/// namespace, or the ClusterRole a RoleBinding binds (the API server's escalation check).
+/// Only the first means "deleted since it was read".
+pub(crate) fn is_not_found_named(err: &kube::Error, name: &str) -> bool {
+    let kube::Error::Api(status) = err else {
+        return false;
+    };
+    status.code == 404
+        && status
+            .details
+            .as_ref()
+            .is_none_or(|d| d.name.is_empty() || d.name == name)
+}
+
 /// Whether `err` is a denial by an admission webhook or a ValidatingAdmissionPolicy (which
 /// answers 422 Invalid when the policy names no other reason), not the server's validation of
 /// the object: an administrator's rule, which deleting and creating the object again must

@@ -6,9 +6,10 @@ use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 
 use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, uid_mismatch, unclaim_patch};
+use crate::api_error::is_not_found_named;
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
-use crate::apply::{ApplyError, Owner, is_already_exists, is_conflict, is_not_found};
+use crate::apply::{ApplyError, Owner, is_already_exists, is_conflict};
 
 /// What ensuring a create-once child did, and the child as it is now.
 pub(crate) struct Ensured {
@@ -209,7 +210,9 @@ impl Applier {
                     // The foreign controller reference is gone: now the labels.
                     observed = Some(now);
                 }
-                Err(e) if is_conflict(&e) || is_not_found(&e) || uid_mismatch(&e) => {
+                Err(e)
+                    if is_conflict(&e) || is_not_found_named(&e, &key.name) || uid_mismatch(&e) =>
+                {
                     observed = self.get(&child.resource, &key).await?;
                 }
                 Err(e) => return Err(err("apply", e)),
