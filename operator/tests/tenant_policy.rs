@@ -560,6 +560,21 @@ async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator(
         .delete("held", &DeleteParams::default())
         .await
         .expect("deletes are not refused");
+    // Only finishing it: a change of its content, alone or beside the finalizer's removal,
+    // is refused like any update.
+    for change in [
+        json!({"data": {"k": "changed"}}),
+        json!({"metadata": {"finalizers": null, "labels": {"k": "changed"}}}),
+        json!({"metadata": {"finalizers": null}, "data": {"k": "changed"}}),
+    ] {
+        let message = refusal(
+            config_maps
+                .patch("held", &PatchParams::default(), &Patch::Merge(&change))
+                .await,
+        )
+        .unwrap_or_else(|e| panic!("{change} on an object being deleted: {e}"));
+        assert!(message.contains("UPDATE of configmaps"), "{message}");
+    }
     config_maps
         .patch(
             "held",

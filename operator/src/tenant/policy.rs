@@ -227,13 +227,22 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
             {"name": "forbiddenImages", "expression": forbidden_images},
             {"name": "ingressClasses", "expression": ingress_classes("object")},
             {"name": "oldIngressClasses", "expression": format!("request.operation == 'UPDATE' ? {} : []", ingress_classes("oldObject"))},
+            // An update of an object being deleted that changes nothing but its finalizers
+            // (and what the server keeps: resourceVersion, managedFields): finishing the
+            // deletion. Its content, labels, annotations and references stay as they were.
+            {"name": "finishesDeletion", "expression": "request.operation == 'UPDATE' && \
+                has(oldObject.metadata.deletionTimestamp) && \
+                object.all(k, k == 'metadata' || (k in oldObject && object[k] == oldObject[k])) && \
+                oldObject.all(k, k == 'metadata' || k in object) && \
+                ['labels', 'annotations', 'ownerReferences'].all(f, \
+                    (f in object.metadata) == (f in oldObject.metadata) && \
+                    (!(f in object.metadata) || object.metadata[f] == oldObject.metadata[f]))"},
         ],
         "validations": [
-            // Finishing a deletion (a finalizer removed) and evictions are not refused: deletes
-            // are allowed, and a drain must work.
+            // Finishing a deletion (a finalizer removed, nothing else changed) and evictions
+            // are not refused: deletes are allowed, and a drain must work.
             {"expression": "!variables.applies || !params.spec.cordoned || variables.exempt || \
-                variables.subresource == 'eviction' || (request.operation == 'UPDATE' && \
-                has(oldObject.metadata.deletionTimestamp))",
+                variables.subresource == 'eviction' || variables.finishesDeletion",
              "messageExpression": "'Tenant ' + params.spec.tenant + ' is cordoned (spec.cordoned): ' + request.operation + ' of ' + request.resource.resource + ' in namespace ' + request.namespace + ' is refused; deletes are allowed'",
              "reason": "Forbidden"},
             {"expression": "!variables.applies || !variables.pod || size(variables.forbiddenImages) == 0",
