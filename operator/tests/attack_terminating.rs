@@ -9,7 +9,7 @@ use common::users::client_as;
 use std::time::Duration;
 
 use common::{shared_operator, tenants, why};
-use idem_operator::tenant::desired::OWNERS;
+use idem_operator::tenant::desired::{OWNERS, ROLE_BINDING_PREFIX};
 use idem_tests::{shared, unique_name};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -85,4 +85,53 @@ async fn a_revoked_owner_cannot_keep_rights_through_a_terminating_idem_owners() 
     if let Err(e) = outcome {
         panic!("a revoked owner kept admin through a terminating idem-owners: {e}");
     }
+}
+
+/// The same pin on a binding the administrator then removes from `roleBindings`: deleted, it
+/// still grants while the finalizer holds it, so the Tenant is not `Ready` until it is gone.
+#[tokio::test]
+async fn a_removed_binding_held_by_an_owners_finalizer_keeps_the_tenant_from_ready() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("held");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    let readers = format!("{ROLE_BINDING_PREFIX}readers");
+    let as_alice = Api::<RoleBinding>::namespaced(client_as("alice"), &ns);
+    as_alice
+        .patch(
+            &readers,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+        )
+        .await
+        .expect("alice may edit the binding");
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"roleBindings": []}})),
+        )
+        .await
+        .unwrap();
+    let t = tenants::wait_condition(&client, &name, "Reconciling", "ChildTerminating").await;
+    let reconciling = tenants::condition(&t, "Reconciling").unwrap();
+    assert!(
+        reconciling.message.contains(&readers) && reconciling.message.contains("example.com/keep"),
+        "{reconciling:?}"
+    );
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let held = bindings.get(&readers).await.map_err(why).unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some(), "deleted, held");
+    // Released, it goes, and the Tenant is Ready.
+    bindings
+        .patch(
+            &readers,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    tenants::wait_ready(&client, &name).await;
 }

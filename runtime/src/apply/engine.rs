@@ -848,10 +848,17 @@ impl Applier {
             }
             listed.insert(key.clone());
             report.claiming.push(key.clone());
-            if keep.contains(&key) || meta.deletion_timestamp.is_some() {
+            if keep.contains(&key) {
                 continue;
             }
             let uid = meta.uid.clone().unwrap_or_default();
+            if meta.deletion_timestamp.is_some() {
+                // Its deletion is under way: no second DELETE; held, it is still in effect.
+                if owner.may_prune(&uid) {
+                    held(report, key, &meta);
+                }
+                continue;
+            }
             if !owner.may_prune(&uid) {
                 tracing::warn!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
                 report.unrecorded.push(key);
@@ -895,6 +902,7 @@ impl Applier {
             }
             // Being deleted: it stays recorded until it is gone.
             if meta.deletion_timestamp.is_some() {
+                held(report, key, &meta);
                 continue;
             }
             if kind.release_orphans && !owner.owns(&meta) {
@@ -955,9 +963,21 @@ impl Applier {
             ..DeleteParams::background()
         };
         match api.delete(&key.name, &dp).await {
-            Ok(_) => {
-                report.pruned.push(key);
-                report.pruned_uids.push(uid);
+            Ok(deleted) => {
+                report.pruned.push(key.clone());
+                // Its deletion waits for finalizers: still there, recorded until it is gone.
+                match deleted.left() {
+                    Some(still)
+                        if still
+                            .metadata
+                            .finalizers
+                            .as_ref()
+                            .is_some_and(|f| !f.is_empty()) =>
+                    {
+                        held(report, key, &still.metadata);
+                    }
+                    _ => report.pruned_uids.push(uid),
+                }
             }
             // Gone already, or replaced by a new object with another uid: not ours to
             // delete either way (and our object is gone).
@@ -971,6 +991,15 @@ impl Applier {
             }
         }
         Ok(())
+    }
+}
+
+/// Notes the recorded, undesired child `key` (`meta`) whose deletion is under way in
+/// [`ApplyReport::pruning`] when finalizers hold it (a deletion without any ends by itself).
+fn held(report: &mut ApplyReport, key: ObjectKey, meta: &kube::api::ObjectMeta) {
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    if !finalizers.is_empty() {
+        report.pruning.push((key, finalizers));
     }
 }
 

@@ -8,7 +8,8 @@ impl ApplyReport {
     /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
     /// desired child's name is taken by an object we do not own (it needs a human: delete or
     /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
-    /// is still being deleted (requeue: it resolves by itself); otherwise `Ready` with reason
+    /// is still being deleted, or an undesired one's deletion waits for finalizers (it is
+    /// still in effect) (requeue: it resolves by itself); otherwise `Ready` with reason
     /// `Reconciled` (the message names children recreated by this reconcile). Messages are
     /// stable for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
     pub fn readiness(&self) -> Readiness {
@@ -29,13 +30,26 @@ impl ApplyReport {
                 _ => None,
             })
             .collect();
-        if clashes.is_empty() && !terminating.is_empty() {
+        let held: Vec<String> = (self.pruning.iter())
+            .map(|(k, finalizers)| format!("{k} (finalizers: {})", finalizers.join(", ")))
+            .collect();
+        if clashes.is_empty() && (!terminating.is_empty() || !held.is_empty()) {
+            let mut waits = Vec::new();
+            if !terminating.is_empty() {
+                waits.push(format!(
+                    "the deletion of {} to finish before creating it again",
+                    terminating.join(", ")
+                ));
+            }
+            if !held.is_empty() {
+                waits.push(format!(
+                    "the deletion of {}, no longer desired, to finish",
+                    held.join(", ")
+                ));
+            }
             return Readiness::Reconciling {
                 reason: "ChildTerminating".to_owned(),
-                message: format!(
-                    "waiting for the deletion of {} to finish before creating it again",
-                    terminating.join(", ")
-                ),
+                message: format!("waiting for {}", waits.join("; and for ")),
             };
         }
         if clashes.is_empty() {

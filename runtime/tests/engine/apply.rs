@@ -453,3 +453,74 @@ async fn a_child_the_server_rejects_does_not_keep_its_siblings_from_being_applie
         .expect("get configmap");
     assert!(config.is_none(), "the rejected ConfigMap was not created");
 }
+
+#[tokio::test]
+async fn an_undesired_child_held_by_a_finalizer_keeps_the_owner_reconciling_until_it_is_gone() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "held-prune").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    // Someone else's finalizer on the Service, then the Service no longer desired: deleted,
+    // but still there (and in effect) while the finalizer holds it.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}});
+    services
+        .patch("w", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold");
+    let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let w = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"service": false}})),
+        )
+        .await
+        .expect("edit spec");
+    let held = vec![(
+        idem_runtime::ObjectKey::namespaced("Service", &ns, "w"),
+        vec!["example.com/hold".to_owned()],
+    )];
+    let (report, _) = reconcile(&client, &w).await.expect("reconcile");
+    assert_eq!(report.pruned.len(), 1, "{report:?}");
+    assert_eq!(report.pruning, held, "{report:?}");
+    let stored = get_widget(&client, &ns, "w").await;
+    assert_eq!(condition(&stored, "Ready").reason, "ChildTerminating");
+    assert!(
+        condition(&stored, "Ready")
+            .message
+            .contains("no longer desired"),
+        "{:?}",
+        condition(&stored, "Ready")
+    );
+    // Its deletion is under way: not deleted again, still reported.
+    let (report, _) = reconcile(&client, &stored).await.expect("reconcile again");
+    assert!(report.pruned.is_empty(), "{report:?}");
+    assert_eq!(report.pruning, held);
+    // Released and gone: Ready.
+    services
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while services.get_opt("w").await.expect("get").is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Service never went"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stored = get_widget(&client, &ns, "w").await;
+    let (report, _) = reconcile(&client, &stored).await.expect("reconcile");
+    assert!(report.pruning.is_empty(), "{report:?}");
+    assert_eq!(
+        condition(&get_widget(&client, &ns, "w").await, "Ready").status,
+        "True"
+    );
+}
