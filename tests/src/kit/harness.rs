@@ -129,7 +129,17 @@ impl<'a, S: Subject> Harness<'a, S> {
             .api(namespace.as_deref(), &self.primary)
             .create(&PostParams::default(), &obj)
             .await
-            .map_err(setup("creating the primary object"))?;
+            .map_err(|e| {
+                // A namespaced kind created without a namespace: the server answers 404 for
+                // the cluster-wide path it does not serve.
+                let hint =
+                    if namespace.is_none() && matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                        " (a namespaced primary needs metadata.namespace set in Subject::primary)"
+                    } else {
+                        ""
+                    };
+                Error::Setup(format!("creating the primary object: {e}{hint}"))
+            })?;
         let instance = Instance {
             name,
             namespace,

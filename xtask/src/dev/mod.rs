@@ -25,8 +25,10 @@ use crate::generated::repo_root;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Use this cluster instead of starting the local control plane (a `:`-separated list is
-    /// merged as kubectl does). Nothing is torn down on exit but the operator.
-    #[arg(long, env = "KUBECONFIG")]
+    /// merged as kubectl does). Nothing is torn down on exit but the operator. Only this
+    /// option names a cluster: an exported `KUBECONFIG` is not read, so `dev` never installs
+    /// into a cluster it was not told to use.
+    #[arg(long)]
     kubeconfig: Option<OsString>,
     /// Exit once every example is Ready (status 0), or with an error when one is not within
     /// `--timeout`, tearing everything down; without it `dev` keeps running until Ctrl-C.
@@ -346,7 +348,7 @@ fn load_kubeconfig(paths: &OsString) -> anyhow::Result<Kubeconfig> {
             Some(m) => m.merge(config)?,
         });
     }
-    merged.context("--kubeconfig / KUBECONFIG names no file")
+    merged.context("--kubeconfig names no file")
 }
 
 /// `$TMPDIR/idem-dev/<pid>/` for the operator's kubeconfig and log; directories of runs whose
