@@ -363,8 +363,8 @@ impl Core {
             return None;
         }
         self.promote_aged(now);
-        // The last workers are kept for changes of tenants with nothing in flight (rule 6 in
-        // `queue`'s module docs): event work only.
+        // The last workers are kept for changes of tenants with nothing in flight (the **Caps** rule
+        // of `queue`'s module docs): event work only.
         let reserved =
             self.in_flight + self.config.effective_idle_reserve() >= self.config.max_in_flight;
         let levels = if reserved { 0..1 } else { 0..LEVELS };

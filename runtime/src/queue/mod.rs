@@ -82,7 +82,7 @@ pub struct QueueConfig {
     /// Workers kept for tenants with no key in flight: once only this many are free, only
     /// event work of a tenant with none in flight is handed out — at its turn, or out of
     /// turn when one event key is all it has waiting (a lone change) — so a tenant's change
-    /// does not wait for busy tenants' backlogs to free a worker (rule 4 of this module). At
+    /// does not wait for busy tenants' backlogs to free a worker (the **Fairness** rule above). At
     /// most a quarter of `max_in_flight` is kept (none below 4 workers). Default 1; 0 makes the
     /// queue fully work-conserving (a tenant alone may use every worker).
     pub idle_reserve: usize,
@@ -261,7 +261,7 @@ impl WorkQueue {
         drop(core);
         match outcome {
             // A key queued, or one raised to event work (which a reserved worker may serve,
-            // see rule 6 in this module's docs).
+            // see the **Caps** rule in this module's docs).
             _ if ready => self.shared.wake_one(),
             // Folded into a backoff wait with an earlier deadline: re-arm waiting timers.
             AddOutcome::Queued => self.shared.wake_all(),
@@ -381,7 +381,7 @@ impl WorkQueue {
         let ready = core.has_ready();
         drop(core);
         // The tenant first in line may have changed, and a reserved worker may serve the new
-        // one (rule 6 in this module's docs).
+        // one (the **Caps** rule in this module's docs).
         if removed && ready {
             self.shared.wake_one();
         }
