@@ -126,7 +126,8 @@ where
                     self.backoff().success(&key);
                     // Schedule the follow-ups while the key is still in flight, then release
                     // it: an add that fired during the reconcile (say a resync) is then merged
-                    // with them and cannot demote the requeue (the queue's **Dedupe** and **Delays** rules).
+                    // with them and cannot demote the requeue (the queue's **Dedupe** and
+                    // **Delays** rules).
                     if let Some(after) = action.requeue_after() {
                         self.reasons.note(&key, super::Reason::Requeue);
                         self.queue.add_after(&key, &tenant, after, Priority::Event);
