@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{shared_operator, tenants, why};
 use idem_operator::tenant::desired::{OWNERS, ROLE_BINDING_PREFIX};
 use idem_tests::{shared, unique_name};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -128,6 +129,49 @@ async fn a_removed_binding_held_by_an_owners_finalizer_keeps_the_tenant_from_rea
     bindings
         .patch(
             &readers,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    tenants::wait_ready(&client, &name).await;
+}
+
+/// A namespace the administrator removes from the Tenant, held by a finalizer: what is in it
+/// is still in effect until it is gone, so the Tenant is not `Ready` until then.
+#[tokio::test]
+async fn a_removed_namespace_held_by_a_finalizer_keeps_the_tenant_from_ready() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("heldns");
+    tenants::create(&client, &name, tenants::full_spec(&["a", "b"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let old = format!("{name}-b");
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let hold = json!({"metadata": {"finalizers": ["example.com/keep"]}});
+    namespaces
+        .patch(&old, &PatchParams::default(), &Patch::Merge(hold))
+        .await
+        .unwrap();
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"namespaces": ["a"]}})),
+        )
+        .await
+        .unwrap();
+    let t = tenants::wait_condition(&client, &name, "Reconciling", "NamespaceTerminating").await;
+    let reconciling = tenants::condition(&t, "Reconciling").unwrap();
+    assert!(
+        reconciling.message.contains(&old) && reconciling.message.contains("example.com/keep"),
+        "{reconciling:?}"
+    );
+    let held = namespaces.get(&old).await.map_err(why).unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some(), "deleted, held");
+    namespaces
+        .patch(
+            &old,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
         )

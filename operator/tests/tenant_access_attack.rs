@@ -237,15 +237,27 @@ async fn only_the_cluster_roles_the_shipped_rbac_names_are_bound() {
 /// (and retries with backoff: an administrator may create the role).
 #[tokio::test]
 async fn a_binding_changed_to_a_missing_cluster_role_stalls_with_the_servers_reason() {
+    stalls_on_a_missing_cluster_role("typo", "auditors", "viewer").await;
+}
+
+/// The API server's escalation check answers 404 for the missing ClusterRole, naming the role,
+/// not the binding: when the two share a name (`idem-rb-` + the binding's name), only the
+/// answer's resource (`clusterroles`) tells that the binding itself was not deleted.
+#[tokio::test]
+async fn a_binding_named_like_the_missing_cluster_role_it_binds_stalls_with_the_servers_reason() {
+    stalls_on_a_missing_cluster_role("twin", "ghost", "idem-rb-ghost").await;
+}
+
+async fn stalls_on_a_missing_cluster_role(prefix: &str, binding: &str, missing: &str) {
     install().await;
     let client = shared().client();
     let _ = operator();
-    let name = unique_name("typo");
+    let name = unique_name(prefix);
     let spec = |role: &str| TenantSpec {
         namespaces: vec!["dev".into()],
         owners: vec![user("alice")],
         role_bindings: vec![TenantRoleBinding {
-            name: "auditors".into(),
+            name: binding.into(),
             cluster_role: role.into(),
             subjects: vec![user("audrey")],
         }],
@@ -259,7 +271,7 @@ async fn a_binding_changed_to_a_missing_cluster_role_stalls_with_the_servers_rea
             &name,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"roleBindings": [
-                {"name": "auditors", "clusterRole": "viewer",
+                {"name": binding, "clusterRole": missing,
                  "subjects": [{"kind": "User", "name": "audrey"}]}]}})),
         )
         .await
@@ -267,7 +279,7 @@ async fn a_binding_changed_to_a_missing_cluster_role_stalls_with_the_servers_rea
     let (state, message) = settled(&client, &name).await;
     assert_eq!(state, "Stalled", "{message}");
     assert!(
-        message.contains("not found") && message.contains("viewer"),
-        "the Stalled message names the server's reason (ClusterRole viewer not found): {message}"
+        message.contains("not found") && message.contains(missing),
+        "the Stalled message names the server's reason (ClusterRole {missing} not found): {message}"
     );
 }

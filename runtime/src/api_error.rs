@@ -38,10 +38,12 @@ pub(crate) fn is_not_found(err: &kube::Error) -> bool {
     matches!(api_reason(err), Some((404, _)))
 }
 
-/// Whether `err` is 404 NotFound for the object `name` a write was sent to (its details name
-/// it, or name nothing), not for another object the server looked up to admit it: its
-/// namespace, or the ClusterRole a RoleBinding binds (the API server's escalation check).
-/// Only the first means "deleted since it was read".
+/// Whether `err` is 404 NotFound that may be for the object `name` a write was sent to: its
+/// details name it, or name nothing. A 404 naming another object is for one the server looked
+/// up to admit the write (a missing ClusterRole a RoleBinding binds, in the API server's
+/// escalation check), never "deleted since it was read". The details' resource cannot tell the
+/// two apart (that check's answer names the ClusterRole with the binding's resource), so a
+/// 404 naming the object is only a hint: the caller reads the object again to know.
 pub(crate) fn is_not_found_named(err: &kube::Error, name: &str) -> bool {
     let kube::Error::Api(status) = err else {
         return false;
@@ -63,4 +65,33 @@ pub(crate) fn is_admission_denial(err: &kube::Error) -> bool {
     };
     status.message.contains("admission webhook")
         || status.message.contains("ValidatingAdmissionPolicy")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use kube::core::response::StatusDetails;
+
+    fn not_found(name: Option<&str>) -> kube::Error {
+        let mut status = Status::failure("not found", "NotFound");
+        status.code = 404;
+        status.details = name.map(|name| StatusDetails {
+            group: "rbac.authorization.k8s.io".into(),
+            kind: "rolebindings".into(),
+            name: name.into(),
+            uid: String::new(),
+            causes: Vec::new(),
+            retry_after_seconds: 0,
+        });
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn a_404_naming_another_object_is_not_the_written_objects() {
+        assert!(is_not_found_named(&not_found(Some("x")), "x"));
+        assert!(is_not_found_named(&not_found(None), "x"));
+        // The escalation check's answer for the ClusterRole `viewer` the binding `x` binds.
+        assert!(!is_not_found_named(&not_found(Some("viewer")), "x"));
+    }
 }

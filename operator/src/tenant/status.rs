@@ -18,6 +18,9 @@ pub struct NamespacePass {
     /// Namespaces of the tenant's record whose ownerReference an administrator removed in
     /// this pass (released): they and their contents are kept, no longer managed.
     pub released: Vec<String>,
+    /// Namespaces no longer desired whose deletion finalizers hold, with those finalizers:
+    /// what is in them is still in effect until they are gone.
+    pub held: Vec<(String, Vec<String>)>,
 }
 
 impl NamespacePass {
@@ -33,6 +36,9 @@ impl NamespacePass {
             }
         }
         pass.released = report.released.iter().map(|k| k.name.to_string()).collect();
+        pass.held = (report.pruning.iter())
+            .map(|(k, finalizers)| (k.name.to_string(), finalizers.clone()))
+            .collect();
         pass.owned.sort();
         pass.released.sort();
         pass
@@ -57,7 +63,9 @@ impl NamespacePass {
 /// The readiness of a reconciled tenant.
 ///
 /// A namespace conflict wins (it needs a human and the other tenant keeps the namespace), then
-/// a terminating namespace (wait), then the readiness of the namespace contents.
+/// a terminating namespace (wait), then the readiness of the namespace contents, then a
+/// namespace no longer desired whose deletion finalizers hold (wait: what is in it is still in
+/// effect).
 pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
     if !pass.conflicts.is_empty() {
         let list: Vec<String> = pass
@@ -84,6 +92,18 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
         };
     }
     match contents.readiness() {
+        Readiness::Ready { .. } if !pass.held.is_empty() => {
+            let held: Vec<String> = (pass.held.iter())
+                .map(|(ns, finalizers)| format!("{ns} (finalizers: {})", finalizers.join(", ")))
+                .collect();
+            Readiness::Reconciling {
+                reason: "NamespaceTerminating".into(),
+                message: format!(
+                    "waiting for namespaces no longer desired to be deleted: {}",
+                    held.join(", ")
+                ),
+            }
+        }
         Readiness::Ready { .. } => Readiness::Ready {
             reason: "Reconciled".into(),
             message: format!(
@@ -164,6 +184,34 @@ mod tests {
     }
 
     #[test]
+    fn a_held_namespace_no_longer_desired_keeps_the_tenant_reconciling() {
+        let report = ApplyReport {
+            children: vec![(key("a-dev"), ChildOutcome::Unchanged)],
+            pruning: vec![(key("a-old"), vec!["example.com/keep".into()])],
+            ..ApplyReport::default()
+        };
+        let pass = NamespacePass::from_report(&report);
+        match readiness(&pass, &ApplyReport::default()) {
+            Readiness::Reconciling { reason, message } => {
+                assert_eq!(reason, "NamespaceTerminating");
+                assert!(
+                    message.contains("a-old (finalizers: example.com/keep)"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let gone = NamespacePass::from_report(&ApplyReport {
+            pruning: vec![],
+            ..report
+        });
+        assert!(matches!(
+            readiness(&gone, &ApplyReport::default()),
+            Readiness::Ready { .. }
+        ));
+    }
+
+    #[test]
     fn conflict_beats_everything_and_names_the_namespace() {
         let report = ApplyReport {
             children: vec![
@@ -176,7 +224,10 @@ mod tests {
                 (key("a-dev"), ChildOutcome::Created),
                 (
                     key("a-old"),
-                    ChildOutcome::Terminating { finalizers: vec![] },
+                    ChildOutcome::Terminating {
+                        finalizers: vec![],
+                        unrepaired: None,
+                    },
                 ),
             ],
             ..ApplyReport::default()

@@ -266,6 +266,46 @@ impl Applier {
             })
     }
 
+    /// After a write of the child `key` (read as `read`) failed with `e`: the child read again
+    /// when `e` says it changed since that read — 409 Conflict (a `resourceVersion` guard), 422
+    /// on `metadata.uid` (replaced by another object), or a 404 that names it and that the
+    /// read confirms (gone, or another uid at its name) — else `e`, the write's refusal. A 404
+    /// for an object the server looked up to admit the write (a missing ClusterRole a
+    /// RoleBinding binds) may name the child too; the child still there with its uid tells it
+    /// apart, so the refusal is reported, not retried as a race.
+    ///
+    /// # Errors
+    /// [`ApplyError::Api`] with `e` (action `apply`), or the read's error.
+    async fn read_again(
+        &self,
+        resource: &ApiResource,
+        key: &ObjectKey,
+        read: &kube::api::ObjectMeta,
+        e: kube::Error,
+    ) -> Result<Option<Value>, ApplyError> {
+        let refused = |e| ApplyError::Api {
+            child: key.clone(),
+            action: "apply",
+            source: Box::new(e),
+        };
+        if is_conflict(&e) || uid_mismatch(&e) {
+            return self.get(resource, key).await;
+        }
+        if !is_not_found_named(&e, &key.name) {
+            return Err(refused(e));
+        }
+        let again = self.get(resource, key).await?;
+        let uid = |v: &Value| {
+            v.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        match &again {
+            Some(v) if read.uid.is_some() && uid(v) == read.uid => Err(refused(e)),
+            _ => Ok(again),
+        }
+    }
+
     /// Marks a write of `key` as in flight (for the child watches, see [`ChildCaches`]) until
     /// the guard is dropped.
     fn begin_write(&self, key: &ObjectKey) -> Option<InFlight> {
@@ -398,6 +438,7 @@ impl Applier {
                     .is_some()
                     .then(|| ChildOutcome::Terminating {
                         finalizers: meta.finalizers.clone().unwrap_or_default(),
+                        unrepaired: None,
                     });
             // A child of ours that lost its ownerReference: put it back only if the owner, read
             // now, is not being deleted (see `Owner::is_being_deleted`: an orphaning deletion
@@ -425,15 +466,16 @@ impl Applier {
                 judged.as_ref().unwrap_or(&live),
                 owner.field_manager(),
             );
-            let unchanged = |record| match terminating.clone() {
-                Some(outcome) => done(outcome),
-                None => Ok(Applied {
-                    outcome: ChildOutcome::Unchanged,
+            // A terminating child of ours missing from the record is recorded too: still in
+            // effect, it is pruned like any other once no longer desired.
+            let unchanged = |record| {
+                Ok(Applied {
+                    outcome: terminating.clone().unwrap_or(ChildOutcome::Unchanged),
                     repaired: None,
                     created: record,
                     released: None,
                     regenerated: false,
-                }),
+                })
             };
             if drift.is_empty() {
                 return unchanged(record);
@@ -488,10 +530,7 @@ impl Applier {
                         self.remember(&key, &patched);
                         observed = Some(patched);
                     }
-                    Err(e) if is_conflict(&e) || is_not_found_named(&e, &key.name) => {
-                        observed = self.get(&child.resource, &key).await?;
-                    }
-                    Err(e) => return Err(err("apply", e)),
+                    Err(e) => observed = self.read_again(&child.resource, &key, &meta, e).await?,
                 }
                 continue;
             }
@@ -561,14 +600,26 @@ impl Applier {
                 }
                 Err(e) => e,
             };
-            // One that cannot be made as desired without a recreate (an immutable field):
-            // created anew once it is gone.
-            if let Some(outcome) = terminating
-                && is_invalid(&e)
+            // One that cannot be made as desired in place (an immutable field: created anew
+            // once it is gone), or whose repair an admission webhook, a policy or authorization
+            // refuses: it stays terminating, with the server's reason, and the pass goes on
+            // (the owner's other children are applied and pruned meanwhile).
+            if let Some(ChildOutcome::Terminating { finalizers, .. }) = terminating
+                && (is_invalid(&e) || is_forbidden(&e))
                 && !uid_mismatch(&e)
             {
-                tracing::info!(child = %key, error = %super::describe(&e), "a terminating child cannot be repaired in place");
-                return done(outcome);
+                let reason = super::describe(&e);
+                tracing::info!(child = %key, error = %reason, "a terminating child cannot be repaired in place");
+                return Ok(Applied {
+                    outcome: ChildOutcome::Terminating {
+                        finalizers,
+                        unrepaired: Some(reason),
+                    },
+                    repaired: None,
+                    created: record,
+                    released: None,
+                    regenerated: false,
+                });
             }
             // An object at a desired name that claims the owner by its ownerReference but is
             // not in the owner's record (a tenant owner's, with a copied reference), and that
@@ -612,13 +663,7 @@ impl Applier {
                     regenerated: false,
                 });
             }
-            // 409: the fold's resourceVersion guard; 404 of the child: deleted since our read
-            // (not one of an object the server looked up, a missing ClusterRole: its refusal);
-            // 422 on metadata.uid: replaced by another object since our read. Read again.
-            if !(is_conflict(&e) || is_not_found_named(&e, &key.name) || uid_mismatch(&e)) {
-                return Err(err("apply", e));
-            }
-            observed = self.get(&child.resource, &key).await?;
+            observed = self.read_again(&child.resource, &key, &meta, e).await?;
         }
         Err(ApplyError::ConflictsExhausted {
             child: key,
@@ -1079,6 +1124,12 @@ fn to_json(obj: &DynamicObject) -> Value {
 /// Whether `err` is 422 Invalid (the object failed validation).
 fn is_invalid(err: &kube::Error) -> bool {
     matches!(super::api_reason(err), Some((422, "Invalid")))
+}
+
+/// Whether `err` is 403 Forbidden: an admission webhook's denial (its default code), or
+/// authorization's.
+fn is_forbidden(err: &kube::Error) -> bool {
+    matches!(super::api_reason(err), Some((403, _)))
 }
 
 /// Whether `err` is the 422 the API server gives when the apply's `metadata.uid` is not the

@@ -29,6 +29,9 @@ pub enum ChildOutcome {
         /// The finalizers it still has: what its deletion waits for (anyone who may edit the
         /// object can add one).
         finalizers: Vec<String>,
+        /// Why what drifted in it was not repaired in place, in the API server's words: an
+        /// immutable field, or an admission webhook's, a policy's or authorization's refusal.
+        unrepaired: Option<String>,
     },
     /// An object with this name exists and is not controlled by the owner: left untouched.
     NotOwned {

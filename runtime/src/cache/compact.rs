@@ -85,6 +85,10 @@ fn stub_labels() -> Vec<&'static str> {
 /// are at most 63, but an ownerReference's fields are not length-checked by the API server).
 const STUB_FIELD_BYTES: usize = 253;
 
+/// The most finalizers a [`stub`] of an object being deleted keeps: that one holds it, and
+/// whose, is what the prune reports (a tenant owner may add any number).
+const STUB_FINALIZERS: usize = 4;
+
 /// `s`, cut to at most [`STUB_FIELD_BYTES`] bytes (at a character boundary).
 fn capped(s: &str) -> Value {
     let mut end = s.len().min(STUB_FIELD_BYTES);
@@ -96,11 +100,13 @@ fn capped(s: &str) -> Value {
 
 /// What identifies `obj`, and nothing of its content: `apiVersion`, `kind`, and of its
 /// metadata `name`, `namespace`, `uid`, `resourceVersion`, `deletionTimestamp`, the labels in
-/// [`stub_labels`] and the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`),
-/// every string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the
-/// prune reports it, never deletes it: its uid is in no record), to map its events to that
-/// owner, and to know that the name is taken; the engine reads the whole object from the API
-/// server when it must judge it.
+/// [`stub_labels`], the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`) and,
+/// of an object being deleted, the first [`STUB_FINALIZERS`] finalizers (what holds it), every
+/// string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the prune
+/// reports it, never deletes it: its uid is in no record; a recorded one whose deletion
+/// finalizers hold keeps its owner waiting), to map its events to that owner, and to know that
+/// the name is taken; the engine reads the whole object from the API server when it must
+/// judge it.
 pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
     let empty = Map::new();
     let meta = obj
@@ -117,6 +123,17 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
     ] {
         if let Some(v) = meta.get(field).and_then(Value::as_str) {
             m.insert(field.into(), capped(v));
+        }
+    }
+    if meta.contains_key("deletionTimestamp")
+        && let Some(Value::Array(finalizers)) = meta.get("finalizers")
+    {
+        let kept: Vec<Value> = (finalizers.iter().filter_map(Value::as_str))
+            .take(STUB_FINALIZERS)
+            .map(capped)
+            .collect();
+        if !kept.is_empty() {
+            m.insert("finalizers".into(), Value::Array(kept));
         }
     }
     if let Some(Value::Object(labels)) = meta.get("labels") {

@@ -21,11 +21,18 @@ impl ApplyReport {
             .children
             .iter()
             .filter_map(|(k, o)| match o {
-                ChildOutcome::Terminating { finalizers } if finalizers.is_empty() => {
-                    Some(k.to_string())
-                }
-                ChildOutcome::Terminating { finalizers } => {
-                    Some(format!("{k} (finalizers: {})", finalizers.join(", ")))
+                ChildOutcome::Terminating {
+                    finalizers,
+                    unrepaired,
+                } => {
+                    let mut s = k.to_string();
+                    if !finalizers.is_empty() {
+                        s.push_str(&format!(" (finalizers: {})", finalizers.join(", ")));
+                    }
+                    if let Some(why) = unrepaired {
+                        s.push_str(&format!(", not repaired meanwhile: {why}"));
+                    }
+                    Some(s)
                 }
                 _ => None,
             })
@@ -128,6 +135,7 @@ mod tests {
                 ObjectKey::namespaced("Service", "ns", "s"),
                 ChildOutcome::Terminating {
                     finalizers: vec!["example.com/hold".into()],
+                    unrepaired: None,
                 },
             )],
             ..ApplyReport::default()

@@ -369,6 +369,7 @@ async fn terminating_child_is_repaired_in_place_and_reported_as_reconciling() {
 
     let terminating = Some(ChildOutcome::Terminating {
         finalizers: vec!["example.com/hold".into()],
+        unrepaired: None,
     });
     let outcome_of = |report: &idem_runtime::apply::ApplyReport| {
         report
@@ -416,6 +417,131 @@ async fn terminating_child_is_repaired_in_place_and_reported_as_reconciling() {
         condition(&get_widget(&client, &ns, "w").await, "Ready").status,
         "True"
     );
+}
+
+/// An administrator's policy that refuses the in-place repair of a held child (403, as a
+/// webhook's denial is by default) leaves it terminating with the server's reason: the pass
+/// goes on and the owner is Reconciling, not failed and retried with backoff.
+#[tokio::test]
+async fn a_terminating_childs_repair_refused_by_a_policy_leaves_it_terminating_with_the_reason() {
+    use kube::api::{DeleteParams, DynamicObject};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "refused-repair").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}, "data": {"greeting": "x"}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold");
+    cms.delete("w-config", &Default::default())
+        .await
+        .expect("delete");
+    // A policy refusing any change of the ConfigMaps' data in this namespace, with 403.
+    let group = "admissionregistration.k8s.io/v1";
+    let policy = |kind: &str| {
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            kind,
+        ))
+    };
+    let policies: Api<DynamicObject> =
+        Api::all_with(client.clone(), &policy("ValidatingAdmissionPolicy"));
+    let bindings: Api<DynamicObject> =
+        Api::all_with(client.clone(), &policy("ValidatingAdmissionPolicyBinding"));
+    let name = format!("refuse-data-{ns}");
+    let p: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": group, "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["configmaps"]}]},
+            "validations": [{"expression": "object.data == oldObject.data",
+                "reason": "Forbidden", "message": "the data is frozen"}]
+        }
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("policy");
+    let b: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": group, "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": ns}}}
+        }
+    }))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &b)
+        .await
+        .expect("binding");
+    // In effect once a dry-run change of the data is refused.
+    idem_tests::eventually("the policy refuses a change of the data", || async {
+        let change = json!({"data": {"greeting": "y"}});
+        match cms
+            .patch(
+                "w-config",
+                &PatchParams::default().dry_run(),
+                &Patch::Merge(&change),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    let (report, _) = reconcile(&client, &w)
+        .await
+        .expect("the refusal does not fail the pass");
+    let outcome = report
+        .children
+        .iter()
+        .find(|(k, _)| &*k.name == "w-config")
+        .map(|(_, o)| o.clone());
+    let Some(ChildOutcome::Terminating {
+        finalizers,
+        unrepaired: Some(why),
+    }) = outcome
+    else {
+        panic!("terminating, with the refusal: {outcome:?}");
+    };
+    assert_eq!(finalizers, ["example.com/hold"]);
+    assert!(
+        why.contains("403") && why.contains("the data is frozen"),
+        "{why}"
+    );
+    let w = get_widget(&client, &ns, "w").await;
+    let ready = condition(&w, "Ready");
+    assert_eq!(ready.reason, "ChildTerminating");
+    assert!(
+        ready.message.contains("the data is frozen"),
+        "{}",
+        ready.message
+    );
+
+    bindings
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    policies
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete policy");
+    let release = json!({"metadata": {"finalizers": null}});
+    cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("release");
 }
 
 #[tokio::test]

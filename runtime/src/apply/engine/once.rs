@@ -5,11 +5,10 @@
 use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 
-use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, uid_mismatch, unclaim_patch};
-use crate::api_error::is_not_found_named;
+use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, unclaim_patch};
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
-use crate::apply::{ApplyError, Owner, is_already_exists, is_conflict};
+use crate::apply::{ApplyError, Owner, is_already_exists};
 
 /// What ensuring a create-once child did, and the child as it is now.
 pub(crate) struct Ensured {
@@ -163,12 +162,21 @@ impl Applier {
                 c.set_foreign(&key, false);
                 c.ours(&key, &live);
             }
+            // Missing from the record (a lost create answer, a race's loser): recorded now, even
+            // while it is being deleted (it is still in effect, and pruned if no longer desired).
+            let record = Some(uid.clone()).filter(|uid| !owner.may_prune(uid));
             if meta.deletion_timestamp.is_some() {
                 let finalizers = meta.finalizers.clone().unwrap_or_default();
-                return Ok(Ensured::of(ChildOutcome::Terminating { finalizers }, None));
+                let mut done = Ensured::of(
+                    ChildOutcome::Terminating {
+                        finalizers,
+                        unrepaired: None,
+                    },
+                    None,
+                );
+                done.created = record;
+                return Ok(done);
             }
-            // Missing from the record (a lost create answer, a race's loser): recorded now.
-            let record = Some(uid.clone()).filter(|uid| !owner.may_prune(uid));
             let mut done = Ensured::of(ChildOutcome::Unchanged, None);
             done.created = record;
             if controlled && carries_labels(&live, &stamp) {
@@ -210,12 +218,7 @@ impl Applier {
                     // The foreign controller reference is gone: now the labels.
                     observed = Some(now);
                 }
-                Err(e)
-                    if is_conflict(&e) || is_not_found_named(&e, &key.name) || uid_mismatch(&e) =>
-                {
-                    observed = self.get(&child.resource, &key).await?;
-                }
-                Err(e) => return Err(err("apply", e)),
+                Err(e) => observed = self.read_again(&child.resource, &key, &meta, e).await?,
             }
         }
         Err(ApplyError::ConflictsExhausted {

@@ -202,6 +202,33 @@ fn every_string_of_a_stub_is_capped() {
     assert!(stub.to_string().len() < 2_000, "{}", stub.to_string().len());
 }
 
+/// A recorded child whose deletion finalizers hold still grants, or is still read, until it
+/// is gone: its stub shows that it is held (and by whom), so the prune keeps its owner waiting
+/// whether the cache holds it whole or as a stub; a few of the finalizers, each capped.
+#[test]
+fn a_stub_of_an_object_being_deleted_keeps_its_first_finalizers() {
+    let mut obj = claiming("held", "theirs", 10);
+    let many: Vec<String> = (0..1_000).map(|i| format!("example.com/{i}")).collect();
+    obj["metadata"]["finalizers"] = json!(many);
+    assert!(
+        stub(&obj, "v1", "ConfigMap")["metadata"]
+            .get("finalizers")
+            .is_none(),
+        "not being deleted: nothing holds it"
+    );
+    obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    obj["metadata"]["finalizers"][0] = json!("f".repeat(100_000));
+    let stub = stub(&obj, "v1", "ConfigMap");
+    let kept = stub["metadata"]["finalizers"].as_array().expect("kept");
+    assert_eq!(kept.len(), STUB_FINALIZERS);
+    assert_eq!(kept[0].as_str().map(str::len), Some(STUB_FIELD_BYTES));
+    assert_eq!(kept[1], "example.com/1");
+    assert!(stub.to_string().len() < 3_000, "{}", stub.to_string().len());
+    let meta: kube::api::ObjectMeta =
+        serde_json::from_value(stub["metadata"].clone()).expect("metadata");
+    assert!(meta.deletion_timestamp.is_some() && meta.finalizers.is_some());
+}
+
 #[test]
 fn the_engines_own_copy_replaces_a_stub_of_that_object_not_of_another() {
     let trust = Arc::new(Trust::default());
