@@ -911,6 +911,9 @@ async fn images_and_classes_the_policy_does_not_read_are_refused() {
     for image in [
         "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "0123456789ab",
+        // A short prefix: no hex length makes `sha256:` a repository's name.
+        "sha256:abcde",
+        "sha256:a",
     ] {
         if let Err(e) =
             refusal(create::<Pod>(&owner, &ns, pod("id", &[image], json!({})), true).await)

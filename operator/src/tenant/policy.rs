@@ -124,11 +124,15 @@ fn images(obj: &str) -> String {
     )
 }
 
-/// CEL: whether image reference `i` names no repository: an image ID (`sha256:<hex>`, or hex
-/// alone, which a container runtime may take for the ID or a prefix of one of the images it
-/// already holds, pulled by anyone from anywhere) or a bare digest.
+/// CEL: whether image reference `i` names no repository: an image ID (`sha256:` and anything,
+/// or hex alone, which a container runtime may take for the ID or a prefix of one of the
+/// images it already holds, pulled by anyone from anywhere: it looks a prefix up whatever its
+/// length, and `sha256:abcde` is no repository `sha256` with a tag to the kubelet either) or a
+/// bare digest.
 fn image_id(i: &str) -> String {
-    format!("({i}.startsWith('@') || {i}.matches('^(sha256:)?[0-9a-f]{{6,64}}$'))")
+    format!(
+        "({i}.startsWith('@') || {i}.startsWith('sha256:') || {i}.matches('^[0-9a-f]{{6,64}}$'))"
+    )
 }
 
 /// CEL: the IngressClasses `obj` names (field and older annotation).
