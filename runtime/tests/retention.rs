@@ -87,7 +87,7 @@ impl Reconciler for Keepsakes {
         k: &Keepsake,
         pass: &mut Pass<Keepsake>,
     ) -> Result<Cleanup<Keepsake>, ReconcileError> {
-        let Some(why) = crd_retention::<Keepsake>(pass.client()).await else {
+        let Some(why) = crd_retention::<Keepsake>(pass.client()).await? else {
             return Ok(Cleanup::Done);
         };
         let config_maps = ApiResource::erase::<ConfigMap>(&());

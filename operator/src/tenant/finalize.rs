@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::core::ApiResource;
@@ -34,6 +35,22 @@ use crate::resources::{Tenant, TenantPolicy};
 /// How often a tenant whose namespaces are still being deleted is looked at again.
 pub const TERMINATING_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The longest wait between two looks at a deleted Tenant whose namespaces are still being
+/// deleted ([`deletion_poll`]).
+pub const DELETION_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When a deleted Tenant whose namespaces are still being deleted is looked at again, at `now`:
+/// [`TERMINATING_POLL`] at first, then a quarter of the time it has been deleted, up to
+/// [`DELETION_POLL_MAX`]. Each look lists the cluster's namespaces, and a finalizer anyone may
+/// put on an object in them can hold the deletion for good; the namespaces' own events wake
+/// the Tenant meanwhile, so the poll is only the safety net.
+pub fn deletion_poll(tenant: &Tenant, now: Time) -> std::time::Duration {
+    let since = (tenant.metadata.deletion_timestamp.as_ref())
+        .and_then(|t| std::time::Duration::try_from(now.0.duration_since(t.0)).ok())
+        .unwrap_or_default();
+    (since / 4).clamp(TERMINATING_POLL, DELETION_POLL_MAX)
+}
+
 /// The finalizer the API server adds for `propagationPolicy: Orphan` (`kubectl delete
 /// --cascade=orphan`); the garbage collector removes the dependents' ownerReferences.
 pub const ORPHAN_FINALIZER: &str = "orphan";
@@ -50,11 +67,12 @@ pub enum Cleanup {
     },
 }
 
-/// Decides the cleanup: the CRD being deleted (or unreadable), an orphaning deletion and a
-/// paused Tenant win over `spec.deletionPolicy`.
+/// Decides the cleanup: the CRD being deleted, an orphaning deletion and a paused Tenant win
+/// over `spec.deletionPolicy`.
 ///
 /// `crd` is [`crd_retention`]'s answer: `None` when the Tenant CRD is in place, else why
-/// nothing may be deleted (it is being deleted or gone, or could not be read: the safe side).
+/// nothing may be deleted (it is being deleted or gone). A CRD that could not be read gives no
+/// answer: the finalizer stays and tries again.
 pub fn decide(tenant: &Tenant, crd: Option<&CrdRetention>) -> Cleanup {
     match crd {
         Some(why @ CrdRetention::Deleting { .. }) => {
@@ -62,11 +80,6 @@ pub fn decide(tenant: &Tenant, crd: Option<&CrdRetention>) -> Cleanup {
                 why: format!(
                     "{why}, so whatever the deletionPolicy says nothing of the tenant is deleted"
                 ),
-            };
-        }
-        Some(why @ CrdRetention::Unreadable { .. }) => {
-            return Cleanup::Retain {
-                why: format!("{why}, so nothing of the tenant is deleted"),
             };
         }
         None => {}
@@ -102,7 +115,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
     let client = pass.client().clone();
     let owner = pass.owner().await?;
     let record = pass.record().unwrap_or_default().to_vec();
-    match decide(tenant, crd_retention::<Tenant>(&client).await.as_ref()) {
+    match decide(tenant, crd_retention::<Tenant>(&client).await?.as_ref()) {
         Cleanup::Delete => {
             let mut all = DesiredChildren::new();
             // A recorded namespace an administrator released is kept, not deleted.
@@ -128,7 +141,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
                     message: format!("waiting for namespaces to be deleted: {}", left.join(", ")),
                 };
                 return Ok(Done::Pending(
-                    Outcome::new(readiness).requeue(TERMINATING_POLL),
+                    Outcome::new(readiness).requeue(deletion_poll(tenant, Time(Timestamp::now()))),
                 ));
             }
             // What is still the Tenant's outside the namespaces deleted (in a namespace an
@@ -264,6 +277,7 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
 mod tests {
     use super::*;
     use crate::resources::{FINALIZER, TenantSpec};
+    use k8s_openapi::jiff::SignedDuration;
     use kube::CustomResourceExt;
 
     fn tenant(policy: DeletionPolicy, finalizers: &[&str]) -> Tenant {
@@ -279,19 +293,28 @@ mod tests {
     }
 
     #[test]
+    fn a_held_deletion_is_looked_at_less_and_less_often() {
+        let mut t = tenant(DeletionPolicy::Delete, &[FINALIZER]);
+        let deleted = Timestamp::now();
+        t.metadata.deletion_timestamp = Some(Time(deleted));
+        let after = |secs| Time(deleted + SignedDuration::from_secs(secs));
+        assert_eq!(deletion_poll(&t, after(0)), TERMINATING_POLL);
+        assert_eq!(
+            deletion_poll(&t, after(40)),
+            std::time::Duration::from_secs(10)
+        );
+        assert_eq!(deletion_poll(&t, after(3_600)), DELETION_POLL_MAX);
+    }
+
+    #[test]
     fn only_an_explicit_delete_policy_on_a_live_crd_without_orphaning_or_pause_deletes() {
         let delete = tenant(DeletionPolicy::Delete, &[FINALIZER]);
         let crd = Tenant::crd_name().to_owned();
-        let deleting = CrdRetention::Deleting { crd: crd.clone() };
-        let unreadable = CrdRetention::Unreadable { crd };
+        let deleting = CrdRetention::Deleting { crd };
         assert_eq!(decide(&delete, None), Cleanup::Delete);
         assert!(
             matches!(decide(&delete, Some(&deleting)), Cleanup::Retain { why } if why.contains("being deleted"))
         );
-        assert!(matches!(
-            decide(&delete, Some(&unreadable)),
-            Cleanup::Retain { .. }
-        ));
         let orphan = tenant(DeletionPolicy::Delete, &[ORPHAN_FINALIZER, FINALIZER]);
         assert!(matches!(decide(&orphan, None), Cleanup::Retain { why } if why.contains("Orphan")));
         let mut paused = tenant(DeletionPolicy::Delete, &[FINALIZER]);

@@ -29,7 +29,7 @@ pub async fn finalize(
     app: &TenantApp,
     pass: &mut Pass<TenantApp>,
 ) -> Result<Done<TenantApp>, Error> {
-    let Some(why) = crd_retention::<TenantApp>(pass.client()).await else {
+    let Some(why) = crd_retention::<TenantApp>(pass.client()).await? else {
         return Ok(Done::Done);
     };
     let kept = release(pass, app).await?;

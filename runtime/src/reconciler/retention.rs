@@ -9,7 +9,9 @@
 //! answers, the finalizer releases ([`release_referring`]: removes the ownerReferences to the
 //! owner and its `owner-uid` label from) every object that refers to the owner, found by
 //! ownerReference as the garbage collector finds what to delete, never by a label, and
-//! publishes [`retained`]. A CRD that cannot be read counts as being deleted: the safe side.
+//! publishes [`retained`]. A CRD that cannot be read is an error: the finalizer stays and the
+//! next pass asks again (retaining then would make a transient error, or an administrator's
+//! slip in RBAC, into a deletion that kept everything, and the access it grants, for good).
 //!
 //! ```no_run
 //! # use idem_runtime::reconciler::{Cleanup, Pass, ReconcileError};
@@ -20,7 +22,7 @@
 //! # async fn cleanup<K: idem_runtime::resource::IdempotentResource>(
 //! #     owner: &K, pass: &mut Pass<K>,
 //! # ) -> Result<Cleanup<K>, ReconcileError> {
-//! let Some(why) = crd_retention::<K>(pass.client()).await else {
+//! let Some(why) = crd_retention::<K>(pass.client()).await? else {
 //!     return Ok(Cleanup::Done); // an ordinary deletion: the garbage collector's
 //! };
 //! let (uid, namespace) = (owner.uid().unwrap_or_default(), owner.namespace());
@@ -45,18 +47,13 @@ use crate::reconciler::{Cleanup, Pass, ReconcileError, Reconciler};
 use crate::resource::IdempotentResource;
 
 /// Why nothing of a deleted owner may be deleted, whatever its spec says: its kind's
-/// CustomResourceDefinition is being deleted (or gone), or could not be read to rule that out.
+/// CustomResourceDefinition is being deleted (or gone).
 /// Displayed as the reason in words, e.g. "the CustomResourceDefinition
 /// `tenants.tenancy.idem.dev` is being deleted" (without the backquotes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CrdRetention {
     /// The CRD has a `deletionTimestamp`, or is gone.
     Deleting {
-        /// The CRD's name, `<plural>.<group>`.
-        crd: String,
-    },
-    /// The CRD could not be read.
-    Unreadable {
         /// The CRD's name, `<plural>.<group>`.
         crd: String,
     },
@@ -68,10 +65,6 @@ impl fmt::Display for CrdRetention {
             Self::Deleting { crd } => {
                 write!(f, "the CustomResourceDefinition {crd} is being deleted")
             }
-            Self::Unreadable { crd } => write!(
-                f,
-                "could not read the CustomResourceDefinition {crd} to rule out its deletion"
-            ),
         }
     }
 }
@@ -82,23 +75,24 @@ pub fn crd_name<K: Resource<DynamicType = ()>>() -> String {
 }
 
 /// Reads kind `K`'s CustomResourceDefinition (one GET): `None` when it is in place and not
-/// being deleted (an ordinary deletion), else why the owner's children must be kept. A read
-/// that fails is logged and answers [`CrdRetention::Unreadable`].
+/// being deleted (an ordinary deletion), else why the owner's children must be kept.
+///
+/// # Errors
+/// The read's error (never taken for either answer: the caller's finalizer tries again).
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads.
-pub async fn crd_retention<K: Resource<DynamicType = ()>>(client: &Client) -> Option<CrdRetention> {
+pub async fn crd_retention<K: Resource<DynamicType = ()>>(
+    client: &Client,
+) -> Result<Option<CrdRetention>, kube::Error> {
     let crd = crd_name::<K>();
     match Api::<CustomResourceDefinition>::all(client.clone())
         .get_opt(&crd)
         .await
     {
-        Ok(Some(c)) if c.metadata.deletion_timestamp.is_none() => None,
-        Ok(_) => Some(CrdRetention::Deleting { crd }),
-        Err(e) => {
-            tracing::warn!(error = %e, %crd, "cannot read the CRD; retaining the owner's children");
-            Some(CrdRetention::Unreadable { crd })
-        }
+        Ok(Some(c)) if c.metadata.deletion_timestamp.is_none() => Ok(None),
+        Ok(_) => Ok(Some(CrdRetention::Deleting { crd })),
+        Err(e) => Err(e),
     }
 }
 
@@ -151,7 +145,7 @@ pub async fn release_referring<K: IdempotentResource>(
 }
 
 /// The whole protocol for a reconciler's declared children, as the body of its `cleanup()`:
-/// while `R`'s kind's CRD is being deleted (or cannot be read), every object of each kind
+/// while `R`'s kind's CRD is being deleted, every object of each kind
 /// [`Reconciler::children`] declares that refers to `owner` — in the owner's namespace for a
 /// namespaced owner, anywhere for a cluster-scoped one — is released
 /// ([`release_referring`]) and [`retained`] names them; an ordinary deletion leaves the
@@ -159,8 +153,8 @@ pub async fn release_referring<K: IdempotentResource>(
 /// through an uninstall.
 ///
 /// # Errors
-/// [`ReconcileError::Kube`] of a list or a release: the finalizer stays and the next pass
-/// tries again.
+/// [`ReconcileError::Kube`] of the CRD's read, a list or a release: the finalizer stays and
+/// the next pass tries again.
 ///
 /// # Cancel safety
 /// As [`release_referring`].
@@ -168,7 +162,7 @@ pub async fn retain_children<R: Reconciler>(
     owner: &R::Resource,
     pass: &mut Pass<R::Resource>,
 ) -> Result<Cleanup<R::Resource>, ReconcileError> {
-    let Some(why) = crd_retention::<R::Resource>(pass.client()).await else {
+    let Some(why) = crd_retention::<R::Resource>(pass.client()).await? else {
         return Ok(Cleanup::Done);
     };
     let uid = owner.meta().uid.clone().unwrap_or_default();
@@ -210,12 +204,8 @@ mod tests {
     fn the_reason_reads_as_the_finalizers_said_it() {
         let crd = "tenants.tenancy.idem.dev".to_owned();
         assert_eq!(
-            CrdRetention::Deleting { crd: crd.clone() }.to_string(),
+            CrdRetention::Deleting { crd }.to_string(),
             "the CustomResourceDefinition tenants.tenancy.idem.dev is being deleted"
-        );
-        assert_eq!(
-            CrdRetention::Unreadable { crd }.to_string(),
-            "could not read the CustomResourceDefinition tenants.tenancy.idem.dev to rule out its deletion"
         );
         assert_eq!(
             crd_name::<k8s_openapi::api::apps::v1::Deployment>(),
