@@ -74,7 +74,9 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
         // other fields of the same child (a removed label after a changed `.subjects`), or by
         // another manager, only counted up the old note. The related object names the drifted
         // fields (`fieldPath`) and the child's `resourceVersion` with the drift, so each repair
-        // is an Event of its own: an audit trail of who changed what.
+        // is an Event of its own. The managers are the field-manager names in
+        // `managedFields`, which each writer chooses: a lead to who changed what, not proof (the
+        // API server's audit log has the user).
         let mut related = child_reference(&repair.child);
         related.field_path = Some(shorten(&repair.paths(), MAX_FIELD_PATH_BYTES));
         related
