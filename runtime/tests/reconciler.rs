@@ -276,12 +276,38 @@ async fn failures_in_a_row_stall_with_reconcile_failed_and_keep_retrying() {
         ("True", "ReconcileFailed")
     );
     assert!(
-        message.starts_with("5 reconciles failed in a row"),
+        message.starts_with("5 or more reconciles failed in a row"),
         "{message}"
     );
     let (_, ready_reason, _) = condition(&stored, "Ready");
     assert_eq!(ready_reason, "ReconcileFailed");
     assert_ne!(condition(&stored, "Reconciling").1, "ReconcileFailed");
+    // The 6th to 9th failures with the same error write nothing; the 10th says so.
+    let rv = |t: &BaseTenant| t.metadata.resource_version.clone();
+    for failures in 5..9 {
+        let again = Driver::reconcile(
+            Arc::new(stored.clone()),
+            Arc::clone(&driver),
+            attempt(failures),
+        );
+        assert!(again.await.is_err());
+    }
+    let unchanged = get(&client, &tenant.name_any()).await;
+    assert_eq!(
+        rv(&unchanged),
+        rv(&stored),
+        "no status write from the 6th to the 9th"
+    );
+    let before = rv(&unchanged);
+    let tenth = Driver::reconcile(Arc::new(unchanged), Arc::clone(&driver), attempt(9)).await;
+    assert!(tenth.is_err());
+    let stored = get(&client, &tenant.name_any()).await;
+    assert_ne!(rv(&stored), before, "the 10th failure is said");
+    let (_, _, message) = condition(&stored, "Stalled");
+    assert!(
+        message.starts_with("10 or more reconciles failed in a row"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

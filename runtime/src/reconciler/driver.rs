@@ -340,7 +340,10 @@ where
             }
             let failures = failures + 1;
             if failures >= self.config.stalled_after {
-                let message = format!("{failures} reconciles failed in a row; retrying: {error}");
+                let message = format!(
+                    "{} or more reconciles failed in a row; retrying: {error}",
+                    failures_said(failures, self.config.stalled_after)
+                );
                 let readiness = Readiness::Stalled {
                     reason: "ReconcileFailed".into(),
                     message: shorten(&message, MAX_MESSAGE_BYTES),
@@ -651,5 +654,33 @@ where
                 .await;
         }
         Ok(written)
+    }
+}
+
+/// The count of failures in a row that a `ReconcileFailed` message gives: `stalled_after`
+/// doubled as often as `failures` allows. It changes at 5, 10, 20, 40… failures, so a failing
+/// object's status is written again only then (or when the error or the generation changes):
+/// a handful of writes a day at the backoff cap, not one per retry.
+fn failures_said(failures: u32, stalled_after: u32) -> u32 {
+    let mut said = stalled_after.max(1);
+    while let Some(next) = said.checked_mul(2)
+        && next <= failures
+    {
+        said = next;
+    }
+    said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failures_said;
+
+    #[test]
+    fn the_failure_count_said_doubles() {
+        let said: Vec<u32> = [5, 6, 9, 10, 19, 20, 40, 1_000]
+            .map(|f| failures_said(f, 5))
+            .into();
+        assert_eq!(said, [5, 5, 5, 10, 10, 20, 40, 640]);
+        assert_eq!(failures_said(u32::MAX, 5), 5 << 29);
     }
 }

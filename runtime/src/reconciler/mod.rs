@@ -20,7 +20,8 @@
 //!    with an Event when `Ready` changes;
 //! 5. bounds the whole pass by [`DriverConfig::timeout`];
 //! 6. after [`DriverConfig::stalled_after`] failures in a row writes `Stalled` with reason
-//!    `ReconcileFailed` and the error (retries go on with backoff); a
+//!    `ReconcileFailed` and the error (retries go on with backoff; the count it gives doubles,
+//!    so a failing object's status is not written at every retry); a
 //!    [terminal](ReconcileError::is_terminal) error writes `Stalled` with its own reason at
 //!    once and is not retried until the object changes (no retry storm).
 //!
