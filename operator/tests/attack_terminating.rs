@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{shared_operator, tenants, why};
 use idem_operator::tenant::desired::{OWNERS, ROLE_BINDING_PREFIX};
 use idem_tests::{shared, unique_name};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -178,4 +178,55 @@ async fn a_removed_namespace_held_by_a_finalizer_keeps_the_tenant_from_ready() {
         .await
         .unwrap();
     tenants::wait_ready(&client, &name).await;
+}
+
+/// The usual hold: an owner's finalizer on an object in a namespace the administrator removes
+/// from the Tenant. The namespace waits for its contents (no finalizer of its own), and is in
+/// effect until it is gone: the Tenant is not `Ready` until then, and the namespace stays in
+/// its record.
+#[tokio::test]
+async fn a_removed_namespace_held_by_its_contents_keeps_the_tenant_from_ready() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("heldin");
+    tenants::create(&client, &name, tenants::full_spec(&["a", "b"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let old = format!("{name}-b");
+    let held: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "held", "finalizers": ["example.com/keep"]}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client_as("alice"), &old)
+        .create(&Default::default(), &held)
+        .await
+        .expect("alice may create a ConfigMap with a finalizer");
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"namespaces": ["a"]}})),
+        )
+        .await
+        .unwrap();
+    let t = tenants::wait_condition(&client, &name, "Reconciling", "NamespaceTerminating").await;
+    let reconciling = tenants::condition(&t, "Reconciling").unwrap();
+    assert!(reconciling.message.contains(&old), "{reconciling:?}");
+    let recorded = |t: &idem_operator::resources::Tenant| {
+        t.status.as_ref().is_some_and(|s| {
+            s.created_children
+                .iter()
+                .any(|c| c.kind == "Namespace" && c.name == old)
+        })
+    };
+    assert!(recorded(&t), "still recorded while it is there");
+    Api::<ConfigMap>::namespaced(client.clone(), &old)
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    let t = tenants::wait_ready(&client, &name).await;
+    assert!(!recorded(&t), "gone: out of the record");
 }

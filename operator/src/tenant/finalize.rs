@@ -115,7 +115,17 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
     let client = pass.client().clone();
     let owner = pass.owner().await?;
     let record = pass.record().unwrap_or_default().to_vec();
-    match decide(tenant, crd_retention::<Tenant>(&client).await?.as_ref()) {
+    // A CRD that cannot be read only matters when the Tenant would be deleted: one that is
+    // kept anyway (Retain, orphaning, paused) is released without it.
+    let crd = match crd_retention::<Tenant>(&client).await {
+        Ok(crd) => crd,
+        Err(e) if decide(tenant, None) != Cleanup::Delete => {
+            tracing::warn!(error = %e, "cannot read the Tenant CRD; the Tenant is kept anyway");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match decide(tenant, crd.as_ref()) {
         Cleanup::Delete => {
             let mut all = DesiredChildren::new();
             // A recorded namespace an administrator released is kept, not deleted.

@@ -18,8 +18,9 @@ pub struct NamespacePass {
     /// Namespaces of the tenant's record whose ownerReference an administrator removed in
     /// this pass (released): they and their contents are kept, no longer managed.
     pub released: Vec<String>,
-    /// Namespaces no longer desired whose deletion finalizers hold, with those finalizers:
-    /// what is in them is still in effect until they are gone.
+    /// Namespaces no longer desired, deleted and still there (waiting for their contents, or
+    /// held by finalizers), with those finalizers: what is in them is still in effect until
+    /// they are gone.
     pub held: Vec<(String, Vec<String>)>,
 }
 
@@ -94,7 +95,13 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
     match contents.readiness() {
         Readiness::Ready { .. } if !pass.held.is_empty() => {
             let held: Vec<String> = (pass.held.iter())
-                .map(|(ns, finalizers)| format!("{ns} (finalizers: {})", finalizers.join(", ")))
+                .map(|(ns, finalizers)| {
+                    if finalizers.is_empty() {
+                        format!("{ns} (its contents are being deleted)")
+                    } else {
+                        format!("{ns} (finalizers: {})", finalizers.join(", "))
+                    }
+                })
                 .collect();
             Readiness::Reconciling {
                 reason: "NamespaceTerminating".into(),

@@ -610,13 +610,15 @@ impl Applier {
             {
                 let reason = super::describe(&e);
                 tracing::info!(child = %key, error = %reason, "a terminating child cannot be repaired in place");
+                // Not recorded on a refusal: one that only claims the owner (a copied
+                // reference) and that the server refuses to make as desired is not ours.
                 return Ok(Applied {
                     outcome: ChildOutcome::Terminating {
                         finalizers,
                         unrepaired: Some(reason),
                     },
                     repaired: None,
-                    created: record,
+                    created: None,
                     released: None,
                     regenerated: false,
                 });
@@ -1010,15 +1012,10 @@ impl Applier {
         match api.delete(&key.name, &dp).await {
             Ok(deleted) => {
                 report.pruned.push(key.clone());
-                // Its deletion waits for finalizers: still there, recorded until it is gone.
+                // Still there, being deleted (its finalizers, or its kind's own wait, such as
+                // a Namespace's for its contents): recorded until it is gone.
                 match deleted.left() {
-                    Some(still)
-                        if still
-                            .metadata
-                            .finalizers
-                            .as_ref()
-                            .is_some_and(|f| !f.is_empty()) =>
-                    {
+                    Some(still) if still.metadata.deletion_timestamp.is_some() => {
                         held(report, key, &still.metadata);
                     }
                     _ => report.pruned_uids.push(uid),
@@ -1039,13 +1036,14 @@ impl Applier {
     }
 }
 
-/// Notes the recorded, undesired child `key` (`meta`) whose deletion is under way in
-/// [`ApplyReport::pruning`] when finalizers hold it (a deletion without any ends by itself).
+/// Notes the recorded, undesired child `key` (`meta`), still there and being deleted, in
+/// [`ApplyReport::pruning`] with its finalizers: something holds it, its finalizers or its
+/// kind's own wait (a Namespace is deleted once its contents are, which a finalizer on any of
+/// them holds), and it is in effect until it is gone.
 fn held(report: &mut ApplyReport, key: ObjectKey, meta: &kube::api::ObjectMeta) {
-    let finalizers = meta.finalizers.clone().unwrap_or_default();
-    if !finalizers.is_empty() {
-        report.pruning.push((key, finalizers));
-    }
+    report
+        .pruning
+        .push((key, meta.finalizers.clone().unwrap_or_default()));
 }
 
 /// One pruned kind and how its undesired children go.

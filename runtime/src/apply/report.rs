@@ -100,10 +100,11 @@ pub struct ApplyReport {
     /// Uids of the children in [`ApplyReport::pruned`] that are gone (and of recorded
     /// children found gone): they leave the owner's record.
     pub pruned_uids: Vec<String>,
-    /// Recorded children no longer desired whose deletion waits for finalizers (anyone who
-    /// may edit an object can add one), with those finalizers: still in effect until they are
-    /// gone (a RoleBinding still grants), so they stay in the owner's record and the owner is
-    /// not `Ready` meanwhile.
+    /// Recorded children no longer desired, deleted and still there (held by finalizers, which
+    /// anyone who may edit an object can add, or by their kind's own wait: a Namespace waits
+    /// for its contents), with their finalizers: still in effect until they are gone (a
+    /// RoleBinding still grants), so they stay in the owner's record and the owner is not
+    /// `Ready` meanwhile.
     pub pruning: Vec<(ObjectKey, Vec<String>)>,
     /// Objects of the pruned kinds that claim the owner (controller ownerReference and
     /// owner-uid label), desired or not, as listed for pruning.

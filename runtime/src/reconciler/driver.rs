@@ -489,7 +489,8 @@ where
 
     /// Watches the objects `pass` found in a child's way (and ends the watches of those it no
     /// longer found), charged to the pass's tenant (else `queued_as`); polls the object every
-    /// [`BLOCKED_POLL`] when one cannot be watched (over a limit).
+    /// [`BLOCKED_POLL`] when one cannot be watched (over a limit), or when a child being
+    /// deleted was left unrepaired ([`Pass::unrepaired`]).
     fn watch_blocking_of(
         &self,
         obj: &K<R>,
@@ -501,7 +502,9 @@ where
             .tenant()
             .cloned()
             .unwrap_or_else(|| TenantKey::new(queued_as));
-        if !self.watch_blocking_as(obj, pass.blocking(), &tenant) {
+        // Polled too: a child being deleted whose repair the server refused (the refusal may
+        // end with no event of any object watched).
+        if !self.watch_blocking_as(obj, pass.blocking(), &tenant) || pass.unrepaired() {
             outcome.requeue = Some(
                 outcome
                     .requeue

@@ -40,6 +40,10 @@ pub struct Pass<K: IdempotentResource> {
     noticed: Arc<super::events::Noticed>,
     /// Objects found in a desired child's way (`ChildNotOwned`), with their kinds' resources.
     blocking: Vec<(ApiResource, ObjectKey)>,
+    /// A child being deleted whose repair the server refused (`Terminating` with
+    /// `unrepaired`): a webhook's, a policy's or authorization's refusal may end with no
+    /// event, so the driver looks at the owner again after a while.
+    unrepaired: bool,
     /// The tenants of namespaces, for a `namespace_label` rule (the controller's).
     namespaces: Option<NamespaceTenants>,
     /// The child kinds the reconciler declares (`None`: any, for a pass the driver did not
@@ -76,6 +80,7 @@ impl<K: IdempotentResource> Pass<K> {
             delta: RecordDelta::default(),
             noticed,
             blocking: Vec::new(),
+            unrepaired: false,
             namespaces: None,
             declared: None,
             reads_status: KindSet::default(),
@@ -149,6 +154,12 @@ impl<K: IdempotentResource> Pass<K> {
     /// ([`crate::controller::blocked`]).
     pub fn blocking(&self) -> &[(ApiResource, ObjectKey)] {
         &self.blocking
+    }
+
+    /// Whether an apply of this pass left a child being deleted unrepaired, the server
+    /// refusing the repair (`ChildOutcome::Terminating` with `unrepaired`): the driver polls.
+    pub fn unrepaired(&self) -> bool {
+        self.unrepaired
     }
 
     /// The object's record of the children it created, as read at the start of the pass
@@ -270,6 +281,15 @@ impl<K: IdempotentResource> Pass<K> {
             super::events::regenerated(recorder, &self.reference, &report.regenerated).await;
         }
         result?;
+        self.unrepaired |= report.children.iter().any(|(_, o)| {
+            matches!(
+                o,
+                crate::apply::ChildOutcome::Terminating {
+                    unrepaired: Some(_),
+                    ..
+                }
+            )
+        });
         for (key, _) in report.not_owned() {
             let resource = desired
                 .children

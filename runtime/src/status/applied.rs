@@ -38,7 +38,7 @@ impl ApplyReport {
             })
             .collect();
         let held: Vec<String> = (self.pruning.iter())
-            .map(|(k, finalizers)| format!("{k} (finalizers: {})", finalizers.join(", ")))
+            .map(|(k, finalizers)| with_finalizers(k, finalizers))
             .collect();
         if clashes.is_empty() && (!terminating.is_empty() || !held.is_empty()) {
             let mut waits = Vec::new();
@@ -89,6 +89,15 @@ impl ApplyReport {
                 ),
             }
         }
+    }
+}
+
+/// `key`, with the finalizers that hold its deletion when it has any.
+fn with_finalizers(key: &crate::key::ObjectKey, finalizers: &[String]) -> String {
+    if finalizers.is_empty() {
+        key.to_string()
+    } else {
+        format!("{key} (finalizers: {})", finalizers.join(", "))
     }
 }
 
