@@ -114,12 +114,21 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
         Readiness::Ready { .. } => Readiness::Ready {
             reason: "Reconciled".into(),
             message: format!(
-                "{} namespaces and {} objects in them are up to date",
-                pass.owned.len(),
-                contents.children.len()
+                "{} and {} in them are up to date",
+                counted(pass.owned.len(), "namespace"),
+                counted(contents.children.len(), "object")
             ),
         },
         other => other,
+    }
+}
+
+/// `n` and `noun`, plural unless `n` is 1.
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 
