@@ -519,8 +519,7 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
 #[tokio::test]
 async fn a_held_childs_refused_repair_is_looked_at_again() {
     use idem_runtime::controller::blocked::BLOCKED_POLL;
-    use kube::api::{DynamicObject, Patch, PatchParams};
-    use kube::core::{ApiResource, GroupVersionKind};
+    use kube::api::{Patch, PatchParams};
     use serde_json::json;
     let client = client().await;
     let tenant = create(&client, "bt-refused", spec(&["bob"])).await;
@@ -546,52 +545,27 @@ async fn a_held_childs_refused_repair_is_looked_at_again() {
         .delete("owners", &DeleteParams::default())
         .await
         .expect("delete");
-    let api = |kind: &str| {
-        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
-    };
-    let policy = format!("refuse-subjects-{name}");
-    let p: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": policy},
-        "spec": {"failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": ["rbac.authorization.k8s.io"],
-                "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["rolebindings"]}]},
-            "validations": [{"expression": "object.subjects == oldObject.subjects",
-                "reason": "Forbidden", "message": "the subjects are frozen"}]}
-    }))
-    .unwrap();
-    api("ValidatingAdmissionPolicy")
-        .create(&PostParams::default(), &p)
-        .await
-        .expect("policy");
-    let b: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": policy},
-        "spec": {"policyName": policy, "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": name}}}}
-    }))
-    .unwrap();
-    api("ValidatingAdmissionPolicyBinding")
-        .create(&PostParams::default(), &b)
-        .await
-        .expect("binding");
-    idem_tests::eventually("the policy refuses a change of the subjects", || async {
-        let change = json!({"subjects": [{"kind": "User", "name": "bob",
-            "apiGroup": "rbac.authorization.k8s.io"}]});
-        match bindings
-            .patch(
-                "owners",
-                &PatchParams::default().dry_run(),
-                &Patch::Merge(&change),
-            )
-            .await
-        {
-            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    let policy = idem_tests::admission::RefusingPolicy::create(
+        &client,
+        &format!("refuse-subjects-{name}"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        &name,
+        (
+            "object.subjects == oldObject.subjects",
+            "the subjects are frozen",
+        ),
+        || {
+            let change = json!({"subjects": [{"kind": "User", "name": "bob",
+                "apiGroup": "rbac.authorization.k8s.io"}]});
+            let bindings = bindings.clone();
+            async move {
+                let dry_run = PatchParams::default().dry_run();
+                bindings
+                    .patch("owners", &dry_run, &Patch::Merge(&change))
+                    .await
+            }
+        },
+    )
     .await;
     let stored = Arc::new(get(&client, &name).await);
     let action = Driver::reconcile(stored, Arc::clone(&driver), attempt())
@@ -599,15 +573,7 @@ async fn a_held_childs_refused_repair_is_looked_at_again() {
         .expect("a refused repair of a held child does not fail the pass");
     assert_eq!(action, Action::requeue(BLOCKED_POLL));
 
-    for kind in [
-        "ValidatingAdmissionPolicyBinding",
-        "ValidatingAdmissionPolicy",
-    ] {
-        api(kind)
-            .delete(&policy, &DeleteParams::default())
-            .await
-            .expect("delete the policy");
-    }
+    policy.remove().await;
     bindings
         .patch(
             "owners",

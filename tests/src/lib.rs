@@ -18,6 +18,7 @@
 //! # let _ = (client, writes); Ok(()) }
 //! ```
 
+pub mod admission;
 pub mod binaries;
 pub mod cluster;
 mod controlplane;

@@ -424,8 +424,6 @@ async fn terminating_child_is_repaired_in_place_and_reported_as_reconciling() {
 /// goes on and the owner is Reconciling, not failed and retried with backoff.
 #[tokio::test]
 async fn a_terminating_childs_repair_refused_by_a_policy_leaves_it_terminating_with_the_reason() {
-    use kube::api::{DeleteParams, DynamicObject};
-    use kube::core::{ApiResource, GroupVersionKind};
     let client = client();
     ensure_crd(&client).await;
     let _guard = METRICS_LOCK.read().await;
@@ -441,64 +439,22 @@ async fn a_terminating_childs_repair_refused_by_a_policy_leaves_it_terminating_w
         .await
         .expect("delete");
     // A policy refusing any change of the ConfigMaps' data in this namespace, with 403.
-    let group = "admissionregistration.k8s.io/v1";
-    let policy = |kind: &str| {
-        ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            kind,
-        ))
-    };
-    let policies: Api<DynamicObject> =
-        Api::all_with(client.clone(), &policy("ValidatingAdmissionPolicy"));
-    let bindings: Api<DynamicObject> =
-        Api::all_with(client.clone(), &policy("ValidatingAdmissionPolicyBinding"));
-    let name = format!("refuse-data-{ns}");
-    let p: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": group, "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["UPDATE"], "resources": ["configmaps"]}]},
-            "validations": [{"expression": "object.data == oldObject.data",
-                "reason": "Forbidden", "message": "the data is frozen"}]
-        }
-    }))
-    .unwrap();
-    policies
-        .create(&PostParams::default(), &p)
-        .await
-        .expect("policy");
-    let b: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": group, "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name, "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": ns}}}
-        }
-    }))
-    .unwrap();
-    bindings
-        .create(&PostParams::default(), &b)
-        .await
-        .expect("binding");
-    // In effect once a dry-run change of the data is refused.
-    idem_tests::eventually("the policy refuses a change of the data", || async {
-        let change = json!({"data": {"greeting": "y"}});
-        match cms
-            .patch(
-                "w-config",
-                &PatchParams::default().dry_run(),
-                &Patch::Merge(&change),
-            )
-            .await
-        {
-            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    let policy = idem_tests::admission::RefusingPolicy::create(
+        &client,
+        &format!("refuse-data-{ns}"),
+        ("", "configmaps"),
+        &ns,
+        ("object.data == oldObject.data", "the data is frozen"),
+        || {
+            let change = json!({"data": {"greeting": "y"}});
+            let cms = cms.clone();
+            async move {
+                let dry_run = PatchParams::default().dry_run();
+                cms.patch("w-config", &dry_run, &Patch::Merge(&change))
+                    .await
+            }
+        },
+    )
     .await;
 
     let (report, _) = reconcile(&client, &w)
@@ -530,14 +486,7 @@ async fn a_terminating_childs_repair_refused_by_a_policy_leaves_it_terminating_w
         ready.message
     );
 
-    bindings
-        .delete(&name, &DeleteParams::default())
-        .await
-        .expect("delete binding");
-    policies
-        .delete(&name, &DeleteParams::default())
-        .await
-        .expect("delete policy");
+    policy.remove().await;
     let release = json!({"metadata": {"finalizers": null}});
     cms.patch("w-config", &PatchParams::default(), &Patch::Merge(&release))
         .await
