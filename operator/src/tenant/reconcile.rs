@@ -79,13 +79,16 @@ impl Reconciler for Tenants {
             pass.publish(event).await;
         }
         let held = split.as_ref().is_some_and(|p| !p.held.is_empty());
-        let requeue = if !ns.terminating.is_empty() {
-            Some(TERMINATING_POLL)
-        } else if held {
-            Some(quota_split::HELD_POLL)
-        } else {
-            (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
-        };
+        // A namespace or object being deleted, desired or held before it goes: looked at again
+        // until it is gone (its deletion's own event may come late or never reach us).
+        let requeue =
+            if !ns.terminating.is_empty() || !ns.held.is_empty() || !contents.pruning.is_empty() {
+                Some(TERMINATING_POLL)
+            } else if held {
+                Some(quota_split::HELD_POLL)
+            } else {
+                (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
+            };
         let mut readiness = status::readiness(&ns, &contents);
         if let Some(plan) = &split {
             readiness = quota_split::readiness(plan, readiness);

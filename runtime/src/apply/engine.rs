@@ -1012,10 +1012,15 @@ impl Applier {
         match api.delete(&key.name, &dp).await {
             Ok(deleted) => {
                 report.pruned.push(key.clone());
-                // Still there, being deleted (its finalizers, or its kind's own wait, such as
-                // a Namespace's for its contents): recorded until it is gone.
+                // Its deletion waits for finalizers: still there, recorded until it is gone.
                 match deleted.left() {
-                    Some(still) if still.metadata.deletion_timestamp.is_some() => {
+                    Some(still)
+                        if still
+                            .metadata
+                            .finalizers
+                            .as_ref()
+                            .is_some_and(|f| !f.is_empty()) =>
+                    {
                         held(report, key, &still.metadata);
                     }
                     _ => report.pruned_uids.push(uid),
@@ -1036,14 +1041,15 @@ impl Applier {
     }
 }
 
-/// Notes the recorded, undesired child `key` (`meta`), still there and being deleted, in
-/// [`ApplyReport::pruning`] with its finalizers: something holds it, its finalizers or its
-/// kind's own wait (a Namespace is deleted once its contents are, which a finalizer on any of
-/// them holds), and it is in effect until it is gone.
+/// Notes the recorded, undesired child `key` (`meta`) whose deletion is under way in
+/// [`ApplyReport::pruning`] when finalizers hold it (a deletion without any ends by itself).
+/// A Namespace waiting for its contents has none of its own, so it is not noted: it leaves the
+/// record at once and its owner may be `Ready` before it is gone.
 fn held(report: &mut ApplyReport, key: ObjectKey, meta: &kube::api::ObjectMeta) {
-    report
-        .pruning
-        .push((key, meta.finalizers.clone().unwrap_or_default()));
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    if !finalizers.is_empty() {
+        report.pruning.push((key, finalizers));
+    }
 }
 
 /// One pruned kind and how its undesired children go.
