@@ -112,6 +112,22 @@ async fn deleting_a_tenant_with_policy_delete_is_not_blocked_by_a_foreign_namesp
     .await;
     tenants::assert_retained(&client, &foreign, "").await;
     assert_user_data(&client, &foreign).await;
+    // The Event of the namespace's deletion says why: the Tenant is deleted (not the prune's
+    // "no longer desired", which would send a reader to the spec).
+    let deleted = format!("Namespace/{name}-own");
+    let notes: Vec<String> = tenants::events_about(&client, &name, "Deleted")
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .filter(|n| n.contains(&deleted))
+        .collect();
+    assert!(
+        !notes.is_empty()
+            && notes
+                .iter()
+                .all(|n| n.contains("its owner is being deleted")),
+        "{notes:?}"
+    );
 }
 
 #[tokio::test]

@@ -35,14 +35,20 @@ fn child_reference(key: &ObjectKey) -> ObjectReference {
 }
 
 /// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
-/// per child pruned, one `Warning` `NotPruned` for the objects that claim the owner without
+/// per child pruned (saying why: no longer desired, or, when `owner_deleted`, its owner is
+/// being deleted), one `Warning` `NotPruned` for the objects that claim the owner without
 /// being in its record of created children (never deleted, see [`crate::apply::record`];
 /// [`not_pruned`]); `Warning` `Recreated` per child deleted and created again (its apply was
 /// rejected, e.g. an immutable field changed) and `DriftRepaired` per child whose fields another
 /// writer had changed, naming the fields and the field managers that changed them (e.g.
 /// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`),
 /// one Event per repair (see the comment in the body).
-pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: &ApplyReport) {
+pub async fn children(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    report: &ApplyReport,
+    owner_deleted: bool,
+) {
     for (key, outcome) in &report.children {
         let event = match outcome {
             ChildOutcome::Created => Event {
@@ -98,7 +104,11 @@ pub async fn children(recorder: &Recorder, reference: &ObjectReference, report: 
         let event = Event {
             type_: EventType::Normal,
             reason: "Deleted".into(),
-            note: Some(format!("deleted {key}, no longer desired")),
+            note: Some(if owner_deleted {
+                format!("deleted {key}: its owner is being deleted")
+            } else {
+                format!("deleted {key}, no longer desired")
+            }),
             action: "Prune".into(),
             secondary: Some(child_reference(key)),
         };

@@ -311,7 +311,8 @@ impl<K: IdempotentResource> Pass<K> {
             {
                 told.unrecorded.clear();
             }
-            super::events::children(recorder, &self.reference, &told).await;
+            let deleted = self.obj.meta().deletion_timestamp.is_some();
+            super::events::children(recorder, &self.reference, &told, deleted).await;
         }
         Ok(report)
     }
@@ -386,7 +387,8 @@ impl<K: IdempotentResource> Pass<K> {
         }
         if let Some(recorder) = &self.recorder {
             super::events::regenerated(recorder, &self.reference, &report.regenerated).await;
-            super::events::children(recorder, &self.reference, &report).await;
+            let deleted = self.obj.meta().deletion_timestamp.is_some();
+            super::events::children(recorder, &self.reference, &report, deleted).await;
         }
         let Some(live) = ensured.live else {
             return Ok(None);
