@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{shared_operator, tenants, why};
 use idem_operator::tenant::desired::{OWNERS, ROLE_BINDING_PREFIX};
 use idem_tests::{shared, unique_name};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -138,23 +138,58 @@ async fn a_removed_binding_held_by_an_owners_finalizer_keeps_the_tenant_from_rea
 }
 
 /// A namespace the administrator removes from the Tenant, held by a finalizer on it: what is in
-/// it is still in effect until it is gone, so the Tenant is `Reconciling`
-/// (`NamespaceTerminating`, naming it) and keeps it in its record until then, and is `Ready`
-/// (without it in the record) once the hold is released.
+/// it is still in effect until it is gone, so the Tenant is not `Ready` until then.
 #[tokio::test]
 async fn a_removed_namespace_held_by_a_finalizer_keeps_the_tenant_from_ready() {
+    removed_namespace_held(Hold::Namespace).await;
+}
+
+/// The usual hold: an owner's finalizer on an object in a namespace the administrator removes
+/// from the Tenant. The namespace waits for its contents (no finalizer of its own), and is in
+/// effect until it is gone.
+#[tokio::test]
+async fn a_removed_namespace_held_by_its_contents_keeps_the_tenant_from_ready() {
+    removed_namespace_held(Hold::Contents).await;
+}
+
+/// What holds the deletion of a namespace in [`removed_namespace_held`].
+#[derive(Clone, Copy)]
+enum Hold {
+    /// The administrator's finalizer on the Namespace.
+    Namespace,
+    /// Owner alice's finalizer on a ConfigMap of hers in it.
+    Contents,
+}
+
+/// The Tenant is `Reconciling` (`NamespaceTerminating`, naming the namespace) while the
+/// namespace removed from its spec is held, keeps it in its record meanwhile, and is `Ready`
+/// (without it in the record) once the hold is released.
+async fn removed_namespace_held(hold: Hold) {
     shared_operator().await;
     let client = shared().client();
     let name = unique_name("heldns");
     tenants::create(&client, &name, tenants::full_spec(&["a", "b"])).await;
     tenants::wait_ready(&client, &name).await;
     let old = format!("{name}-b");
-    let namespaces = Api::<Namespace>::all(client.clone());
     let keep = json!({"metadata": {"finalizers": ["example.com/keep"]}});
-    namespaces
-        .patch(&old, &PatchParams::default(), &Patch::Merge(&keep))
-        .await
-        .expect("the hold");
+    let release = json!({"metadata": {"finalizers": null}});
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &old);
+    match hold {
+        Hold::Namespace => namespaces
+            .patch(&old, &PatchParams::default(), &Patch::Merge(&keep))
+            .await
+            .map(drop),
+        Hold::Contents => {
+            let mut held: ConfigMap = serde_json::from_value(keep.clone()).unwrap();
+            held.metadata.name = Some("held".into());
+            Api::<ConfigMap>::namespaced(client_as("alice"), &old)
+                .create(&Default::default(), &held)
+                .await
+                .map(drop)
+        }
+    }
+    .expect("the hold");
     tenants::api(&client)
         .patch(
             &name,
@@ -165,10 +200,13 @@ async fn a_removed_namespace_held_by_a_finalizer_keeps_the_tenant_from_ready() {
         .unwrap();
     let t = tenants::wait_condition(&client, &name, "Reconciling", "NamespaceTerminating").await;
     let reconciling = tenants::condition(&t, "Reconciling").unwrap();
-    assert!(
-        reconciling.message.contains(&old) && reconciling.message.contains("example.com/keep"),
-        "{reconciling:?}"
-    );
+    assert!(reconciling.message.contains(&old), "{reconciling:?}");
+    if let Hold::Namespace = hold {
+        assert!(
+            reconciling.message.contains("example.com/keep"),
+            "{reconciling:?}"
+        );
+    }
     let recorded = |t: &idem_operator::resources::Tenant| {
         t.status.as_ref().is_some_and(|s| {
             s.created_children
@@ -179,20 +217,17 @@ async fn a_removed_namespace_held_by_a_finalizer_keeps_the_tenant_from_ready() {
     assert!(recorded(&t), "still recorded while it is there");
     let ns = namespaces.get(&old).await.map_err(why).unwrap();
     assert!(ns.metadata.deletion_timestamp.is_some(), "deleted, held");
-    let release = json!({"metadata": {"finalizers": null}});
-    namespaces
-        .patch(&old, &PatchParams::default(), &Patch::Merge(&release))
-        .await
-        .expect("the release");
-    tenants::wait_ready(&client, &name).await;
-    // Gone, it leaves the record (the pass that sees it gone may follow the first Ready).
-    idem_tests::eventually("the namespace out of the record", || async {
-        let t = tenants::api(&client).get(&name).await.map_err(why)?;
-        if recorded(&t) {
-            Err(format!("{:?}", t.status))
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    match hold {
+        Hold::Namespace => namespaces
+            .patch(&old, &PatchParams::default(), &Patch::Merge(&release))
+            .await
+            .map(drop),
+        Hold::Contents => config_maps
+            .patch("held", &PatchParams::default(), &Patch::Merge(&release))
+            .await
+            .map(drop),
+    }
+    .expect("the release");
+    let t = tenants::wait_ready(&client, &name).await;
+    assert!(!recorded(&t), "gone: out of the record");
 }

@@ -27,6 +27,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -115,6 +116,14 @@ fn drop_annotation(child: &mut Value, key: &str) {
     }
 }
 
+/// Whether a status observed `generation` and says `Ready`.
+fn ready_at(generation: Option<i64>, observed: Option<i64>, conditions: &[Condition]) -> bool {
+    observed == generation
+        && conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
 impl Subject for TenantKind {
     type Primary = Tenant;
     type Session = Session<Tenants>;
@@ -146,6 +155,17 @@ impl Subject for TenantKind {
             .kind::<RoleBinding>()
             .kind::<NetworkPolicy>()
             .kind::<TenantPolicy>()
+    }
+
+    /// `Ready` at its generation: not before a namespace no longer desired is gone (the
+    /// Tenant says `NamespaceTerminating` while one is held, and keeps it in its record).
+    fn settled(&self, tenant: &Tenant) -> bool {
+        let status = tenant.status.clone().unwrap_or_default();
+        ready_at(
+            tenant.metadata.generation,
+            status.observed_generation,
+            &status.conditions,
+        )
     }
 
     async fn session(&self, client: Client) -> Result<Session<Tenants>, BoxError> {
@@ -238,11 +258,11 @@ impl Subject for AppKind {
     /// Ready for the current generation: the Deployment is available.
     fn settled(&self, app: &TenantApp) -> bool {
         let status = app.status.clone().unwrap_or_default();
-        status.observed_generation == app.metadata.generation
-            && status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
+        ready_at(
+            app.metadata.generation,
+            status.observed_generation,
+            &status.conditions,
+        )
     }
 
     async fn session(&self, client: Client) -> Result<Session<TenantApps>, BoxError> {

@@ -283,3 +283,75 @@ async fn stalls_on_a_missing_cluster_role(prefix: &str, binding: &str, missing: 
         "the Stalled message names the server's reason (ClusterRole {missing} not found): {message}"
     );
 }
+
+/// A binding being deleted and held by a finalizer, whose Tenant now binds a ClusterRole that
+/// does not exist: the server refuses its repair in place with 404 (for the ClusterRole). As
+/// with a policy's 403, it stays terminating with the server's reason: the Tenant waits for
+/// its deletion (`ChildTerminating`, naming the reason), not a failing pass retried for good.
+/// Once the hold is released the binding cannot be created either: `Stalled`, with the reason.
+#[tokio::test]
+async fn a_held_binding_whose_repair_binds_a_missing_cluster_role_waits_for_its_deletion() {
+    install().await;
+    let client = shared().client();
+    let _ = operator();
+    let name = unique_name("heldrb");
+    let missing = unique_name("idem-test-missing");
+    tenants::create(
+        &client,
+        &name,
+        TenantSpec {
+            namespaces: vec!["dev".into()],
+            owners: vec![user("alice")],
+            role_bindings: vec![TenantRoleBinding {
+                name: "readers".into(),
+                cluster_role: "view".into(),
+                subjects: vec![user("audrey")],
+            }],
+            weight: 1,
+            ..TenantSpec::default()
+        },
+    )
+    .await;
+    tenants::wait_ready(&client, &name).await;
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &format!("{name}-dev"));
+    let binding = format!("{ROLE_BINDING_PREFIX}readers");
+    let hold = |f: Option<&str>| json!({"metadata": {"finalizers": f.map(|f| vec![f])}});
+    bindings
+        .patch(
+            &binding,
+            &PatchParams::default(),
+            &Patch::Merge(hold(Some("example.com/keep"))),
+        )
+        .await
+        .unwrap();
+    bindings
+        .delete(&binding, &Default::default())
+        .await
+        .unwrap();
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"roleBindings": [
+                {"name": "readers", "clusterRole": missing,
+                 "subjects": [{"kind": "User", "name": "audrey"}]}]}})),
+        )
+        .await
+        .unwrap();
+    let t = tenants::wait_condition(&client, &name, "Reconciling", "ChildTerminating").await;
+    let message = &tenants::condition(&t, "Reconciling").unwrap().message;
+    assert!(
+        message.contains(&binding)
+            && message.contains("not repaired meanwhile")
+            && message.contains("404")
+            && message.contains(&missing),
+        "the wait names the binding and the server's refusal: {message}"
+    );
+    bindings
+        .patch(&binding, &PatchParams::default(), &Patch::Merge(hold(None)))
+        .await
+        .unwrap();
+    let (state, message) = settled(&client, &name).await;
+    assert_eq!(state, "Stalled", "{message}");
+    assert!(message.contains(&missing), "{message}");
+}

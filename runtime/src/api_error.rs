@@ -1,5 +1,5 @@
-//! What the API server's error answers mean (conflict, already exists, not found) and how they
-//! read in a message, for every layer that writes.
+//! What the API server's error answers mean (conflict, already exists, not found, invalid,
+//! forbidden) and how they read in a message, for every layer that writes.
 
 /// A client error in words: for an API status, `{code} {reason}: {message}` (the status the
 /// server sent, not its Rust debug form); otherwise the error's own message.
@@ -65,6 +65,31 @@ pub(crate) fn is_admission_denial(err: &kube::Error) -> bool {
     };
     status.message.contains("admission webhook")
         || status.message.contains("ValidatingAdmissionPolicy")
+}
+
+/// Whether `err` is 422 Invalid (the object failed validation).
+pub(crate) fn is_invalid(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((422, "Invalid")))
+}
+
+/// Whether `err` is 403 Forbidden: an admission webhook's denial (its default code), or
+/// authorization's.
+pub(crate) fn is_forbidden(err: &kube::Error) -> bool {
+    matches!(api_reason(err), Some((403, _)))
+}
+
+/// Whether `err` is the 422 the API server gives when the apply's `metadata.uid` is not the
+/// stored object's (the object was replaced since we read it).
+pub(crate) fn uid_mismatch(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(s) => {
+            s.code == 422
+                && s.details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

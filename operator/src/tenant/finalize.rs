@@ -132,8 +132,8 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             all.prune_kind::<Namespace>().release_orphans::<Namespace>();
             pass.apply(&all).await?;
             // Only what the prune deletes is waited for, until it is gone: a namespace the
-            // Tenant controls that is being deleted (the prune's delete left the record at
-            // once), or one still in the record. A namespace that claims the Tenant but is not
+            // Tenant controls that is being deleted (one an earlier version's prune let leave
+            // the record at once), or one still in the record. A namespace that claims the Tenant but is not
             // in its record of created children is never deleted by us, nor waited for.
             let left: Vec<String> = namespaces_referring(&client, &owner)
                 .await?

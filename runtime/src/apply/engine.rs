@@ -12,7 +12,7 @@ use super::owner::DesiredChild;
 use super::report::{ApplyReport, ChildOutcome, Repair};
 use super::takeover::fold_patch;
 use super::{ApplyError, Labels, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found};
-use crate::api_error::is_not_found_named;
+use crate::api_error::{is_forbidden, is_invalid, is_not_found_named, uid_mismatch};
 use crate::cache::{Answers, ChildCaches, InFlight};
 use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
 use crate::key::ObjectKey;
@@ -604,24 +604,11 @@ impl Applier {
             // once it is gone), or whose repair an admission webhook, a policy or authorization
             // refuses: it stays terminating, with the server's reason, and the pass goes on
             // (the owner's other children are applied and pruned meanwhile).
-            if let Some(ChildOutcome::Terminating { finalizers, .. }) = terminating
+            if let Some(ChildOutcome::Terminating { finalizers, .. }) = &terminating
                 && (is_invalid(&e) || is_forbidden(&e))
                 && !uid_mismatch(&e)
             {
-                let reason = super::describe(&e);
-                tracing::info!(child = %key, error = %reason, "a terminating child cannot be repaired in place");
-                // Not recorded on a refusal: one that only claims the owner (a copied
-                // reference) and that the server refuses to make as desired is not ours.
-                return Ok(Applied {
-                    outcome: ChildOutcome::Terminating {
-                        finalizers,
-                        unrepaired: Some(reason),
-                    },
-                    repaired: None,
-                    created: None,
-                    released: None,
-                    regenerated: false,
-                });
+                return Ok(unrepaired(&key, finalizers.clone(), &e));
             }
             // An object at a desired name that claims the owner by its ownerReference but is
             // not in the owner's record (a tenant owner's, with a copied reference), and that
@@ -665,7 +652,20 @@ impl Applier {
                     regenerated: false,
                 });
             }
-            observed = self.read_again(&child.resource, &key, &meta, e).await?;
+            observed = match self.read_again(&child.resource, &key, &meta, e).await {
+                // A 404 the read confirmed as a refusal (the write needs an object that is
+                // missing, a RoleBinding's ClusterRole): a terminating child stays so too.
+                Err(ApplyError::Api {
+                    action: "apply",
+                    source,
+                    ..
+                }) if let Some(ChildOutcome::Terminating { finalizers, .. }) = &terminating
+                    && is_not_found(&source) =>
+                {
+                    return Ok(unrepaired(&key, finalizers.clone(), &source));
+                }
+                again => again?,
+            };
         }
         Err(ApplyError::ConflictsExhausted {
             child: key,
@@ -1012,15 +1012,10 @@ impl Applier {
         match api.delete(&key.name, &dp).await {
             Ok(deleted) => {
                 report.pruned.push(key.clone());
-                // Its deletion waits for finalizers: still there, recorded until it is gone.
+                // Still there, being deleted (its finalizers, or its kind's own wait, such as
+                // a Namespace's for its contents): recorded until it is gone.
                 match deleted.left() {
-                    Some(still)
-                        if still
-                            .metadata
-                            .finalizers
-                            .as_ref()
-                            .is_some_and(|f| !f.is_empty()) =>
-                    {
+                    Some(still) if still.metadata.deletion_timestamp.is_some() => {
                         held(report, key, &still.metadata);
                     }
                     _ => report.pruned_uids.push(uid),
@@ -1041,15 +1036,33 @@ impl Applier {
     }
 }
 
-/// Notes the recorded, undesired child `key` (`meta`) whose deletion is under way in
-/// [`ApplyReport::pruning`] when finalizers hold it (a deletion without any ends by itself).
-/// A Namespace waiting for its contents has none of its own, so it is not noted: it leaves the
-/// record at once and its owner may be `Ready` before it is gone.
-fn held(report: &mut ApplyReport, key: ObjectKey, meta: &kube::api::ObjectMeta) {
-    let finalizers = meta.finalizers.clone().unwrap_or_default();
-    if !finalizers.is_empty() {
-        report.pruning.push((key, finalizers));
+/// The outcome of the terminating child `key` (held by `finalizers`) whose in-place repair the
+/// server refused with `e`: still terminating, with the server's reason. Not recorded: one that
+/// only claims the owner (a copied reference) and that the server refuses to make as desired
+/// is not ours.
+fn unrepaired(key: &ObjectKey, finalizers: Vec<String>, e: &kube::Error) -> Applied {
+    let reason = super::describe(e);
+    tracing::info!(child = %key, error = %reason, "a terminating child cannot be repaired in place");
+    Applied {
+        outcome: ChildOutcome::Terminating {
+            finalizers,
+            unrepaired: Some(reason),
+        },
+        repaired: None,
+        created: None,
+        released: None,
+        regenerated: false,
     }
+}
+
+/// Notes the recorded, undesired child `key` (`meta`), still there and being deleted, in
+/// [`ApplyReport::pruning`] with its finalizers: something holds it, its finalizers or its
+/// kind's own wait (a Namespace is deleted once its contents are, which a finalizer on any of
+/// them holds), and it is in effect until it is gone.
+fn held(report: &mut ApplyReport, key: ObjectKey, meta: &kube::api::ObjectMeta) {
+    report
+        .pruning
+        .push((key, meta.finalizers.clone().unwrap_or_default()));
 }
 
 /// One pruned kind and how its undesired children go.
@@ -1123,29 +1136,4 @@ fn server_may_explain(drift: &Drift) -> bool {
 /// A dynamic object as JSON (`apiVersion`, `kind`, `metadata`, and its other fields).
 fn to_json(obj: &DynamicObject) -> Value {
     serde_json::to_value(obj).unwrap_or(Value::Null)
-}
-
-/// Whether `err` is 422 Invalid (the object failed validation).
-fn is_invalid(err: &kube::Error) -> bool {
-    matches!(super::api_reason(err), Some((422, "Invalid")))
-}
-
-/// Whether `err` is 403 Forbidden: an admission webhook's denial (its default code), or
-/// authorization's.
-fn is_forbidden(err: &kube::Error) -> bool {
-    matches!(super::api_reason(err), Some((403, _)))
-}
-
-/// Whether `err` is the 422 the API server gives when the apply's `metadata.uid` is not the
-/// stored object's (the object was replaced since we read it).
-fn uid_mismatch(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Api(s) => {
-            s.code == 422
-                && s.details
-                    .as_ref()
-                    .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
-        }
-        _ => false,
-    }
 }

@@ -71,9 +71,7 @@ pub use crate::labels::{
 };
 
 use crate::api_error::is_admission_denial;
-pub(crate) use crate::api_error::{
-    api_reason, describe, is_already_exists, is_conflict, is_not_found,
-};
+pub(crate) use crate::api_error::{describe, is_already_exists, is_conflict, is_not_found};
 use crate::key::ObjectKey;
 
 /// Errors of the apply engine.

@@ -25,10 +25,7 @@ impl ApplyReport {
                     finalizers,
                     unrepaired,
                 } => {
-                    let mut s = k.to_string();
-                    if !finalizers.is_empty() {
-                        s.push_str(&format!(" (finalizers: {})", finalizers.join(", ")));
-                    }
+                    let mut s = with_finalizers(k, finalizers);
                     if let Some(why) = unrepaired {
                         s.push_str(&format!(", not repaired meanwhile: {why}"));
                     }

@@ -31,7 +31,7 @@ pub use conditions::{ConditionStatus, Readiness, StatusDraft, validate_condition
 pub use message::{MAX_MESSAGE_BYTES, shorten};
 pub use writer::{StatusOutcome, StatusWriter};
 
-use crate::api_error::{api_reason, is_admission_denial};
+use crate::api_error::{is_admission_denial, is_invalid};
 
 /// Errors of the status engine.
 #[derive(Debug, thiserror::Error)]
@@ -94,9 +94,7 @@ impl StatusError {
                 action: "replace_status",
                 source,
                 ..
-            } => {
-                matches!(api_reason(source), Some((422, "Invalid"))) && !is_admission_denial(source)
-            }
+            } => is_invalid(source) && !is_admission_denial(source),
             _ => false,
         }
     }

@@ -168,7 +168,7 @@ impl<'a, S: Subject> Harness<'a, S> {
     /// The primary's status conditions in one line (`type=status (reason): message`), for
     /// the evidence of a check that did not settle: a `Stalled` condition names the cause
     /// (such as a child name every instance shares in the one namespace of a run).
-    async fn primary_conditions(&self, instance: &Instance) -> String {
+    pub(crate) async fn primary_conditions(&self, instance: &Instance) -> String {
         let Ok(obj) = self
             .api(instance.namespace.as_deref(), &self.primary)
             .get(&instance.name)

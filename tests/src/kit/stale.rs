@@ -289,16 +289,37 @@ struct Played {
 }
 
 impl Played {
+    /// One line per pass; a run of passes that read alike is one line, counted.
     fn describe(&self) -> String {
-        self.passes
-            .iter()
-            .map(|(g, rv, p)| format!("  generation {g} (resourceVersion {rv}): {}", describe(p)))
+        let mut lines: Vec<(String, usize)> = Vec::new();
+        for (g, rv, p) in &self.passes {
+            let line = format!("  generation {g} (resourceVersion {rv}): {}", describe(p));
+            match lines.last_mut() {
+                Some((last, n)) if *last == line => *n += 1,
+                _ => lines.push((line, 1)),
+            }
+        }
+        (lines.into_iter())
+            .map(|(line, n)| match n {
+                1 => line,
+                n => format!("{line} (× {n})"),
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
+
+    /// Passes that wrote or failed: a subject that keeps doing so does not settle. Passes
+    /// without either wait for what is not the reconcile's to hasten (a namespace emptied by
+    /// the API server's namespace controller), bounded by the play's deadline.
+    fn busy(&self) -> usize {
+        (self.passes.iter())
+            .filter(|(_, _, p)| p.result.is_err() || p.writes() > 0)
+            .count()
+    }
 }
 
-/// Plays the controller until generation `last` was reconciled and the subject is settled.
+/// Plays the controller until generation `last` was reconciled and the subject is settled: a
+/// failure after more than `max_passes × 4` passes that wrote or failed, or after the deadline.
 async fn play<S: Subject>(
     h: &Harness<'_, S>,
     session: &S::Session,
@@ -320,8 +341,9 @@ async fn play<S: Subject>(
         if start.elapsed() >= deadline {
             played.result = Err(format!(
                 "generation {last} not reconciled and settled within {} s (last generation \
-                 reconciled: {reconciled}); the passes:\n{}",
+                 reconciled: {reconciled}; the primary's conditions: {}); the passes:\n{}",
                 deadline.as_secs(),
+                h.primary_conditions(instance).await,
                 played.describe()
             ));
             return Ok(played);
@@ -355,10 +377,12 @@ async fn play<S: Subject>(
         failed = pass.result.is_err();
         reconciled = reconciled.max(g);
         played.passes.push((g, rv, pass));
-        if played.passes.len() > h.options.max_passes * 4 {
+        if played.busy() > h.options.max_passes * 4 {
             played.result = Err(format!(
-                "not settled after {} passes:\n{}",
-                played.passes.len(),
+                "not settled after {} passes that wrote or failed (the primary's conditions: \
+                 {}):\n{}",
+                played.busy(),
+                h.primary_conditions(instance).await,
                 played.describe()
             ));
             return Ok(played);
