@@ -32,23 +32,29 @@ use crate::error::Error;
 use crate::resources::tenant::DeletionPolicy;
 use crate::resources::{Tenant, TenantPolicy};
 
-/// How often a tenant whose namespaces are still being deleted is looked at again.
+/// How often a tenant whose namespaces (or objects) are still being deleted is looked at again
+/// at first ([`waiting_poll`]).
 pub const TERMINATING_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The longest wait between two looks at a deleted Tenant whose namespaces are still being
-/// deleted ([`deletion_poll`]).
+/// The longest wait between two looks at a Tenant waiting for a deletion ([`waiting_poll`]).
 pub const DELETION_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// When a deleted Tenant whose namespaces are still being deleted is looked at again, at `now`:
-/// [`TERMINATING_POLL`] at first, then a quarter of the time it has been deleted, up to
-/// [`DELETION_POLL_MAX`]. Each look lists the cluster's namespaces, and a finalizer anyone may
-/// put on an object in them can hold the deletion for good; the namespaces' own events wake
-/// the Tenant meanwhile, so the poll is only the safety net.
-pub fn deletion_poll(tenant: &Tenant, now: Time) -> std::time::Duration {
-    let since = (tenant.metadata.deletion_timestamp.as_ref())
+/// When a Tenant that has waited for a deletion since `since` is looked at again, at `now`:
+/// [`TERMINATING_POLL`] at first, then a quarter of the time it has waited, up to
+/// [`DELETION_POLL_MAX`]. A finalizer anyone may put on an object can hold a deletion for
+/// good; the deleted objects' own events wake the Tenant meanwhile, so the poll is only the
+/// safety net.
+pub fn waiting_poll(since: Option<&Time>, now: Time) -> std::time::Duration {
+    let waited = since
         .and_then(|t| std::time::Duration::try_from(now.0.duration_since(t.0)).ok())
         .unwrap_or_default();
-    (since / 4).clamp(TERMINATING_POLL, DELETION_POLL_MAX)
+    (waited / 4).clamp(TERMINATING_POLL, DELETION_POLL_MAX)
+}
+
+/// When a deleted Tenant whose namespaces are still being deleted is looked at again, at `now`
+/// ([`waiting_poll`] since its deletion). Each look lists the cluster's namespaces.
+pub fn deletion_poll(tenant: &Tenant, now: Time) -> std::time::Duration {
+    waiting_poll(tenant.metadata.deletion_timestamp.as_ref(), now)
 }
 
 /// The finalizer the API server adds for `propagationPolicy: Orphan` (`kubectl delete
@@ -131,9 +137,10 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             // A recorded namespace an administrator released is kept, not deleted.
             all.prune_kind::<Namespace>().release_orphans::<Namespace>();
             pass.apply(&all).await?;
-            // Only what the prune deletes is waited for, until it is gone: a namespace the
-            // Tenant controls that is being deleted (one an earlier version's prune let leave
-            // the record at once), or one still in the record. A namespace that claims the Tenant but is not
+            // Only what the Tenant controls is waited for, until it is gone: a namespace still
+            // in its record (the prune keeps one being deleted there until it is gone), or one
+            // it controls that is being deleted (by anyone, or by an earlier version's prune,
+            // which let it leave the record at once). A namespace that claims the Tenant but is not
             // in its record of created children is never deleted by us, nor waited for.
             let left: Vec<String> = namespaces_referring(&client, &owner)
                 .await?

@@ -10,10 +10,12 @@ use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::desired;
-use super::finalize::TERMINATING_POLL;
+use super::finalize::waiting_poll;
 use super::quota_split;
 use super::status::{self, NamespacePass};
 use crate::context::Context;
@@ -26,6 +28,16 @@ use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
 /// tenant's namespace maps to that other tenant). A conflicted reconcile writes nothing (its
 /// status is unchanged), so this slow poll costs a few reads.
 pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
+
+/// Since when the Tenant has waited for a deletion: the last transition of its `Reconciling`
+/// condition, when it is true for one (`NamespaceTerminating`, `ChildTerminating`).
+fn waiting_since(tenant: &Tenant) -> Option<&Time> {
+    let status = tenant.status.as_ref()?;
+    let c = (status.conditions.iter()).find(|c| c.type_ == "Reconciling" && c.status == "True")?;
+    ["NamespaceTerminating", "ChildTerminating"]
+        .contains(&c.reason.as_str())
+        .then_some(&c.last_transition_time)
+}
 
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
 /// owns), `spec.paused` stops everything, the finalizer runs [`super::finalize`].
@@ -80,10 +92,11 @@ impl Reconciler for Tenants {
         }
         let held = split.as_ref().is_some_and(|p| !p.held.is_empty());
         // A namespace or object being deleted, desired or held before it goes: looked at again
-        // until it is gone (its deletion's own event may come late or never reach us).
+        // until it is gone (its deletion's own event may come late or never reach us), less
+        // and less often while the Tenant waits (a hold may last).
         let requeue =
             if !ns.terminating.is_empty() || !ns.held.is_empty() || !contents.pruning.is_empty() {
-                Some(TERMINATING_POLL)
+                Some(waiting_poll(waiting_since(tenant), Time(Timestamp::now())))
             } else if held {
                 Some(quota_split::HELD_POLL)
             } else {
@@ -118,5 +131,56 @@ impl Reconciler for Tenants {
         // The namespaces that exist, so that the count does not say 0 while they are there.
         let listed = super::desired::namespace_names(tenant);
         set_namespaces(status, &self.ctx.namespaces_of(&tenant.name_any(), &listed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::jiff::SignedDuration;
+
+    use super::*;
+    use crate::tenant::finalize::{DELETION_POLL_MAX, TERMINATING_POLL};
+
+    fn reconciling(reason: &str, since: Timestamp) -> Tenant {
+        let mut t = Tenant::new("t", Default::default());
+        t.status = Some(TenantStatus {
+            conditions: vec![Condition {
+                type_: "Reconciling".into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: String::new(),
+                last_transition_time: Time(since),
+                observed_generation: None,
+            }],
+            ..TenantStatus::default()
+        });
+        t
+    }
+
+    #[test]
+    fn a_tenant_waiting_for_a_held_deletion_is_looked_at_less_and_less_often() {
+        let since = Timestamp::now();
+        let after = |secs| Time(since + SignedDuration::from_secs(secs));
+        let held = reconciling("NamespaceTerminating", since);
+        assert_eq!(
+            waiting_poll(waiting_since(&held), after(0)),
+            TERMINATING_POLL
+        );
+        assert_eq!(
+            waiting_poll(waiting_since(&held), after(40)),
+            Duration::from_secs(10)
+        );
+        let child = reconciling("ChildTerminating", since);
+        assert_eq!(
+            waiting_poll(waiting_since(&child), after(3_600)),
+            DELETION_POLL_MAX
+        );
+        // Reconciling for another reason (or not at all): the wait has just begun.
+        let other = reconciling("Progressing", since);
+        assert_eq!(
+            waiting_poll(waiting_since(&other), after(3_600)),
+            TERMINATING_POLL
+        );
     }
 }

@@ -15,6 +15,9 @@ pub struct NamespacePass {
     pub conflicts: Vec<(String, String)>,
     /// Namespaces being deleted (e.g. removed and re-added); their contents wait.
     pub terminating: Vec<String>,
+    /// Those of [`NamespacePass::terminating`] whose repair in place the API server refused
+    /// (an admission policy on their labels), with its words.
+    pub unrepaired: Vec<(String, String)>,
     /// Namespaces of the tenant's record whose ownerReference an administrator removed in
     /// this pass (released): they and their contents are kept, no longer managed.
     pub released: Vec<String>,
@@ -32,7 +35,12 @@ impl NamespacePass {
             let name = key.name.to_string();
             match outcome {
                 ChildOutcome::NotOwned { reason } => pass.conflicts.push((name, reason.clone())),
-                ChildOutcome::Terminating { .. } => pass.terminating.push(name),
+                ChildOutcome::Terminating { unrepaired, .. } => {
+                    if let Some(why) = unrepaired {
+                        pass.unrepaired.push((name.clone(), why.clone()));
+                    }
+                    pass.terminating.push(name);
+                }
                 _ => pass.owned.push(name),
             }
         }
@@ -87,8 +95,11 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
         return Readiness::Reconciling {
             reason: "NamespaceTerminating".into(),
             message: format!(
-                "waiting for namespaces being deleted: {}",
-                pass.terminating.join(", ")
+                "waiting for namespaces being deleted: {}{}",
+                pass.terminating.join(", "),
+                (pass.unrepaired.iter())
+                    .map(|(ns, why)| format!("; {ns} not repaired meanwhile: {why}"))
+                    .collect::<String>()
             ),
         };
     }
@@ -97,7 +108,10 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
             let held: Vec<String> = (pass.held.iter())
                 .map(|(ns, finalizers)| {
                     if finalizers.is_empty() {
-                        format!("{ns} (its contents are being deleted)")
+                        format!(
+                            "{ns} (its contents are being deleted; its status.conditions say \
+                             what holds them)"
+                        )
                     } else {
                         format!("{ns} (finalizers: {})", finalizers.join(", "))
                     }
@@ -225,6 +239,32 @@ mod tests {
             readiness(&gone, &ApplyReport::default()),
             Readiness::Ready { .. }
         ));
+    }
+
+    #[test]
+    fn a_terminating_namespace_whose_repair_was_refused_names_the_servers_words() {
+        let report = ApplyReport {
+            children: vec![(
+                key("a-old"),
+                ChildOutcome::Terminating {
+                    finalizers: vec![],
+                    unrepaired: Some("403 Forbidden: labels are frozen".into()),
+                },
+            )],
+            ..ApplyReport::default()
+        };
+        let pass = NamespacePass::from_report(&report);
+        match readiness(&pass, &ApplyReport::default()) {
+            Readiness::Reconciling { reason, message } => {
+                assert_eq!(reason, "NamespaceTerminating");
+                assert_eq!(
+                    message,
+                    "waiting for namespaces being deleted: a-old; a-old not repaired meanwhile: \
+                     403 Forbidden: labels are frozen"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub enum ChildOutcome {
         /// object can add one).
         finalizers: Vec<String>,
         /// Why what drifted in it was not repaired in place, in the API server's words: an
-        /// immutable field, or an admission webhook's, a policy's or authorization's refusal.
+        /// immutable field, an admission webhook's, a policy's or authorization's refusal, or
+        /// an object the write needs that is missing (404, e.g. a RoleBinding's ClusterRole).
         unrepaired: Option<String>,
     },
     /// An object with this name exists and is not controlled by the owner: left untouched.

@@ -8,8 +8,9 @@ impl ApplyReport {
     /// The kstatus readiness this report implies: `Stalled` with reason `ChildNotOwned` when a
     /// desired child's name is taken by an object we do not own (it needs a human: delete or
     /// rename one of them); `Reconciling` with reason `ChildTerminating` while a desired child
-    /// is still being deleted, or an undesired one's deletion waits for finalizers (it is
-    /// still in effect) (requeue: it resolves by itself); otherwise `Ready` with reason
+    /// is still being deleted, or an undesired one is still there being deleted (held by
+    /// finalizers, or a Namespace waiting for its contents: still in effect) (requeue: it
+    /// resolves by itself); otherwise `Ready` with reason
     /// `Reconciled` (the message names children recreated by this reconcile). Messages are
     /// stable for an unchanged outcome, so an unchanged reconcile leaves the status unchanged.
     pub fn readiness(&self) -> Readiness {

@@ -467,6 +467,11 @@ impl<'a, S: Subject> Harness<'a, S> {
         Ok(state.anonymized(&instance.name, &instance.uid))
     }
 
+    /// Whether a child of `instance` is being deleted.
+    pub(crate) async fn children_terminating(&self, instance: &Instance) -> Result<bool, Error> {
+        Ok(self.state(instance).await?.terminating())
+    }
+
     /// Starts following `instance`'s created-once values ([`super::once::Follow`]).
     pub(crate) async fn follow(
         &self,

@@ -159,11 +159,7 @@ async fn settled_state<S: Subject>(
     let start = Instant::now();
     loop {
         let state = h.anonymized(instance).await?;
-        let terminating = state
-            .children
-            .values()
-            .any(|c| c.pointer("/metadata/deletionTimestamp").is_some());
-        if !terminating || start.elapsed() >= h.options.settle_timeout {
+        if !state.terminating() || start.elapsed() >= h.options.settle_timeout {
             return Ok(state);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -307,19 +303,11 @@ impl Played {
             .collect::<Vec<_>>()
             .join("\n")
     }
-
-    /// Passes that wrote or failed: a subject that keeps doing so does not settle. Passes
-    /// without either wait for what is not the reconcile's to hasten (a namespace emptied by
-    /// the API server's namespace controller), bounded by the play's deadline.
-    fn busy(&self) -> usize {
-        (self.passes.iter())
-            .filter(|(_, _, p)| p.result.is_err() || p.writes() > 0)
-            .count()
-    }
 }
 
 /// Plays the controller until generation `last` was reconciled and the subject is settled: a
-/// failure after more than `max_passes × 4` passes that wrote or failed, or after the deadline.
+/// failure after more than `max_passes × 4` passes (those that wrote nothing while a child was
+/// being deleted aside), or after the deadline.
 async fn play<S: Subject>(
     h: &Harness<'_, S>,
     session: &S::Session,
@@ -335,6 +323,8 @@ async fn play<S: Subject>(
     };
     let mut reconciled = view.latest.as_deref().map_or(0, generation);
     let mut failed = false;
+    // Passes counted against the limit (see below).
+    let mut counted = 0;
     let start = Instant::now();
     let deadline = h.options.settle_timeout + DELAY * 4;
     loop {
@@ -377,11 +367,17 @@ async fn play<S: Subject>(
         failed = pass.result.is_err();
         reconciled = reconciled.max(g);
         played.passes.push((g, rv, pass));
-        if played.busy() > h.options.max_passes * 4 {
+        // A pass that wrote nothing while a child is being deleted waits for what is not the
+        // reconcile's to hasten (a namespace emptied by the API server's namespace
+        // controller): bounded by the deadline only. Every other pass counts.
+        let counts = failed
+            || played.passes.last().is_some_and(|(_, _, p)| p.writes() > 0)
+            || !h.children_terminating(instance).await?;
+        counted += usize::from(counts);
+        if counted > h.options.max_passes * 4 {
             played.result = Err(format!(
-                "not settled after {} passes that wrote or failed (the primary's conditions: \
-                 {}):\n{}",
-                played.busy(),
+                "not settled after {counted} passes, besides those that waited for a child's \
+                 deletion (the primary's conditions: {}):\n{}",
                 h.primary_conditions(instance).await,
                 played.describe()
             ));

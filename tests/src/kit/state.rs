@@ -56,6 +56,11 @@ impl EndState {
         Self { primary, children }
     }
 
+    /// Whether a child is being deleted (has a `deletionTimestamp`).
+    pub fn terminating(&self) -> bool {
+        (self.children.values()).any(|c| c.pointer("/metadata/deletionTimestamp").is_some())
+    }
+
     /// The same end state with the instance's name and uid replaced by `{name}` / `{uid}`
     /// and every timestamp by `{time}`, so that instances made at different times under
     /// different names compare equal when they converged alike.
