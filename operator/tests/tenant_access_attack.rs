@@ -54,6 +54,22 @@ fn user(name: &str) -> Owner {
     }
 }
 
+/// A Tenant of one namespace, `dev`, owned by alice, with one role binding `binding` of
+/// `cluster_role` to user `subject`.
+fn with_binding(binding: &str, cluster_role: &str, subject: &str) -> TenantSpec {
+    TenantSpec {
+        namespaces: vec!["dev".into()],
+        owners: vec![user("alice")],
+        role_bindings: vec![TenantRoleBinding {
+            name: binding.into(),
+            cluster_role: cluster_role.into(),
+            subjects: vec![user(subject)],
+        }],
+        weight: 1,
+        ..TenantSpec::default()
+    }
+}
+
 /// Whether `user` may `verb` `resource` in `ns` (`kubectl auth can-i`).
 fn can_i(user: &str, verb: &str, resource: &str, ns: &str) -> bool {
     let out = kubectl(&["auth", "can-i", verb, resource, "-n", ns, "--as", user]);
@@ -204,17 +220,7 @@ async fn only_the_cluster_roles_the_shipped_rbac_names_are_bound() {
     tenants::create(
         &client,
         &name,
-        TenantSpec {
-            namespaces: vec!["dev".into()],
-            owners: vec![user("alice")],
-            role_bindings: vec![TenantRoleBinding {
-                name: "op".into(),
-                cluster_role: "idem-operator".into(),
-                subjects: vec![user("mallory")],
-            }],
-            weight: 1,
-            ..TenantSpec::default()
-        },
+        with_binding("op", "idem-operator", "mallory"),
     )
     .await;
     let (state, message) = settled(&client, &name).await;
@@ -253,18 +259,7 @@ async fn stalls_on_a_missing_cluster_role(prefix: &str, binding: &str, missing: 
     let client = shared().client();
     let _ = operator();
     let name = unique_name(prefix);
-    let spec = |role: &str| TenantSpec {
-        namespaces: vec!["dev".into()],
-        owners: vec![user("alice")],
-        role_bindings: vec![TenantRoleBinding {
-            name: binding.into(),
-            cluster_role: role.into(),
-            subjects: vec![user("audrey")],
-        }],
-        weight: 1,
-        ..TenantSpec::default()
-    };
-    tenants::create(&client, &name, spec("view")).await;
+    tenants::create(&client, &name, with_binding(binding, "view", "audrey")).await;
     tenants::wait_ready(&client, &name).await;
     tenants::api(&client)
         .patch(
@@ -296,22 +291,7 @@ async fn a_held_binding_whose_repair_binds_a_missing_cluster_role_waits_for_its_
     let _ = operator();
     let name = unique_name("heldrb");
     let missing = unique_name("idem-test-missing");
-    tenants::create(
-        &client,
-        &name,
-        TenantSpec {
-            namespaces: vec!["dev".into()],
-            owners: vec![user("alice")],
-            role_bindings: vec![TenantRoleBinding {
-                name: "readers".into(),
-                cluster_role: "view".into(),
-                subjects: vec![user("audrey")],
-            }],
-            weight: 1,
-            ..TenantSpec::default()
-        },
-    )
-    .await;
+    tenants::create(&client, &name, with_binding("readers", "view", "audrey")).await;
     tenants::wait_ready(&client, &name).await;
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &format!("{name}-dev"));
     let binding = format!("{ROLE_BINDING_PREFIX}readers");
