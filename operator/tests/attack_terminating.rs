@@ -231,3 +231,53 @@ async fn removed_namespace_held(hold: Hold) {
     let t = tenants::wait_ready(&client, &name).await;
     assert!(!recorded(&t), "gone: out of the record");
 }
+
+/// A Tenant deleted with `deletionPolicy: Delete` whose namespace an owner's finalizer (on an
+/// object in it) holds: the Tenant stays, `Reconciling` (`Deleting`, naming the namespace),
+/// until the namespace is gone, and goes once the hold is released.
+#[tokio::test]
+async fn a_deleted_tenants_held_namespace_keeps_the_tenant_until_it_is_gone() {
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("helddel");
+    let mut spec = tenants::full_spec(&["a"]);
+    spec.deletion_policy = idem_operator::resources::tenant::DeletionPolicy::Delete;
+    tenants::create(&client, &name, spec).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    let mut held: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"finalizers": ["example.com/keep"]}})).unwrap();
+    held.metadata.name = Some("held".into());
+    Api::<ConfigMap>::namespaced(client_as("alice"), &ns)
+        .create(&Default::default(), &held)
+        .await
+        .expect("alice's held ConfigMap");
+    tenants::api(&client)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let t = tenants::wait_condition(&client, &name, "Reconciling", "Deleting").await;
+    let message = &tenants::condition(&t, "Reconciling").unwrap().message;
+    assert!(message.contains(&ns), "{message}");
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let live = namespaces.get(&ns).await.map_err(why).unwrap();
+    assert!(live.metadata.deletion_timestamp.is_some(), "deleted, held");
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("the release");
+    tenants::wait_tenant_object_gone(&client, &name).await;
+    assert!(
+        namespaces
+            .get_opt(&ns)
+            .await
+            .map_err(why)
+            .unwrap()
+            .is_none(),
+        "the Tenant went only once its namespace was gone"
+    );
+}

@@ -52,7 +52,7 @@ pub fn waiting_poll(since: Option<&Time>, now: Time) -> std::time::Duration {
 }
 
 /// When a deleted Tenant whose namespaces are still being deleted is looked at again, at `now`
-/// ([`waiting_poll`] since its deletion). Each look lists the cluster's namespaces.
+/// ([`waiting_poll`] since its deletion).
 pub fn deletion_poll(tenant: &Tenant, now: Time) -> std::time::Duration {
     waiting_poll(tenant.metadata.deletion_timestamp.as_ref(), now)
 }
@@ -136,21 +136,14 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             let mut all = DesiredChildren::new();
             // A recorded namespace an administrator released is kept, not deleted.
             all.prune_kind::<Namespace>().release_orphans::<Namespace>();
-            pass.apply(&all).await?;
-            // Only what the Tenant controls is waited for, until it is gone: a namespace still
-            // in its record (the prune keeps one being deleted there until it is gone), or one
-            // it controls that is being deleted (by anyone, or by an earlier version's prune,
-            // which let it leave the record at once). A namespace that claims the Tenant but is not
-            // in its record of created children is never deleted by us, nor waited for.
-            let left: Vec<String> = namespaces_referring(&client, &owner)
-                .await?
-                .iter()
-                .filter(|n| {
-                    owner.owns(n)
-                        && (n.deletion_timestamp.is_some()
-                            || owner.may_prune(n.uid.as_deref().unwrap_or_default()))
-                })
-                .filter_map(|n| n.name.clone())
+            let report = pass.apply(&all).await?;
+            // What the prune deleted is waited for until it is gone: the recorded namespaces
+            // still there being deleted (held by their contents or finalizers), which the
+            // prune keeps in the record, read as the prune read them (from the namespace
+            // cache). A namespace that claims the Tenant but is not in its record of created
+            // children is never deleted by us, nor waited for.
+            let left: Vec<String> = (report.pruning.iter())
+                .map(|(key, _)| key.name.to_string())
                 .collect();
             if !left.is_empty() {
                 let readiness = Readiness::Reconciling {
