@@ -197,6 +197,9 @@ async fn namespaces_referring(client: &Client, owner: &Owner) -> Result<Vec<Obje
 struct Kept {
     /// Namespaces released, sorted.
     namespaces: Vec<String>,
+    /// Namespaces released while already being deleted (held by their contents or
+    /// finalizers): they go once the hold does, whatever the policy; sorted.
+    deleting: Vec<String>,
     /// Objects released in other namespaces (that no longer refer to the Tenant), as
     /// `Kind namespace/name`, sorted.
     objects: Vec<String>,
@@ -204,7 +207,7 @@ struct Kept {
 
 impl Kept {
     fn is_empty(&self) -> bool {
-        self.namespaces.is_empty() && self.objects.is_empty()
+        self.namespaces.is_empty() && self.deleting.is_empty() && self.objects.is_empty()
     }
 
     fn describe(&self) -> String {
@@ -213,6 +216,12 @@ impl Kept {
             parts.push(format!(
                 "kept namespaces {} and everything in them",
                 self.namespaces.join(", ")
+            ));
+        }
+        if !self.deleting.is_empty() {
+            parts.push(format!(
+                "namespaces {} were already being deleted and go once what holds them does",
+                self.deleting.join(", ")
             ));
         }
         if !self.objects.is_empty() {
@@ -275,10 +284,14 @@ async fn release(client: &Client, owner: &Owner, record: &[CreatedChild]) -> Res
     let resource = ApiResource::erase::<Namespace>(&());
     for ns in &namespaces {
         if apply::release(client, &resource, ns, owner.label_names(), uid).await? {
-            kept.namespaces.extend(ns.name.clone());
+            match ns.deletion_timestamp {
+                Some(_) => kept.deleting.extend(ns.name.clone()),
+                None => kept.namespaces.extend(ns.name.clone()),
+            }
         }
     }
     kept.namespaces.sort();
+    kept.deleting.sort();
     kept.objects.sort();
     Ok(kept)
 }
@@ -300,6 +313,20 @@ mod tests {
         );
         t.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
         t
+    }
+
+    #[test]
+    fn a_namespace_already_being_deleted_is_not_said_to_be_kept() {
+        let kept = Kept {
+            namespaces: vec!["t-a".into()],
+            deleting: vec!["t-b".into()],
+            objects: vec![],
+        };
+        assert_eq!(
+            kept.describe(),
+            "kept namespaces t-a and everything in them; namespaces t-b were already being \
+             deleted and go once what holds them does, ownerReferences to the Tenant removed"
+        );
     }
 
     #[test]

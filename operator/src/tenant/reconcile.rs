@@ -29,14 +29,15 @@ use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
 /// status is unchanged), so this slow poll costs a few reads.
 pub const CONFLICT_POLL: Duration = Duration::from_secs(30);
 
-/// Since when the Tenant has waited for a deletion: the last transition of its `Reconciling`
-/// condition, when it is true for one (`NamespaceTerminating`, `ChildTerminating`).
+/// Since when the Tenant has waited, at the latest: the last transition of its `Ready`
+/// condition, when false (whatever its status names first: a namespace conflict may rank above
+/// the deletion it also waits for). A Tenant not ready for long before a deletion began looks
+/// at it seldom from the start; the deleted object's own events still wake it.
 fn waiting_since(tenant: &Tenant) -> Option<&Time> {
     let status = tenant.status.as_ref()?;
-    let c = (status.conditions.iter()).find(|c| c.type_ == "Reconciling" && c.status == "True")?;
-    ["NamespaceTerminating", "ChildTerminating"]
-        .contains(&c.reason.as_str())
-        .then_some(&c.last_transition_time)
+    (status.conditions.iter())
+        .find(|c| c.type_ == "Ready" && c.status == "False")
+        .map(|c| &c.last_transition_time)
 }
 
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
@@ -142,12 +143,12 @@ mod tests {
     use super::*;
     use crate::tenant::finalize::{DELETION_POLL_MAX, TERMINATING_POLL};
 
-    fn reconciling(reason: &str, since: Timestamp) -> Tenant {
+    fn ready(status: &str, reason: &str, since: Timestamp) -> Tenant {
         let mut t = Tenant::new("t", Default::default());
         t.status = Some(TenantStatus {
             conditions: vec![Condition {
-                type_: "Reconciling".into(),
-                status: "True".into(),
+                type_: "Ready".into(),
+                status: status.into(),
                 reason: reason.into(),
                 message: String::new(),
                 last_transition_time: Time(since),
@@ -162,7 +163,7 @@ mod tests {
     fn a_tenant_waiting_for_a_held_deletion_is_looked_at_less_and_less_often() {
         let since = Timestamp::now();
         let after = |secs| Time(since + SignedDuration::from_secs(secs));
-        let held = reconciling("NamespaceTerminating", since);
+        let held = ready("False", "NamespaceTerminating", since);
         assert_eq!(
             waiting_poll(waiting_since(&held), after(0)),
             TERMINATING_POLL
@@ -171,15 +172,16 @@ mod tests {
             waiting_poll(waiting_since(&held), after(40)),
             Duration::from_secs(10)
         );
-        let child = reconciling("ChildTerminating", since);
+        // Stalled on a conflict, which its status names before the deletion it waits for.
+        let stalled = ready("False", "NamespaceConflict", since);
         assert_eq!(
-            waiting_poll(waiting_since(&child), after(3_600)),
+            waiting_poll(waiting_since(&stalled), after(3_600)),
             DELETION_POLL_MAX
         );
-        // Reconciling for another reason (or not at all): the wait has just begun.
-        let other = reconciling("Progressing", since);
+        // Ready until now: the wait has just begun.
+        let was_ready = ready("True", "Reconciled", since);
         assert_eq!(
-            waiting_poll(waiting_since(&other), after(3_600)),
+            waiting_poll(waiting_since(&was_ready), after(3_600)),
             TERMINATING_POLL
         );
     }

@@ -73,59 +73,72 @@ impl NamespacePass {
 ///
 /// A namespace conflict wins (it needs a human and the other tenant keeps the namespace), then
 /// a terminating namespace (wait), then the readiness of the namespace contents, then a
-/// namespace no longer desired whose deletion finalizers hold (wait: what is in it is still in
-/// effect).
+/// namespace no longer desired still being deleted (wait: what is in it is still in effect).
+/// Such a namespace is named whatever comes first, so that an administrator sees every hold at
+/// once.
 pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
+    let held = (!pass.held.is_empty()).then(|| {
+        (pass.held.iter())
+            .map(|(ns, finalizers)| {
+                if finalizers.is_empty() {
+                    format!(
+                        "{ns} (no finalizers of its own: its status.conditions and \
+                         spec.finalizers say what holds it)"
+                    )
+                } else {
+                    format!("{ns} (finalizers: {})", finalizers.join(", "))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    // After a wait's message, and after a stall's.
+    let and_held = |message: String| match &held {
+        Some(held) => {
+            format!("{message}; and for namespaces no longer desired to be deleted: {held}")
+        }
+        None => message,
+    };
+    let meanwhile = |message: String| match &held {
+        Some(held) => format!(
+            "{message}; waiting meanwhile for namespaces no longer desired to be deleted: {held}"
+        ),
+        None => message,
+    };
     if !pass.conflicts.is_empty() {
         let list: Vec<String> = pass
             .conflicts
             .iter()
             .map(|(ns, why)| format!("namespace {ns} exists and is {why}"))
             .collect();
+        let message = format!(
+            "{}; {} left alone",
+            list.join("; "),
+            if list.len() == 1 { "it is" } else { "they are" }
+        );
         return Readiness::Stalled {
             reason: "NamespaceConflict".into(),
-            message: format!(
-                "{}; {} left alone",
-                list.join("; "),
-                if list.len() == 1 { "it is" } else { "they are" }
-            ),
+            message: meanwhile(message),
         };
     }
     if !pass.terminating.is_empty() {
         return Readiness::Reconciling {
             reason: "NamespaceTerminating".into(),
-            message: format!(
+            message: and_held(format!(
                 "waiting for namespaces being deleted: {}{}",
                 pass.terminating.join(", "),
                 (pass.unrepaired.iter())
                     .map(|(ns, why)| format!("; {ns} not repaired meanwhile: {why}"))
                     .collect::<String>()
-            ),
+            )),
         };
     }
-    match contents.readiness() {
-        Readiness::Ready { .. } if !pass.held.is_empty() => {
-            let held: Vec<String> = (pass.held.iter())
-                .map(|(ns, finalizers)| {
-                    if finalizers.is_empty() {
-                        format!(
-                            "{ns} (its contents are being deleted; its status.conditions say \
-                             what holds them)"
-                        )
-                    } else {
-                        format!("{ns} (finalizers: {})", finalizers.join(", "))
-                    }
-                })
-                .collect();
-            Readiness::Reconciling {
-                reason: "NamespaceTerminating".into(),
-                message: format!(
-                    "waiting for namespaces no longer desired to be deleted: {}",
-                    held.join(", ")
-                ),
-            }
-        }
-        Readiness::Ready { .. } => Readiness::Ready {
+    match (contents.readiness(), &held) {
+        (Readiness::Ready { .. }, Some(held)) => Readiness::Reconciling {
+            reason: "NamespaceTerminating".into(),
+            message: format!("waiting for namespaces no longer desired to be deleted: {held}"),
+        },
+        (Readiness::Ready { .. }, None) => Readiness::Ready {
             reason: "Reconciled".into(),
             message: format!(
                 "{} and {} in them are up to date",
@@ -133,7 +146,15 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
                 counted(contents.children.len(), "object")
             ),
         },
-        other => other,
+        (Readiness::Reconciling { reason, message }, Some(_)) => Readiness::Reconciling {
+            reason,
+            message: and_held(message),
+        },
+        (Readiness::Stalled { reason, message }, Some(_)) => Readiness::Stalled {
+            reason,
+            message: meanwhile(message),
+        },
+        (other, _) => other,
     }
 }
 
@@ -239,6 +260,52 @@ mod tests {
             readiness(&gone, &ApplyReport::default()),
             Readiness::Ready { .. }
         ));
+    }
+
+    #[test]
+    fn a_held_namespace_is_named_whatever_the_status_names_first() {
+        let held = vec![(key("a-old"), vec![])];
+        let conflict = ApplyReport {
+            children: vec![(
+                key("a-c"),
+                ChildOutcome::NotOwned {
+                    reason: "not controlled by any owner".into(),
+                },
+            )],
+            pruning: held.clone(),
+            ..ApplyReport::default()
+        };
+        let pass = NamespacePass::from_report(&conflict);
+        let Readiness::Stalled { reason, message } = readiness(&pass, &ApplyReport::default())
+        else {
+            panic!("a conflict stalls");
+        };
+        assert_eq!(reason, "NamespaceConflict");
+        assert!(
+            message.ends_with(
+                "waiting meanwhile for namespaces no longer desired to be deleted: a-old (no \
+                 finalizers of its own: its status.conditions and spec.finalizers say what \
+                 holds it)"
+            ),
+            "{message}"
+        );
+        // Contents still waiting for a child of theirs: both waits are named.
+        let pass = NamespacePass::from_report(&ApplyReport {
+            pruning: held,
+            ..ApplyReport::default()
+        });
+        let contents = ApplyReport {
+            pruning: vec![(key("a-dev-binding"), vec!["example.com/keep".into()])],
+            ..ApplyReport::default()
+        };
+        let Readiness::Reconciling { reason, message } = readiness(&pass, &contents) else {
+            panic!("contents waiting");
+        };
+        assert_eq!(reason, "ChildTerminating");
+        assert!(
+            message.contains("a-dev-binding") && message.contains("a-old (no finalizers"),
+            "{message}"
+        );
     }
 
     #[test]
