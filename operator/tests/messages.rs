@@ -190,3 +190,27 @@ async fn a_child_not_owned_message_quoting_a_48_kib_owner_name_is_cut_to_1024_by
     assert!(message.ends_with('…'), "{message}");
     assert!(message.contains("ConfigMap"), "{message}");
 }
+
+/// `crds` and `rbac` piped into a reader that goes away early (`| head -1`, here one that
+/// closes the pipe before reading) end quietly, without the panic of a failed print.
+#[test]
+fn the_crds_and_rbac_commands_end_quietly_when_their_reader_goes_away() {
+    use std::process::{Command, Stdio};
+    for args in [&["crds"][..], &["rbac", "-n", "ops"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-operator"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the operator binary starts");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "{args:?}: {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
+}

@@ -82,8 +82,8 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
             .map(|(ns, finalizers)| {
                 if finalizers.is_empty() {
                     format!(
-                        "{ns} (no finalizers of its own: its status.conditions and \
-                         spec.finalizers say what holds it)"
+                        "{ns} (being deleted with everything in it: its status.conditions, or \
+                         else its spec.finalizers, name what holds it)"
                     )
                 } else {
                     format!("{ns} (finalizers: {})", finalizers.join(", "))
@@ -125,7 +125,8 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
         return Readiness::Reconciling {
             reason: "NamespaceTerminating".into(),
             message: and_held(format!(
-                "waiting for namespaces being deleted: {}{}",
+                "waiting for namespaces being deleted, to create them again (empty) once they \
+                 are gone: {}{}",
                 pass.terminating.join(", "),
                 (pass.unrepaired.iter())
                     .map(|(ns, why)| format!("; {ns} not repaired meanwhile: {why}"))
@@ -283,9 +284,9 @@ mod tests {
         assert_eq!(reason, "NamespaceConflict");
         assert!(
             message.ends_with(
-                "waiting meanwhile for namespaces no longer desired to be deleted: a-old (no \
-                 finalizers of its own: its status.conditions and spec.finalizers say what \
-                 holds it)"
+                "waiting meanwhile for namespaces no longer desired to be deleted: a-old (being \
+                 deleted with everything in it: its status.conditions, or else its \
+                 spec.finalizers, name what holds it)"
             ),
             "{message}"
         );
@@ -303,7 +304,7 @@ mod tests {
         };
         assert_eq!(reason, "ChildTerminating");
         assert!(
-            message.contains("a-dev-binding") && message.contains("a-old (no finalizers"),
+            message.contains("a-dev-binding") && message.contains("a-old (being deleted"),
             "{message}"
         );
     }
@@ -326,8 +327,9 @@ mod tests {
                 assert_eq!(reason, "NamespaceTerminating");
                 assert_eq!(
                     message,
-                    "waiting for namespaces being deleted: a-old; a-old not repaired meanwhile: \
-                     403 Forbidden: labels are frozen"
+                    "waiting for namespaces being deleted, to create them again (empty) once \
+                     they are gone: a-old; a-old not repaired meanwhile: 403 Forbidden: labels \
+                     are frozen"
                 );
             }
             other => panic!("{other:?}"),

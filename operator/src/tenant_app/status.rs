@@ -127,7 +127,8 @@ pub fn not_in_tenant_namespace(namespace: &str, why: &NotTenantNamespace) -> Rea
     let why = match why {
         NotTenantNamespace::Missing => "does not exist".to_string(),
         NotTenantNamespace::Unlabelled => {
-            format!("is not managed by idem (it has no {TENANT_LABEL} label)")
+            "is not a tenant's: no Tenant controls it (only namespaces a Tenant created count)"
+                .to_owned()
         }
         NotTenantNamespace::NotControlled { tenant } => format!(
             "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count)"
@@ -165,10 +166,7 @@ mod tests {
             !forged.contains("has no tenancy.idem.dev/tenant label"),
             "{forged}"
         );
-        assert!(
-            message(NotTenantNamespace::Unlabelled)
-                .contains("has no tenancy.idem.dev/tenant label")
-        );
+        assert!(message(NotTenantNamespace::Unlabelled).contains("no Tenant controls it"));
         assert!(message(NotTenantNamespace::Missing).contains("does not exist"));
     }
 
