@@ -61,6 +61,21 @@ async fn both_ready_one_leader(
     }
 }
 
+/// Waits until `replica` has counted a finished Tenant reconcile.
+async fn reconciled(replica: &OperatorProcess, who: &str) {
+    eventually(
+        &format!("{who} to count a Tenant reconcile"),
+        common::TIMEOUT,
+        || async {
+            match replica.reconciles("tenant").await {
+                0 => Err(format!("{} counts none", replica.name)),
+                _ => Ok(()),
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn two_replicas_are_ready_one_leads_and_the_standby_takes_over() {
     let client = shared().client();
@@ -76,7 +91,8 @@ async fn two_replicas_are_ready_one_leads_and_the_standby_takes_over() {
     let first = unique_name("led-a");
     tenants::create(&client, &first, full_spec(&["x"])).await;
     tenants::wait_ready(&client, &first).await;
-    assert!(replicas[leader].reconciles("tenant").await > 0);
+    // A reconcile writes the status before it returns and is counted: wait for the count.
+    reconciled(&replicas[leader], "the leader").await;
     assert_eq!(
         replicas[standby].reconciles("tenant").await,
         0,
@@ -101,9 +117,6 @@ async fn two_replicas_are_ready_one_leads_and_the_standby_takes_over() {
     })
     .await;
     tenants::wait_ready(&client, &second).await;
-    assert!(
-        replicas[standby].reconciles("tenant").await > 0,
-        "the new leader did not reconcile"
-    );
+    reconciled(&replicas[standby], "the new leader").await;
     assert!(replicas[standby].ready().await);
 }
