@@ -40,6 +40,34 @@ fn waiting_since(tenant: &Tenant) -> Option<&Time> {
         .map(|c| &c.last_transition_time)
 }
 
+/// What a Tenant's pass left it waiting for, besides the events that normally wake it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Waits {
+    /// A namespace or object being deleted, desired or held before it goes: looked at again
+    /// until it is gone (its deletion's own event may come late or never reach us), less and
+    /// less often while the Tenant waits (a hold may last).
+    deletion: bool,
+    /// Quota increases that wait for the decreases ([`quota_split::HELD_POLL`]).
+    quota: bool,
+    /// A namespace conflict ([`CONFLICT_POLL`]).
+    conflict: bool,
+}
+
+impl Waits {
+    /// When to look again: the soonest of the polls of everything it waits for, so that one
+    /// slow wait does not delay another.
+    fn requeue(self, since: Option<&Time>, now: Time) -> Option<Duration> {
+        [
+            self.deletion.then(|| waiting_poll(since, now)),
+            self.quota.then_some(quota_split::HELD_POLL),
+            self.conflict.then_some(CONFLICT_POLL),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}
+
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
 /// owns), `spec.paused` stops everything, the finalizer runs [`super::finalize`].
 pub struct Tenants {
@@ -91,18 +119,14 @@ impl Reconciler for Tenants {
         for event in status::released_events(&ns, &contents) {
             pass.publish(event).await;
         }
-        let held = split.as_ref().is_some_and(|p| !p.held.is_empty());
-        // A namespace or object being deleted, desired or held before it goes: looked at again
-        // until it is gone (its deletion's own event may come late or never reach us), less
-        // and less often while the Tenant waits (a hold may last).
-        let requeue =
-            if !ns.terminating.is_empty() || !ns.held.is_empty() || !contents.pruning.is_empty() {
-                Some(waiting_poll(waiting_since(tenant), Time(Timestamp::now())))
-            } else if held {
-                Some(quota_split::HELD_POLL)
-            } else {
-                (!ns.conflicts.is_empty()).then_some(CONFLICT_POLL)
-            };
+        let waits = Waits {
+            deletion: !ns.terminating.is_empty()
+                || !ns.held.is_empty()
+                || !contents.pruning.is_empty(),
+            quota: split.as_ref().is_some_and(|p| !p.held.is_empty()),
+            conflict: !ns.conflicts.is_empty(),
+        };
+        let requeue = waits.requeue(waiting_since(tenant), Time(Timestamp::now()));
         let mut readiness = status::readiness(&ns, &contents);
         if let Some(plan) = &split {
             readiness = quota_split::readiness(plan, readiness);
@@ -183,6 +207,35 @@ mod tests {
         assert_eq!(
             waiting_poll(waiting_since(&was_ready), after(3_600)),
             TERMINATING_POLL
+        );
+    }
+
+    #[test]
+    fn a_tenant_waiting_for_several_things_looks_again_at_the_soonest_of_their_polls() {
+        let since = Timestamp::now();
+        let long_after = Time(since + SignedDuration::from_secs(3_600));
+        let stalled = ready("False", "NamespaceConflict", since);
+        let waits = |deletion, quota, conflict| Waits {
+            deletion,
+            quota,
+            conflict,
+        };
+        // A held deletion waited on for an hour polls at its most; the conflict's is sooner.
+        assert_eq!(
+            waits(true, false, true).requeue(waiting_since(&stalled), long_after.clone()),
+            Some(CONFLICT_POLL)
+        );
+        assert_eq!(
+            waits(true, true, true).requeue(waiting_since(&stalled), long_after.clone()),
+            Some(quota_split::HELD_POLL)
+        );
+        assert_eq!(
+            waits(true, false, false).requeue(waiting_since(&stalled), long_after.clone()),
+            Some(DELETION_POLL_MAX)
+        );
+        assert_eq!(
+            waits(false, false, false).requeue(waiting_since(&stalled), long_after),
+            None
         );
     }
 }
