@@ -114,20 +114,23 @@ async fn deleting_a_tenant_with_policy_delete_is_not_blocked_by_a_foreign_namesp
     assert_user_data(&client, &foreign).await;
     // The Event of the namespace's deletion says why: the Tenant is deleted (not the prune's
     // "no longer desired", which would send a reader to the spec).
+    // The Event is published after the pass that deleted the namespace: waited for.
     let deleted = format!("Namespace/{name}-own");
-    let notes: Vec<String> = tenants::events_about(&client, &name, "Deleted")
-        .await
-        .into_iter()
-        .filter_map(|e| e.note)
-        .filter(|n| n.contains(&deleted))
-        .collect();
-    assert!(
-        !notes.is_empty()
-            && notes
-                .iter()
-                .all(|n| n.contains("its owner is being deleted")),
-        "{notes:?}"
-    );
+    eventually("the namespace's Deleted Event", TIMEOUT, || async {
+        let notes: Vec<String> = tenants::events_about(&client, &name, "Deleted")
+            .await
+            .into_iter()
+            .filter_map(|e| e.note)
+            .filter(|n| n.contains(&deleted))
+            .collect();
+        let said = |n: &String| n.contains("with everything in it: its owner is being deleted");
+        if !notes.is_empty() && notes.iter().all(said) {
+            Ok(())
+        } else {
+            Err(format!("{notes:?}"))
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

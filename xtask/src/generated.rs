@@ -82,7 +82,10 @@ pub fn write_or_check(
         );
     }
     if check {
-        println!("{dir}: {} generated files are up to date", files.len());
+        println!(
+            "{dir}: the {} files `cargo xtask {command}` generates match the code",
+            files.len()
+        );
     }
     Ok(())
 }

@@ -244,9 +244,11 @@ pub(super) async fn run(
         what: "binding the metrics/health addresses",
         source,
     })?;
-    for (addr, _) in &servers {
-        tracing::info!(%addr, "serving HTTP endpoints");
-    }
+    tracing::info!(
+        metrics = %parts.options.metrics_addr,
+        health = %parts.options.health_addr,
+        "serving /metrics on the metrics address, /healthz and /readyz on the health address"
+    );
     let stop_servers =
         |stop_tx: watch::Sender<bool>,
          servers: Vec<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>| async move {

@@ -34,6 +34,16 @@ fn child_reference(key: &ObjectKey) -> ObjectReference {
     }
 }
 
+/// What goes with `key` when it is deleted, said in its `Deleted` Event: a Namespace's deletion
+/// deletes every object in it.
+fn contents(key: &ObjectKey) -> &'static str {
+    if key.namespace.is_none() && &*key.kind == "Namespace" {
+        " with everything in it"
+    } else {
+        ""
+    }
+}
+
 /// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
 /// per child pruned (saying why: no longer desired, or, when `owner_deleted`, its owner is
 /// being deleted), one `Warning` `NotPruned` for the objects that claim the owner without
@@ -105,9 +115,9 @@ pub async fn children(
             type_: EventType::Normal,
             reason: "Deleted".into(),
             note: Some(if owner_deleted {
-                format!("deleted {key}: its owner is being deleted")
+                format!("deleted {key}{}: its owner is being deleted", contents(key))
             } else {
-                format!("deleted {key}, no longer desired")
+                format!("deleted {key}{}, no longer desired", contents(key))
             }),
             action: "Prune".into(),
             secondary: Some(child_reference(key)),
