@@ -99,17 +99,26 @@ async fn a_child_the_api_server_refuses_stalls_the_app_until_its_spec_changes() 
     // Another app converging meanwhile: the operator is working, and it does not retry `web`.
     apps::create(&client, &ns, "ok", apps::spec(0, "y")).await;
     apps::wait_ready(&client, &ns, "ok").await;
-    let metrics = operator.metrics().await;
-    let terminal = counter(
-        &metrics,
-        "controller_runtime_terminal_reconcile_errors_total",
-        "tenantapp",
-    );
-    let errors = counter(
-        &metrics,
-        "controller_runtime_reconcile_errors_total",
-        "tenantapp",
-    );
+    // A reconcile is counted after it returns, and its two counters one after the other:
+    // read until they agree.
+    let (terminal, errors) = eventually("the terminal errors counted", TIMEOUT, || async {
+        let metrics = operator.metrics().await;
+        let terminal = counter(
+            &metrics,
+            "controller_runtime_terminal_reconcile_errors_total",
+            "tenantapp",
+        );
+        let errors = counter(
+            &metrics,
+            "controller_runtime_reconcile_errors_total",
+            "tenantapp",
+        );
+        match (terminal, errors) {
+            (t, e) if t >= 1 && e == t => Ok((t, e)),
+            (t, e) => Err(format!("{t} terminal errors, {e} errors")),
+        }
+    })
+    .await;
     // The first pass, and at most a couple more for its other children's events.
     assert!((1..=3).contains(&terminal), "{terminal} terminal errors");
     assert_eq!(errors, terminal, "no error retried with backoff");

@@ -5,11 +5,11 @@
 
 mod common;
 
-use common::{shared_operator, tenants};
+use common::{TIMEOUT, eventually, shared_operator, tenants};
 use idem_operator::resources::TENANT_LABEL;
 use idem_operator::tenant::desired::{ISOLATION, LIMITS, NAMESPACE_NAME_LABEL, OWNERS, QUOTA};
 use idem_tests::{shared, unique_name};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
@@ -222,8 +222,22 @@ async fn a_forged_tenant_label_in_one_tenants_namespace_does_not_reconcile_anoth
     tenants::wait_ready(&client, &a).await;
     tenants::wait_ready(&client, &b).await;
     let ns = format!("{a}-x");
+    // The quota controller fills in b's quota status on its own time, and a quota status
+    // change reconciles b: waited for, so that it does not land between the two counts.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &format!("{b}-x"));
+    eventually("b's quota status to be filled in", TIMEOUT, || async {
+        let quota = quotas.get(QUOTA).await.map_err(|e| e.to_string())?;
+        let spec = quota.spec.and_then(|s| s.hard);
+        let status = quota.status.and_then(|s| s.hard);
+        if spec.is_some() && status == spec {
+            Ok(())
+        } else {
+            Err(format!("spec {spec:?}, status {status:?}"))
+        }
+    })
+    .await;
     // A repair of b's own policy: once it is done, b's earlier events (its children settling
-    // after Ready) have been handled, and its dispatch count holds still.
+    // after Ready, its quota status) have been handled, and its dispatch count holds still.
     repaired_after_tampering(&client, &format!("{b}-x")).await;
     let before = dispatches_of(&operator.metrics().await, &b);
     assert!(before > 0, "tenant {b} was reconciled at least once");

@@ -12,6 +12,7 @@ use common::tenants::{self, full_spec, quantities};
 use common::{TIMEOUT, install_crds};
 use idem_operator::NAME as LEASE_NAME;
 use idem_runtime::leader::DEFAULT_LEASE_DURATION as LEASE_DURATION;
+use idem_runtime::leader::DEFAULT_RENEW_DEADLINE;
 use idem_tests::{create_namespace, shared, unique_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
@@ -192,9 +193,10 @@ async fn a_deposed_leader_sends_no_write_after_the_hijack_is_observable() {
         "the deposed leader created a namespace"
     );
 
-    // 2. A running leader notices a hijacked Lease within about one retry period (bounded
-    //    here by half the lease duration, for a loaded machine), cancels its reconciles and
-    //    exits; after that, no write.
+    // 2. A running leader notices a hijacked Lease at its next renewal, about one retry
+    //    period, cancels its reconciles and exits; after that, no write. Bounded here by the
+    //    renew deadline (what a leader that cannot renew waits at most), which leaves a loaded
+    //    machine room for the exit and stays below the lease duration another replica waits.
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     leases
         .delete(LEASE_NAME, &Default::default())
@@ -210,8 +212,9 @@ async fn a_deposed_leader_sends_no_write_after_the_hijack_is_observable() {
     let noticed = wait_exit(&mut op, hijacked).await;
     eprintln!("the hijack was noticed (and the process exited) after {noticed:?}");
     assert!(
-        noticed < LEASE_DURATION / 2,
-        "the hijack was noticed only after {noticed:?} (lease duration {LEASE_DURATION:?}):\n{}",
+        noticed < DEFAULT_RENEW_DEADLINE,
+        "the hijack was noticed only after {noticed:?} (renew deadline \
+         {DEFAULT_RENEW_DEADLINE:?}):\n{}",
         op.log_tail()
     );
     let after_exit = operator_writes().await;

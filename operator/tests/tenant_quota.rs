@@ -327,8 +327,10 @@ async fn raced_pods_never_exceed_the_tenant_total_and_deleted_ones_give_room_els
         started.elapsed(),
         deleted.len()
     );
+    // Within seconds on a quiet machine; the bound only tells the quota status's event apart
+    // from this operator's resync (an hour), with room for a loaded machine.
     assert!(
-        started.elapsed() < Duration::from_secs(30),
+        started.elapsed() < Duration::from_secs(120),
         "room came after {:?}",
         started.elapsed()
     );

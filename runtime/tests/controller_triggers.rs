@@ -292,7 +292,9 @@ async fn slow(obj: Arc<Widget>, ctx: Arc<Overlap>, _: Attempt) -> Result<Action,
         }
         ctx.max_parallel.fetch_max(running.len(), Ordering::SeqCst);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Long beside a round of changes (three PATCHes and 100 ms), even on a loaded machine,
+    // so that each key changes several times while it is reconciled.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     ctx.running.lock().unwrap().remove(&name);
     ctx.last_generation
         .lock()

@@ -230,7 +230,12 @@ mod tests {
         )
         .unwrap();
         let pid = p.pid();
-        sleep(Duration::from_millis(300));
+        // Stopped only once the shell ignores SIGTERM (it says so after its trap).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tail(p.log(), 1) != "started" {
+            assert!(Instant::now() < deadline, "the shell never started");
+            sleep(Duration::from_millis(20));
+        }
         let started = Instant::now();
         p.stop(Duration::from_millis(300));
         assert!(started.elapsed() < Duration::from_secs(5));

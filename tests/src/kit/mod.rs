@@ -143,7 +143,11 @@ pub trait Subject: Send + Sync {
     /// Whether `primary` (as read after a pass that wrote nothing) is done, e.g. its `Ready`
     /// condition is true: until then the kit keeps reconciling (a pass every 100 ms, as the
     /// controller would on its children's events or requeue) for up to
-    /// [`Options::settle_timeout`]. Default: always done.
+    /// [`Options::settle_timeout`]. Default: always done, right only for a subject that
+    /// converges in passes that write: one that waits quietly (for a child's deletion, for a
+    /// child's status) must say when it is done, or the checks compare it half-way and fail
+    /// now and then. A derived resource's subject ([`DriverSubject`]) defaults to its `Ready`
+    /// condition at its generation.
     fn settled(&self, _primary: &Self::Primary) -> bool {
         true
     }
