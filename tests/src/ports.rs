@@ -15,7 +15,7 @@ pub(crate) const PORT_ATTEMPTS: u32 = 3;
 /// it. Ports from the ephemeral range (what binding port 0 returns) are also handed out to
 /// every outgoing connection of the machine, so one chosen that way can be taken before the
 /// component binds it; below the range only another explicit `bind` can take it, and a start
-/// that still loses that race is retried ([`PORT_ATTEMPTS`]).
+/// that still loses that race is retried a few times.
 pub fn free_port(taken: &[u16]) -> Result<u16> {
     let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()

@@ -19,7 +19,8 @@ const VOLATILE_METADATA: [&str; 6] = [
 const MAX_DIFFS: usize = 20;
 
 /// A snapshot of one instance: its primary object and its children, each stripped of
-/// [volatile metadata](VOLATILE_METADATA); children also without `status` (other controllers
+/// the metadata the API server sets on every write (uid, resourceVersion, creationTimestamp,
+/// generation, managedFields, selfLink); children also without `status` (other controllers
 /// write it: quota usage, namespace phase, …), the primary with it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndState {
@@ -77,7 +78,7 @@ impl EndState {
     }
 
     /// The differences from `expected` to `self`, one line each (`JSON pointer: expected →
-    /// actual`), at most [`MAX_DIFFS`] listed; empty when equal.
+    /// actual`), the first few listed (the rest counted); empty when equal.
     pub fn diff(&self, expected: &Self) -> Vec<String> {
         let mut out = Vec::new();
         diff_values("primary", &expected.primary, &self.primary, &mut out);
