@@ -1,4 +1,4 @@
-//! idem's one exponential backoff: per key after failed reconciles ([`Backoff`], reset on
+//! idem's one exponential backoff: per key after failed reconciles (`Backoff`, reset on
 //! success, with a consecutive-failure count the reconcile can read) and between the attempts
 //! of a write that met 409 Conflict ([`RetryPolicy`]), both spaced by a [`BackoffConfig`].
 //!
@@ -10,7 +10,7 @@
 //! it to the error policy). A success resets the key, and a reconcile-requested
 //! `requeue_after` bypasses backoff entirely (the controller handles that).
 //!
-//! Watches wait between failed attempts too ([`watch_backoff`]), reset only by progress.
+//! Watches wait between failed attempts too (`watch_backoff`), reset only by progress.
 
 use std::collections::HashMap;
 use std::time::Duration;

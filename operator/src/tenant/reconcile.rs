@@ -1,6 +1,6 @@
 //! One reconcile of a Tenant on idem-runtime's [`Reconciler`]: namespaces, then their
 //! contents, then status; on deletion the cleanup of [`super::finalize`]. The runtime's
-//! [`Driver`](idem_runtime::reconciler::Driver) does the rest (finalizer, owner, Events,
+//! [`Driver`] does the rest (finalizer, owner, Events,
 //! status writes, `Stalled` after repeated failures, timeout, tracing span).
 
 use std::sync::Arc;

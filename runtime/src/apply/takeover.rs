@@ -142,7 +142,7 @@ fn without_managed_fields(live: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// `live` as the convergence check ([`crate::compare::check`]) judges it for `manager`
+/// `live` as the convergence check (`compare::check`) judges it for `manager`
 /// (stamping the owner kind's `labels`), when we have an `Update` entry (the record of our `POST` create, or of someone's write under our
 /// name); `None` when the child is to be judged as it is.
 ///

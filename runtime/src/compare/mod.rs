@@ -43,7 +43,7 @@
 //! server moves (a Secret's `stringData` into `data`) reads as drift. The engine then asks the
 //! server: a `dryRun=All` apply of the desired body returns the object as the apply would
 //! leave it, and an apply changes nothing exactly when that equals the live object in every
-//! field the apply could change ([`settled`]). The answer is kept per child and desired body
+//! field the apply could change (`settled`). The answer is kept per child and desired body
 //! as a fingerprint (and learned for free from each create's and apply's response), so a
 //! later pass decides with no request. The tables here are only a fast path: the property
 //! test `runtime/tests/engine/oracle.rs` checks them against the server, and

@@ -38,7 +38,7 @@ fn tenant_fn<K: IdempotentResource>(namespaces: Option<NamespaceTenants>) -> Ten
     })
 }
 
-/// The change predicate of a derived kind: [`fingerprint`] with the spec's
+/// The change predicate of a derived kind: `fingerprint` with the spec's
 /// [`SpecDiff::fingerprint`] (which leaves out `#[idempotent(skip)]` fields) in place of
 /// `metadata.generation`, so an edit of only skipped fields enqueues nothing.
 pub fn change_fingerprint<K: IdempotentResource>(obj: &K) -> u64 {

@@ -23,7 +23,7 @@
 //! Differences from kube-runtime's `Controller`: keys are scheduled fairly per tenant (see
 //! [`crate::queue`]), failures back off per key and reset on success ([`crate::backoff`]), the
 //! reconcile receives an [`Attempt`] with the consecutive-failure count, status-only changes of
-//! the primary do not enqueue it (see [`mapping::fingerprint`]), nor do a child's status
+//! the primary do not enqueue it (see `mapping::fingerprint`), nor do a child's status
 //! churn, other controllers' metadata or the apply engine's own writes enqueue its owner
 //! ([`OwnsOptions`]; controller-runtime's "expectations"), every object is resynced
 //! periodically at [`Priority::Resync`](crate::queue::Priority::Resync), and shutdown is
@@ -214,7 +214,7 @@ where
     K::Scope: 'static,
 {
     /// Watch objects of `api` selected by `watcher_config`. The tenant of an object defaults to
-    /// [`mapping::default_tenant`]; every tenant has weight 1 until [`Controller::weight_of`].
+    /// `mapping::default_tenant`; every tenant has weight 1 until [`Controller::weight_of`].
     /// The children's labels are read under idem's operator's names ([`Labels::operator`])
     /// until [`Controller::label_names`]; [`Controller::for_derived`] takes the kind's own.
     pub fn new(api: Api<K>, watcher_config: watcher::Config) -> Self {
@@ -282,7 +282,7 @@ where
     }
 
     /// Also watch children of kind `C` and reconcile their owner when they change; see
-    /// [`mapping::owners_of`] for how a child maps to its owner. Same as
+    /// `mapping::owners_of` for how a child maps to its owner. Same as
     /// [`Controller::owns_with`] with the default [`OwnsOptions`]: status-only changes, other
     /// controllers' metadata and (with [`Controller::with_child_caches`]) the apply engine's own
     /// writes do not reconcile the owner.

@@ -27,7 +27,7 @@ use crate::resource::TenantError;
 pub type TrustFn = Arc<dyn Fn(&ObjectMeta) -> bool + Send + Sync>;
 
 /// The tenant of each watched namespace that carries the label (and that the controller
-/// trusts): a cheap handle on the cache a controller fills, see the [module docs](self).
+/// trusts): a cheap handle on the cache a controller fills.
 #[derive(Clone)]
 pub struct NamespaceTenants {
     label: &'static str,

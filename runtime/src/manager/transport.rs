@@ -9,7 +9,7 @@
 //!
 //! - **HTTP/2 only, over TLS, once the server has said it speaks it.** The first request asks
 //!   the `https` server which protocols it speaks (one TLS handshake offering HTTP/2 and
-//!   HTTP/1.1, [`Protocol`]); every request after it waits for that answer. Where the server
+//!   HTTP/1.1, `Protocol`); every request after it waits for that answer. Where the server
 //!   chose HTTP/2 (every kube-apiserver does) the shared client speaks it from the first byte,
 //!   so a burst of requests on a new client, or right after the connection was lost, waits for
 //!   one connection instead of each opening its own (with the protocol negotiated per
@@ -23,7 +23,7 @@
 //!   so many streams on one connection (kube-apiserver 1.37 advertises 100) and the HTTP/2
 //!   client waits for a free stream rather than open a second connection, so a controller
 //!   holding that many watches would wait forever on its next write.
-//! - **A request the server refused unprocessed is sent again** ([`refused_unprocessed`]): a
+//! - **A request the server refused unprocessed is sent again** (`refused_unprocessed`): a
 //!   server closing the connection gracefully (`GOAWAY` with `NO_ERROR`, which
 //!   `--goaway-chance` does to spread clients over API servers) refuses the streams it had not
 //!   started, and `REFUSED_STREAM` says the same of one stream (RFC 9113, 8.7). Safe for every

@@ -12,7 +12,7 @@
 //!    the earliest deadline wins and it carries the highest priority asked for; an immediate
 //!    add supersedes a pending delay of no higher priority.
 //! 4. **Fairness**: tenants are scheduled by Start-time Fair Queuing with
-//!    unit cost per dispatch (see [`fair`]). Under contention each
+//!    unit cost per dispatch (see `fair`). Under contention each
 //!    backlogged tenant's share of dispatches is proportional to its weight, to within about
 //!    one dispatch per tenant over any interval, however many of its keys are in flight; a
 //!    tenant that becomes ready is served after at most one dispatch of each other active

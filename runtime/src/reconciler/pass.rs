@@ -256,7 +256,7 @@ impl<K: IdempotentResource> Pass<K> {
     /// desired kinds no longer desired and recorded as created by the object) and publishes an
     /// Event per child created, recreated, repaired or deleted, and one `NotPruned` Warning for
     /// the objects that claim the owner without being recorded, however many (published again
-    /// only when that set changes; see [`super::events::not_pruned`]). Children created are
+    /// only when that set changes; see `events::not_pruned`). Children created are
     /// added to the pass's [`RecordDelta`] even when the apply fails; the driver writes it.
     ///
     /// # Errors

@@ -6,7 +6,7 @@
 //! Each round (every [`RETRY_PERIOD`], counted from the previous round's start) a replica
 //! renews its Lease and lists the members' Leases, both at once, and computes the ring of the
 //! live ones. The renewal is one request (a replace of the Lease as its last write returned
-//! it; only a conflict reads it again), and each waits at most [`ROUND_TIMEOUT`], the renewal
+//! it; only a conflict reads it again), and each waits at most `ROUND_TIMEOUT`, the renewal
 //! deadline, so a server that answers slowly but within the lease still renews it: a late
 //! renewal is not a departure. A member is live while a list is sent less than
 //! [`LEASE_DURATION`] (what every replica writes, whatever its Lease says now) after its Lease
