@@ -237,6 +237,44 @@ async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
     );
 }
 
+/// `DriverConfig::stalled_after` sets the number of failures in a row that stall the object.
+#[tokio::test]
+async fn stalled_after_sets_how_many_failures_in_a_row_stall() {
+    let client = client().await;
+    let tenant = create(&client, "bt-fail2", spec(&["bob"])).await;
+    let driver = Arc::new(
+        Driver::new(client.clone(), BaseTenants).with_config(DriverConfig {
+            timeout: Some(Duration::ZERO),
+            stalled_after: 2,
+        }),
+    );
+    let attempt = |failures| Attempt {
+        key: ObjectKey::cluster("BaseTenant", &tenant.name_any()),
+        tenant: TenantKey::new(tenant.name_any()),
+        failures,
+        priority: Priority::Event,
+        reason: Reason::Error,
+    };
+    let first = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(0)).await;
+    assert!(first.is_err(), "{first:?}");
+    assert!(
+        get(&client, &tenant.name_any()).await.status.is_none(),
+        "not stalled after 1"
+    );
+    let second = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(1)).await;
+    assert!(second.is_err(), "{second:?}");
+    let stored = get(&client, &tenant.name_any()).await;
+    let (status, reason, message) = condition(&stored, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ReconcileFailed")
+    );
+    assert!(
+        message.starts_with("2 or more reconciles failed in a row"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn failures_in_a_row_stall_with_reconcile_failed_and_keep_retrying() {
     let client = client().await;

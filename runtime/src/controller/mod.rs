@@ -409,6 +409,11 @@ where
         self
     }
 
+    /// Its tunables, as set so far.
+    pub fn config(&self) -> &ControllerConfig {
+        &self.config
+    }
+
     /// Replace the tunables.
     #[must_use]
     pub fn with_config(mut self, config: ControllerConfig) -> Self {

@@ -42,8 +42,9 @@ pub struct RbacArgs {
 /// The flags of `run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Kubeconfig file; without it, `KUBECONFIG`, `~/.kube/config` or the in-cluster config.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig file; without it, `KUBECONFIG` (one file, or several separated by `:`,
+    /// merged as kubectl merges them), `~/.kube/config` or the in-cluster config.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Concurrent reconciles per controller.
     #[arg(long, default_value_t = 4)]

@@ -215,7 +215,12 @@ where
         self
     }
 
-    /// Changes the controller each run builds (e.g. a weight, more watches).
+    /// Changes the controller each run builds (e.g. a weight, more watches). `f` gets it with
+    /// the manager's settings in place (its [`ControllerConfig`] from the
+    /// [`ManagerOptions`](super::ManagerOptions)), so a `with_config` in `f` replaces them:
+    /// start from [`Controller::config`] to change one field (e.g. `resync_max_wait` or
+    /// `name`). The manager then adds what it owns: its metrics, its synced signal and, when
+    /// sharded, the replica's shard.
     #[must_use]
     pub fn configure(
         mut self,
@@ -263,18 +268,17 @@ where
             None => base,
         };
         let mut controller =
-            Controller::for_reconciler_with::<R>(client, primary_config(), children);
+            Controller::for_reconciler_with::<R>(client, primary_config(), children)
+                .with_config(start.config.clone());
         if let Some(configure) = &self.configure {
             controller = configure(controller);
         }
-        let name =
-            (start.config.name.clone()).unwrap_or_else(|| R::Resource::kind(&()).to_lowercase());
+        let mut config = controller.config().clone();
+        let name = (config.name.clone()).unwrap_or_else(|| R::Resource::kind(&()).to_lowercase());
+        config.name = Some(name.clone());
         let (synced_tx, synced) = watch::channel(false);
         controller = controller
-            .with_config(ControllerConfig {
-                name: Some(name.clone()),
-                ..start.config.clone()
-            })
+            .with_config(config)
             .with_metrics(start.metrics.clone())
             .with_synced_signal(synced_tx);
         let store = controller.store();

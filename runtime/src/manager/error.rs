@@ -42,6 +42,9 @@ pub enum ManagerError {
         /// Why it did not start.
         source: ControllerError,
     },
+    /// The options ask for what cannot go together (e.g. `shards` with `leader_elect`).
+    #[error("invalid options: {0}")]
+    Options(&'static str),
     /// A kind's CRD has no structural schema.
     #[error(transparent)]
     Schema(#[from] crate::schema::SchemaError),

@@ -33,7 +33,8 @@ pub struct ManagerOptions {
     /// leadership cancels them at once.
     pub shutdown_grace: Duration,
     /// Shard the primaries across the replicas that hold a member Lease of the manager's ring
-    /// (`--shards auto`, see [`crate::shard`]); excludes `leader_elect`.
+    /// (`--shards auto`, see [`crate::shard`]); excludes `leader_elect` (the manager refuses
+    /// to run with both, [`ManagerError::Options`](super::ManagerError::Options)).
     pub shards: bool,
     /// The reconciles' API requests in flight at once, shared fairly among tenants
     /// ([`crate::inflight::RequestSlots`]).
@@ -127,5 +128,21 @@ mod tests {
         assert_eq!(options.lease_namespace("idem-system"), "idem-system");
         options.leader_elect_namespace = Some("leases".into());
         assert_eq!(options.lease_namespace("idem-system"), "leases");
+    }
+
+    #[tokio::test]
+    async fn a_manager_asked_for_shards_and_leader_election_refuses_to_run() {
+        let options = ManagerOptions {
+            shards: true,
+            leader_elect: true,
+            ..ManagerOptions::default()
+        };
+        let result = crate::manager::Manager::new("both", options)
+            .run_until(std::future::ready(()))
+            .await;
+        assert!(
+            matches!(result, Err(crate::manager::ManagerError::Options(_))),
+            "{result:?}"
+        );
     }
 }

@@ -83,6 +83,12 @@ pub(super) async fn run(
     manager: Manager,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ManagerError> {
+    if manager.options.shards && manager.options.leader_elect {
+        return Err(ManagerError::Options(
+            "shards and leader_elect exclude each other: a ring shares the objects among \
+             its members, leader election gives them all to one replica",
+        ));
+    }
     let crds = manager.crds()?;
     let Manager {
         name,

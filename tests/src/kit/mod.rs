@@ -197,7 +197,7 @@ impl Children {
 /// Tuning of a kit run; [`Options::default`] is what the issue specifies.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Reconciles started at once by the race check (default 4).
+    /// Reconciles started at once by the race check (default 4; at least 2 are).
     pub racers: usize,
     /// Passes a convergence may take before the kit calls it a failure (default 10).
     pub max_passes: usize,

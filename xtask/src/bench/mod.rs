@@ -189,7 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some("off") => &[false],
             _ => &[false, true],
         };
-        return shards::run(plan.tenants, plan.workers, gates, &out);
+        return shards::run(plan.tenants, plan.workers, gates, !args.debug, &out);
     }
     let sides = args.sides();
     for side in &sides {

@@ -427,14 +427,27 @@ async fn one(
     Ok(figures)
 }
 
-/// Runs the scenario: with the gate off and/or on (`gates`), 1 and 3 replicas.
+/// Runs the scenario: with the gate off and/or on (`gates`), 1 and 3 replicas, the operator
+/// built with the `release` profile when `release` is set (as every other scenario's
+/// controllers, unless `--debug`).
 ///
 /// # Errors
 /// Build, control-plane, operator or API failures.
-pub fn run(tenants: usize, workers: usize, gates: &[bool], out: &Path) -> anyhow::Result<()> {
-    let step = Step::start("building idem-operator");
-    let bin: PathBuf =
-        crate::dev::operator::build_bin(step.bar(), "idem-operator", "idem-operator")?;
+pub fn run(
+    tenants: usize,
+    workers: usize,
+    gates: &[bool],
+    release: bool,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let profile = if release { "release" } else { "debug" };
+    let step = Step::start(format!("building idem-operator ({profile})"));
+    let bin: PathBuf = crate::dev::operator::build_bin_with(
+        step.bar(),
+        "idem-operator",
+        "idem-operator",
+        release,
+    )?;
     step.done("");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

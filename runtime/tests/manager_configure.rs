@@ -1,0 +1,100 @@
+//! `Reconciles::configure` under a `Manager`, against the real control plane: what the closure
+//! sets on the controller's `ControllerConfig` is what the controller runs with (here its
+//! name and its number of workers, both visible in the metrics), not replaced by the
+//! manager's options afterwards.
+
+#[allow(dead_code)]
+#[path = "../examples/base_tenant.rs"]
+mod base_tenant;
+
+use std::time::Duration;
+
+use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
+use idem_runtime::manager::{Manager, ManagerOptions, Reconciles};
+use idem_tests::ports::free_addr;
+use idem_tests::{shared, unique_name};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+/// Longest wait for any condition (two cores, other builds beside the tests).
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The value of `series` (name and labels, as printed) in a `/metrics` text.
+fn value(metrics: &str, series: &str) -> Option<f64> {
+    (metrics.lines())
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn ready(t: &BaseTenant) -> bool {
+    t.status.as_ref().is_some_and(|s| {
+        s.observed_generation == t.metadata.generation
+            && (s.conditions.iter()).any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_configure_sets_on_the_controller_config_is_what_the_controller_runs_with() {
+    let client = shared().client();
+    base_tenant::install_crd(&client).await.unwrap();
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    let addr = free_addr();
+    let options = ManagerOptions {
+        kubeconfig: Some(shared().kubeconfig_path().to_path_buf()),
+        workers: 2,
+        metrics_addr: addr,
+        health_addr: addr,
+        shutdown_grace: Duration::from_secs(10),
+        ..ManagerOptions::default()
+    };
+    let reconciles = Reconciles::new(BaseTenants).configure(|controller| {
+        let mut config = controller.config().clone();
+        // The manager's options are in place when the closure runs.
+        assert_eq!(config.workers, 2, "the manager's workers");
+        config.name = Some("configured".into());
+        config.workers = 3;
+        controller.with_config(config)
+    });
+    let manager = Manager::new(unique_name("configure"), options).add(reconciles);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(manager.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let name = unique_name("configure");
+    let spec = BaseTenantSpec {
+        owners: vec!["alice".into()],
+        cpu: "1".into(),
+        memory: "1Gi".into(),
+    };
+    tenants
+        .create(&PostParams::default(), &BaseTenant::new(&name, spec))
+        .await
+        .unwrap();
+    let workers = r#"controller_runtime_max_concurrent_reconciles{controller="configured"}"#;
+    let reconciled =
+        r#"controller_runtime_reconcile_total{controller="configured",result="success"}"#;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        assert!(!task.is_finished(), "the manager exited");
+        let converged = tenants.get(&name).await.is_ok_and(|t| ready(&t));
+        let text = idem_tests::metrics::scrape(addr).await.unwrap_or_default();
+        // Counted after the reconcile that wrote the status returns: read until it is.
+        if converged && value(&text, reconciled).is_some_and(|n| n >= 1.0) {
+            assert_eq!(value(&text, workers), Some(3.0), "{text}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "BaseTenant {name} not Ready and counted under the configured name within \
+             {TIMEOUT:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _ = stop.send(());
+    let result = tokio::time::timeout(TIMEOUT, task).await;
+    result.expect("stops in time").expect("no panic").unwrap();
+    tenants
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
