@@ -1,7 +1,8 @@
-//! `Reconciles::configure` under a `Manager`, against the real control plane: what the closure
-//! sets on the controller's `ControllerConfig` is what the controller runs with (here its
-//! name and its number of workers, both visible in the metrics), not replaced by the
-//! manager's options afterwards.
+//! `Reconciles::configure` and `Reconciles::with_driver_config` under a `Manager`, against the
+//! real control plane: what the closure sets on the controller's `ControllerConfig` is what the
+//! controller runs with (here its name and its number of workers, both visible in the
+//! metrics), not replaced by the manager's options afterwards; the driver's tunables are the
+//! ones given.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerOptions, Reconciles};
+use idem_runtime::reconciler::DriverConfig;
 use idem_tests::ports::free_addr;
 use idem_tests::{shared, unique_name};
 use kube::Api;
@@ -87,6 +89,72 @@ async fn what_configure_sets_on_the_controller_config_is_what_the_controller_run
             tokio::time::Instant::now() < deadline,
             "BaseTenant {name} not Ready and counted under the configured name within \
              {TIMEOUT:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _ = stop.send(());
+    let result = tokio::time::timeout(TIMEOUT, task).await;
+    result.expect("stops in time").expect("no panic").unwrap();
+    tenants
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_config_given_is_the_one_the_manager_runs() {
+    let client = shared().client();
+    base_tenant::install_crd(&client).await.unwrap();
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    let addr = free_addr();
+    let options = ManagerOptions {
+        kubeconfig: Some(shared().kubeconfig_path().to_path_buf()),
+        workers: 2,
+        metrics_addr: addr,
+        health_addr: addr,
+        shutdown_grace: Duration::from_secs(10),
+        ..ManagerOptions::default()
+    };
+    // No pass can finish within a zero timeout, and one failure stalls: the default (two
+    // minutes, five failures) would make the tenant Ready instead.
+    let reconciles = Reconciles::new(BaseTenants).with_driver_config(DriverConfig {
+        stalled_after: 1,
+        timeout: Some(Duration::ZERO),
+    });
+    let manager = Manager::new(unique_name("driver"), options).add(reconciles);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(manager.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let name = unique_name("driver");
+    let spec = BaseTenantSpec {
+        owners: vec!["alice".into()],
+        cpu: "1".into(),
+        memory: "1Gi".into(),
+    };
+    tenants
+        .create(&PostParams::default(), &BaseTenant::new(&name, spec))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        assert!(!task.is_finished(), "the manager exited");
+        let tenant = tenants.get(&name).await.unwrap();
+        let stalled = (tenant.status.as_ref()).and_then(|s| {
+            (s.conditions.iter()).find(|c| c.type_ == "Stalled" && c.status == "True")
+        });
+        if let Some(c) = stalled {
+            assert_eq!(c.reason, "ReconcileFailed", "{c:?}");
+            break;
+        }
+        assert!(
+            !ready(&tenant),
+            "Ready: the driver's timeout was not applied"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "BaseTenant {name} not Stalled within {TIMEOUT:?}: {:?}",
+            tenant.status
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -18,7 +18,7 @@ use crate::apply::{ChildCaches, ChildScope, DriftMetrics, Labels};
 use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
-use crate::reconciler::{Driver, Reconciler, children_config, primary_config};
+use crate::reconciler::{Driver, DriverConfig, Reconciler, children_config, primary_config};
 use crate::resource::{IdempotentResource, TenantRule};
 use crate::schema::SchemaError;
 use crate::shard::{Ranges, ShardField, shard_hash};
@@ -184,6 +184,7 @@ type Configure<K> = Box<dyn Fn(Controller<K>) -> Controller<K> + Send + Sync>;
 pub struct Reconciles<R: Reconciler> {
     reconciler: R,
     configure: Option<Configure<R::Resource>>,
+    driver: DriverConfig,
     crds: fn() -> Result<CustomResourceDefinition, SchemaError>,
     rules: Vec<PolicyRule>,
 }
@@ -201,6 +202,7 @@ where
         Self {
             reconciler,
             configure: None,
+            driver: DriverConfig::default(),
             crds: crate::schema::crd::<R::Resource>,
             rules: Vec::new(),
         }
@@ -212,6 +214,14 @@ where
     #[must_use]
     pub fn with_rules(mut self, rules: impl IntoIterator<Item = PolicyRule>) -> Self {
         self.rules.extend(rules);
+        self
+    }
+
+    /// The [`Driver`]'s tunables: the failures in a row that stall an object, the bound on
+    /// one pass (default [`DriverConfig::default`]).
+    #[must_use]
+    pub fn with_driver_config(mut self, config: DriverConfig) -> Self {
+        self.driver = config;
         self
     }
 
@@ -297,6 +307,7 @@ where
             }));
         }
         let driver = Driver::new(client.clone(), self.reconciler.clone())
+            .with_config(self.driver.clone())
             .with_drift_metrics(start.drift.clone())
             .with_reporter(start.reporter.clone());
         let caches = driver.caches().clone();
