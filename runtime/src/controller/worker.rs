@@ -38,18 +38,24 @@ pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
     pub reasons: super::reason::Reasons,
 }
 
+/// The wait before an object's next resync: `period` stretched by a random fraction of up to
+/// `jitter` of it, so that objects reconciled together do not resync together.
+fn resync_delay(period: Duration, jitter: f64) -> Duration {
+    let extra: f64 = if jitter > 0.0 {
+        rand::rng().random_range(0.0..=jitter)
+    } else {
+        0.0
+    };
+    period.mul_f64(1.0 + extra)
+}
+
 impl<K, Ctx> Worker<K, Ctx>
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
 {
     fn resync_delay(&self) -> Duration {
-        let extra: f64 = if self.resync_jitter > 0.0 {
-            rand::rng().random_range(0.0..=self.resync_jitter)
-        } else {
-            0.0
-        };
-        self.resync_period.mul_f64(1.0 + extra)
+        resync_delay(self.resync_period, self.resync_jitter)
     }
 
     fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
@@ -197,5 +203,28 @@ impl Active {
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resync_jitter_spreads_the_delay_over_its_fraction_of_the_period() {
+        let period = Duration::from_secs(100);
+        assert_eq!(resync_delay(period, 0.0), period, "no jitter, the period");
+        let delays: Vec<Duration> = (0..200).map(|_| resync_delay(period, 0.1)).collect();
+        assert!(
+            delays
+                .iter()
+                .all(|d| (period..=Duration::from_secs(110)).contains(d)),
+            "{delays:?}"
+        );
+        let (min, max) = (delays.iter().min().unwrap(), delays.iter().max().unwrap());
+        assert!(
+            *max - *min > Duration::from_secs(5),
+            "spread over the fraction: {min:?}..{max:?}"
+        );
     }
 }
