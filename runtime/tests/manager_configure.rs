@@ -44,6 +44,8 @@ async fn what_configure_sets_on_the_controller_config_is_what_the_controller_run
     let options = ManagerOptions {
         kubeconfig: Some(shared().kubeconfig_path().to_path_buf()),
         workers: 2,
+        tenant_concurrency: 2,
+        resync_period: Duration::from_secs(1_234),
         metrics_addr: addr,
         health_addr: addr,
         shutdown_grace: Duration::from_secs(10),
@@ -52,7 +54,19 @@ async fn what_configure_sets_on_the_controller_config_is_what_the_controller_run
     let reconciles = Reconciles::new(BaseTenants).configure(|controller| {
         let mut config = controller.config().clone();
         // The manager's options are in place when the closure runs.
-        assert_eq!(config.workers, 2, "the manager's workers");
+        let options = (
+            config.workers,
+            config.per_tenant_cap,
+            config.resync_period,
+            config.shutdown_grace,
+        );
+        let expected = (
+            2,
+            Some(2),
+            Duration::from_secs(1_234),
+            Duration::from_secs(10),
+        );
+        assert_eq!(options, expected, "the manager's options");
         config.name = Some("configured".into());
         config.workers = 3;
         controller.with_config(config)
