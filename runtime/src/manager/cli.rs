@@ -64,8 +64,9 @@ pub struct RunArgs {
     /// Address of `/healthz` and `/readyz`.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub health_addr: SocketAddr,
-    /// Take a Lease before running controllers, so one replica of several is active.
-    #[arg(long, conflicts_with = "shards")]
+    /// Take a Lease before running controllers, so one replica of several is active (not
+    /// with `--shards auto`: the manager refuses to run with both).
+    #[arg(long)]
     pub leader_elect: bool,
     /// `auto`: every replica holds a member Lease and reconciles its share of the primaries
     /// (by the hash of their uid, or what the controllers shard on), using the API server's
@@ -186,6 +187,13 @@ mod tests {
             panic!("not run")
         };
         assert!(args.options().shards);
+        // `--shards off` is the default said out loud: it goes with `--leader-elect`.
+        let Command::Run(args) =
+            Cli::parse_from_for("x", ["x", "run", "--leader-elect", "--shards", "off"])
+        else {
+            panic!("not run")
+        };
+        assert!(args.options().leader_elect && !args.options().shards);
         assert!(matches!(
             Cli::parse_from_for("x", ["x", "crds"]),
             Command::Crds

@@ -85,8 +85,9 @@ pub(super) async fn run(
 ) -> Result<(), ManagerError> {
     if manager.options.shards && manager.options.leader_elect {
         return Err(ManagerError::Options(
-            "shards and leader_elect exclude each other: a ring shares the objects among \
-             its members, leader election gives them all to one replica",
+            "shards (--shards auto) and leader_elect (--leader-elect) exclude each other: a \
+             ring shares the objects among its members, leader election gives them all to \
+             one replica",
         ));
     }
     let crds = manager.crds()?;
