@@ -68,7 +68,8 @@ pub struct Args {
     /// Run only these scenarios (repeatable: p2, p3, p4, p5, p6, shards); P2's fleet is always
     /// made, since every other scenario starts from it. `shards` (the operator with 1 vs 3
     /// replicas, `ShardedListAndWatch` off and on, `--tenants` Tenants) runs only when named,
-    /// and alone.
+    /// and alone: it runs the operator binary, so `--idem-binary`, `--peers`,
+    /// `--requests-in-flight` and `--no-raw-limit` do not apply to it.
     #[arg(long, value_parser = SCENARIOS)]
     pub scenario: Vec<String>,
     /// Concurrent reconciles of every controller (and concurrency of the raw-client limit).
