@@ -237,6 +237,28 @@ async fn a_terminal_error_stalls_at_once_and_creates_nothing() {
     );
 }
 
+/// The attempt of `tenant` after `failures` failed reconciles in a row.
+fn retry(tenant: &BaseTenant, failures: u32) -> Attempt {
+    Attempt {
+        key: ObjectKey::cluster("BaseTenant", &tenant.name_any()),
+        tenant: TenantKey::new(tenant.name_any()),
+        failures,
+        priority: Priority::Event,
+        reason: Reason::Error,
+    }
+}
+
+/// Asserts `stored` is `Stalled` by `failures` or more failed reconciles in a row.
+fn assert_stalled_by(stored: &BaseTenant, failures: u32) {
+    let (status, reason, message) = condition(stored, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ReconcileFailed")
+    );
+    let said = format!("{failures} or more reconciles failed in a row");
+    assert!(message.starts_with(&said), "{message}");
+}
+
 /// `DriverConfig::stalled_after` sets the number of failures in a row that stall the object.
 #[tokio::test]
 async fn stalled_after_sets_how_many_failures_in_a_row_stall() {
@@ -248,13 +270,7 @@ async fn stalled_after_sets_how_many_failures_in_a_row_stall() {
             stalled_after: 2,
         }),
     );
-    let attempt = |failures| Attempt {
-        key: ObjectKey::cluster("BaseTenant", &tenant.name_any()),
-        tenant: TenantKey::new(tenant.name_any()),
-        failures,
-        priority: Priority::Event,
-        reason: Reason::Error,
-    };
+    let attempt = |failures| retry(&tenant, failures);
     let first = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(0)).await;
     assert!(first.is_err(), "{first:?}");
     assert!(
@@ -263,16 +279,7 @@ async fn stalled_after_sets_how_many_failures_in_a_row_stall() {
     );
     let second = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(1)).await;
     assert!(second.is_err(), "{second:?}");
-    let stored = get(&client, &tenant.name_any()).await;
-    let (status, reason, message) = condition(&stored, "Stalled");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("True", "ReconcileFailed")
-    );
-    assert!(
-        message.starts_with("2 or more reconciles failed in a row"),
-        "{message}"
-    );
+    assert_stalled_by(&get(&client, &tenant.name_any()).await, 2);
 }
 
 #[tokio::test]
@@ -286,13 +293,7 @@ async fn failures_in_a_row_stall_with_reconcile_failed_and_keep_retrying() {
             ..DriverConfig::default()
         }),
     );
-    let attempt = |failures| Attempt {
-        key: ObjectKey::cluster("BaseTenant", &tenant.name_any()),
-        tenant: TenantKey::new(tenant.name_any()),
-        failures,
-        priority: Priority::Event,
-        reason: Reason::Error,
-    };
+    let attempt = |failures| retry(&tenant, failures);
     let first = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt(0)).await;
     assert!(
         matches!(first, Err(ReconcileError::Timeout(_))),
@@ -308,15 +309,7 @@ async fn failures_in_a_row_stall_with_reconcile_failed_and_keep_retrying() {
         "still an error: the controller keeps retrying"
     );
     let stored = get(&client, &tenant.name_any()).await;
-    let (status, reason, message) = condition(&stored, "Stalled");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("True", "ReconcileFailed")
-    );
-    assert!(
-        message.starts_with("5 or more reconciles failed in a row"),
-        "{message}"
-    );
+    assert_stalled_by(&stored, 5);
     let (_, ready_reason, _) = condition(&stored, "Ready");
     assert_eq!(ready_reason, "ReconcileFailed");
     assert_ne!(condition(&stored, "Reconciling").1, "ReconcileFailed");
