@@ -242,7 +242,7 @@ async fn the_protocol_is_asked_again_when_a_connection_cannot_be_made_with_it() 
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let (_, accepted) = http1_proxy_on(listener);
     let mut answers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         let answer = client.send(get("/version")).await;
         let done = answer
             .as_ref()
@@ -253,9 +253,16 @@ async fn the_protocol_is_asked_again_when_a_connection_cannot_be_made_with_it() 
         }
     }
     // The request on the shared connection fails to connect (the proxy refuses HTTP/2); the
-    // next one asks again and gets HTTP/1.1.
+    // next one asks again and gets HTTP/1.1. Before that, one request may still go to the
+    // relay's connection the client has not yet seen closed (a loaded machine): it fails to
+    // send, and is not a connect failure.
+    let connect = answers
+        .iter()
+        .position(|a| a.as_ref().is_err_and(|e| e.contains("(Connect)")));
+    let next = connect.and_then(|i| answers.get(i + 1));
     assert!(
-        answers.len() <= 2 && answers.last().is_some_and(Result::is_ok),
+        connect.is_some_and(|i| i <= 1)
+            && next.is_some_and(|a| a.as_ref().is_ok_and(|v| *v == http::Version::HTTP_11)),
         "{answers:?} ({} connections to the proxy)",
         accepted.load(Ordering::SeqCst)
     );
