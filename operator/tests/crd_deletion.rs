@@ -1,7 +1,8 @@
 //! Deleting the Tenant CRD (an uninstall, a botched upgrade) never deletes tenant namespaces or
 //! the user data in them, even for a tenant whose `deletionPolicy` is `Delete`; meanwhile the
-//! operator is not ready (`/readyz` 503), and ready again once the CRD is back. In a test
-//! binary of its own: the CRD is deleted and installed again.
+//! operator is not ready (`/readyz` 503) and its log names the missing CRD once, and it is ready
+//! again once the CRD is back. In a test binary of its own: the CRD is deleted and installed
+//! again.
 
 mod common;
 
@@ -14,8 +15,33 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use serde_json::json;
 
+/// The log lines (ERROR and above) of every thread of this test binary, from its start.
+fn errors_logged() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::ERROR)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    lines.0
+}
+
 #[tokio::test]
 async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it() {
+    let errors = errors_logged();
     let operator = shared_operator().await;
     let client = shared().client();
     let doomed = unique_name("crd");
@@ -92,6 +118,23 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         },
     )
     .await;
+    // The log names the CRD, once however often the watch retries.
+    let missing = format!(
+        "its CustomResourceDefinition {} is not installed, or was deleted",
+        Tenant::crd_name()
+    );
+    let said = || {
+        String::from_utf8_lossy(&errors.lock().unwrap())
+            .matches(&missing)
+            .count()
+    };
+    eventually("the log to name the missing CRD", TIMEOUT, || async {
+        match said() {
+            0 => Err(String::from_utf8_lossy(&errors.lock().unwrap()).into_owned()),
+            _ => Ok(()),
+        }
+    })
+    .await;
     // Installed again, the watch lists again and the operator is ready again.
     install_crds(&client).await;
     eventually("/readyz to pass once the CRD is back", TIMEOUT, || async {
@@ -101,4 +144,5 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         }
     })
     .await;
+    assert_eq!(said(), 1, "said once while the CRD was missing");
 }

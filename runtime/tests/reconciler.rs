@@ -614,3 +614,78 @@ async fn a_held_childs_refused_repair_is_looked_at_again() {
         .await
         .expect("release");
 }
+
+/// The BaseTenant reconciler, desiring the LimitRange only while `limits` holds.
+struct DroppingLimits {
+    limits: std::sync::atomic::AtomicBool,
+}
+
+impl Reconciler for DroppingLimits {
+    type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        if self.limits.load(Ordering::SeqCst) {
+            return base_tenant::desired(tenant);
+        }
+        // The namespace alone: nothing is said of the other declared kinds.
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": tenant.name_any()}}))
+        .unwrap();
+        let mut children = idem_runtime::apply::DesiredChildren::new();
+        children.add(&ns)?;
+        Ok(children)
+    }
+}
+
+/// A desired state that drops the last child of a declared kind prunes it (the kind need not
+/// be named with `DesiredChildren::prune_kind`): the children are deleted and leave the
+/// record.
+#[tokio::test]
+async fn the_last_children_of_declared_kinds_are_pruned_when_no_longer_desired() {
+    let client = client().await;
+    let reconciler = DroppingLimits {
+        limits: std::sync::atomic::AtomicBool::new(true),
+    };
+    let driver = Driver::new(client.clone(), reconciler);
+    let tenant = create(&client, "bt-drop", spec(&["erin"])).await;
+    let name = tenant.name_any();
+    driver.reconcile_once(client.clone(), tenant).await.unwrap();
+    let limits = Api::<LimitRange>::namespaced(client.clone(), &name);
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &name);
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &name);
+    let uid = limits.get("limits").await.expect("the LimitRange").uid();
+    let recorded = |t: &BaseTenant| {
+        let record = &t.status.as_ref().expect("status").created_children;
+        record.iter().any(|c| Some(&c.uid) == uid.as_ref())
+    };
+    assert!(recorded(&get(&client, &name).await), "recorded as created");
+    driver.reconciler().limits.store(false, Ordering::SeqCst);
+    let stored = Arc::new(get(&client, &name).await);
+    driver.reconcile_once(client.clone(), stored).await.unwrap();
+    for (what, gone) in [
+        (
+            "LimitRange",
+            limits.get_opt("limits").await.unwrap().is_none(),
+        ),
+        (
+            "ResourceQuota",
+            quotas.get_opt("quota").await.unwrap().is_none(),
+        ),
+        (
+            "RoleBinding",
+            bindings.get_opt("owners").await.unwrap().is_none(),
+        ),
+    ] {
+        assert!(gone, "the {what} is deleted by the pass");
+    }
+    let t = get(&client, &name).await;
+    let record = &t.status.as_ref().expect("status").created_children;
+    assert!(!recorded(&t), "the LimitRange left the record: {record:?}");
+    assert_eq!(record.len(), 1, "only the Namespace is left: {record:?}");
+    assert_eq!(condition(&t, "Ready").0, "True");
+}

@@ -136,7 +136,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             let mut all = DesiredChildren::new();
             // A recorded namespace an administrator released is kept, not deleted.
             all.prune_kind::<Namespace>().release_orphans::<Namespace>();
-            let report = pass.apply(&all).await?;
+            let report = pass.apply_part(&all).await?;
             // What the prune deleted is waited for until it is gone: the recorded namespaces
             // still there being deleted (held by their contents or finalizers), which the
             // prune keeps in the record, read as the prune read them (from the namespace

@@ -488,7 +488,7 @@ pub async fn settle(
                 first.add(&q)?;
             }
         }
-        let report = pass.apply(&first).await?;
+        let report = pass.apply_part(&first).await?;
         let all_written = report.children.iter().all(|(_, o)| {
             matches!(
                 o,

@@ -108,13 +108,13 @@ impl Reconciler for Tenants {
                 message: message.into(),
             }));
         }
-        let ns = NamespacePass::from_report(&pass.apply(&desired::namespaces(tenant)?).await?);
+        let ns = NamespacePass::from_report(&pass.apply_part(&desired::namespaces(tenant)?).await?);
         let not_ours = ns.not_ours();
         // The quotas' decreases first (quota_split), then everything with the increases.
         let split = quota_split::settle(tenant, pass, &ns.owned, &not_ours).await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
         let contents = pass
-            .apply(&desired::contents(tenant, &ns.owned, &not_ours, &quotas)?)
+            .apply_part(&desired::contents(tenant, &ns.owned, &not_ours, &quotas)?)
             .await?;
         for event in status::released_events(&ns, &contents) {
             pass.publish(event).await;

@@ -474,6 +474,19 @@ impl DesiredChildren {
         self
     }
 
+    /// These children with `kinds` pruned too, when one of them is not already (`None`: it
+    /// prunes them all already).
+    pub(crate) fn pruning(&self, kinds: &[(ApiResource, bool)]) -> Option<Self> {
+        let missing = |(r, _): &&(ApiResource, bool)| !self.kinds.iter().any(|(k, _)| k == r);
+        if !kinds.iter().any(|k| missing(&k)) {
+            return None;
+        }
+        let mut all = self.clone();
+        all.kinds
+            .extend(kinds.iter().filter(|k| missing(k)).cloned());
+        Some(all)
+    }
+
     fn register_kind<K>(&mut self)
     where
         K: Resource<DynamicType = ()>,

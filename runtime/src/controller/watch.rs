@@ -111,6 +111,18 @@ pub(crate) fn not_established(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether `e` says the resource is not served (404: its CustomResourceDefinition is not
+/// installed or was deleted).
+fn not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    }
+}
+
 /// Whether `e` is an API server refusing a streaming list (`sendInitialEvents`): one without
 /// the `WatchList` feature (off by default before Kubernetes 1.34, except in 1.32) rejects the
 /// parameter as invalid.
@@ -195,9 +207,28 @@ where
         // find the object of before the list (a deleted-and-recreated object's old version) or
         // none, and drop the key for good.
         let mut after_list: Vec<(ObjectKey, TenantKey, Priority, bool)> = Vec::new();
+        // Whether the resource was found not served (404) since the last complete list: said
+        // once, in words that name its CustomResourceDefinition.
+        let mut not_served = false;
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(event) => event,
+                Err(e) if not_found(&e) => {
+                    if !not_served {
+                        let crd = format!("{}.{}", K::plural(&()), K::group(&()));
+                        tracing::error!(
+                            kind = %K::kind(&()),
+                            %crd,
+                            "{} is not served (404): its CustomResourceDefinition {crd} is not \
+                             installed, or was deleted; the watch retries until it is back \
+                             (install it, e.g. from `crds`)",
+                            K::kind(&()),
+                        );
+                        not_served = true;
+                    }
+                    tx.send_replace(false);
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, kind = %K::kind(&()), "primary watch error");
                     if not_established(&e) {
@@ -206,6 +237,9 @@ where
                     continue;
                 }
             };
+            if matches!(event, Event::InitDone) {
+                not_served = false;
+            }
             // Objects of the first list after start are a replay, queued at resync priority
             // so that a user's change made meanwhile is served first (controller-runtime does
             // the same with its initial list).

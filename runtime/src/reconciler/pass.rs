@@ -49,6 +49,9 @@ pub struct Pass<K: IdempotentResource> {
     /// The child kinds the reconciler declares (`None`: any, for a pass the driver did not
     /// make from a reconciler's declaration).
     declared: Option<KindSet>,
+    /// The declared kinds, each with whether it is namespaced: pruned by every apply, whether
+    /// or not a child of the kind is desired.
+    pruned: Vec<(ApiResource, bool)>,
     /// The child kinds whose status the reconciler reads.
     reads_status: KindSet,
 }
@@ -83,6 +86,7 @@ impl<K: IdempotentResource> Pass<K> {
             unrepaired: false,
             namespaces: None,
             declared: None,
+            pruned: Vec::new(),
             reads_status: KindSet::default(),
         }
     }
@@ -99,10 +103,11 @@ impl<K: IdempotentResource> Pass<K> {
         self
     }
 
-    /// Applies only children of the kinds `kinds` declares, and reads the status of those
-    /// declared so ([`Pass::children`]).
+    /// Applies only children of the kinds `kinds` declares, prunes undesired children of every
+    /// one of them, and reads the status of those declared so ([`Pass::children`]).
     pub(crate) fn declaring(mut self, kinds: &ChildKinds<K>) -> Self {
         self.declared = Some(kinds.set());
+        self.pruned = kinds.scoped().map(|(r, n)| (r.clone(), n)).collect();
         self.reads_status = kinds.status_set();
         self
     }
@@ -252,12 +257,17 @@ impl<K: IdempotentResource> Pass<K> {
         })
     }
 
-    /// Applies `desired` under [`Pass::owner`] (only what drifted; prunes children of the
-    /// desired kinds no longer desired and recorded as created by the object) and publishes an
+    /// Applies `desired`, the object's whole desired state, under [`Pass::owner`] (only what
+    /// drifted; prunes the children of every kind
+    /// [`Reconciler::children`](super::Reconciler::children) declares, and of the kinds
+    /// `desired` names, that are no longer desired and recorded as created by the object: a
+    /// kind whose last child the desired state drops loses that child too) and publishes an
     /// Event per child created, recreated, repaired or deleted, and one `NotPruned` Warning for
     /// the objects that claim the owner without being recorded, however many (published again
     /// only when that set changes; see `events::not_pruned`). Children created are
     /// added to the pass's [`RecordDelta`] even when the apply fails; the driver writes it.
+    /// A reconcile that applies its children in parts (namespaces first, then what lives in
+    /// them) applies each with [`Pass::apply_part`].
     ///
     /// # Errors
     /// As [`Applier::reconcile`] and [`Pass::owner`]; a terminal [`KIND_NOT_DECLARED`] error,
@@ -268,6 +278,28 @@ impl<K: IdempotentResource> Pass<K> {
         desired: &DesiredChildren,
     ) -> Result<ApplyReport, ReconcileError> {
         self.check_declared(desired)?;
+        let whole = desired.pruning(&self.pruned);
+        self.apply_checked(whole.as_ref().unwrap_or(desired)).await
+    }
+
+    /// As [`Pass::apply`] for a part of the object's desired state: prunes only the kinds
+    /// `desired` holds children of or names
+    /// ([`DesiredChildren::prune_kind`]), so the children of the other parts stay.
+    ///
+    /// # Errors
+    /// As [`Pass::apply`].
+    pub async fn apply_part(
+        &mut self,
+        desired: &DesiredChildren,
+    ) -> Result<ApplyReport, ReconcileError> {
+        self.check_declared(desired)?;
+        self.apply_checked(desired).await
+    }
+
+    async fn apply_checked(
+        &mut self,
+        desired: &DesiredChildren,
+    ) -> Result<ApplyReport, ReconcileError> {
         let owner = self.owner().await?;
         let mut report = ApplyReport::default();
         let result = self

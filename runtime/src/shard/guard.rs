@@ -35,6 +35,20 @@ use crate::leader::{
 /// them, or after a failed list.
 pub const GUARD_POLL: Duration = Duration::from_secs(5);
 
+/// The longest wait between two lists the API server refused (403): the wait doubles from
+/// [`GUARD_POLL`] up to this, so a replica not allowed to list Leases there costs a request
+/// every few minutes, not every few seconds.
+pub const GUARD_REFUSED_MAX: Duration = Duration::from_secs(300);
+
+/// How long to wait before listing again after the `refused`-th refused list in a row (1 for
+/// the first).
+fn refused_poll(refused: u32) -> Duration {
+    let doublings = refused.saturating_sub(1).min(16);
+    GUARD_POLL
+        .saturating_mul(1 << doublings)
+        .min(GUARD_REFUSED_MAX)
+}
+
 /// How long one watch of the member Leases lasts before the server ends it and it is
 /// started again from the last resourceVersion seen (no list).
 const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -75,17 +89,40 @@ pub fn start(client: Client, namespace: &str, ring: &str) -> watch::Receiver<Rin
         let mut looks_left = 2u32;
         // Whether the member Leases may be watched (until a watch is refused).
         let mut watchable = true;
+        // Lists refused (403) in a row: said once, looked at again less and less often.
+        let mut refused = 0u32;
         loop {
             let listed = tokio::time::timeout(RETRY_PERIOD * 2, api.list(&lp)).await;
             let (leases, version) = match listed {
-                Ok(Ok(list)) => (list.items, list.metadata.resource_version),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, %namespace, "listing the shard ring's member Leases failed");
-                    let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
-                    if forbidden && *tx.borrow() == Ring::Unknown {
+                Ok(Ok(list)) => {
+                    if refused > 0 {
+                        tracing::info!(%namespace, "the shard ring's member Leases may be listed now: the guard against a running ring is on");
+                        refused = 0;
+                    }
+                    (list.items, list.metadata.resource_version)
+                }
+                Ok(Err(kube::Error::Api(s))) if s.code == 403 => {
+                    if refused == 0 {
+                        tracing::warn!(
+                            error = %s.message,
+                            %namespace,
+                            "this replica may not list the Leases of its Lease namespace \
+                             (--leader-elect-namespace; default the pod's, else the kubeconfig context's): it cannot \
+                             tell whether a shard ring is running beside it, and works as if \
+                             none were; grant it list and watch on leases there, or name the \
+                             namespace where it may (looked at again less and less often)"
+                        );
+                    }
+                    refused = refused.saturating_add(1);
+                    if *tx.borrow() == Ring::Unknown {
                         // Cannot tell for good (not allowed to list): do not block the start.
                         tx.send_replace(Ring::None);
                     }
+                    tokio::time::sleep(refused_poll(refused)).await;
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, %namespace, "listing the shard ring's member Leases failed");
                     // A transient failure (a 500, a 429 at start-up) tells nothing: still
                     // unknown, looked at again soon.
                     tokio::time::sleep(unknown_or(&tx, GUARD_POLL)).await;
@@ -220,4 +257,16 @@ fn recently_renewed(lease: &Lease) -> bool {
             .and_then(|s| s.renew_time.as_ref())
             .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
             .is_none_or(|ago| ago < LEASE_DURATION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_list_is_tried_again_less_and_less_often_up_to_a_bound() {
+        let waits: Vec<u64> = (1..=9).map(|n| refused_poll(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(refused_poll(u32::MAX), GUARD_REFUSED_MAX);
+    }
 }
