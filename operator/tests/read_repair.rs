@@ -284,6 +284,54 @@ async fn extra_subject_in_owners_binding_is_removed() {
     second_pass_makes_no_request(w, &api, OWNERS).await;
 }
 
+/// A write under the operator's own field manager name (anyone allowed to write the object
+/// can make one) does not hide the next tamper: taking a field from the operator is still
+/// reported as the taker's.
+#[tokio::test]
+async fn a_write_under_our_name_does_not_hide_the_next_tamper() {
+    let _s = SERIAL.lock().await;
+    let w = world().await;
+    let api = dynamic::<RoleBinding>(&w.ns);
+    let mut rb = serde_json::to_value(api.get(OWNERS).await.expect("rb")).expect("json");
+    rb["subjects"]
+        .as_array_mut()
+        .expect("subjects")
+        .push(json!({"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}));
+    let tampered = json!({"subjects": rb["subjects"]});
+    // A first tamper, repaired by an apply: the operator's record is an `Apply` entry now.
+    api.patch(OWNERS, &by("before-forgery"), &Patch::Merge(&tampered))
+        .await
+        .expect("patch");
+    until::<RoleBinding>(&w.ns, OWNERS, "mallory gone", |v| {
+        subjects(v) == ["alice", "admins"]
+    })
+    .await;
+    drift_event(
+        &w.tenant,
+        ".subjects changed by before-forgery (Update), restored",
+    )
+    .await;
+    second_pass_makes_no_request(w, &api, OWNERS).await;
+    // The write under our name: an `Update` entry of ours beside the `Apply` entry.
+    let forged = json!({"metadata": {"labels": {"forged": "x"}}});
+    api.patch(OWNERS, &by("idem-operator"), &Patch::Merge(&forged))
+        .await
+        .expect("patch as idem-operator");
+    api.patch(OWNERS, &by("after-forgery"), &Patch::Merge(&tampered))
+        .await
+        .expect("patch");
+    until::<RoleBinding>(&w.ns, OWNERS, "mallory gone again", |v| {
+        subjects(v) == ["alice", "admins"]
+    })
+    .await;
+    drift_event(
+        &w.tenant,
+        ".subjects changed by after-forgery (Update), restored",
+    )
+    .await;
+    second_pass_makes_no_request(w, &api, OWNERS).await;
+}
+
 #[tokio::test]
 async fn removed_subject_is_restored() {
     let _s = SERIAL.lock().await;

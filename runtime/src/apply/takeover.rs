@@ -142,6 +142,24 @@ fn without_managed_fields(live: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
+/// `live` with `manager`'s `Apply` entry and without its `Update` entries, when it has both:
+/// where [`as_applied`] judges such a child never applied (the `Apply` entry holds another
+/// field set), this view tells which of the fields another manager took (reported as their
+/// drift, however often someone writes under our name).
+pub(crate) fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
+    let entries = managed_fields(live)?;
+    entries_of(&entries, manager, "Update").next()?;
+    entries_of(&entries, manager, "Apply").next()?;
+    let mut out = without_managed_fields(live)?;
+    let kept = entries.iter().filter(|e| {
+        e.manager.as_deref() != Some(manager)
+            || e.operation.as_deref() != Some("Update")
+            || !e.subresource.as_deref().unwrap_or("").is_empty()
+    });
+    out["metadata"]["managedFields"] = serde_json::to_value(kept.collect::<Vec<_>>()).ok()?;
+    Some(out)
+}
+
 /// `live` as the convergence check (`compare::check`) judges it for `manager`
 /// (stamping the owner kind's `labels`), when we have an `Update` entry (the record of our `POST` create, or of someone's write under our
 /// name); `None` when the child is to be judged as it is.
