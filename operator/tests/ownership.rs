@@ -176,6 +176,8 @@ async fn a_namespace_an_admin_releases_keeps_what_idem_made_in_it() {
         "the released namespace is not adopted back: {:?}",
         ns.owner_references()
     );
+    // Free, as the Event says: the namespace lost the owner-uid label too.
+    assert_released("the released namespace", Some(&ns.metadata), &uid);
     eventually(
         "the record to drop the released objects",
         TIMEOUT,

@@ -6,12 +6,34 @@
 pub(crate) fn describe(err: &kube::Error) -> String {
     match err {
         kube::Error::Api(status) => {
-            // One line: some refusals go on with a diff of the object (a PersistentVolumeClaim's
-            // immutable spec), which a condition message and an Event do not need.
-            let message = status.message.lines().next().unwrap_or_default().trim_end();
-            format!("{} {}: {}", status.code, status.reason, message)
+            format!(
+                "{} {}: {}",
+                status.code,
+                status.reason,
+                one_line(&status.message)
+            )
         }
         other => other.to_string(),
+    }
+}
+
+/// The longest server message a description keeps, in characters.
+const MESSAGE_MAX: usize = 400;
+
+/// `message` on one line, its lines joined with spaces, cut after [`MESSAGE_MAX`] characters:
+/// some refusals go on after a colon with what matters (the rules an RBAC escalation lacks),
+/// others with a diff of the whole object (a PersistentVolumeClaim's immutable spec), which a
+/// condition message and an Event cannot hold.
+fn one_line(message: &str) -> String {
+    let joined = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match joined.char_indices().nth(MESSAGE_MAX) {
+        Some((at, _)) => format!("{}…", &joined[..at]),
+        None => joined,
     }
 }
 
@@ -110,6 +132,29 @@ mod tests {
             retry_after_seconds: 0,
         });
         kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn a_message_is_described_on_one_line_whole_up_to_a_bound() {
+        let escalation = "user \"system:serviceaccount:idem-system:idem-operator\" is \
+            attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"*\"], \
+            Resources:[\"*\"], Verbs:[\"*\"]}\n";
+        let mut status = Status::failure(escalation, "Forbidden");
+        status.code = 403;
+        let said = describe(&kube::Error::Api(Box::new(status)));
+        assert!(
+            said.ends_with(
+                "not currently held: {APIGroups:[\"*\"], Resources:[\"*\"], Verbs:[\"*\"]}"
+            ),
+            "{said}"
+        );
+        let diff = format!("spec is immutable\n{}", "  -  x: y\n".repeat(500));
+        let mut status = Status::failure(&diff, "Invalid");
+        status.code = 422;
+        let said = describe(&kube::Error::Api(Box::new(status)));
+        assert!(!said.contains('\n'), "{said}");
+        assert!(said.chars().count() <= MESSAGE_MAX + 20, "{said}");
+        assert!(said.ends_with('…'), "{said}");
     }
 
     #[test]

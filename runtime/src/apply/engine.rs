@@ -420,6 +420,21 @@ impl Applier {
             }
             if foreign {
                 self.answers.forget(&key);
+                // An administrator released a recorded child of such a kind by removing its
+                // controller reference: what else on it names the owner (another reference,
+                // the owner-uid label) goes too, once (released, it leaves the record).
+                if recorded && child.release_orphan {
+                    let _in_flight = self.begin_write(&key);
+                    super::release::release(
+                        &self.client,
+                        &child.resource,
+                        &meta,
+                        owner.label_names(),
+                        owner.uid(),
+                    )
+                    .await
+                    .map_err(|source| err("patch", source))?;
+                }
                 return Ok(Applied {
                     outcome: ChildOutcome::NotOwned {
                         reason: owner.describe_foreign(&meta),
