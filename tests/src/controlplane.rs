@@ -296,11 +296,13 @@ impl Drop for ControlPlane {
 }
 
 /// Stops the detached control plane recorded under `run_root` (see [`Options::run_root`]), as
-/// `cargo xtask controlplane down` does; returns the stopped components with their pids.
+/// `cargo xtask controlplane down` does, and removes the run directories test binaries that
+/// ended left there; returns the stopped components with their pids.
 ///
 /// # Errors
 /// [`Error::NoState`] when none is recorded.
 pub fn down(run_root: &Path) -> Result<Vec<String>> {
+    state::sweep_stale(run_root);
     let dir = state::detached_dir(run_root);
     let state = State::load(&dir)?;
     let mut stopped = Vec::new();

@@ -35,7 +35,9 @@ pub(crate) fn new_attached_dir(root: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn sweep_stale(root: &Path) {
+/// Removes the run directories under `root` whose owning process (the pid in the name) is gone:
+/// a test binary's shared control plane lives until the process ends, and leaves its directory.
+pub(crate) fn sweep_stale(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };
@@ -92,5 +94,26 @@ impl State {
         let text = fs::read_to_string(dir.join(STATE_FILE))
             .map_err(|_| Error::NoState(dir.to_path_buf()))?;
         serde_json::from_str(&text).map_err(|_| Error::NoState(dir.to_path_buf()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_directory_of_a_process_gone_is_swept_and_a_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("idem-sweep-{}", std::process::id()));
+        // A pid above the kernel's largest (4194304): no such process.
+        let gone = root.join("4194305-0");
+        let live = root.join(format!("{}-0", std::process::id()));
+        let detached = detached_dir(&root);
+        for dir in [&gone, &live, &detached] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        sweep_stale(&root);
+        assert!(!gone.exists());
+        assert!(live.exists() && detached.exists());
+        fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -148,8 +148,29 @@ pub(crate) fn comment(note: &str) -> String {
 }
 
 /// `rules` with those of the same API groups, verbs and names in one, resources sorted and
-/// each once; the rules in the order of their first appearance.
+/// each once, without a rule another one grants all of; the rules in the order of their first
+/// appearance.
 pub fn merged(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
+    let out = merged_by_verbs(rules);
+    let covers = |s: &PolicyRule, r: &PolicyRule| {
+        let within = |a: &Option<Vec<String>>, b: &Option<Vec<String>>| {
+            a.iter()
+                .flatten()
+                .all(|x| b.iter().flatten().any(|y| y == x))
+        };
+        s.api_groups == r.api_groups
+            && s.resource_names == r.resource_names
+            && s.non_resource_urls == r.non_resource_urls
+            && within(&r.resources, &s.resources)
+            && r.verbs.iter().all(|v| s.verbs.contains(v))
+    };
+    (0..out.len())
+        .filter(|&i| !(0..out.len()).any(|j| j != i && covers(&out[j], &out[i])))
+        .map(|i| out[i].clone())
+        .collect()
+}
+
+fn merged_by_verbs(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
     let mut out: Vec<PolicyRule> = Vec::new();
     for mut rule in rules {
         let mut verbs = rule.verbs.clone();
@@ -299,8 +320,13 @@ mod tests {
             rule("", &["resourcequotas", "configmaps"], CHILD_VERBS),
             rule("", &["namespaces"], &["watch", "list", "get", "get"]),
             rule("apps", &["deployments"], CHILD_VERBS),
+            rule("apps", &["deployments"], &["get"]),
         ]);
-        assert_eq!(rules.len(), 3, "{rules:?}");
+        assert_eq!(
+            rules.len(),
+            3,
+            "a rule another grants all of is left out: {rules:?}"
+        );
         assert_eq!(
             rules[0].resources.as_deref(),
             Some(&["namespaces".to_owned()][..])
