@@ -142,7 +142,7 @@ pub fn not_pruned(unrecorded: &[ObjectKey]) -> Option<Event> {
     let (first, n) = (unrecorded.first()?, unrecorded.len());
     let note = if n == 1 {
         format!(
-            "{first} claims this object as its controller but was not created by it (not in its status record): not deleted; remove its ownerReference or delete it yourself"
+            "{first} claims this object as its controller but is not in its status record of created children (someone else created it, or a create whose answer was never recorded, e.g. before a crash): not deleted; remove its ownerReference or delete it yourself"
         )
     } else {
         let named: Vec<String> = unrecorded
@@ -155,7 +155,7 @@ pub fn not_pruned(unrecorded: &[ObjectKey]) -> Option<Event> {
             rest => format!(" and {rest} more"),
         };
         format!(
-            "{n} objects claim this object as their controller but were not created by it (not in its status record): not deleted; remove their ownerReference or delete them yourself: {}{more}",
+            "{n} objects claim this object as their controller but are not in its status record of created children (someone else created them, or creates whose answers were never recorded, e.g. before a crash): not deleted; remove their ownerReference or delete them yourself: {}{more}",
             named.join(", ")
         )
     };
