@@ -465,22 +465,30 @@ impl CompactStore {
         self.whole(meta)
     }
 
+    /// As [`CompactStore::keeps_whole`], from the metadata as the watch decoded it.
+    pub(crate) fn keeps_whole_meta(&self, meta: &kube::api::ObjectMeta) -> bool {
+        self.trusted(
+            meta.name.as_deref(),
+            meta.namespace.as_deref(),
+            meta.uid.as_deref(),
+        )
+    }
+
     fn whole(&self, meta: &Value) -> bool {
+        let field = |f: &str| meta.get(f).and_then(Value::as_str);
+        self.trusted(field("name"), field("namespace"), field("uid"))
+    }
+
+    fn trusted(&self, name: Option<&str>, namespace: Option<&str>, uid: Option<&str>) -> bool {
         let Some(trust) = &self.trust else {
             return true;
         };
-        let (Some(name), Some(uid)) = (
-            meta.get("name").and_then(Value::as_str),
-            meta.get("uid").and_then(Value::as_str),
-        ) else {
+        let (Some(name), Some(uid)) = (name, uid) else {
             return false;
         };
         let key = ObjectKey {
             kind: self.kind.as_str().into(),
-            namespace: meta
-                .get("namespace")
-                .and_then(Value::as_str)
-                .map(Into::into),
+            namespace: namespace.map(Into::into),
             name: name.into(),
         };
         trust.is_ours(&key, uid)
@@ -544,6 +552,31 @@ impl CompactStore {
                 stub_entry(seen)
             };
             let (name, e, owners) = e?;
+            live.insert(name, e, &owners, &self.interner)
+                .map(|e| e.seen)
+        }
+    }
+
+    /// As [`CompactStore::put`] for an object the watch has decoded whole (`obj`, JSON): the
+    /// object itself is stored, without a second decode of its text; its stub when it is not
+    /// (or no longer) trusted.
+    pub(crate) fn put_parsed(&self, obj: Value, initial: bool, seen: Seen) -> Option<Seen> {
+        if !obj.get("metadata").is_some_and(|meta| self.whole(meta)) {
+            let meta = obj.get("metadata").cloned().unwrap_or_default();
+            return self.put(&meta, || None, initial, seen);
+        }
+        let (name, e, owners) = self.entry(obj, true, seen)?;
+        if initial {
+            let mut relist = self.relist.lock().ok()?;
+            let listed = relist.get_or_insert_with(Objects::default);
+            let before = listed.insert(name.clone(), e, &owners, &self.interner);
+            drop(relist);
+            before.map(|e| e.seen).or_else(|| {
+                let live = self.live.read().ok()?;
+                Some(live.get(&name)?.seen.clone())
+            })
+        } else {
+            let mut live = self.live.write().ok()?;
             live.insert(name, e, &owners, &self.interner)
                 .map(|e| e.seen)
         }

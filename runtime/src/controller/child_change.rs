@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 /// How changes of an owned child kind reach its owner ([`Controller::owns_with`]).
 ///
@@ -106,34 +106,40 @@ fn meta_print(meta: &Value, managers: &BTreeSet<String>, h: &mut DefaultHasher) 
                 .is_some_and(|m| managers.contains(m))
     };
     // Our entries without their timestamps: a tampered or reset entry of ours counts.
-    let ours: Vec<Value> = entries
+    let ours: Vec<[Option<&Value>; 3]> = entries
         .iter()
         .filter(|e| is_ours(e))
-        .map(|e| json!([e.get("manager"), e.get("operation"), e.get("fieldsV1")]))
+        .map(|e| [e.get("manager"), e.get("operation"), e.get("fieldsV1")])
         .collect();
     // A label or annotation counts unless only other managers own it.
-    let relevant = |map: &str| -> Value {
+    let relevant = |map: &str| -> Option<Vec<(&String, &Value)>> {
         let Some(Value::Object(values)) = meta.get(map) else {
-            return Value::Null;
+            return None;
         };
-        let owned_by = |e: &Map<String, Value>, key: &str| {
-            e.get("fieldsV1")
-                .and_then(|f| f.get("f:metadata"))
-                .and_then(|f| f.get(format!("f:{map}")))
-                .and_then(|f| f.get(format!("f:{key}")))
-                .is_some()
-        };
-        let kept: Map<String, Value> = values
+        let field = format!("f:{map}");
+        let fields: Vec<Option<&Map<String, Value>>> = entries
             .iter()
-            .filter(|(k, _)| {
-                let mut owners = entries.iter().filter(|e| owned_by(e, k)).peekable();
-                owners.peek().is_none() || owners.any(|e| is_ours(e))
+            .map(|e| {
+                e.get("fieldsV1")
+                    .and_then(|f| f.get("f:metadata"))
+                    .and_then(|f| f.get(&field))
+                    .and_then(Value::as_object)
             })
-            .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        Value::Object(kept)
+        Some(
+            values
+                .iter()
+                .filter(|(k, _)| {
+                    let key = format!("f:{k}");
+                    let mut owners = (entries.iter().zip(&fields))
+                        .filter(|(_, f)| f.is_some_and(|f| f.contains_key(&key)))
+                        .peekable();
+                    owners.peek().is_none() || owners.any(|(e, _)| is_ours(e))
+                })
+                .collect(),
+        )
     };
-    let print = json!([
+    let print = (
         meta.get("uid"),
         meta.get("deletionTimestamp"),
         meta.get("finalizers"),
@@ -141,12 +147,29 @@ fn meta_print(meta: &Value, managers: &BTreeSet<String>, h: &mut DefaultHasher) 
         relevant("labels"),
         relevant("annotations"),
         ours,
-    ]);
-    print.to_string().hash(h);
+    );
+    // Fed to the hash as it serialises: nothing of it is copied.
+    let _ = serde_json::to_writer(HashWriter(h), &print);
+}
+
+/// An [`std::io::Write`] that feeds what is written to a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     const US: &str = "idem-operator";

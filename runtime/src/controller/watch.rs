@@ -539,12 +539,30 @@ where
                     .as_ref()
                     .map(ChildCaches::managers)
                     .unwrap_or_default();
+                // One of idem's children, kept whole: decoded once, its metadata judged as
+                // decoded there.
+                let parsed: Option<serde_json::Value> = match &store {
+                    Some(store) if store.keeps_whole_meta(obj.meta()) => {
+                        serde_json::from_str(obj.text()).ok()
+                    }
+                    _ => None,
+                };
                 // Of an object the store keeps as a stub (not one of idem's children), only
                 // the metadata is converted: its content, however large, is never copied.
-                let meta = serde_json::to_value(obj.meta()).unwrap_or_default();
+                let converted = match &parsed {
+                    Some(_) => None,
+                    None => Some(serde_json::to_value(obj.meta()).unwrap_or_default()),
+                };
+                let meta = match (&parsed, &converted) {
+                    (Some(parsed), _) => parsed.get("metadata").unwrap_or(&serde_json::Value::Null),
+                    (None, Some(converted)) => converted,
+                    (None, None) => &serde_json::Value::Null,
+                };
                 let print = match &store {
-                    Some(store) if !store.keeps_whole(&meta) => child_print_meta(&meta, &managers),
-                    _ => child_print_text(obj.text(), &meta, &managers, options),
+                    Some(store) if parsed.is_none() && !store.keeps_whole(meta) => {
+                        child_print_meta(meta, &managers)
+                    }
+                    _ => child_print_text(obj.text(), meta, &managers, options),
                 };
                 let seen = Seen {
                     print,
@@ -552,8 +570,14 @@ where
                 };
                 let before = match &store {
                     Some(store) => {
-                        let text = || serde_json::from_str(obj.text()).ok();
-                        let before = store.put(&meta, text, initial, seen);
+                        let before = match (parsed, converted) {
+                            (Some(parsed), _) => store.put_parsed(parsed, initial, seen),
+                            (None, meta) => {
+                                let meta = meta.unwrap_or_default();
+                                let text = || serde_json::from_str(obj.text()).ok();
+                                store.put(&meta, text, initial, seen)
+                            }
+                        };
                         if let (Some(caches), Some(rv), false) =
                             (&shared.caches, obj.resource_version(), initial)
                         {
