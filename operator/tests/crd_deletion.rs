@@ -15,33 +15,11 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use serde_json::json;
 
-/// The log lines (ERROR and above) of every thread of this test binary, from its start.
-fn errors_logged() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
-    #[derive(Clone, Default)]
-    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::ERROR)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-    lines.0
-}
-
 #[tokio::test]
 async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it() {
-    let errors = errors_logged();
+    // The log lines (ERROR and above) of every thread of this test binary.
+    let (subscriber, errors) = idem_tests::logs::subscriber(tracing::Level::ERROR);
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     let operator = shared_operator().await;
     let client = shared().client();
     let doomed = unique_name("crd");
@@ -123,14 +101,10 @@ async fn deleting_the_tenant_crd_keeps_every_tenant_namespace_and_the_data_in_it
         "its CustomResourceDefinition {} is not installed, or was deleted",
         Tenant::crd_name()
     );
-    let said = || {
-        String::from_utf8_lossy(&errors.lock().unwrap())
-            .matches(&missing)
-            .count()
-    };
+    let said = || errors.text().matches(&missing).count();
     eventually("the log to name the missing CRD", TIMEOUT, || async {
         match said() {
-            0 => Err(String::from_utf8_lossy(&errors.lock().unwrap()).into_owned()),
+            0 => Err(errors.text()),
             _ => Ok(()),
         }
     })

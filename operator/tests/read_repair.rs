@@ -298,38 +298,31 @@ async fn a_write_under_our_name_does_not_hide_the_next_tamper() {
         .expect("subjects")
         .push(json!({"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}));
     let tampered = json!({"subjects": rb["subjects"]});
+    // Adds mallory to the owners' binding as `manager`; waits until the operator has taken
+    // the subject out again, said so naming `manager`, and is converged.
+    let tamper = |manager: &'static str| {
+        let (api, tampered) = (&api, &tampered);
+        async move {
+            api.patch(OWNERS, &by(manager), &Patch::Merge(tampered))
+                .await
+                .expect("patch");
+            until::<RoleBinding>(&w.ns, OWNERS, "mallory gone", |v| {
+                subjects(v) == ["alice", "admins"]
+            })
+            .await;
+            let note = format!(".subjects changed by {manager} (Update), restored");
+            drift_event(&w.tenant, &note).await;
+            second_pass_makes_no_request(w, api, OWNERS).await;
+        }
+    };
     // A first tamper, repaired by an apply: the operator's record is an `Apply` entry now.
-    api.patch(OWNERS, &by("before-forgery"), &Patch::Merge(&tampered))
-        .await
-        .expect("patch");
-    until::<RoleBinding>(&w.ns, OWNERS, "mallory gone", |v| {
-        subjects(v) == ["alice", "admins"]
-    })
-    .await;
-    drift_event(
-        &w.tenant,
-        ".subjects changed by before-forgery (Update), restored",
-    )
-    .await;
-    second_pass_makes_no_request(w, &api, OWNERS).await;
+    tamper("before-forgery").await;
     // The write under our name: an `Update` entry of ours beside the `Apply` entry.
     let forged = json!({"metadata": {"labels": {"forged": "x"}}});
     api.patch(OWNERS, &by("idem-operator"), &Patch::Merge(&forged))
         .await
         .expect("patch as idem-operator");
-    api.patch(OWNERS, &by("after-forgery"), &Patch::Merge(&tampered))
-        .await
-        .expect("patch");
-    until::<RoleBinding>(&w.ns, OWNERS, "mallory gone again", |v| {
-        subjects(v) == ["alice", "admins"]
-    })
-    .await;
-    drift_event(
-        &w.tenant,
-        ".subjects changed by after-forgery (Update), restored",
-    )
-    .await;
-    second_pass_makes_no_request(w, &api, OWNERS).await;
+    tamper("after-forgery").await;
 }
 
 #[tokio::test]

@@ -174,29 +174,11 @@ async fn one_reconcile_converges_and_a_second_writes_nothing() {
 
 /// The log lines (WARN and above) written on this thread while `f` runs.
 async fn warnings_of<T>(f: impl Future<Output = T>) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let (subscriber, lines) = idem_tests::logs::subscriber(tracing::Level::WARN);
     // The test's runtime is current-thread: the whole future runs on this thread.
     let _guard = tracing::subscriber::set_default(subscriber);
     let out = f.await;
-    let text = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
-    (out, text)
+    (out, lines.text())
 }
 
 #[tokio::test]

@@ -27,6 +27,7 @@ pub mod events;
 pub mod faults;
 pub mod kit;
 pub mod kubeconfig;
+pub mod logs;
 pub mod metrics;
 pub mod pki;
 pub mod ports;
