@@ -251,16 +251,22 @@ fn subjects(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn extra_subject_in_owners_binding_is_removed() {
-    let _s = SERIAL.lock().await;
-    let w = world().await;
-    let api = dynamic::<RoleBinding>(&w.ns);
+/// The owners' binding as stored, with the subject mallory added.
+async fn with_mallory(api: &Api<DynamicObject>) -> Value {
     let mut rb = serde_json::to_value(api.get(OWNERS).await.expect("rb")).expect("json");
     rb["subjects"]
         .as_array_mut()
         .expect("subjects")
         .push(json!({"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}));
+    rb
+}
+
+#[tokio::test]
+async fn extra_subject_in_owners_binding_is_removed() {
+    let _s = SERIAL.lock().await;
+    let w = world().await;
+    let api = dynamic::<RoleBinding>(&w.ns);
+    let rb = with_mallory(&api).await;
     let rb: DynamicObject = serde_json::from_value(rb).expect("rb");
     api.replace(
         OWNERS,
@@ -292,11 +298,7 @@ async fn a_write_under_our_name_does_not_hide_the_next_tamper() {
     let _s = SERIAL.lock().await;
     let w = world().await;
     let api = dynamic::<RoleBinding>(&w.ns);
-    let mut rb = serde_json::to_value(api.get(OWNERS).await.expect("rb")).expect("json");
-    rb["subjects"]
-        .as_array_mut()
-        .expect("subjects")
-        .push(json!({"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}));
+    let rb = with_mallory(&api).await;
     let tampered = json!({"subjects": rb["subjects"]});
     // Adds mallory to the owners' binding as `manager`; waits until the operator has taken
     // the subject out again, said so naming `manager`, and is converged.
