@@ -425,7 +425,7 @@ impl Applier {
                 // the owner-uid label) goes too, once (released, it leaves the record).
                 if recorded && child.release_orphan {
                     let _in_flight = self.begin_write(&key);
-                    super::release::release(
+                    crate::apply::release(
                         &self.client,
                         &child.resource,
                         &meta,
@@ -433,7 +433,7 @@ impl Applier {
                         owner.uid(),
                     )
                     .await
-                    .map_err(|source| err("patch", source))?;
+                    .map_err(|source| err("release", source))?;
                 }
                 return Ok(Applied {
                     outcome: ChildOutcome::NotOwned {

@@ -539,25 +539,18 @@ where
                     .as_ref()
                     .map(ChildCaches::managers)
                     .unwrap_or_default();
-                // One of idem's children, kept whole: decoded once, its metadata judged as
-                // decoded there.
-                let parsed: Option<serde_json::Value> = match &store {
-                    Some(store) if store.keeps_whole_meta(obj.meta()) => {
-                        serde_json::from_str(obj.text()).ok()
-                    }
-                    _ => None,
-                };
-                // Of an object the store keeps as a stub (not one of idem's children), only
+                // One of idem's children, kept whole, is decoded once and judged by its
+                // metadata as decoded there. Of any other object (the store keeps a stub) only
                 // the metadata is converted: its content, however large, is never copied.
-                let converted = match &parsed {
-                    Some(_) => None,
-                    None => Some(serde_json::to_value(obj.meta()).unwrap_or_default()),
-                };
-                let meta = match (&parsed, &converted) {
-                    (Some(parsed), _) => parsed.get("metadata").unwrap_or(&serde_json::Value::Null),
-                    (None, Some(converted)) => converted,
-                    (None, None) => &serde_json::Value::Null,
-                };
+                let parsed: Option<serde_json::Value> = (store.as_ref())
+                    .filter(|store| store.keeps_whole_meta(obj.meta()))
+                    .and_then(|_| serde_json::from_str(obj.text()).ok());
+                let converted = (parsed.is_none())
+                    .then(|| serde_json::to_value(obj.meta()).unwrap_or_default());
+                let meta = (parsed.as_ref())
+                    .and_then(|parsed| parsed.get("metadata"))
+                    .or(converted.as_ref())
+                    .unwrap_or(&serde_json::Value::Null);
                 let print = match &store {
                     Some(store) if parsed.is_none() && !store.keeps_whole(meta) => {
                         child_print_meta(meta, &managers)
@@ -570,10 +563,10 @@ where
                 };
                 let before = match &store {
                     Some(store) => {
-                        let before = match (parsed, converted) {
-                            (Some(parsed), _) => store.put_parsed(parsed, initial, seen),
-                            (None, meta) => {
-                                let meta = meta.unwrap_or_default();
+                        let before = match parsed {
+                            Some(parsed) => store.put_parsed(parsed, initial, seen),
+                            None => {
+                                let meta = converted.unwrap_or_default();
                                 let text = || serde_json::from_str(obj.text()).ok();
                                 store.put(&meta, text, initial, seen)
                             }
