@@ -534,16 +534,11 @@ impl CompactStore {
             let (name, e, owners) = e?;
             let before = listed.insert(name.clone(), e, &owners, &self.interner);
             drop(relist);
-            before.map(|e| e.seen).or_else(|| {
-                let live = self.live.read().ok()?;
-                Some(live.get(&name)?.seen.clone())
-            })
+            self.judged_before(before, &name)
         } else if self.whole(meta) {
             // Built outside the lock (a whole object may be large).
-            let (name, e, owners) = whole().and_then(|v| self.entry(v, true, seen))?;
-            let mut live = self.live.write().ok()?;
-            live.insert(name, e, &owners, &self.interner)
-                .map(|e| e.seen)
+            let built = whole().and_then(|v| self.entry(v, true, seen))?;
+            self.store(built, false)
         } else {
             let mut live = self.live.write().ok()?;
             let e = if self.whole(meta) {
@@ -565,21 +560,33 @@ impl CompactStore {
             let meta = obj.get("metadata").cloned().unwrap_or_default();
             return self.put(&meta, || None, initial, seen);
         }
-        let (name, e, owners) = self.entry(obj, true, seen)?;
+        let built = self.entry(obj, true, seen)?;
+        self.store(built, initial)
+    }
+
+    /// Stores an entry built outside the locks in the relist under way (`initial`) or the
+    /// content; returns what was judged of the object at its name before (see `put`).
+    fn store(&self, (name, e, owners): (Name, Entry, Vec<String>), initial: bool) -> Option<Seen> {
         if initial {
             let mut relist = self.relist.lock().ok()?;
             let listed = relist.get_or_insert_with(Objects::default);
             let before = listed.insert(name.clone(), e, &owners, &self.interner);
             drop(relist);
-            before.map(|e| e.seen).or_else(|| {
-                let live = self.live.read().ok()?;
-                Some(live.get(&name)?.seen.clone())
-            })
+            self.judged_before(before, &name)
         } else {
             let mut live = self.live.write().ok()?;
             live.insert(name, e, &owners, &self.interner)
                 .map(|e| e.seen)
         }
+    }
+
+    /// What was judged of the object at `name` before a relist stored an entry there: of the
+    /// entry it replaced in the relist (`before`), else of the content's.
+    fn judged_before(&self, before: Option<Entry>, name: &Name) -> Option<Seen> {
+        before.map(|e| e.seen).or_else(|| {
+            let live = self.live.read().ok()?;
+            Some(live.get(name)?.seen.clone())
+        })
     }
 
     /// What the child watch last judged of the object `namespace/name` (in the relist under

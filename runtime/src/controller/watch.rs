@@ -101,26 +101,25 @@ where
 /// lists again), or the resource is not served (404: its CustomResourceDefinition is gone)
 /// or not allowed (403) — then [`relisting`] starts over with a list.
 pub(crate) fn not_established(e: &watcher::Error) -> bool {
-    let refused = |code: u16| code == 404 || code == 403;
+    matches!(e, watcher::Error::InitialListFailed(_))
+        || status_code(e).is_some_and(|code| code == 404 || code == 403)
+}
+
+/// The HTTP status of the API server's answer a watch error carries, when it carries one.
+fn status_code(e: &watcher::Error) -> Option<u16> {
     match e {
-        watcher::Error::InitialListFailed(_) => true,
-        watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => refused(s.code),
-        watcher::Error::WatchError(s) => refused(s.code),
-        _ => false,
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
     }
 }
 
 /// Whether `e` says the resource is not served (404: its CustomResourceDefinition is not
 /// installed or was deleted).
 fn not_found(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
-        watcher::Error::WatchError(s) => s.code == 404,
-        _ => false,
-    }
+    status_code(e) == Some(404)
 }
 
 /// Whether `e` is an API server refusing a streaming list (`sendInitialEvents`): one without
