@@ -51,6 +51,20 @@ impl Controllers for Operator {
         crate::rbac::policy_rules()
     }
 
+    /// The cleanup guards of Tenant and TenantApp (also in `deploy/operator/`).
+    fn admission(&self) -> Vec<serde_json::Value> {
+        use idem_runtime::reconciler::cleanup_guard::cleanup_guard;
+        let labels = serde_json::json!({});
+        [
+            cleanup_guard::<Tenant>(crate::resources::FINALIZER, &labels),
+            cleanup_guard::<TenantApp>(crate::resources::FINALIZER, &labels),
+        ]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect()
+    }
+
     fn start(&self, start: Start<'_>) -> Running {
         let client: &Client = start.client;
         let shard = start.shard;

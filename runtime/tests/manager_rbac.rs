@@ -1,7 +1,8 @@
 //! A manager's `rbac` objects are enough for it to work on the real control plane: the
 //! example `BaseTenant` manager (runtime/examples/base_tenant.rs), run as the ServiceAccount
 //! `rbac` prints and nothing more (impersonated), in a shard ring of one, creates a BaseTenant's children, repairs
-//! their drift with an Event, and removes its finalizer when the BaseTenant is deleted; no
+//! their drift with an Event, and removes its finalizer when the BaseTenant is deleted, under
+//! the cleanup guard `rbac` prints with its objects; no
 //! request it sends is forbidden (its own request counter by status code). So does a manager
 //! of a namespaced kind owning only ConfigMaps that installs its own CRD, in a shard ring.
 
@@ -17,6 +18,9 @@ use idem_runtime::manager::rbac::rule;
 use idem_runtime::manager::{Manager, ManagerOptions, Reconciles};
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, eventually, shared, unique_name};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{ResourceQuota, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -116,6 +120,14 @@ async fn create_all(client: &Client, namespace: &str, objects: Vec<Value>) {
                     .await
                     .map(drop)
             }
+            "ValidatingAdmissionPolicy" => {
+                let o: ValidatingAdmissionPolicy = serde_json::from_value(object).unwrap();
+                Api::all(client.clone()).create(&pp, &o).await.map(drop)
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                let o: ValidatingAdmissionPolicyBinding = serde_json::from_value(object).unwrap();
+                Api::all(client.clone()).create(&pp, &o).await.map(drop)
+            }
             other => panic!("rbac printed a {other}"),
         }
         .unwrap_or_else(|e| panic!("create the {kind}: {e}"));
@@ -187,7 +199,10 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
             "ClusterRole",
             "ClusterRoleBinding",
             "Role",
-            "RoleBinding"
+            "RoleBinding",
+            // The kind has a finalizer: its cleanup guard, under which the deletion below runs.
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ]
     );
     // The namespace exists already (applied, it would be left as it is).

@@ -4,8 +4,9 @@
 //! the ValidatingAdmissionPolicy that confines the operator's writes to the namespaces it
 //! manages, the one that lets only the operator write the shard ring's member Leases, and the
 //! FlowSchema that serves the operator's Lease requests at the API server's `leader-election`
-//! priority level, and the ValidatingAdmissionPolicy that enforces each Tenant's allowed classes
-//! and registries and its cordon.
+//! priority level, the ValidatingAdmissionPolicy that enforces each Tenant's allowed classes
+//! and registries and its cordon, and those that keep a Tenant's and a TenantApp's finalizer
+//! until the operator has marked its cleanup done.
 
 use std::path::Path;
 
@@ -243,6 +244,23 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                 "namespaces": [NAMESPACE]}],
         }],
     }});
+    // Removing a Tenant's (or TenantApp's) finalizer by hand while the operator is down would
+    // let the garbage collector delete the namespaces a `Retain` cleanup keeps: only the
+    // operator, once its cleanup is marked done in the status, removes it.
+    let cleanup_guards: Vec<Value> = {
+        use idem_operator::resources::{FINALIZER, Tenant, TenantApp};
+        use idem_runtime::reconciler::cleanup_guard::cleanup_guard;
+        [
+            cleanup_guard::<Tenant>(FINALIZER, &labels),
+            cleanup_guard::<TenantApp>(FINALIZER, &labels),
+        ]
+        .into_iter()
+        .map(|g| g.ok_or_else(|| anyhow::anyhow!("a kind without kstatus conditions")))
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect()
+    };
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
     let objects: Vec<(&str, Vec<Value>)> = vec![
         (
@@ -344,6 +362,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                 tenant_policy::admission_binding(&labels),
             ],
         ),
+        ("08-cleanup-guard", cleanup_guards),
     ];
     objects
         .into_iter()

@@ -33,6 +33,30 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// Applies the generated `deploy/operator/<file>.yaml` as the admin.
+///
+/// # Panics
+/// When a manifest is refused.
+pub fn apply_manifest(file: &str) {
+    apply(&manifests().join(format!("{file}.yaml")));
+}
+
+/// The directory of the generated manifests.
+fn manifests() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator")
+}
+
+/// Applies the manifest file at `path` as the admin (server-side).
+fn apply(path: &Path) {
+    let out = kubectl(&["apply", "--server-side", "-f", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "applying {}: {}",
+        path.display(),
+        text(&out)
+    );
+}
+
 /// Installs the CRDs and applies every generated manifest of `deploy/operator/` but the
 /// Deployment (there is no image to run here).
 ///
@@ -40,21 +64,14 @@ pub fn text(out: &Output) -> String {
 /// When a manifest is refused.
 pub async fn install() {
     install_crds(&shared().client()).await;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
+    let mut files: Vec<_> = std::fs::read_dir(manifests())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| !p.to_string_lossy().contains("deployment"))
         .collect();
     files.sort();
     for file in files {
-        let out = kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "applying {}: {}",
-            file.display(),
-            text(&out)
-        );
+        apply(&file);
     }
 }
 

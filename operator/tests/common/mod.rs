@@ -275,6 +275,9 @@ pub async fn shared_operator() -> &'static Operator {
     OPERATOR
         .get_or_init(|| async {
             install_crds(&idem_tests::shared().client()).await;
+            // As deployed: only the operator, once a cleanup is marked done, removes a
+            // Tenant's (or TenantApp's) finalizer, so every deletion path is tried under it.
+            deployed::apply_manifest("08-cleanup-guard");
             Operator::start(Duration::from_secs(600)).await
         })
         .await

@@ -18,6 +18,7 @@ use crate::apply::{ChildCaches, ChildScope, DriftMetrics, Labels};
 use crate::controller::{Controller, ControllerConfig, ControllerError};
 use crate::metrics::Metrics;
 use crate::queue::ShutdownReport;
+use crate::reconciler::cleanup_guard::cleanup_guard;
 use crate::reconciler::{Driver, DriverConfig, Reconciler, children_config, primary_config};
 use crate::resource::{IdempotentResource, TenantRule};
 use crate::schema::SchemaError;
@@ -173,6 +174,13 @@ pub trait Controllers: Send + Sync + 'static {
     /// Events, CRDs, Leases; see [`super::rbac`]): `rbac` prints them in its ServiceAccount's
     /// ClusterRole. [`super::rbac::rule`] writes one.
     fn rules(&self) -> Vec<PolicyRule>;
+
+    /// The admission policies the kinds need beside RBAC, which `rbac` prints after its
+    /// objects: for each kind with a finalizer, its [`cleanup_guard`] (no one removes the
+    /// finalizer before the driver has marked the cleanup done). None by default.
+    fn admission(&self) -> Vec<serde_json::Value> {
+        Vec::new()
+    }
 }
 
 type Configure<K> = Box<dyn Fn(Controller<K>) -> Controller<K> + Send + Sync>;
@@ -268,6 +276,15 @@ where
         }
         rules.extend(self.rules.iter().cloned());
         rules
+    }
+
+    /// The kind's [`cleanup_guard`] when the reconciler has a finalizer.
+    fn admission(&self) -> Vec<serde_json::Value> {
+        R::FINALIZER
+            .and_then(|f| cleanup_guard::<R::Resource>(f, &serde_json::json!({})))
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     fn start(&self, start: Start<'_>) -> Running {

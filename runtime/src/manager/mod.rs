@@ -125,9 +125,12 @@ impl Manager {
     /// `namespace`, where its Leases are: the namespace (unless `default`), the
     /// ServiceAccount, a ClusterRole with the rules of every set of controllers
     /// ([`Controllers::rules`]) and the manager's own (Events; CRDs when it installs them), a
-    /// Role for its Leases, and their bindings (see [`rbac`]).
+    /// Role for its Leases, and their bindings (see [`rbac`]); then the admission policies of
+    /// every set ([`Controllers::admission`]: the cleanup guard of each kind with a finalizer).
     pub fn rbac(&self, namespace: &str) -> Vec<serde_json::Value> {
-        rbac::objects(&self.name, namespace, self.rules())
+        let mut objects = rbac::objects(&self.name, namespace, self.rules());
+        objects.extend(self.sets.iter().flat_map(|set| set.admission()));
+        objects
     }
 
     /// The rules of the ClusterRole of [`Manager::rbac`].
@@ -177,7 +180,7 @@ impl Manager {
                 if !emit(&text)? {
                     return Ok(());
                 }
-                for object in rbac::objects(&self.name, &args.namespace, rules) {
+                for object in self.rbac(&args.namespace) {
                     let yaml =
                         serde_saphyr::to_string(&object).map_err(|e| ManagerError::Rbac {
                             kind: object["kind"].as_str().unwrap_or_default().to_owned(),

@@ -446,7 +446,10 @@ where
             return match cleanup {
                 Cleanup::Done => {
                     self.watch_blocking(&obj, &[], tenant);
-                    writer.remove_finalizer(&obj, finalizer).await?;
+                    let marked = self.mark_cleanup_done(&writer, &obj, finalizer).await?;
+                    writer
+                        .remove_finalizer(marked.as_ref().unwrap_or(&obj), finalizer)
+                        .await?;
                     if let Some(uid) = &obj.meta().uid {
                         self.seen.forget(uid);
                     }
@@ -589,6 +592,38 @@ where
                 tracing::warn!(error = %e, "could not record the children this reconcile created or pruned");
             }
         }
+    }
+
+    /// Writes the mark [`cleanup_guard`](super::cleanup_guard) waits for before `finalizer`
+    /// may go: `Reconciling` (and `Ready` `False`) with reason
+    /// [`CLEANUP_DONE`](super::cleanup_guard::CLEANUP_DONE), leaving `observedGeneration` and
+    /// the record alone. No Event: the object is about to go. Returns the object as stored
+    /// after the write, `None` when the mark was already there.
+    async fn mark_cleanup_done(
+        &self,
+        writer: &StatusWriter<K<R>>,
+        obj: &K<R>,
+        finalizer: &str,
+    ) -> Result<Option<K<R>>, ReconcileError> {
+        let done = Readiness::Reconciling {
+            reason: super::cleanup_guard::CLEANUP_DONE.to_owned(),
+            message: format!("the cleanup is done; the finalizer {finalizer} is removed next"),
+        };
+        Ok(
+            match writer
+                .write_fields(obj, |_, draft| {
+                    draft.set_readiness(&done);
+                })
+                .await?
+            {
+                StatusOutcome::Written(stored) => {
+                    self.seen
+                        .stored(stored.as_ref(), Self::record_print(&stored));
+                    Some(*stored)
+                }
+                StatusOutcome::Unchanged | StatusOutcome::Superseded => None,
+            },
+        )
     }
 
     async fn conclude(

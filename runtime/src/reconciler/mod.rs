@@ -10,7 +10,8 @@
 //!    (one GET) when the version it was given is older than one the driver has written or read
 //!    (a watch cache behind: see [`seen`](self) below);
 //! 2. with [`Reconciler::FINALIZER`] set: adds the finalizer, and once the object is being
-//!    deleted runs [`Reconciler::cleanup`] until it says [`Cleanup::Done`], then removes it;
+//!    deleted runs [`Reconciler::cleanup`] until it says [`Cleanup::Done`], then marks the
+//!    cleanup done in the status and removes it ([`cleanup_guard`] keeps it until then);
 //! 3. builds the [`Owner`](crate::apply::Owner) from the derive (`FIELD_MANAGER` and the
 //!    tenant rule) and applies the desired children with the apply engine (convergence check
 //!    on the server's record, prune, no write when converged), publishing an Event per child
@@ -53,6 +54,7 @@
 //! ```
 
 mod children;
+pub mod cleanup_guard;
 mod driver;
 pub(crate) mod events;
 pub(crate) mod kinds;

@@ -1,0 +1,139 @@
+//! The shipped cleanup guard, on the real control plane with the operator as deployed: an
+//! administrator who removes a deleted Tenant's finalizer while the operator is down is refused
+//! (the garbage collector would delete the namespaces `deletionPolicy: Retain` keeps, and the
+//! data in them); the operator, once back, marks the cleanup done and removes the finalizer
+//! itself; an administrator who writes the mark on purpose may remove it.
+
+mod common;
+
+use common::deployed::{install, operator_kubeconfig};
+use common::process::OperatorProcess;
+use common::users::{assert_user_data, user_data};
+use common::{TIMEOUT, eventually, tenants};
+use idem_operator::resources::{FINALIZER, Tenant};
+use idem_runtime::reconciler::cleanup_guard::CLEANUP_DONE;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use idem_tests::{shared, unique_name};
+
+/// Creates a Tenant `name` with one namespace `a`, as a user would (no deletion policy said).
+async fn create(tenants: &Api<Tenant>, name: &str) {
+    let tenant: Tenant = serde_json::from_value(json!({
+        "apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": name},
+        "spec": {"namespaces": ["a"], "owners": [{"kind": "User", "name": "alice"}]}
+    }))
+    .unwrap();
+    tenants
+        .create(&PostParams::default(), &tenant)
+        .await
+        .unwrap();
+}
+
+/// Removes every finalizer of Tenant `name` as the admin, with `dry_run` or for real.
+async fn remove_finalizers(tenants: &Api<Tenant>, name: &str, dry_run: bool) -> kube::Result<()> {
+    let pp = PatchParams {
+        dry_run,
+        ..PatchParams::default()
+    };
+    tenants
+        .patch(
+            name,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_marked_done() {
+    install().await;
+    let client = shared().client();
+    let tenants = tenants::api(&client);
+    let (kept, skipped) = (unique_name("guard"), unique_name("guard-skip"));
+    let ns = format!("{kept}-a");
+
+    let operator = OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    );
+    create(&tenants, &kept).await;
+    create(&tenants, &skipped).await;
+    let uid = tenants::wait_ready(&client, &kept).await.uid().unwrap();
+    tenants::wait_ready(&client, &skipped).await;
+    user_data(&client, &ns).await;
+
+    // The operator goes down; an administrator deletes both Tenants, and they wait on the
+    // finalizer.
+    drop(operator);
+    for name in [&kept, &skipped] {
+        tenants
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    // Removing the finalizer is refused, with the way out in the message. (The dry run waits
+    // until the API server has loaded the shipped policy: admission runs on dry runs too.)
+    eventually("the guard refuses a dry-run removal", TIMEOUT, || async {
+        match remove_finalizers(&tenants, &kept, true).await {
+            Ok(()) => Err("admitted".to_string()),
+            Err(e) => Ok(e),
+        }
+    })
+    .await;
+    let refused = remove_finalizers(&tenants, &kept, false)
+        .await
+        .expect_err("removing the finalizer of a Tenant not cleaned up is refused");
+    let said = refused.to_string();
+    assert!(
+        said.contains(FINALIZER)
+            && said.contains(CLEANUP_DONE)
+            && said.contains("garbage collector"),
+        "{said}"
+    );
+    let held = tenants.get(&kept).await.unwrap();
+    assert_eq!(held.finalizers(), [FINALIZER.to_string()]);
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get(&ns)
+        .await
+        .unwrap();
+    assert!(
+        namespace.metadata.deletion_timestamp.is_none(),
+        "{ns} is being deleted"
+    );
+    assert!(
+        namespace.owner_references().iter().any(|r| r.uid == uid),
+        "{ns} still refers to its Tenant (what the garbage collector would follow)"
+    );
+
+    // Written on purpose, the mark lets an administrator remove the finalizer.
+    let mark = json!({"status": {"conditions": [{"type": "Ready", "status": "False",
+        "reason": CLEANUP_DONE, "message": "skipped on purpose",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    tenants
+        .patch_status(&skipped, &PatchParams::default(), &Patch::Merge(mark))
+        .await
+        .unwrap();
+    remove_finalizers(&tenants, &skipped, false)
+        .await
+        .expect("the finalizer may go once the status says the cleanup is done");
+    tenants::wait_tenant_object_gone(&client, &skipped).await;
+
+    // Back up, the operator does the cleanup, marks it and removes the finalizer under the
+    // guard: the Tenant goes, its namespace and the data in it stay.
+    let _operator = OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    );
+    tenants::wait_tenant_object_gone(&client, &kept).await;
+    tenants::assert_retained(&client, &ns, &uid).await;
+    assert_user_data(&client, &ns).await;
+}

@@ -1,0 +1,143 @@
+//! The admission policy that keeps a kind's cleanup finalizer on its objects until the driver
+//! has marked their cleanup done in their status.
+//!
+//! Children carry a controller ownerReference to their owner, and once the owner is gone the
+//! garbage collector deletes every one of them, whatever the cleanup would have kept. Removing
+//! the finalizer by hand (the usual cure for an object stuck in deletion while its controller
+//! is down) therefore deletes what a `Retain` cleanup keeps. The [`Driver`](super::Driver)
+//! writes a condition with reason [`CLEANUP_DONE`] into the status just before it removes
+//! [`Reconciler::FINALIZER`](super::Reconciler::FINALIZER); [`cleanup_guard`]'s policy refuses
+//! every other removal. Status is a subresource, written by the controller: whoever really
+//! means to skip the cleanup writes the mark first, on purpose.
+
+use serde_json::{Value, json};
+
+use crate::resource::IdempotentResource;
+
+/// The reason of the condition the driver writes once the cleanup is done, just before it
+/// removes the finalizer (`Reconciling`, and `Ready` `False`, carry it).
+pub const CLEANUP_DONE: &str = "CleanupDone";
+
+/// The kstatus conditions the mark is written to; a kind that declares none of them cannot
+/// carry it.
+const MARKED_ON: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
+
+/// The `ValidatingAdmissionPolicy` and its binding (`Deny`) that refuse an update of a `K`
+/// that removes `finalizer` while its status has no condition with reason [`CLEANUP_DONE`],
+/// whoever sends it, cluster administrators included. `labels` go on both objects.
+///
+/// `None` when `K` declares none of `Ready`, `Reconciling`, `Stalled` (the driver has nowhere
+/// to write the mark) or `finalizer` holds a quote or a backslash (finalizer names are
+/// qualified names, which never do).
+pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 2]> {
+    if !K::CONDITION_TYPES.iter().any(|t| MARKED_ON.contains(t)) || finalizer.contains(['\'', '\\'])
+    {
+        return None;
+    }
+    let (group, plural, kind) = (K::group(&()), K::plural(&()), K::kind(&()));
+    let name = format!("idem-cleanup.{plural}.{group}");
+    let holds = |obj: &str| {
+        format!("has({obj}.metadata.finalizers) && '{finalizer}' in {obj}.metadata.finalizers")
+    };
+    let marked = format!(
+        "has(oldObject.status) && has(oldObject.status.conditions) && \
+         oldObject.status.conditions.exists(c, has(c.reason) && c.reason == '{CLEANUP_DONE}')"
+    );
+    let message = format!(
+        "the finalizer {finalizer} stays until the controller has done this {kind}'s cleanup \
+         (no status condition has reason {CLEANUP_DONE}): without it the garbage collector \
+         deletes every object whose ownerReference points at the {kind}, also those its \
+         deletion policy keeps. Start the controller and it removes the finalizer itself; to \
+         skip the cleanup on purpose, first write a condition with reason {CLEANUP_DONE} into \
+         its status"
+    );
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": name, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+            "operations": ["UPDATE"], "resources": [plural]}]},
+        "matchConditions": [{"name": "removes-the-cleanup-finalizer",
+            "expression": format!("({}) && !({})", holds("oldObject"), holds("object"))}],
+        "validations": [{"expression": marked, "message": message, "reason": "Forbidden"}],
+    }});
+    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}});
+    Some([policy, binding])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+    struct St {
+        observed_generation: Option<i64>,
+        conditions: Vec<Condition>,
+    }
+
+    #[derive(
+        CustomResource,
+        idem_macros::IdempotentResource,
+        Clone,
+        Debug,
+        Serialize,
+        Deserialize,
+        JsonSchema,
+    )]
+    #[kube(group = "t.example", version = "v1", kind = "Kept", status = "St")]
+    #[idempotent(crate = "crate", tenant = name, prune = owner_references)]
+    struct KeptSpec {}
+
+    #[derive(
+        CustomResource,
+        idem_macros::IdempotentResource,
+        Clone,
+        Debug,
+        Serialize,
+        Deserialize,
+        JsonSchema,
+    )]
+    #[kube(group = "t.example", version = "v1", kind = "Own", status = "St")]
+    #[idempotent(crate = "crate", tenant = name, prune = owner_references, conditions("t.example/Synced"))]
+    struct OwnSpec {}
+
+    #[test]
+    fn the_guard_refuses_removing_its_finalizer_from_its_kind_until_the_mark() {
+        let [policy, binding] = cleanup_guard::<Kept>("t.example/cleanup", &json!({})).unwrap();
+        let spec = &policy["spec"];
+        assert_eq!(
+            spec["matchConstraints"]["resourceRules"][0]["resources"],
+            json!(["kepts"])
+        );
+        assert_eq!(
+            spec["matchConstraints"]["resourceRules"][0]["operations"],
+            json!(["UPDATE"])
+        );
+        let removes = spec["matchConditions"][0]["expression"].as_str().unwrap();
+        assert!(
+            removes.contains("'t.example/cleanup' in oldObject.metadata.finalizers"),
+            "{removes}"
+        );
+        let marked = spec["validations"][0]["expression"].as_str().unwrap();
+        assert!(
+            marked.contains(&format!("c.reason == '{CLEANUP_DONE}'")),
+            "{marked}"
+        );
+        assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    }
+
+    #[test]
+    fn no_guard_for_a_kind_the_mark_cannot_be_written_to_or_a_finalizer_it_cannot_quote() {
+        assert!(cleanup_guard::<Own>("t.example/cleanup", &json!({})).is_none());
+        assert!(cleanup_guard::<Kept>("t.example/it's", &json!({})).is_none());
+    }
+}
