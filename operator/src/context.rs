@@ -113,7 +113,9 @@ impl Context {
                     .as_ref()
                     .and_then(|l| l.get(TENANT_LABEL));
                 match label {
-                    None => NotTenantNamespace::Unlabelled,
+                    None => NotTenantNamespace::Unlabelled {
+                        controller: controlling_tenant(&live.metadata),
+                    },
                     Some(tenant) => NotTenantNamespace::NotControlled {
                         tenant: tenant.clone(),
                     },
@@ -140,7 +142,11 @@ pub enum NotTenantNamespace {
     /// The namespace does not exist.
     Missing,
     /// The namespace has no `tenancy.idem.dev/tenant` label.
-    Unlabelled,
+    Unlabelled {
+        /// The Tenant its controller ownerReference names, if any (one that is paused does not
+        /// put the label back).
+        controller: Option<String>,
+    },
     /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
     /// (no controller ownerReference to it): the label alone proves nothing.
     NotControlled {
@@ -156,6 +162,19 @@ pub enum NotTenantNamespace {
 /// garbage-collected.
 pub fn tenant_of(ns: &Namespace) -> Option<TenantKey> {
     tenant_of_meta(&ns.metadata)
+}
+
+/// The name of the Tenant a namespace's controller ownerReference names, whatever its labels.
+fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| {
+            r.controller == Some(true)
+                && r.kind == "Tenant"
+                && r.api_version == format!("{GROUP}/v1alpha1")
+        })
+        .map(|r| r.name.clone())
 }
 
 /// [`tenant_of`] a namespace by its metadata (all it reads).

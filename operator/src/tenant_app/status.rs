@@ -124,19 +124,24 @@ pub fn failure(deployment: &Deployment) -> Option<Readiness> {
 
 /// The readiness of an app outside a tenant namespace, saying why the namespace is not one.
 pub fn not_in_tenant_namespace(namespace: &str, why: &NotTenantNamespace) -> Readiness {
+    const ELSEWHERE: &str = "create TenantApps in a tenant's namespace";
     let why = match why {
-        NotTenantNamespace::Missing => "does not exist".to_string(),
-        NotTenantNamespace::Unlabelled => {
-            "is not a tenant's: no Tenant controls it (only namespaces a Tenant created count)"
-                .to_owned()
-        }
+        NotTenantNamespace::Missing => format!("does not exist; {ELSEWHERE}"),
+        NotTenantNamespace::Unlabelled { controller: None } => format!(
+            "is not a tenant's: no Tenant controls it (only namespaces a Tenant created count); {ELSEWHERE}"
+        ),
+        NotTenantNamespace::Unlabelled {
+            controller: Some(tenant),
+        } => format!(
+            "is controlled by Tenant {tenant} but lacks the label {TENANT_LABEL}, which names its apps' tenant: the Tenant puts it back unless it is paused"
+        ),
         NotTenantNamespace::NotControlled { tenant } => format!(
-            "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count)"
+            "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count); {ELSEWHERE}"
         ),
     };
     Readiness::Stalled {
         reason: "NotInTenantNamespace".into(),
-        message: format!("namespace {namespace} {why}; create TenantApps in a tenant's namespace"),
+        message: format!("namespace {namespace} {why}"),
     }
 }
 
@@ -166,7 +171,19 @@ mod tests {
             !forged.contains("has no tenancy.idem.dev/tenant label"),
             "{forged}"
         );
-        assert!(message(NotTenantNamespace::Unlabelled).contains("no Tenant controls it"));
+        assert!(
+            message(NotTenantNamespace::Unlabelled { controller: None })
+                .contains("no Tenant controls it")
+        );
+        let unlabelled = message(NotTenantNamespace::Unlabelled {
+            controller: Some("acme".into()),
+        });
+        assert!(
+            unlabelled.contains("controlled by Tenant acme")
+                && unlabelled.contains(&format!("lacks the label {TENANT_LABEL}"))
+                && !unlabelled.contains("no Tenant controls it"),
+            "{unlabelled}"
+        );
         assert!(message(NotTenantNamespace::Missing).contains("does not exist"));
     }
 

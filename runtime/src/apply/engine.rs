@@ -476,28 +476,8 @@ impl Applier {
             // that only claims the owner under a name that is not desired is never applied to,
             // so never recorded (see `super::record`).
             let record = meta.uid.clone().filter(|uid| !owner.may_prune(uid));
-            let judged =
-                super::as_applied(&live, owner.label_names(), owner.field_manager(), &body);
-            let mut drift = check(
-                &body,
-                judged.as_ref().unwrap_or(&live),
-                owner.field_manager(),
-            );
-            // Judged never applied beside an `Update` entry under our name (which anyone
-            // allowed to write the child can make): the fields another manager took from our
-            // `Apply` entry are still theirs to report.
-            if drift.iter().any(|d| d.kind == DriftKind::NeverApplied)
-                && let Some(alone) =
-                    super::takeover::apply_entry_alone(&live, owner.field_manager())
-            {
-                let taken: Vec<Drift> = check(&body, &alone, owner.field_manager())
-                    .into_iter()
-                    .filter(|d| matches!(&d.kind, DriftKind::NotOwned { managers } if !managers.is_empty()))
-                    .collect();
-                if !taken.is_empty() {
-                    drift = taken;
-                }
-            }
+            let drift =
+                super::takeover::drift_of(&live, owner.label_names(), owner.field_manager(), &body);
             // A terminating child of ours missing from the record is recorded too: still in
             // effect, it is pruned like any other once no longer desired.
             let unchanged = |record| {

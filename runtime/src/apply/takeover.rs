@@ -27,6 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntr
 use serde_json::{Map, Value, json};
 
 use super::Labels;
+use crate::compare::{Drift, DriftKind, check};
 
 /// `entries` with `manager`'s main-resource `Update` entry folded into its `Apply` entry: the
 /// `Update` entry becomes the `Apply` entry when there is none, otherwise its field set is
@@ -146,7 +147,7 @@ fn without_managed_fields(live: &Value) -> Option<Value> {
 /// where [`as_applied`] judges such a child never applied (the `Apply` entry holds another
 /// field set), this view tells which of the fields another manager took (reported as their
 /// drift, however often someone writes under our name).
-pub(crate) fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
+fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
     let entries = managed_fields(live)?;
     entries_of(&entries, manager, "Update").next()?;
     entries_of(&entries, manager, "Apply").next()?;
@@ -158,6 +159,27 @@ pub(crate) fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
     });
     out["metadata"]["managedFields"] = serde_json::to_value(kept.collect::<Vec<_>>()).ok()?;
     Some(out)
+}
+
+/// What the convergence check finds between the desired `body` and `live` for `manager`
+/// (stamping the owner kind's `labels`), judged as [`as_applied`] says. Judged never applied
+/// beside an `Update` entry under our name (which anyone allowed to write the child can make),
+/// it is the fields another manager took from our `Apply` entry, when there are any: still
+/// theirs to report.
+pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value) -> Vec<Drift> {
+    let judged = as_applied(live, labels, manager, body);
+    let drift = check(body, judged.as_ref().unwrap_or(live), manager);
+    if !drift.iter().any(|d| d.kind == DriftKind::NeverApplied) {
+        return drift;
+    }
+    let Some(alone) = apply_entry_alone(live, manager) else {
+        return drift;
+    };
+    let taken: Vec<Drift> = check(body, &alone, manager)
+        .into_iter()
+        .filter(|d| matches!(&d.kind, DriftKind::NotOwned { managers } if !managers.is_empty()))
+        .collect();
+    if taken.is_empty() { drift } else { taken }
 }
 
 /// `live` as the convergence check (`compare::check`) judges it for `manager`
