@@ -1,8 +1,9 @@
 //! The shipped cleanup guard, on the real control plane with the operator as deployed: an
 //! administrator who removes a deleted Tenant's finalizer while the operator is down is refused
 //! (the garbage collector would delete the namespaces `deletionPolicy: Retain` keeps, and the
-//! data in them); the operator, once back, marks the cleanup done and removes the finalizer
-//! itself; an administrator who writes the mark on purpose may remove it.
+//! data in them), also after a condition of another type got the mark's reason; the operator,
+//! once back, marks the cleanup done and removes the finalizer itself; an administrator who
+//! writes the mark on purpose may remove it; a Tenant not being deleted may lose it.
 
 mod common;
 
@@ -68,15 +69,13 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
     tenants::wait_ready(&client, &skipped).await;
     user_data(&client, &ns).await;
 
-    // The operator goes down; an administrator deletes both Tenants, and they wait on the
+    // The operator goes down; an administrator deletes a Tenant, and it waits on the
     // finalizer.
     drop(operator);
-    for name in [&kept, &skipped] {
-        tenants
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
-    }
+    tenants
+        .delete(&kept, &DeleteParams::default())
+        .await
+        .unwrap();
 
     // Removing the finalizer is refused, with the way out in the message. (The dry run waits
     // until the API server has loaded the shipped policy: admission runs on dry runs too.)
@@ -112,7 +111,33 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
         "{ns} still refers to its Tenant (what the garbage collector would follow)"
     );
 
+    // A condition of another type with that reason is no mark.
+    let forged = json!([{"op": "add", "path": "/status/conditions/-", "value": {
+        "type": "example.com/Skip", "status": "True", "reason": CLEANUP_DONE,
+        "message": "forged", "lastTransitionTime": "2026-01-01T00:00:00Z"}}]);
+    tenants
+        .patch_status(
+            &kept,
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(forged).unwrap()),
+        )
+        .await
+        .unwrap();
+    remove_finalizers(&tenants, &kept, false)
+        .await
+        .expect_err("a condition of another type does not mark the cleanup done");
+
+    // A Tenant not being deleted may lose it (a `kubectl replace` of a manifest without it):
+    // the operator puts it back.
+    remove_finalizers(&tenants, &skipped, true)
+        .await
+        .expect("the guard leaves a Tenant not being deleted alone");
+
     // Written on purpose, the mark lets an administrator remove the finalizer.
+    tenants
+        .delete(&skipped, &DeleteParams::default())
+        .await
+        .unwrap();
     let mark = json!({"status": {"conditions": [{"type": "Ready", "status": "False",
         "reason": CLEANUP_DONE, "message": "skipped on purpose",
         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});

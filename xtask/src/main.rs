@@ -38,7 +38,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Write `deploy/operator/` (Namespace, RBAC, Deployment) (`--check`: fail if stale).
+    /// Write `deploy/operator/` (Namespace, RBAC, Deployment, admission policies, FlowSchema)
+    /// (`--check`: fail if stale).
     Manifests {
         /// Only check that the committed files are current.
         #[arg(long)]

@@ -27,7 +27,8 @@ pub enum Command {
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Print the RBAC objects of the manager's ServiceAccount as YAML: the account, a
-    /// ClusterRole with the verbs its controllers use, a Role for its Leases, their bindings.
+    /// ClusterRole with the verbs its controllers use, a Role for its Leases, their bindings;
+    /// then the admission policy that keeps each kind's finalizer until its cleanup is done.
     Rbac(RbacArgs),
 }
 

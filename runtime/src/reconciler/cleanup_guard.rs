@@ -7,8 +7,12 @@
 //! is down) therefore deletes what a `Retain` cleanup keeps. The [`Driver`](super::Driver)
 //! writes a condition with reason [`CLEANUP_DONE`] into the status just before it removes
 //! [`Reconciler::FINALIZER`](super::Reconciler::FINALIZER); [`cleanup_guard`]'s policy refuses
-//! every other removal. Status is a subresource, written by the controller: whoever really
-//! means to skip the cleanup writes the mark first, on purpose.
+//! every other removal from an object being deleted. Status is a subresource, written by the
+//! controller: whoever really means to skip the cleanup writes the mark first, on purpose.
+//!
+//! The guard and the driver go together: a controller built before the mark existed cannot
+//! remove its finalizer under the guard, so rolling back to one means deleting the guard
+//! first.
 
 use serde_json::{Value, json};
 
@@ -18,17 +22,19 @@ use crate::resource::IdempotentResource;
 /// removes the finalizer (`Reconciling`, and `Ready` `False`, carry it).
 pub const CLEANUP_DONE: &str = "CleanupDone";
 
-/// The kstatus conditions the mark is written to; a kind that declares none of them cannot
-/// carry it.
-const MARKED_ON: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
+/// The kstatus conditions the mark is written to (`Reconciling` `True` and `Ready` `False`
+/// carry the reason; `Stalled` `False` does not); a kind that declares neither cannot carry it.
+const MARKED_ON: [&str; 2] = ["Ready", "Reconciling"];
 
 /// The `ValidatingAdmissionPolicy` and its binding (`Deny`) that refuse an update of a `K`
-/// that removes `finalizer` while its status has no condition with reason [`CLEANUP_DONE`],
-/// whoever sends it, cluster administrators included. `labels` go on both objects.
+/// being deleted that removes `finalizer` while neither its `Ready` nor its `Reconciling`
+/// condition has reason [`CLEANUP_DONE`], whoever sends it, cluster administrators included.
+/// An object not being deleted may lose the finalizer (a `kubectl replace` of a manifest
+/// without it): the driver puts it back. `labels` go on both objects.
 ///
-/// `None` when `K` declares none of `Ready`, `Reconciling`, `Stalled` (the driver has nowhere
-/// to write the mark) or `finalizer` holds a quote or a backslash (finalizer names are
-/// qualified names, which never do).
+/// `None` when `K` declares neither `Ready` nor `Reconciling` (the driver has nowhere to
+/// write the mark) or `finalizer` holds a quote or a backslash (finalizer names are qualified
+/// names, which never do).
 pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 2]> {
     if !K::CONDITION_TYPES.iter().any(|t| MARKED_ON.contains(t)) || finalizer.contains(['\'', '\\'])
     {
@@ -39,17 +45,20 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
     let holds = |obj: &str| {
         format!("has({obj}.metadata.finalizers) && '{finalizer}' in {obj}.metadata.finalizers")
     };
+    let types = MARKED_ON.map(|t| format!("'{t}'")).join(", ");
     let marked = format!(
         "has(oldObject.status) && has(oldObject.status.conditions) && \
-         oldObject.status.conditions.exists(c, has(c.reason) && c.reason == '{CLEANUP_DONE}')"
+         oldObject.status.conditions.exists(c, c.type in [{types}] && has(c.reason) && \
+         c.reason == '{CLEANUP_DONE}')"
     );
     let message = format!(
-        "the finalizer {finalizer} stays until the controller has done this {kind}'s cleanup \
-         (no status condition has reason {CLEANUP_DONE}): without it the garbage collector \
-         deletes every object whose ownerReference points at the {kind}, also those its \
-         deletion policy keeps. Start the controller and it removes the finalizer itself; to \
-         skip the cleanup on purpose, first write a condition with reason {CLEANUP_DONE} into \
-         its status"
+        "the finalizer {finalizer} stays on this {kind} being deleted until its controller has \
+         done the cleanup (neither its Ready nor its Reconciling condition has reason \
+         {CLEANUP_DONE}): without it the garbage collector deletes every object whose \
+         ownerReference points at the {kind}, also what the cleanup would keep. Have the \
+         controller started (a cluster administrator's task) and it removes the finalizer \
+         itself; to skip the cleanup on purpose, first set the reason of the {kind}'s Ready \
+         condition to {CLEANUP_DONE} in its status"
     );
     let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
     "kind": "ValidatingAdmissionPolicy",
@@ -58,8 +67,11 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         "failurePolicy": "Fail",
         "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
             "operations": ["UPDATE"], "resources": [plural]}]},
-        "matchConditions": [{"name": "removes-the-cleanup-finalizer",
-            "expression": format!("({}) && !({})", holds("oldObject"), holds("object"))}],
+        "matchConditions": [
+            {"name": "being-deleted", "expression": "has(oldObject.metadata.deletionTimestamp)"},
+            {"name": "removes-the-cleanup-finalizer",
+             "expression": format!("({}) && !({})", holds("oldObject"), holds("object"))},
+        ],
         "validations": [{"expression": marked, "message": message, "reason": "Forbidden"}],
     }});
     let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
@@ -106,7 +118,7 @@ mod tests {
         JsonSchema,
     )]
     #[kube(group = "t.example", version = "v1", kind = "Own", status = "St")]
-    #[idempotent(crate = "crate", tenant = name, prune = owner_references, conditions("t.example/Synced"))]
+    #[idempotent(crate = "crate", tenant = name, prune = owner_references, conditions(Stalled, "t.example/Synced"))]
     struct OwnSpec {}
 
     #[test]
@@ -121,7 +133,11 @@ mod tests {
             spec["matchConstraints"]["resourceRules"][0]["operations"],
             json!(["UPDATE"])
         );
-        let removes = spec["matchConditions"][0]["expression"].as_str().unwrap();
+        assert_eq!(
+            spec["matchConditions"][0]["expression"], "has(oldObject.metadata.deletionTimestamp)",
+            "only an object being deleted keeps it"
+        );
+        let removes = spec["matchConditions"][1]["expression"].as_str().unwrap();
         assert!(
             removes.contains("'t.example/cleanup' in oldObject.metadata.finalizers"),
             "{removes}"
