@@ -15,7 +15,7 @@ use super::takeover::fold_patch;
 use super::{ApplyError, Labels, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found};
 use crate::api_error::{is_forbidden, is_invalid, is_not_found_named, uid_mismatch};
 use crate::cache::{Answers, ChildCaches, InFlight};
-use crate::compare::{Drift, DriftKind, check, differences, fingerprint, settled};
+use crate::compare::{Drift, DriftKind, differences, fingerprint, settled};
 use crate::key::ObjectKey;
 
 mod once;
@@ -891,8 +891,7 @@ fn uid_guarded(body: &Value, live: &Value) -> Value {
 /// What the convergence check finds between the desired body `body` and `written`, the object
 /// our write of it left: the server's own form of the body, where it differs from it.
 fn own_form(body: &Value, written: &Value, labels: Labels, manager: &str) -> Vec<Drift> {
-    let judged = super::as_applied(written, labels, manager, body);
-    check(body, judged.as_ref().unwrap_or(written), manager)
+    super::takeover::judged(written, labels, manager, body)
 }
 
 /// Whether `live` was last applied from the desired body `body` (same fingerprint annotation,

@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntr
 use serde_json::{Map, Value, json};
 
 use super::Labels;
-use crate::compare::{Drift, DriftKind, check};
+use crate::compare::{Drift, DriftKind, check, check_entries};
 
 /// `entries` with `manager`'s main-resource `Update` entry folded into its `Apply` entry: the
 /// `Update` entry becomes the `Apply` entry when there is none, otherwise its field set is
@@ -167,8 +167,7 @@ fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
 /// it is the fields another manager took from our `Apply` entry, when there are any: still
 /// theirs to report.
 pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value) -> Vec<Drift> {
-    let judged = as_applied(live, labels, manager, body);
-    let drift = check(body, judged.as_ref().unwrap_or(live), manager);
+    let drift = judged(live, labels, manager, body);
     if !drift.iter().any(|d| d.kind == DriftKind::NeverApplied) {
         return drift;
     }
@@ -180,6 +179,15 @@ pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value
         .filter(|d| matches!(&d.kind, DriftKind::NotOwned { managers } if !managers.is_empty()))
         .collect();
     if taken.is_empty() { drift } else { taken }
+}
+
+/// What the convergence check finds between the desired `body` and `live` for `manager`,
+/// judged as [`as_applied`] says (with the entries it would put, not a copy of `live`).
+pub(crate) fn judged(live: &Value, labels: Labels, manager: &str, body: &Value) -> Vec<Drift> {
+    match applied_entries(live, labels, manager, body) {
+        Some(entries) => check_entries(body, live, &entries, manager),
+        None => check(body, live, manager),
+    }
 }
 
 /// `live` as the convergence check (`compare::check`) judges it for `manager`
@@ -199,6 +207,19 @@ pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value
 /// Anyone else's change of a field since moves it out of our `Update` entry (or removes it
 /// from every entry) exactly as it would have from an `Apply` entry, so drift is still seen.
 pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) -> Option<Value> {
+    let entries = applied_entries(live, labels, manager, desired)?;
+    let mut out = without_managed_fields(live)?;
+    out["metadata"]["managedFields"] = Value::Array(entries);
+    Some(out)
+}
+
+/// The `managedFields` [`as_applied`] puts in `live`; `None` when it is judged as it is.
+fn applied_entries(
+    live: &Value,
+    labels: Labels,
+    manager: &str,
+    desired: &Value,
+) -> Option<Vec<Value>> {
     let entries = managed_fields(live)?;
     let record: Vec<&ManagedFieldsEntry> = entries_of(&entries, manager, "Update").collect();
     if record.is_empty() {
@@ -239,17 +260,13 @@ pub fn as_applied(live: &Value, labels: Labels, manager: &str, desired: &Value) 
         Some(apply) if apply.fields_v1.as_ref().map(|f| &f.0) == Some(&recorded) => return None,
         Some(_) => Vec::new(),
     };
-    let mut out = without_managed_fields(live)?;
-    let others = entries
-        .iter()
-        .filter(|e| {
-            e.manager.as_deref() != Some(manager)
-                || !e.subresource.as_deref().unwrap_or("").is_empty()
-        })
-        .cloned();
-    out["metadata"]["managedFields"] =
-        serde_json::to_value(others.chain(ours).collect::<Vec<_>>()).ok()?;
-    Some(out)
+    let others = entries.iter().filter(|e| {
+        e.manager.as_deref() != Some(manager) || !e.subresource.as_deref().unwrap_or("").is_empty()
+    });
+    others
+        .chain(ours.iter())
+        .map(|e| serde_json::to_value(e).ok())
+        .collect()
 }
 
 /// The `fieldsV1` set of the members of `recorded` that are also members of `mine`, or that no

@@ -90,6 +90,17 @@ pub fn check(desired: &Value, live: &Value, field_manager: &str) -> Vec<Drift> {
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
+    check_entries(desired, live, entries, field_manager)
+}
+
+/// [`check`] with `entries` as `live`'s `managedFields` (whatever `live` holds there): a
+/// judgement of the same values under another ownership record, without a copy of `live`.
+pub fn check_entries(
+    desired: &Value,
+    live: &Value,
+    entries: &[Value],
+    field_manager: &str,
+) -> Vec<Drift> {
     let main = |e: &Value| {
         e.get("subresource")
             .and_then(Value::as_str)

@@ -72,6 +72,7 @@ mod schema;
 mod settled;
 mod spec_diff;
 
+pub(crate) use fields::check_entries;
 #[cfg(not(feature = "testing"))]
 pub(crate) use fields::check;
 pub use fields::{Drift, DriftKind};
