@@ -72,9 +72,9 @@ mod schema;
 mod settled;
 mod spec_diff;
 
-pub(crate) use fields::check_entries;
 #[cfg(not(feature = "testing"))]
 pub(crate) use fields::check;
+pub(crate) use fields::check_entries;
 pub use fields::{Drift, DriftKind};
 /// The convergence check, public for the oracle test only (feature `testing`).
 #[cfg(feature = "testing")]
