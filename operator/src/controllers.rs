@@ -26,6 +26,21 @@ use crate::{tenant, tenant_app};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Operator;
 
+/// The cleanup guards (policy, binding) of Tenant and TenantApp, labelled `labels`: only the
+/// operator, once a cleanup is marked done, removes their finalizer from an object being
+/// deleted (`deploy/operator/08-cleanup-guard.yaml`).
+pub fn cleanup_guards(labels: &serde_json::Value) -> Vec<serde_json::Value> {
+    use idem_runtime::reconciler::cleanup_guard::cleanup_guard;
+    [
+        cleanup_guard::<Tenant>(crate::resources::FINALIZER, labels),
+        cleanup_guard::<TenantApp>(crate::resources::FINALIZER, labels),
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .collect()
+}
+
 impl Controllers for Operator {
     fn crds(&self) -> Result<Vec<CustomResourceDefinition>, SchemaError> {
         crate::resources::try_crds()
@@ -51,18 +66,9 @@ impl Controllers for Operator {
         crate::rbac::policy_rules()
     }
 
-    /// The cleanup guards of Tenant and TenantApp (also in `deploy/operator/`).
+    /// The cleanup guards of Tenant and TenantApp ([`cleanup_guards`]).
     fn admission(&self) -> Vec<serde_json::Value> {
-        use idem_runtime::reconciler::cleanup_guard::cleanup_guard;
-        let labels = serde_json::json!({});
-        [
-            cleanup_guard::<Tenant>(crate::resources::FINALIZER, &labels),
-            cleanup_guard::<TenantApp>(crate::resources::FINALIZER, &labels),
-        ]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .collect()
+        cleanup_guards(&serde_json::json!({}))
     }
 
     fn start(&self, start: Start<'_>) -> Running {

@@ -247,20 +247,11 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     // Removing a Tenant's (or TenantApp's) finalizer by hand while the operator is down would
     // let the garbage collector delete the namespaces a `Retain` cleanup keeps: only the
     // operator, once its cleanup is marked done in the status, removes it.
-    let cleanup_guards: Vec<Value> = {
-        use idem_operator::resources::{FINALIZER, Tenant, TenantApp};
-        use idem_runtime::reconciler::cleanup_guard::cleanup_guard;
-        [
-            cleanup_guard::<Tenant>(FINALIZER, &labels),
-            cleanup_guard::<TenantApp>(FINALIZER, &labels),
-        ]
-        .into_iter()
-        .map(|g| g.ok_or_else(|| anyhow::anyhow!("a kind without kstatus conditions")))
-        .collect::<anyhow::Result<Vec<_>>>()?
-        .into_iter()
-        .flatten()
-        .collect()
-    };
+    let cleanup_guards = idem_operator::controllers::cleanup_guards(&labels);
+    anyhow::ensure!(
+        cleanup_guards.len() == 4,
+        "Tenant and TenantApp each have a cleanup guard (Ready and Reconciling declared)"
+    );
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
     let objects: Vec<(&str, Vec<Value>)> = vec![
         (

@@ -143,22 +143,23 @@ fn without_managed_fields(live: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// `live` with `manager`'s `Apply` entry and without its `Update` entries, when it has both:
-/// where [`as_applied`] judges such a child never applied (the `Apply` entry holds another
+/// `live`'s `managedFields` with `manager`'s `Apply` entry and without its `Update` entries,
+/// when it has both: where [`as_applied`] judges such a child never applied (the `Apply` entry holds another
 /// field set), this view tells which of the fields another manager took (reported as their
 /// drift, however often someone writes under our name).
-fn apply_entry_alone(live: &Value, manager: &str) -> Option<Value> {
+fn apply_entry_alone(live: &Value, manager: &str) -> Option<Vec<Value>> {
     let entries = managed_fields(live)?;
     entries_of(&entries, manager, "Update").next()?;
     entries_of(&entries, manager, "Apply").next()?;
-    let mut out = without_managed_fields(live)?;
-    let kept = entries.iter().filter(|e| {
-        e.manager.as_deref() != Some(manager)
-            || e.operation.as_deref() != Some("Update")
-            || !e.subresource.as_deref().unwrap_or("").is_empty()
-    });
-    out["metadata"]["managedFields"] = serde_json::to_value(kept.collect::<Vec<_>>()).ok()?;
-    Some(out)
+    entries
+        .iter()
+        .filter(|e| {
+            e.manager.as_deref() != Some(manager)
+                || e.operation.as_deref() != Some("Update")
+                || !e.subresource.as_deref().unwrap_or("").is_empty()
+        })
+        .map(|e| serde_json::to_value(e).ok())
+        .collect()
 }
 
 /// What the convergence check finds between the desired `body` and `live` for `manager`
@@ -174,7 +175,7 @@ pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value
     let Some(alone) = apply_entry_alone(live, manager) else {
         return drift;
     };
-    let taken: Vec<Drift> = check(body, &alone, manager)
+    let taken: Vec<Drift> = check_entries(body, live, &alone, manager)
         .into_iter()
         .filter(|d| matches!(&d.kind, DriftKind::NotOwned { managers } if !managers.is_empty()))
         .collect();

@@ -116,7 +116,7 @@ impl Cli {
         let name = name.to_string();
         let command = || {
             Self::command().name(name.clone()).about(format!(
-                "{name}: runs its controllers (`run`, the default) or prints its CRDs (`crds`)"
+                "{name}: runs its controllers (`run`, the default), or prints its CRDs (`crds`) or its RBAC and admission policies (`rbac`)"
             ))
         };
         let matches = command().get_matches_from(args);

@@ -42,6 +42,11 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
     }
     let (group, plural, kind) = (K::group(&()), K::plural(&()), K::kind(&()));
     let name = format!("idem-cleanup.{plural}.{group}");
+    let object = if K::NAMESPACED {
+        "NAME -n NAMESPACE"
+    } else {
+        "NAME"
+    };
     let holds = |obj: &str| {
         format!("has({obj}.metadata.finalizers) && '{finalizer}' in {obj}.metadata.finalizers")
     };
@@ -58,7 +63,9 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
          ownerReference points at the {kind}, also what the cleanup would keep. Have the \
          controller started (a cluster administrator's task) and it removes the finalizer \
          itself; to skip the cleanup on purpose, first set the reason of the {kind}'s Ready \
-         condition to {CLEANUP_DONE} in its status"
+         condition to {CLEANUP_DONE} in its status: kubectl patch {plural}.{group} {object} \
+         --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
+         with I the index of Ready among its conditions"
     );
     let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
     "kind": "ValidatingAdmissionPolicy",

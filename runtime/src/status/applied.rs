@@ -82,7 +82,7 @@ impl ApplyReport {
             Readiness::Stalled {
                 reason: "ChildNotOwned".to_owned(),
                 message: format!(
-                    "not modifying objects this resource does not own: {}",
+                    "not modifying objects this resource does not own (to hand one over, give it this object's controller ownerReference; deleted, it is made anew): {}",
                     clashes.join("; ")
                 ),
             }
