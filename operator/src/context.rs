@@ -76,9 +76,12 @@ impl Context {
         names
     }
 
-    /// [`Context::tenant_of_namespace`], asking the API server through `client` when the
-    /// namespace is not cached (yet); when it is not a tenant namespace, says why
-    /// ([`NotTenantNamespace`]).
+    /// The tenant of namespace `ns` read from the API server through `client`, for a
+    /// namespace the runtime's cache of namespace tenants does not name a tenant for (not
+    /// cached yet, or not a tenant namespace); when it is not a tenant namespace, says why
+    /// ([`NotTenantNamespace`]), an answer kept for [`NOT_TENANT_RECHECK`] for every app in
+    /// it. This cache ([`Context::tenant_of_namespace`]) is not asked: it comes from another
+    /// watch, which may not have seen yet the change that woke the app.
     ///
     /// # Errors
     /// When reading the namespace fails.
@@ -87,9 +90,6 @@ impl Context {
         client: &Client,
         ns: &str,
     ) -> Result<Result<TenantKey, NotTenantNamespace>, kube::Error> {
-        if let Some(tenant) = self.tenant_of_namespace(ns) {
-            return Ok(Ok(tenant));
-        }
         let now = Instant::now();
         if let Some((_, why)) = self
             .not_tenant_lock()

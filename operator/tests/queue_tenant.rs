@@ -155,6 +155,7 @@ async fn an_apps_queue_tenant_becomes_the_tenant_that_controls_its_namespace() {
         .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
+    let patched = std::time::Instant::now();
     // The app's next reconcile finds it in a tenant namespace ...
     let apps_api: Api<TenantApp> = Api::namespaced(client.clone(), &ns);
     eventually(
@@ -173,6 +174,14 @@ async fn an_apps_queue_tenant_becomes_the_tenant_that_controls_its_namespace() {
         },
     )
     .await;
+    // ... woken by the namespace's change, not by the poll of apps outside a tenant namespace
+    // (its last look was just before the patch, so the poll would come almost a period later).
+    let poll = idem_operator::tenant_app::reconcile::NOT_IN_TENANT_NAMESPACE_POLL;
+    assert!(
+        patched.elapsed() < poll / 2,
+        "the app was reconciled {:?} after its namespace became a tenant's (the poll is {poll:?})",
+        patched.elapsed()
+    );
     // ... as the work of the Tenant that controls it, not of a tenant fixed when it was
     // first queued.
     let metrics = operator.metrics().await;

@@ -112,7 +112,8 @@
 //! puts each object in its tenant's fair queue by [`IdempotentResource::tenant`](crate::resource::IdempotentResource::tenant)
 //! (a `namespace_label` rule reads the label on the object's namespace from a metadata-only
 //! watch of Namespaces the controller runs by itself, see
-//! [`NamespaceTenants`](crate::controller::NamespaceTenants)).
+//! [`NamespaceTenants`](crate::controller::NamespaceTenants); a namespace that gains, loses or
+//! changes its tenant queues its objects at once, past their backoff).
 //!
 //! # `#[idempotent(skip)]` on a field
 //!

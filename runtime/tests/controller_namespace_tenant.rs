@@ -231,3 +231,122 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
 }
+
+/// The tenant label of the child ConfigMap `name` in `ns`, if it exists.
+async fn child_tenant(admin: &kube::Client, ns: &str, name: &str) -> Option<String> {
+    let cm = Api::<ConfigMap>::namespaced(admin.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()?;
+    cm.labels().get(Labels::of::<Notebook>().tenant()).cloned()
+}
+
+/// Sets (or, with `None`, removes) the tenant label of namespace `ns`.
+async fn label_namespace(admin: &kube::Client, ns: &str, tenant: Option<&str>) {
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {LABEL: tenant}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// An object in a namespace that names no tenant fails its passes (its children cannot be
+/// labelled with a tenant); once the namespace gains the label, it is reconciled at once,
+/// not after its backoff or resync (both an hour here), and when the label names another
+/// tenant, its children follow. The namespace watch queues the objects of a namespace whose
+/// tenant changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_that_gains_or_changes_its_tenant_wakes_its_objects() {
+    let admin = idem_tests::shared().client();
+    common::install_crd(&admin, Notebook::crd()).await;
+    let ns = idem_tests::unique_name("nb-late");
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.clone()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let notebooks: Api<Notebook> = Api::namespaced(admin.clone(), &ns);
+    let nb = Notebook::new(
+        "nb",
+        NotebookSpec {
+            text: "hello".into(),
+        },
+    );
+    notebooks.create(&PostParams::default(), &nb).await.unwrap();
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let hour = Duration::from_secs(3600);
+    let controller = Controller::for_derived(
+        Api::<Notebook>::namespaced(admin.clone(), &ns),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<ConfigMap>::namespaced(admin.clone(), &ns),
+        Driver::<Notebooks>::children_config(),
+    )
+    .with_metrics(metrics)
+    .with_config(ControllerConfig {
+        workers: 1,
+        resync_period: hour,
+        backoff: idem_runtime::backoff::BackoffConfig {
+            base: hour,
+            cap: hour,
+            ..idem_runtime::backoff::BackoffConfig::default()
+        },
+        ..ControllerConfig::default()
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(
+        Driver::new(admin.clone(), Notebooks).run(controller, async {
+            let _ = stopped.await;
+        }),
+    );
+
+    // The first pass fails: the namespace names no tenant. Its retry is an hour away.
+    let failed = r#"controller_runtime_reconcile_total{controller="notebook",result="error"}"#;
+    common::wait_until("a failed pass (no tenant)", WAIT, || {
+        value(&scrape(&registry), failed) >= 1.0
+    })
+    .await;
+    assert_eq!(child_tenant(&admin, &ns, "nb").await, None, "no child yet");
+
+    label_namespace(&admin, &ns, Some("team-red")).await;
+    let ready = await_condition(notebooks.clone(), "nb", is_ready);
+    tokio::time::timeout(WAIT, ready)
+        .await
+        .expect("Ready once the namespace names a tenant, before the hour's retry")
+        .unwrap();
+    assert_eq!(
+        child_tenant(&admin, &ns, "nb").await.as_deref(),
+        Some("team-red")
+    );
+
+    // Another tenant: the children are labelled with it, with no change to the object.
+    label_namespace(&admin, &ns, Some("team-blue")).await;
+    let tenant = Labels::of::<Notebook>().tenant();
+    let moved = await_condition(
+        Api::<ConfigMap>::namespaced(admin.clone(), &ns),
+        "nb",
+        move |cm: Option<&ConfigMap>| {
+            cm.and_then(|cm| cm.labels().get(tenant))
+                .is_some_and(|t| t == "team-blue")
+        },
+    );
+    tokio::time::timeout(WAIT, moved)
+        .await
+        .expect("the child labelled with the namespace's new tenant")
+        .unwrap();
+
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}

@@ -14,8 +14,8 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 
-/// How often an app outside a tenant namespace is looked at again (its namespace may become
-/// a tenant's).
+/// How often an app outside a tenant namespace is looked at again, besides when its
+/// namespace's tenant changes (which wakes it at once).
 pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The TenantApp reconciler. Children carry a controller ownerReference, so the garbage
@@ -48,14 +48,19 @@ impl Reconciler for TenantApps {
         pass: &mut Pass<TenantApp>,
     ) -> Result<Outcome<TenantApp>, Error> {
         let namespace = app.namespace().unwrap_or_default();
-        // From the cache; a namespace not cached yet (just created) is read from the server
-        // before the app is judged to be outside a tenant namespace. Namespace labels are not
-        // watched by this controller: look again now and then.
-        let tenant = match self
-            .ctx
-            .resolve_tenant_of_namespace(pass.client(), &namespace)
-            .await?
-        {
+        // From the runtime's cache of namespace tenants, whose watch wakes the app when its
+        // namespace gains, loses or changes its tenant; a namespace it does not name a tenant
+        // for (not cached yet, just created) is read from the server before the app is judged
+        // to be outside a tenant namespace. Looked at again now and then as well.
+        let resolved = match pass.tenant().cloned() {
+            Some(tenant) => Ok(tenant),
+            None => {
+                self.ctx
+                    .resolve_tenant_of_namespace(pass.client(), &namespace)
+                    .await?
+            }
+        };
+        let tenant = match resolved {
             Ok(tenant) => tenant,
             Err(why) => {
                 return Ok(

@@ -62,7 +62,8 @@ where
     /// metadata of every Namespace and keeps the label's value of each
     /// ([`NamespaceTenants`]; its client needs `list` and `watch` on namespaces), its workers
     /// start once those are listed, and an object's tenant is its namespace's label value —
-    /// never the namespace's name nor a label of the object itself. Until it resolves (the
+    /// never the namespace's name nor a label of the object itself. When a namespace's tenant
+    /// changes, its objects are queued at once. Until it resolves (the
     /// namespace unknown or unlabelled), and when the object lacks what its rule reads, the
     /// tenant is [`UNRESOLVED_TENANT`]. A [`Driver`](crate::reconciler::Driver) running the
     /// controller reads the tenant its children are labelled with there too, so a converged

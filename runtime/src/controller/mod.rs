@@ -561,7 +561,8 @@ where
             (self.record_of.is_some() && self.caches.is_some()).then(|| primary.synced.clone());
         let mut tasks = vec![primary];
         if let Some((namespaces, config)) = self.namespaces.take() {
-            tasks.push(namespaces.watch(client, config));
+            let changed = watch::namespace_changed(Arc::clone(&shared));
+            tasks.push(namespaces.watch(client, config, changed));
         }
         tasks.extend(self.children.into_iter().map(|f| {
             let task = f(Arc::clone(&shared));

@@ -3,9 +3,14 @@
 //!
 //! [`Controller::for_derived`](super::Controller::for_derived) runs one for such a kind by
 //! itself: the queue's tenant of an object and the tenant its children are labelled with are
-//! read here, so a converged reconcile makes no request for them. Memory: one short string
-//! per labelled namespace (the watch receives only metadata, and keeps none of it beyond the
-//! label's value).
+//! read here, so a converged reconcile makes no request for them. A namespace whose tenant
+//! changes (it gains, loses or changes the label, its trust changes, or it is deleted) queues
+//! the controller's objects in it at once, past their backoff ([`Reason::NamespaceChanged`]):
+//! an object that failed for want of a tenant is not left to its backoff or resync. Memory: one
+//! short string per labelled namespace (the watch receives only metadata, and keeps none of it
+//! beyond the label's value).
+//!
+//! [`Reason::NamespaceChanged`]: super::Reason::NamespaceChanged
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -151,7 +156,15 @@ impl NamespaceTenants {
     }
 
     /// The watch that fills the cache: every namespace `config` selects, metadata only.
-    pub(crate) fn watch(&self, client: Client, config: watcher::Config) -> WatchTask {
+    /// `changed` is called with the name of each namespace whose tenant changed (gained,
+    /// lost or another) once the first list is done: a change of the namespace's label, of
+    /// its trust, its deletion, or a difference a relist finds.
+    pub(crate) fn watch(
+        &self,
+        client: Client,
+        config: watcher::Config,
+        changed: impl Fn(&str) + Send + 'static,
+    ) -> WatchTask {
         let this = self.clone();
         let synced = self.synced.clone();
         let run = async move {
@@ -162,6 +175,8 @@ impl NamespaceTenants {
             futures::pin_mut!(stream);
             // A relist's namespaces, swapped in at its end (one missing from it is gone).
             let mut listing: Option<HashMap<String, TenantKey>> = None;
+            // The first list tells nothing new: every object is queued by its own first list.
+            let mut listed_once = false;
             while let Some(event) = stream.next().await {
                 let event = match event {
                     Ok(event) => event,
@@ -185,29 +200,42 @@ impl NamespaceTenants {
                         }
                     }
                     Event::InitDone => {
+                        let mut moved = Vec::new();
                         if let (Some(list), Ok(mut tenants)) =
                             (listing.take(), this.tenants.write())
                         {
+                            if listed_once {
+                                moved = differing(&tenants, &list);
+                            }
                             *tenants = list;
                         }
+                        listed_once = true;
                         this.tx.send_replace(true);
+                        moved.iter().for_each(|name| changed(name));
                     }
                     Event::Apply(ns) => {
                         let Some(name) = ns.metadata.name.clone() else {
                             continue;
                         };
-                        if let Ok(mut tenants) = this.tenants.write() {
-                            match this.tenant_of(&ns.metadata) {
-                                Some(tenant) => tenants.insert(name, tenant),
+                        let tenant = this.tenant_of(&ns.metadata);
+                        let before = match this.tenants.write() {
+                            Ok(mut tenants) => match tenant.clone() {
+                                Some(tenant) => tenants.insert(name.clone(), tenant),
                                 None => tenants.remove(&name),
-                            };
+                            },
+                            Err(_) => continue,
+                        };
+                        if before != tenant {
+                            changed(&name);
                         }
                     }
                     Event::Delete(ns) => {
-                        if let (Some(name), Ok(mut tenants)) =
-                            (ns.metadata.name.as_deref(), this.tenants.write())
-                        {
-                            tenants.remove(name);
+                        let Some(name) = ns.metadata.name.as_deref() else {
+                            continue;
+                        };
+                        let before = this.tenants.write().ok().and_then(|mut t| t.remove(name));
+                        if before.is_some() {
+                            changed(name);
                         }
                     }
                 }
@@ -218,6 +246,19 @@ impl NamespaceTenants {
             synced,
         }
     }
+}
+
+/// The namespaces whose tenant differs between `old` and `new` (in one and not the other, or
+/// another tenant), sorted.
+fn differing(old: &HashMap<String, TenantKey>, new: &HashMap<String, TenantKey>) -> Vec<String> {
+    let mut out: Vec<String> = old
+        .iter()
+        .filter(|(name, tenant)| new.get(*name) != Some(*tenant))
+        .map(|(name, _)| name.clone())
+        .chain(new.keys().filter(|name| !old.contains_key(*name)).cloned())
+        .collect();
+    out.sort();
+    out
 }
 
 #[cfg(test)]
@@ -238,6 +279,20 @@ mod tests {
             annotations: owned.then(|| BTreeMap::from([("owned".into(), "yes".into())])),
             ..ObjectMeta::default()
         }
+    }
+
+    #[test]
+    fn a_relist_finds_the_namespaces_whose_tenant_changed() {
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, TenantKey> {
+            pairs
+                .iter()
+                .map(|(n, t)| ((*n).to_owned(), TenantKey::new(t)))
+                .collect()
+        };
+        let old = map(&[("same", "red"), ("moved", "red"), ("lost", "red")]);
+        let new = map(&[("same", "red"), ("moved", "blue"), ("gained", "blue")]);
+        assert_eq!(differing(&old, &new), ["gained", "lost", "moved"]);
+        assert!(differing(&old, &old).is_empty());
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub enum Reason {
     ChildChanged,
     /// The previous reconcile asked for a requeue ([`Action::requeue`](super::Action::requeue)).
     Requeue,
+    /// The tenant its namespace names changed (a `tenant = namespace_label("...")` kind: the
+    /// namespace gained, lost or changed the label, or was deleted).
+    NamespaceChanged,
     /// The periodic anti-entropy resync.
     Resync,
     /// A retry after a failed reconcile (per-key backoff).
@@ -28,12 +31,13 @@ pub enum Reason {
 
 impl Reason {
     /// The reason in words, as logged: `object changed`, `child changed`, `requeue`,
-    /// `resync`, `error`.
+    /// `namespace changed`, `resync`, `error`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ObjectChanged => "object changed",
             Self::ChildChanged => "child changed",
             Self::Requeue => "requeue",
+            Self::NamespaceChanged => "namespace changed",
             Self::Resync => "resync",
             Self::Error => "error",
         }

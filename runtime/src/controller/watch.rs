@@ -319,6 +319,33 @@ where
     }
 }
 
+/// What a namespace's change of tenant does: queues every primary object in it, past its
+/// backoff (its tenant, an input of its reconcile, changed: an object that failed for want of
+/// one retries now), each under the tenant it now has.
+///
+/// It reads the primary cache once per change: namespaces change tenant when their label or
+/// trust changes, not at the pace of their objects.
+pub(crate) fn namespace_changed<K>(shared: Arc<Shared<K>>) -> impl Fn(&str) + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    move |namespace: &str| {
+        for obj in shared.store.state() {
+            if obj.meta().namespace.as_deref() == Some(namespace) {
+                let key = key_of(&*obj);
+                shared.reasons.note(&key, super::Reason::NamespaceChanged);
+                add(
+                    &shared.queue,
+                    &key,
+                    &shared.tenant(&obj),
+                    Priority::Event,
+                    true,
+                );
+            }
+        }
+    }
+}
+
 /// Queues `key`, past its backoff when `bypass`.
 fn add(queue: &WorkQueue, key: &ObjectKey, tenant: &TenantKey, priority: Priority, bypass: bool) {
     if bypass {
