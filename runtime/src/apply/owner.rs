@@ -325,6 +325,34 @@ pub struct DesiredChildren {
     pub(crate) regenerate: Vec<ApiResource>,
 }
 
+/// Moves a Secret body's `stringData` into its `data`, each value base64-encoded, replacing
+/// a `data` key of the same name (the API server's own rule for a write carrying both).
+fn fold_string_data(secret: &mut serde_json::Map<String, Value>) {
+    use base64::Engine as _;
+    let Some(Value::Object(strings)) = secret.remove("stringData") else {
+        return;
+    };
+    if strings.is_empty() {
+        return;
+    }
+    let data = secret
+        .entry("data")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if !data.is_object() {
+        *data = Value::Object(serde_json::Map::new());
+    }
+    if let Some(data) = data.as_object_mut() {
+        for (key, value) in strings {
+            let text = match value {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+            data.insert(key, Value::String(encoded));
+        }
+    }
+}
+
 impl DesiredChildren {
     /// An empty set.
     pub fn new() -> Self {
@@ -332,7 +360,10 @@ impl DesiredChildren {
     }
 
     /// Adds a desired child; its kind also becomes a pruned kind. A namespaced child without a
-    /// namespace is put in the owner's namespace when applied.
+    /// namespace is put in the owner's namespace when applied. A Secret's `stringData` is
+    /// folded into its `data` (base64, over a key of the same name), as the API server does
+    /// on every write: `stringData` is never stored, so an apply owning only it would own
+    /// nothing the object holds, and a change of `data` by anyone else would go unseen.
     ///
     /// # Errors
     /// [`ApplyError::Serialize`] when the child does not serialise to a JSON object,
@@ -355,6 +386,9 @@ impl DesiredChildren {
         };
         obj.insert("apiVersion".into(), json!(K::api_version(&())));
         obj.insert("kind".into(), json!(kind));
+        if K::api_version(&()) == "v1" && kind == "Secret" {
+            fold_string_data(obj);
+        }
         // Fields the server owns never belong in an apply body.
         obj.remove("status");
         if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {

@@ -40,7 +40,8 @@
 //! the built-in kinds), and a value owned as a whole is compared as a whole, so a default the
 //! server adds inside it (`volumeMode` in a StatefulSet's `volumeClaimTemplates`, defaults of a
 //! custom resource's atomic list), a canonical form of a field it does not know, or a field the
-//! server moves (a Secret's `stringData` into `data`) reads as drift. The engine then asks the
+//! server moves (a Secret's `stringData` into `data`, in a body not made by
+//! `DesiredChildren::add`, which folds it) reads as drift. The engine then asks the
 //! server: a `dryRun=All` apply of the desired body returns the object as the apply would
 //! leave it, and an apply changes nothing exactly when that equals the live object in every
 //! field the apply could change (`settled`). The answer is kept per child and desired body

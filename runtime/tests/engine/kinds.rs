@@ -1,12 +1,14 @@
 //! Convergence for kinds the convergence check cannot judge alone, decided by the API server:
 //! defaults inside values we own whole (a StatefulSet's `volumeClaimTemplates`, an HPA's
 //! `metrics`, a custom resource's atomic list), quantities in fields the check does not know,
-//! int-or-string, server-assigned fields and a Secret's write-only `stringData`.
+//! int-or-string, server-assigned fields and a Secret's write-only `stringData` (folded into
+//! `data` when the child is added, so judged exactly).
 //!
 //! For each kind, on the real control plane:
 //! 1. created, then a pass makes no request (counted at the API server) and reports no drift;
 //!    a new applier (a restarted process) asks at most one dry-run, then none;
-//! 2. another field manager's change is restored, reported once, naming that field only;
+//! 2. another field manager's change is restored, reported once, naming that field only; the
+//!    same change made again after that repair is restored and reported again;
 //! 3. a change to an immutable field is a terminal error (invalid child), and the revert is
 //!    converged with no request and no drift report.
 
@@ -264,6 +266,55 @@ where
         (ChildOutcome::Unchanged, (0, 0)),
         "{kind}"
     );
+    // The same change again, after our apply (no create's entry left to own what it set):
+    // restored and reported again.
+    api.patch(&name, &pp, &Patch::Merge(&case.tamper))
+        .await
+        .expect("tamper again");
+    let report = applier
+        .reconcile(&owner, &desired)
+        .await
+        .expect("second repair");
+    assert_eq!(
+        report.children[0].1,
+        ChildOutcome::Applied,
+        "{kind}: the change made again after a repair was not restored: {report:?}"
+    );
+    let paths: Vec<&str> = report
+        .repaired
+        .iter()
+        .flat_map(|r| r.drift.iter().map(|d| d.path.as_str()))
+        .collect();
+    assert_eq!(paths, [case.tampered_path], "{kind}: the second repair");
+    let (outcome, counts) =
+        pass_counted(&applier, &user, &owner, &desired, &api, &group, &plural).await;
+    assert_eq!(
+        (outcome, counts),
+        (ChildOutcome::Unchanged, (0, 0)),
+        "{kind}: after the second repair"
+    );
+    // And once more while no process runs: a restarted one restores it.
+    api.patch(&name, &pp, &Patch::Merge(&case.tamper))
+        .await
+        .expect("tamper while down");
+    let restarted = Applier::new(user.client());
+    let report = restarted
+        .reconcile(&owner, &desired)
+        .await
+        .expect("repair after a restart");
+    assert_eq!(
+        report.children[0].1,
+        ChildOutcome::Applied,
+        "{kind}: a change made while no process ran was not restored: {report:?}\n{}",
+        serde_json::to_string(&live(&api, &name).await.metadata.managed_fields).unwrap()
+    );
+    let (outcome, counts) =
+        pass_counted(&restarted, &user, &owner, &desired, &api, &group, &plural).await;
+    assert_eq!(
+        (outcome, counts),
+        (ChildOutcome::Unchanged, (0, 0)),
+        "{kind}: after the repair of a restarted process"
+    );
 
     // 3. An immutable field changed: a terminal error; the revert converges silently.
     if let Some(changed) = case.immutable {
@@ -492,6 +543,88 @@ async fn secret_with_string_data() {
         },
     )
     .await;
+}
+
+/// A Secret desired with `stringData` whose value changes: the apply of the new value leaves
+/// no create's entry owning `data`, and another manager's change of `data` after it is still
+/// restored and reported, in this process and in a restarted one.
+#[tokio::test]
+async fn secret_with_string_data_changed_then_tampered() {
+    use k8s_openapi::api::core::v1::Secret;
+    let client = client();
+    ensure_crd(&client).await;
+    let ns = namespace(&client, "kind-secret-changed").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(TenantKey::new(&ns))).expect("owner");
+    let secret = |password: &str| {
+        one::<Secret>(&json!({"metadata": {"name": "creds"}, "type": "Opaque",
+            "stringData": {"password": password, "user": "app"}}))
+    };
+    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let password = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("password"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let applier = Applier::new(client.clone());
+    applier
+        .reconcile(&owner, &secret("one"))
+        .await
+        .expect("create");
+    let report = applier
+        .reconcile(&owner, &secret("two"))
+        .await
+        .expect("change");
+    assert_eq!(report.children[0].1, ChildOutcome::Applied, "{report:?}");
+    assert_eq!(
+        password(&api.get("creds").await.unwrap()).as_deref(),
+        Some("two")
+    );
+    let tamper = |value: &'static str| {
+        let api = api.clone();
+        async move {
+            let pp = PatchParams {
+                field_manager: Some("kubectl-patch".into()),
+                ..PatchParams::default()
+            };
+            api.patch(
+                "creds",
+                &pp,
+                &Patch::Merge(json!({"data": {"password": value}})),
+            )
+            .await
+            .expect("tamper");
+        }
+    };
+    for (round, applier) in [
+        ("same process", applier),
+        ("restarted", Applier::new(client.clone())),
+    ] {
+        tamper("c3RvbGVu").await; // "stolen"
+        let report = applier
+            .reconcile(&owner, &secret("two"))
+            .await
+            .expect("repair");
+        let live = api.get("creds").await.unwrap();
+        assert_eq!(
+            password(&live).as_deref(),
+            Some("two"),
+            "{round}: not restored ({report:?}); managedFields {}",
+            serde_json::to_string(&live.metadata.managed_fields).unwrap()
+        );
+        let paths: Vec<&str> = report
+            .repaired
+            .iter()
+            .flat_map(|r| r.drift.iter().map(|d| d.path.as_str()))
+            .collect();
+        assert_eq!(paths, [".data.password"], "{round}: {report:?}");
+        let report = applier
+            .reconcile(&owner, &secret("two"))
+            .await
+            .expect("converged");
+        assert_eq!(report.children[0].1, ChildOutcome::Unchanged, "{round}");
+    }
 }
 
 #[tokio::test]

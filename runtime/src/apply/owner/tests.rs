@@ -177,3 +177,58 @@ fn kinds_are_registered_once() {
     assert_eq!(d.kinds.len(), 1);
     assert_eq!(d.len(), 2);
 }
+
+#[test]
+fn a_secrets_string_data_is_folded_into_its_data() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("creds".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [
+                ("kept".to_owned(), ByteString(b"old".to_vec())),
+                ("both".to_owned(), ByteString(b"from data".to_vec())),
+            ]
+            .into(),
+        ),
+        string_data: Some(
+            [
+                ("both".to_owned(), "from stringData".to_owned()),
+                ("password".to_owned(), "s3cret".to_owned()),
+            ]
+            .into(),
+        ),
+        ..Secret::default()
+    };
+    let mut desired = DesiredChildren::new();
+    desired.add(&secret).unwrap();
+    let body = &desired.children()[0].body;
+    assert!(body.get("stringData").is_none(), "{body}");
+    // The server's rule: stringData wins over a data key of the same name.
+    assert_eq!(
+        body["data"],
+        serde_json::json!({"kept": "b2xk", "both": "ZnJvbSBzdHJpbmdEYXRh", "password": "czNjcmV0"})
+    );
+    // Without stringData (or with an empty one), the body is as given.
+    let plain = Secret {
+        string_data: Some(Default::default()),
+        ..secret.clone()
+    };
+    let mut desired = DesiredChildren::new();
+    desired.add(&plain).unwrap();
+    let body = &desired.children()[0].body;
+    assert!(body.get("stringData").is_none());
+    assert_eq!(
+        body["data"],
+        serde_json::json!({"kept": "b2xk", "both": "ZnJvbSBkYXRh"})
+    );
+    // Another kind's stringData is its own field.
+    let mut desired = DesiredChildren::new();
+    let mut cm = cm("c", Some("ns"));
+    cm.binary_data = None;
+    desired.add(&cm).unwrap();
+    assert!(desired.children()[0].body.get("data").is_some());
+}
