@@ -157,12 +157,15 @@ pub enum ApplyError {
 impl ApplyError {
     /// Whether the API server refused the desired child itself: 422 Invalid on its create or
     /// apply, from the server's validation of the body, which the same desired body meets again
-    /// on every retry. Not the 422 of an apply carrying the live `metadata.uid` when the child
-    /// was replaced since the read (the engine reads again and never returns it for that), nor
-    /// a denial by an admission webhook or a ValidatingAdmissionPolicy (an admin may lift it).
+    /// on every retry; or an apply the server cannot merge into a typed object (its 500
+    /// "failed to create typed patch object", e.g. two items of one key in an associative
+    /// list, which a create admits). Not the 422 of an apply carrying the live `metadata.uid`
+    /// when the child was replaced since the read (the engine reads again and never returns it
+    /// for that), nor a denial by an admission webhook or a ValidatingAdmissionPolicy (an
+    /// admin may lift it).
     pub fn is_invalid_child(&self) -> bool {
         let Self::Api {
-            action: "create" | "apply",
+            action: action @ ("create" | "apply"),
             source,
             ..
         } = self
@@ -172,6 +175,9 @@ impl ApplyError {
         let kube::Error::Api(status) = source.as_ref() else {
             return false;
         };
+        if *action == "apply" && unmergeable(status) {
+            return true;
+        }
         status.code == 422
             && status.reason == "Invalid"
             && !status
@@ -180,6 +186,16 @@ impl ApplyError {
                 .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
             && !is_admission_denial(source)
     }
+}
+
+/// Whether `status` is the API server's 500 for an apply body it cannot make a typed object of
+/// (server-side apply's conversion of the applied configuration against the kind's schema):
+/// the same body fails the same way every time.
+fn unmergeable(status: &kube::core::Status) -> bool {
+    status.code == 500
+        && status
+            .message
+            .starts_with("failed to create typed patch object")
 }
 
 #[cfg(test)]
@@ -240,6 +256,16 @@ mod tests {
         assert!(!rejected("create", policy).is_invalid_child());
         let forbidden = status(403, "Forbidden", "forbidden", None);
         assert!(!rejected("create", forbidden).is_invalid_child());
+        let unmergeable = status(
+            500,
+            "",
+            r#"failed to create typed patch object (ns/web; apps/v1, Kind=Deployment): .spec.template.spec.containers[name="app"].env: duplicate entries for key [name="A"]"#,
+            None,
+        );
+        assert!(rejected("apply", unmergeable.clone()).is_invalid_child());
+        assert!(!rejected("delete", unmergeable).is_invalid_child());
+        let internal = status(500, "InternalError", "etcdserver: request timed out", None);
+        assert!(!rejected("apply", internal).is_invalid_child());
         let missing = ApplyError::Duplicate(ObjectKey::namespaced("Service", "ns", "a"));
         assert!(!missing.is_invalid_child());
     }

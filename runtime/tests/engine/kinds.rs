@@ -627,6 +627,43 @@ async fn secret_with_string_data_changed_then_tampered() {
     }
 }
 
+/// A desired Deployment with two `env` items of one name: the create is admitted (validation
+/// only warns), but no server-side apply can merge such a body (the API server answers 500:
+/// it cannot make the typed object). The apply of a change is an invalid child, terminal (the
+/// same body fails the same way on every retry), with the server's reason.
+#[tokio::test]
+async fn duplicate_list_map_keys_are_an_invalid_child() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let client = client();
+    ensure_crd(&client).await;
+    let ns = namespace(&client, "kind-dup-keys").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(TenantKey::new(&ns))).expect("owner");
+    let deployment = |image: &str| {
+        one::<Deployment>(&json!({"metadata": {"name": "web"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                {"name": "app", "image": image,
+                    "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}]}}}}))
+    };
+    let applier = Applier::new(client.clone());
+    let created = applier.reconcile(&owner, &deployment("nginx:1.27")).await;
+    let err = match created {
+        // Admitted at create: the apply of a change is where it fails.
+        Ok(_) => applier
+            .reconcile(&owner, &deployment("nginx:1.28"))
+            .await
+            .expect_err("an apply of duplicate keys cannot succeed"),
+        Err(e) => e,
+    };
+    assert!(
+        err.is_invalid_child(),
+        "not an invalid child (it would be retried forever): {err}"
+    );
+    let reason = err.to_string();
+    assert!(reason.contains("duplicate entries"), "{reason}");
+}
+
 #[tokio::test]
 async fn headless_service_with_port_defaults() {
     let svc = |cluster_ip: &str| {
