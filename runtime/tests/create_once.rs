@@ -626,6 +626,70 @@ async fn a_deleted_secret_stalls_with_child_deleted_and_no_new_password() {
     // Again (a resync): still no Secret.
     s.reconcile(&stored).await.expect("handled");
     assert!(secrets.get_opt(&secret_name(&v)).await.unwrap().is_none());
+
+    // The message's way back: the Secret restored from a backup with the owner's controller
+    // ownerReference is not taken while the record names the old uid ...
+    assert!(
+        message.contains("status.createdChildren") && message.contains("--subresource=status"),
+        "the message says how to restore it: {message}"
+    );
+    let mut restored = old.clone();
+    restored.metadata = ObjectMeta {
+        name: old.metadata.name.clone(),
+        namespace: old.metadata.namespace.clone(),
+        labels: old.metadata.labels.clone(),
+        owner_references: old.metadata.owner_references.clone(),
+        ..ObjectMeta::default()
+    };
+    let restored = secrets
+        .create(&PostParams::default(), &restored)
+        .await
+        .expect("restore");
+    s.reconcile(&get_vault(&client, &v).await)
+        .await
+        .expect("handled");
+    let (_, reason, _) =
+        condition(&*get_vault(&client, &v).await, "Stalled").expect("still Stalled");
+    assert_eq!(
+        reason, "ChildDeleted",
+        "taken while the record names the old uid"
+    );
+    // ... and is, once the old uid's entry is removed from the record (a status write).
+    let record = &stored.status.as_ref().unwrap().created_children;
+    let index = record
+        .iter()
+        .position(|c| Some(&c.uid) == old.uid().as_ref())
+        .expect("the old uid is recorded");
+    Api::<Vault>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &v.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(serde_json::json!([
+                    {"op": "test", "path": format!("/status/createdChildren/{index}/uid"),
+                        "value": old.uid()},
+                    {"op": "remove", "path": format!("/status/createdChildren/{index}")}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .expect("remove the record's entry");
+    let v = s.converge(&client, &get_vault(&client, &v).await).await;
+    let live = secrets.get(&secret_name(&v)).await.unwrap();
+    assert_eq!(
+        live.uid(),
+        restored.uid(),
+        "the restored Secret is the child"
+    );
+    assert_eq!(password(&live), password(&old), "with the old password");
+    let record = &v.status.as_ref().unwrap().created_children;
+    assert!(
+        record
+            .iter()
+            .any(|c| Some(&c.uid) == restored.uid().as_ref()),
+        "recorded: {record:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

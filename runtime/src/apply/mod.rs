@@ -128,9 +128,11 @@ pub enum ApplyError {
     /// A create-once child ([`DesiredChildren::create_once`]) the owner created, by its record,
     /// is gone: deleted, or replaced by another object at its name. Not created again with a
     /// new value (its users hold the old one) unless its kind is opted in with
-    /// [`DesiredChildren::regenerate_deleted`]; a terminal error (reason `ChildDeleted`).
+    /// [`DesiredChildren::regenerate_deleted`]; a terminal error (reason `ChildDeleted`). Its
+    /// message says how to restore it: an object restored at its name is taken once the
+    /// recorded uid is removed from the owner's record (a status write), not before.
     #[error(
-        "{child} was created once by its owner (uid {uid}) and {}: it is not created again with a new value its users do not know; restore it (from a backup, with the owner's controller ownerReference), or opt in to regenerating it",
+        "{child} was created once by its owner (uid {uid}) and {}: it is not created again with a new value its users do not know. To restore it: create it again from a backup with the owner's controller ownerReference, then remove the entry of uid {uid} from the owner's status.createdChildren (a status write, e.g. `kubectl edit <kind> <name> --subresource=status`; the record alone decides what is ours, so an object at its name is not taken while the record names another); or opt in to regenerating it",
         match replaced_by {
             Some(other) => format!("was deleted; its name now holds another object (uid {other})"),
             None => "was deleted".to_owned(),
