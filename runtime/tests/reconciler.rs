@@ -490,6 +490,27 @@ async fn a_child_the_server_refuses_as_invalid_stalls_until_the_spec_changes() {
     );
     assert!(!message.contains('\n'), "one line: {message:?}");
     assert_eq!(condition(&stored, "Ready").0, "False");
+    // What the failed pass did before the refusal is told: a `Created` Event per child it
+    // created (the namespace, at least).
+    let created: Vec<String> = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("Created")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref())
+                    == stored.metadata.uid.as_deref()
+        })
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        created
+            .iter()
+            .any(|n| n.contains(&format!("Namespace/{name}"))),
+        "no Created Event for the children the failed pass created: {created:?}"
+    );
 
     // Another object converging meanwhile: the workers are busy, the stalled one is not retried.
     let good = create_for(&client, "bt-inv-ok", Some("inv"), spec(&["erin"])).await;

@@ -312,7 +312,18 @@ impl<K: IdempotentResource> Pass<K> {
         if let Some(recorder) = &self.recorder {
             super::events::regenerated(recorder, &self.reference, &report.regenerated).await;
         }
-        result?;
+        if let Err(e) = result {
+            // What was done before the error (children created, pruned, recreated, repaired)
+            // is told as a complete apply's is; the objects not in the record are named by a
+            // complete apply only (this one may not have looked at them all).
+            if let Some(recorder) = &self.recorder {
+                let mut told = report.clone();
+                told.unrecorded.clear();
+                let deleted = self.obj.meta().deletion_timestamp.is_some();
+                super::events::children(recorder, &self.reference, &told, deleted).await;
+            }
+            return Err(e.into());
+        }
         self.unrepaired |= report.children.iter().any(|(_, o)| {
             matches!(
                 o,
