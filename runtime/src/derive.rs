@@ -129,7 +129,10 @@
 //! [`crate::schema::crd`] instead of kube's `crd()`: a spec or status field whose type has no
 //! Kubernetes structural schema (an internally or adjacently tagged enum,
 //! `#[serde(tag = "...")]`) is an error naming the field, its type and what to write instead,
-//! where kube's `crd()` panics without naming either. `cargo xtask crds` uses it.
+//! where kube's `crd()` panics without naming either; so is a status struct that puts
+//! `observed_generation` or `created_children` on the wire under those names (without
+//! `#[serde(rename_all = "camelCase")]`: kstatus readers look for `observedGeneration`).
+//! `cargo xtask crds` and a manager's `crds` use it.
 //!
 //! # What is generated
 //!

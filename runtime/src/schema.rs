@@ -41,6 +41,22 @@ pub enum SchemaError {
         /// The property the variants disagree on, e.g. `type`.
         property: String,
     },
+    /// A status field idem and kstatus readers (`kubectl wait`, GitOps health checks) read by
+    /// its API name is named otherwise on the wire (a status struct without
+    /// `#[serde(rename_all = "camelCase")]`).
+    #[error(
+        "{kind}: the status field `{found}` must be `{wire}` on the wire, as Kubernetes API \
+         conventions and kstatus readers (kubectl wait, GitOps health checks) expect; put \
+         `#[serde(rename_all = \"camelCase\")]` on the status struct"
+    )]
+    StatusFieldName {
+        /// The kind whose CRD was generated.
+        kind: String,
+        /// The property name found, e.g. `observed_generation`.
+        found: String,
+        /// The name it must have, e.g. `observedGeneration`.
+        wire: &'static str,
+    },
     /// kube's CRD generation panicked for another reason.
     #[error("{kind}: generating the CRD failed: {message}")]
     Generation {
@@ -65,6 +81,7 @@ where
     let kind = K::kind(&()).to_string();
     check::<K::Spec>(&kind, "spec")?;
     check::<K::Status>(&kind, "status")?;
+    status_names::<K::Status>(&kind)?;
     std::panic::catch_unwind(K::crd).map_err(|panic| SchemaError::Generation {
         kind,
         message: panic
@@ -73,6 +90,33 @@ where
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "a panic without a message".into()),
     })
+}
+
+/// Checks that the status type `T` names the fields idem writes by their API names.
+///
+/// # Errors
+/// [`SchemaError::StatusFieldName`] for the first one named otherwise.
+fn status_names<T: JsonSchema>(kind: &str) -> Result<(), SchemaError> {
+    let schema = SchemaSettings::openapi3()
+        .into_generator()
+        .into_root_schema_for::<T>();
+    let value = serde_json::to_value(&schema).unwrap_or_default();
+    let Some(props) = value.get("properties").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (found, wire) in [
+        ("observed_generation", "observedGeneration"),
+        ("created_children", "createdChildren"),
+    ] {
+        if props.contains_key(found) && !props.contains_key(wire) {
+            return Err(SchemaError::StatusFieldName {
+                kind: kind.to_owned(),
+                found: found.to_owned(),
+                wire,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks the schema of `T` (found at `root`, e.g. `spec`) for unions with conflicting
@@ -192,7 +236,15 @@ mod tests {
     use serde::{Deserialize, Serialize};
 
     #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
     struct St {
+        observed_generation: Option<i64>,
+        conditions: Vec<Condition>,
+    }
+
+    /// A status struct without `rename_all`: `observed_generation` on the wire.
+    #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+    struct SnakeSt {
         observed_generation: Option<i64>,
         conditions: Vec<Condition>,
     }
@@ -312,6 +364,37 @@ mod tests {
     fn an_adjacently_tagged_enum_in_a_list_is_named() {
         let err = crd::<Adjacent>().unwrap_err().to_string();
         assert!(err.contains("`spec.sources[]` has type `Source`"), "{err}");
+    }
+
+    #[derive(
+        CustomResource,
+        idem_macros::IdempotentResource,
+        Clone,
+        Debug,
+        Serialize,
+        Deserialize,
+        JsonSchema,
+    )]
+    #[kube(
+        group = "t.example",
+        version = "v1",
+        kind = "Snake",
+        namespaced,
+        status = "SnakeSt"
+    )]
+    #[idempotent(crate = "crate", prune = owner_references)]
+    struct SnakeSpec {
+        size: u32,
+    }
+
+    #[test]
+    fn a_status_field_not_named_as_the_api_names_it_is_an_error_with_the_fix() {
+        let err = crd::<Snake>().unwrap_err().to_string();
+        assert!(
+            err.contains("`observed_generation` must be `observedGeneration`")
+                && err.contains(r#"#[serde(rename_all = "camelCase")]"#),
+            "{err}"
+        );
     }
 
     #[test]
