@@ -692,3 +692,83 @@ async fn the_last_children_of_declared_kinds_are_pruned_when_no_longer_desired()
     assert_eq!(record.len(), 1, "only the Namespace is left: {record:?}");
     assert_eq!(condition(&t, "Ready").0, "True");
 }
+
+/// The example's reconciler with every kind but `Namespace` dropped from `children()`.
+struct NamespacesOnly;
+
+impl Reconciler for NamespacesOnly {
+    type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        ChildKinds::new().owns::<Namespace>()
+    }
+    fn child_record(
+        status: &mut base_tenant::BaseTenantStatus,
+    ) -> Option<&mut Vec<idem_runtime::apply::CreatedChild>> {
+        Some(&mut status.created_children)
+    }
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": tenant.name_any()}}))
+                .map_err(|e| ReconcileError::terminal("InvalidSpec", e.to_string()))?;
+        let mut children = idem_runtime::apply::DesiredChildren::new();
+        children.add(&namespace)?;
+        Ok(children)
+    }
+}
+
+/// A reconciler that no longer declares kinds it created children of leaves those children
+/// (no version to find them by, no watch: neither repaired nor pruned) and says so once: a
+/// `Warning` `UndeclaredChildren` naming them, not repeated by the next pass.
+#[tokio::test]
+async fn children_of_kinds_no_longer_declared_are_named_once_and_kept() {
+    use k8s_openapi::api::events::v1::Event;
+    let client = client().await;
+    let tenant = create(&client, "bt-undecl", spec(&["dana"])).await;
+    let name = tenant.name_any();
+    let attempt = || Attempt {
+        key: ObjectKey::cluster("BaseTenant", &name),
+        tenant: TenantKey::new(name.clone()),
+        failures: 0,
+        priority: Priority::Event,
+        reason: Reason::ObjectChanged,
+    };
+    let all = Arc::new(Driver::new(client.clone(), BaseTenants));
+    Driver::reconcile(Arc::clone(&tenant), all, attempt())
+        .await
+        .expect("first pass");
+    let narrow = Arc::new(Driver::new(client.clone(), NamespacesOnly));
+    for _ in 0..2 {
+        let stored = Arc::new(get(&client, &name).await);
+        Driver::reconcile(stored, Arc::clone(&narrow), attempt())
+            .await
+            .expect("pass declaring only namespaces");
+    }
+    let told: Vec<Event> = Api::<Event>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("UndeclaredChildren")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == tenant.uid().as_deref()
+        })
+        .collect();
+    assert_eq!(told.len(), 1, "one Warning: {told:?}");
+    assert!(told[0].series.is_none(), "told once, not again: {told:?}");
+    let note = told[0].note.clone().unwrap_or_default();
+    assert!(
+        note.starts_with("3 of this object's created children")
+            && note.contains(&format!("RoleBinding/{name}/owners"))
+            && note.contains("status.createdChildren"),
+        "{note}"
+    );
+    // Kept: nothing of an undeclared kind is deleted.
+    Api::<RoleBinding>::namespaced(client.clone(), &name)
+        .get("owners")
+        .await
+        .expect("the RoleBinding is kept");
+}

@@ -133,6 +133,36 @@ pub const NOT_PRUNED_NAMED: usize = 5;
 /// starts over, which costs at most one more Warning per owner, never one per object.
 pub const NOTICED_OWNERS_CAP: usize = 10_000;
 
+/// The `Warning` `UndeclaredChildren` about `undeclared`, the children in the owner's record
+/// whose kinds its reconciler no longer declares (none: `None`): they are no longer watched,
+/// repaired or pruned, and the record holds no version to find them by. One Event whatever
+/// their number, counting them and naming the first [`NOT_PRUNED_NAMED`].
+pub fn undeclared(undeclared: &[ObjectKey]) -> Option<Event> {
+    let (first, n) = (undeclared.first()?, undeclared.len());
+    let named: Vec<String> = undeclared
+        .iter()
+        .take(NOT_PRUNED_NAMED)
+        .map(ToString::to_string)
+        .collect();
+    let more = match n.saturating_sub(NOT_PRUNED_NAMED) {
+        0 => String::new(),
+        rest => format!(" and {rest} more"),
+    };
+    let note = format!(
+        "{n} of this object's created children (its status record) are of kinds its reconciler no longer declares in children(): they are neither repaired nor pruned. Declare the kind again to have them pruned, or delete them yourself and remove their entries from status.createdChildren: {}{more}",
+        named.join(", ")
+    );
+    let mut related = child_reference(first);
+    related.field_path = Some(format!("{n} objects, set {:016x}", digest(undeclared)));
+    Some(Event {
+        type_: EventType::Warning,
+        reason: "UndeclaredChildren".into(),
+        note: Some(note),
+        action: "Prune".into(),
+        secondary: Some(related),
+    })
+}
+
 /// The `Warning` `NotPruned` about `unrecorded`, the objects that claim the owner without
 /// being in its record (none: `None`): one Event whatever their number, counting them and
 /// naming the first [`NOT_PRUNED_NAMED`]; its related object names the set (the first object,

@@ -21,6 +21,10 @@ use kube::core::ApiResource;
 /// record of the children it created.
 pub const CREATE_ONCE_WITHOUT_RECORD: &str = "CreateOnceWithoutRecord";
 
+/// The key under which [`super::events::Noticed`] remembers the undeclared children told of
+/// (not a kind name: no kind is called so).
+const UNDECLARED_SET: &str = "(undeclared kinds)";
+
 /// One reconcile pass, given to [`Reconciler::reconcile`](super::Reconciler::reconcile) and
 /// [`Reconciler::cleanup`](super::Reconciler::cleanup).
 pub struct Pass<K: IdempotentResource> {
@@ -356,8 +360,32 @@ impl<K: IdempotentResource> Pass<K> {
             }
             let deleted = self.obj.meta().deletion_timestamp.is_some();
             super::events::children(recorder, &self.reference, &told, deleted).await;
+            self.tell_undeclared(recorder, owner.uid()).await;
         }
         Ok(report)
+    }
+
+    /// Publishes once per set the children of the record whose kinds the reconciler does not
+    /// declare ([`super::events::undeclared`]): a kind dropped from `children()` leaves them
+    /// unwatched and unpruned, which only the record shows.
+    async fn tell_undeclared(&self, recorder: &Recorder, owner_uid: &str) {
+        let (Some(record), Some(declared)) = (&self.record, &self.declared) else {
+            return;
+        };
+        let kinds: Vec<&str> = declared.iter().map(|r| r.kind.as_str()).collect();
+        let undeclared: Vec<ObjectKey> = record
+            .iter()
+            .filter(|c| !kinds.contains(&c.kind.as_str()))
+            .map(CreatedChild::key)
+            .collect();
+        // Its own set of "kinds" in the memory of what was told, apart from NotPruned's.
+        if self
+            .noticed
+            .changed(owner_uid, &[UNDECLARED_SET], &undeclared)
+            && let Some(event) = super::events::undeclared(&undeclared)
+        {
+            super::events::publish(recorder, &self.reference, event).await;
+        }
     }
 
     /// Ensures now the create-once child of kind `C` named `name` that `desired` declares
