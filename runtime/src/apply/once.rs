@@ -203,7 +203,8 @@ mod tests {
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(body["metadata"]["name"], "db");
         assert_eq!(body["metadata"]["namespace"], "ns");
-        assert_eq!(body["stringData"]["password"], "x");
+        // Made as `add` makes a body: a Secret's stringData folded into data.
+        assert_eq!(body["data"]["password"], "eA==");
         assert_eq!(body["kind"], "Secret");
     }
 
