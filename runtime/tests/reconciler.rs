@@ -230,6 +230,17 @@ fn retry(tenant: &BaseTenant, failures: u32) -> Attempt {
     }
 }
 
+/// The attempt of a first reconcile of BaseTenant `name` after it changed.
+fn changed(name: &str) -> Attempt {
+    Attempt {
+        key: ObjectKey::cluster("BaseTenant", name),
+        tenant: TenantKey::new(name),
+        failures: 0,
+        priority: Priority::Event,
+        reason: Reason::ObjectChanged,
+    }
+}
+
 /// Asserts `stored` is `Stalled` by `failures` or more failed reconciles in a row.
 fn assert_stalled_by(stored: &BaseTenant, failures: u32) {
     let (status, reason, message) = condition(stored, "Stalled");
@@ -559,13 +570,7 @@ async fn a_held_childs_refused_repair_is_looked_at_again() {
     let tenant = create(&client, "bt-refused", spec(&["bob"])).await;
     let name = tenant.name_any();
     let driver = Arc::new(Driver::new(client.clone(), BaseTenants));
-    let attempt = || Attempt {
-        key: ObjectKey::cluster("BaseTenant", &name),
-        tenant: TenantKey::new(name.clone()),
-        failures: 0,
-        priority: Priority::Event,
-        reason: Reason::ObjectChanged,
-    };
+    let attempt = || changed(&name);
     let first = Driver::reconcile(Arc::clone(&tenant), Arc::clone(&driver), attempt()).await;
     assert_ne!(first.expect("first pass"), Action::requeue(BLOCKED_POLL));
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &name);
@@ -728,13 +733,7 @@ async fn children_of_kinds_no_longer_declared_are_named_once_and_kept() {
     let client = client().await;
     let tenant = create(&client, "bt-undecl", spec(&["dana"])).await;
     let name = tenant.name_any();
-    let attempt = || Attempt {
-        key: ObjectKey::cluster("BaseTenant", &name),
-        tenant: TenantKey::new(name.clone()),
-        failures: 0,
-        priority: Priority::Event,
-        reason: Reason::ObjectChanged,
-    };
+    let attempt = || changed(&name);
     let all = Arc::new(Driver::new(client.clone(), BaseTenants));
     Driver::reconcile(Arc::clone(&tenant), all, attempt())
         .await

@@ -133,24 +133,28 @@ pub const NOT_PRUNED_NAMED: usize = 5;
 /// starts over, which costs at most one more Warning per owner, never one per object.
 pub const NOTICED_OWNERS_CAP: usize = 10_000;
 
+/// The first [`NOT_PRUNED_NAMED`] of `keys`, and how many more: `a, b and 3 more`.
+fn first_named(keys: &[ObjectKey]) -> String {
+    let named: Vec<String> = keys
+        .iter()
+        .take(NOT_PRUNED_NAMED)
+        .map(ToString::to_string)
+        .collect();
+    match keys.len().saturating_sub(NOT_PRUNED_NAMED) {
+        0 => named.join(", "),
+        rest => format!("{} and {rest} more", named.join(", ")),
+    }
+}
+
 /// The `Warning` `UndeclaredChildren` about `undeclared`, the children in the owner's record
 /// whose kinds its reconciler no longer declares (none: `None`): they are no longer watched,
 /// repaired or pruned, and the record holds no version to find them by. One Event whatever
 /// their number, counting them and naming the first [`NOT_PRUNED_NAMED`].
 pub fn undeclared(undeclared: &[ObjectKey]) -> Option<Event> {
     let (first, n) = (undeclared.first()?, undeclared.len());
-    let named: Vec<String> = undeclared
-        .iter()
-        .take(NOT_PRUNED_NAMED)
-        .map(ToString::to_string)
-        .collect();
-    let more = match n.saturating_sub(NOT_PRUNED_NAMED) {
-        0 => String::new(),
-        rest => format!(" and {rest} more"),
-    };
     let note = format!(
-        "{n} of this object's created children (its status record) are of kinds its reconciler no longer declares in children(): they are neither repaired nor pruned. Declare the kind again to have them pruned, or delete them yourself and remove their entries from status.createdChildren: {}{more}",
-        named.join(", ")
+        "{n} of this object's created children (its status record) are of kinds its reconciler no longer declares in children(): they are neither repaired nor pruned. Declare the kind again to have them pruned, or delete them yourself and remove their entries from status.createdChildren: {}",
+        first_named(undeclared)
     );
     let mut related = child_reference(first);
     related.field_path = Some(format!("{n} objects, set {:016x}", digest(undeclared)));
@@ -175,18 +179,9 @@ pub fn not_pruned(unrecorded: &[ObjectKey]) -> Option<Event> {
             "{first} claims this object as its controller but is not in its status record of created children (someone else created it, or a create whose answer was never recorded, e.g. before a crash): not deleted; remove its ownerReference or delete it yourself"
         )
     } else {
-        let named: Vec<String> = unrecorded
-            .iter()
-            .take(NOT_PRUNED_NAMED)
-            .map(ToString::to_string)
-            .collect();
-        let more = match n.saturating_sub(NOT_PRUNED_NAMED) {
-            0 => String::new(),
-            rest => format!(" and {rest} more"),
-        };
         format!(
-            "{n} objects claim this object as their controller but are not in its status record of created children (someone else created them, or creates whose answers were never recorded, e.g. before a crash): not deleted; remove their ownerReference or delete them yourself: {}{more}",
-            named.join(", ")
+            "{n} objects claim this object as their controller but are not in its status record of created children (someone else created them, or creates whose answers were never recorded, e.g. before a crash): not deleted; remove their ownerReference or delete them yourself: {}",
+            first_named(unrecorded)
         )
     };
     let mut related = child_reference(first);
