@@ -81,6 +81,26 @@ impl Reconciler for Notebooks {
     }
 }
 
+/// The Notebook controller of namespace `ns` (no namespace wiring: only the primary kind and
+/// its child kind), with its metrics in `registry`.
+fn notebooks_controller(
+    client: &kube::Client,
+    ns: &str,
+    registry: &mut Registry,
+    config: ControllerConfig,
+) -> Controller<Notebook> {
+    Controller::for_derived(
+        Api::<Notebook>::namespaced(client.clone(), ns),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<ConfigMap>::namespaced(client.clone(), ns),
+        Driver::<Notebooks>::children_config(),
+    )
+    .with_metrics(Metrics::new(registry))
+    .with_config(config)
+}
+
 fn scrape(registry: &Registry) -> String {
     let mut text = String::new();
     encode(&mut text, registry).unwrap();
@@ -140,23 +160,17 @@ async fn the_namespace_label_names_the_tenant_and_a_converged_pass_makes_no_requ
     let user = CountedUser::create(&admin, "nb-ctl").await;
     let client = user.client();
     let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    // No namespace wiring: only the primary kind and its child kind.
-    let controller = Controller::for_derived(
-        Api::<Notebook>::namespaced(client.clone(), &ns),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<ConfigMap>::namespaced(client.clone(), &ns),
-        Driver::<Notebooks>::children_config(),
-    )
-    .with_metrics(metrics)
-    .with_config(ControllerConfig {
-        workers: 1,
-        // Resyncs: a pass of the converged object every ~200 ms.
-        resync_period: Duration::from_millis(200),
-        ..ControllerConfig::default()
-    });
+    let controller = notebooks_controller(
+        &client,
+        &ns,
+        &mut registry,
+        ControllerConfig {
+            workers: 1,
+            // Resyncs: a pass of the converged object every ~200 ms.
+            resync_period: Duration::from_millis(200),
+            ..ControllerConfig::default()
+        },
+    );
     let lists_before = idem_tests::shared().metrics().await.expect("metrics");
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(
@@ -284,27 +298,22 @@ async fn a_namespace_that_gains_or_changes_its_tenant_wakes_its_objects() {
     notebooks.create(&PostParams::default(), &nb).await.unwrap();
 
     let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
     let hour = Duration::from_secs(3600);
-    let controller = Controller::for_derived(
-        Api::<Notebook>::namespaced(admin.clone(), &ns),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<ConfigMap>::namespaced(admin.clone(), &ns),
-        Driver::<Notebooks>::children_config(),
-    )
-    .with_metrics(metrics)
-    .with_config(ControllerConfig {
-        workers: 1,
-        resync_period: hour,
-        backoff: idem_runtime::backoff::BackoffConfig {
-            base: hour,
-            cap: hour,
-            ..idem_runtime::backoff::BackoffConfig::default()
+    let controller = notebooks_controller(
+        &admin,
+        &ns,
+        &mut registry,
+        ControllerConfig {
+            workers: 1,
+            resync_period: hour,
+            backoff: idem_runtime::backoff::BackoffConfig {
+                base: hour,
+                cap: hour,
+                ..idem_runtime::backoff::BackoffConfig::default()
+            },
+            ..ControllerConfig::default()
         },
-        ..ControllerConfig::default()
-    });
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(
         Driver::new(admin.clone(), Notebooks).run(controller, async {
