@@ -771,3 +771,64 @@ async fn children_of_kinds_no_longer_declared_are_named_once_and_kept() {
         .await
         .expect("the RoleBinding is kept");
 }
+
+/// The controller's cache of primaries keeps no `kubectl.kubernetes.io/last-applied-configuration`
+/// (a copy of the whole object as kubectl last applied it; here 64 KiB), and the status the
+/// driver writes from that cached copy leaves it on the server, with the object's other
+/// annotations.
+#[tokio::test]
+async fn the_primary_cache_keeps_no_last_applied_copy_and_the_server_keeps_it() {
+    let client = client().await;
+    let last_applied = "kubectl.kubernetes.io/last-applied-configuration";
+    let big = format!("{{\"spec\":\"{}\"}}", "x".repeat(64 * 1024));
+    let mut tenant = BaseTenant::new(&idem_tests::unique_name("bt-la"), spec(&["lee"]));
+    tenant
+        .labels_mut()
+        .insert(GROUP_LABEL.to_owned(), "la".to_owned());
+    tenant
+        .annotations_mut()
+        .insert(last_applied.into(), big.clone());
+    tenant
+        .annotations_mut()
+        .insert("example.com/note".into(), "kept".into());
+    let name = tenant.name_any();
+    Api::<BaseTenant>::all(client.clone())
+        .create(&PostParams::default(), &tenant)
+        .await
+        .expect("create");
+    let controller = controller_of(&client, "la");
+    let store = controller.store();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        Driver::new(client.clone(), BaseTenants).run(controller, async {
+            let _ = stopped.await;
+        }),
+    );
+    wait("Ready", || async {
+        let t = get(&client, &name).await;
+        has_condition(&t, "Ready") && condition(&t, "Ready").0 == "True"
+    })
+    .await;
+    let cached = store
+        .get(&kube::runtime::reflector::ObjectRef::new(&name))
+        .expect("cached");
+    assert!(
+        !cached.annotations().contains_key(last_applied),
+        "the cache holds kubectl's copy of the object"
+    );
+    assert_eq!(
+        cached
+            .annotations()
+            .get("example.com/note")
+            .map(String::as_str),
+        Some("kept")
+    );
+    let stored = get(&client, &name).await;
+    assert_eq!(
+        stored.annotations().get(last_applied),
+        Some(&big),
+        "the status write removed it on the server"
+    );
+    stop.send(()).unwrap();
+    run.await.unwrap().expect("run");
+}

@@ -26,7 +26,7 @@ mod own_writes;
 mod template;
 mod trust;
 pub(crate) use answers::Answers;
-pub(crate) use compact::{CompactStore, Seen};
+pub(crate) use compact::{CompactStore, LAST_APPLIED, Seen};
 pub(crate) use own_writes::{InFlight, Origin};
 pub(crate) use trust::Trust;
 

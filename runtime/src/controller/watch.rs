@@ -191,9 +191,19 @@ where
     let run = async move {
         // The store keeps no managedFields of a primary: nothing judges an owner by them, and
         // they are most of a small object's size (the creator's and each status writer's field
-        // sets), kept once per primary for as long as it lives.
-        let events = relisting(api, config)
-            .map_ok(|event| event.modify(|obj| obj.meta_mut().managed_fields = None));
+        // sets), kept once per primary for as long as it lives. Nor kubectl's
+        // last-applied-configuration annotation: a copy of the whole object as its author last
+        // applied it (as big as the spec), which only kubectl reads. The status write (the
+        // status subresource) changes nothing but the status, so neither is lost on the server.
+        let events = relisting(api, config).map_ok(|event| {
+            event.modify(|obj| {
+                let meta = obj.meta_mut();
+                meta.managed_fields = None;
+                if let Some(annotations) = meta.annotations.as_mut() {
+                    annotations.remove(crate::cache::LAST_APPLIED);
+                }
+            })
+        });
         let stream = reflector::reflector(writer, watch_backoff(events));
         let mut first_list = true;
         futures::pin_mut!(stream);
