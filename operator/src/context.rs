@@ -76,12 +76,12 @@ impl Context {
         names
     }
 
-    /// The tenant of namespace `ns` read from the API server through `client`, for a
-    /// namespace the runtime's cache of namespace tenants does not name a tenant for (not
-    /// cached yet, or not a tenant namespace); when it is not a tenant namespace, says why
-    /// ([`NotTenantNamespace`]), an answer kept for [`NOT_TENANT_RECHECK`] for every app in
-    /// it. This cache ([`Context::tenant_of_namespace`]) is not asked: it comes from another
-    /// watch, which may not have seen yet the change that woke the app.
+    /// The tenant of namespace `ns`: from this cache ([`Context::tenant_of_namespace`]) when
+    /// `cached`, else (or when it names none) read from the API server through `client`;
+    /// when it is not a tenant namespace, says why ([`NotTenantNamespace`]), an answer kept
+    /// for [`NOT_TENANT_RECHECK`] for every app in it. A pass run by a controller, whose
+    /// runtime cache of namespace tenants named none, asks with `cached` false: this cache
+    /// comes from another watch, which may not have seen yet the change that woke the app.
     ///
     /// # Errors
     /// When reading the namespace fails.
@@ -89,7 +89,11 @@ impl Context {
         &self,
         client: &Client,
         ns: &str,
+        cached: bool,
     ) -> Result<Result<TenantKey, NotTenantNamespace>, kube::Error> {
+        if cached && let Some(tenant) = self.tenant_of_namespace(ns) {
+            return Ok(Ok(tenant));
+        }
         let now = Instant::now();
         if let Some((_, why)) = self
             .not_tenant_lock()

@@ -55,8 +55,11 @@ impl Reconciler for TenantApps {
         let resolved = match pass.tenant().cloned() {
             Some(tenant) => Ok(tenant),
             None => {
+                // Without the runtime's cache (a pass not run by a controller), the operator's
+                // own namespace cache answers first.
+                let cached = pass.namespace_tenants().is_none();
                 self.ctx
-                    .resolve_tenant_of_namespace(pass.client(), &namespace)
+                    .resolve_tenant_of_namespace(pass.client(), &namespace, cached)
                     .await?
             }
         };

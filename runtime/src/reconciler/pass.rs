@@ -216,6 +216,14 @@ impl<K: IdempotentResource> Pass<K> {
         self.tenant.as_ref()
     }
 
+    /// The controller's cache of namespace tenants, for a `namespace_label` rule run by a
+    /// controller (`None` otherwise, e.g. [`Driver::reconcile_once`](super::Driver::reconcile_once)):
+    /// with it, a [`Pass::tenant`] of `None` means the watch that wakes the object when its
+    /// namespace's tenant changes names no tenant for that namespace (yet).
+    pub fn namespace_tenants(&self) -> Option<&NamespaceTenants> {
+        self.namespaces.as_ref()
+    }
+
     /// Label children with `tenant` instead of what the derive's rule finds (e.g. a tenant
     /// the kind checks more strictly than a label).
     pub fn set_tenant(&mut self, tenant: TenantKey) {
