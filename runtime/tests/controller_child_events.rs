@@ -332,3 +332,67 @@ async fn a_converging_fleet_is_reconciled_once_per_tenant() {
         "every tenant reconciled: {counts:?}"
     );
 }
+
+/// A child whose controller ownerReference is moved to another owner reconciles both: the
+/// new owner, and the former one, which may have created it and would repair it (nothing else
+/// would tell it: its own object did not change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_moved_to_another_owner_reconciles_the_former_owner_too() {
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    install_echo(&client).await;
+    let ns = namespace(&client, "ctl-child-moved").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let echoes: Api<Echo> = Api::namespaced(client.clone(), &ns);
+    let counts = Arc::new(Counts::default());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .owns_with(
+                echoes.clone(),
+                watcher::Config::default(),
+                OwnsOptions::default(),
+            )
+            .with_config(quiet_config())
+            .run(count, Arc::clone(&counts), async {
+                let _ = stopped.await;
+            }),
+    );
+    let mut owners = BTreeMap::new();
+    for name in ["a", "b", "sentinel"] {
+        let w = widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new(name, WidgetSpec { value: 0 }),
+            )
+            .await
+            .unwrap();
+        owners.insert(name, owned_by(&w));
+    }
+    for (echo, owner) in [("e", "a"), ("sentinel", "sentinel")] {
+        let mut e = Echo::new(echo, EchoSpec { value: 0 });
+        e.metadata.owner_references = Some(vec![owners[owner].clone()]);
+        echoes.create(&PostParams::default(), &e).await.unwrap();
+    }
+    wait_for("first reconciles", || {
+        counts.of("a") >= 1 && counts.of("sentinel") >= 1
+    })
+    .await;
+    pass(&echoes, &counts, 1).await;
+    let (a, b) = (counts.of("a"), counts.of("b"));
+
+    let moved = json!({"metadata": {"ownerReferences": [owners["b"]]}});
+    echoes
+        .patch("e", &PatchParams::default(), &Patch::Merge(&moved))
+        .await
+        .unwrap();
+    pass(&echoes, &counts, 2).await;
+    let after = counts.all();
+    stop.send(()).unwrap();
+    controller.await.unwrap().unwrap();
+    assert!(counts.of("b") > b, "the new owner reconciled: {after:?}");
+    assert!(
+        counts.of("a") > a,
+        "the former owner was not reconciled: {after:?}"
+    );
+}

@@ -619,7 +619,22 @@ where
                 if let (Some(caches), Some(rv)) = (&shared.caches, obj.resource_version()) {
                     origin = caches.observe(&key, &rv);
                 }
-                before.map(|seen| seen.print) != Some(print)
+                // A child whose owners changed (its controller ownerReference moved to another
+                // object, say): its former owners look at it too, as when it loses them all
+                // (one of them created it, and repairs it: `Owner::recorded`).
+                let moved = before
+                    .as_ref()
+                    .is_some_and(|b| !b.owners.is_empty() && b.owners[..] != owners[..]);
+                if let (true, Some(b)) = (moved, &before) {
+                    let mut all: Vec<(ObjectKey, TenantKey)> = owners.to_vec();
+                    all.extend(b.owners.iter().filter(|o| !owners.contains(o)).cloned());
+                    owners = shared
+                        .strings
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .owners(&all);
+                }
+                moved || before.map(|seen| seen.print) != Some(print)
             };
             if !changed || origin == Origin::Ours || owners.is_empty() {
                 continue;
