@@ -424,3 +424,52 @@ async fn an_object_with_forged_marks_of_the_app_is_not_adopted() {
         "recorded on forged marks: {recorded:?}"
     );
 }
+
+#[tokio::test]
+async fn a_deployment_moved_to_a_sibling_app_is_given_back_and_recreated() {
+    // The tenant owner points app `p1`'s Deployment at app `p2` (its controller
+    // ownerReference), then deletes it. Nothing of `p1` changed, yet `p1` is the one that
+    // created it (its record): it is reconciled and makes the Deployment again.
+    shared_operator().await;
+    let client = shared().client();
+    let ns = tenants::ready_apps_namespace(&client, "moved").await;
+    for app in ["p1", "p2"] {
+        apps::create(&client, &ns, app, apps::spec(1, "x")).await;
+        apps::wait_ready(&client, &ns, app).await;
+    }
+    let p2 = Api::<TenantApp>::namespaced(client.clone(), &ns)
+        .get("p2")
+        .await
+        .unwrap();
+    let alice = common::users::client_as("alice");
+    let deployments: Api<Deployment> = Api::namespaced(alice, &ns);
+    let before = deployments.get("p1").await.unwrap();
+    let moved = json!([{"op": "replace", "path": "/metadata/ownerReferences", "value": [{
+        "apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "TenantApp", "name": "p2",
+        "uid": p2.uid().unwrap(), "controller": true}]}]);
+    deployments
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(moved).unwrap()),
+        )
+        .await
+        .expect("the tenant owner may edit Deployments in their namespace");
+    deployments
+        .delete("p1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let admin: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    eventually("p1's Deployment made again by p1", TIMEOUT, || async {
+        let d = admin.get_opt("p1").await.map_err(why)?;
+        let mine = d.as_ref().is_some_and(|d| {
+            d.uid() != before.uid()
+                && d.owner_references()
+                    .iter()
+                    .any(|r| r.name == "p1" && r.controller == Some(true))
+        });
+        mine.then_some(())
+            .ok_or_else(|| format!("{:?}", d.map(|d| (d.uid(), d.owner_references().to_vec()))))
+    })
+    .await;
+}
