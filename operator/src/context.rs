@@ -13,6 +13,7 @@ use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::resources::GROUP;
+use crate::tenant::quota_usage::UsageMemory;
 
 /// Shared state of the reconciles.
 pub struct Context {
@@ -25,6 +26,8 @@ pub struct Context {
     /// Namespaces a read of the API server found not to be tenant namespaces, with when and
     /// why (see [`NOT_TENANT_RECHECK`]).
     not_tenant: Mutex<HashMap<String, (Instant, NotTenantNamespace)>>,
+    /// The usages the Tenants' quota splits have seen ([`UsageMemory`]).
+    pub usage: UsageMemory,
 }
 
 /// How long a read that found a namespace not to be a tenant namespace is taken as the answer
@@ -42,6 +45,7 @@ impl Context {
             client,
             namespaces,
             not_tenant: Mutex::new(HashMap::new()),
+            usage: UsageMemory::default(),
         })
     }
 

@@ -5,6 +5,7 @@ pub mod desired;
 pub mod finalize;
 pub mod policy;
 pub mod quota_split;
+pub mod quota_usage;
 pub mod reconcile;
 pub mod source;
 pub mod status;

@@ -8,7 +8,10 @@
 //! - **Usage** is the quota's `status.used`, written by quota admission and the
 //!   controller-manager's quota controller, read from the controller's cache (the kind is
 //!   declared reading status, so a change of usage reconciles the Tenant and a converged pass
-//!   makes no request). A quota without `status.used` for a key counts as using 0.
+//!   makes no request). A quota without `status.used` for a key counts as using 0. A usage
+//!   lower than the highest seen is believed only once it has held a while
+//!   ([`super::quota_usage`]): the quota controller's recount can dip below what admission
+//!   charged, and the room a dip frees would let a namespace pass the total.
 //! - **Enforcement** is the quota's `status.hard`, not its spec: admission checks against
 //!   `status.hard`, which the quota controller copies from the spec some time after the spec
 //!   changes (a quota or key it has not copied yet is not enforced at all). So what a
@@ -42,7 +45,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_runtime::compare::Quantity as Exact;
 use idem_runtime::prelude::*;
@@ -50,6 +53,7 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::desired::{QUOTA, quota_with};
+use super::quota_usage::UsageMemory;
 use crate::resources::Tenant;
 use crate::resources::tenant::Quota;
 
@@ -97,6 +101,9 @@ pub struct Plan {
     pub held: Vec<String>,
     /// Keys whose usage is above the total: `(key, used, total)`.
     pub over: Vec<(String, Quantity, Quantity)>,
+    /// Whether a namespace's lower usage is not believed yet ([`super::quota_usage`]): the
+    /// split gives away none of the room it would free, and the Tenant looks again soon.
+    pub settling: bool,
     /// [`Plan::hard`] with no increase at all: what the contents get when a decrease of
     /// [`Plan::first`] could not be written.
     pub no_increase: BTreeMap<String, BTreeMap<String, Quantity>>,
@@ -146,6 +153,11 @@ fn units(what: &'static str, key: &str, q: &Quantity, round_up: bool) -> Result<
             key: key.to_owned(),
             value: q.0.clone(),
         })
+}
+
+/// A `status.used` value in the key's units, rounded up.
+pub(super) fn usage_units(key: &str, q: &Quantity) -> Result<i128, SplitError> {
+    units("status.used", key, q, true)
 }
 
 /// Compares two quantities by value (to the nano-unit, the finest a quantity keeps); `None`
@@ -320,7 +332,7 @@ pub fn plan(
         for ns in namespaces {
             let o = obs(ns);
             used.push(match o.used.get(key) {
-                Some(q) => units("status.used", key, q, true)?,
+                Some(q) => usage_units(key, q)?,
                 None => 0,
             });
             current.push(match o.spec.as_ref().and_then(|s| s.get(key)) {
@@ -467,6 +479,7 @@ pub async fn settle(
     pass: &mut Pass<Tenant>,
     namespaces: &[String],
     released: &[String],
+    usage: &UsageMemory,
 ) -> Result<Option<Plan>, ReconcileError> {
     let Some(quota) = tenant.spec.quota.as_ref() else {
         return Ok(None);
@@ -474,9 +487,14 @@ pub async fn settle(
     if quota.tenant_hard.is_empty() {
         return Ok(None);
     }
-    let observed = observe(tenant, pass, namespaces).await?;
-    let mut plan = plan(quota, namespaces, &observed)
-        .map_err(|e| ReconcileError::terminal("QuotaInvalid", e.to_string()))?;
+    let invalid = |e: SplitError| ReconcileError::terminal("QuotaInvalid", e.to_string());
+    let mut observed = observe(tenant, pass, namespaces).await?;
+    let uid = tenant.metadata.uid.clone().unwrap_or_default();
+    let settling = usage
+        .settle(&uid, &mut observed, Instant::now())
+        .map_err(invalid)?;
+    let mut plan = plan(quota, namespaces, &observed).map_err(invalid)?;
+    plan.settling = settling;
     if !plan.shrinking.is_empty() {
         let mut first = DesiredChildren::new();
         first.prune_kind::<ResourceQuota>();

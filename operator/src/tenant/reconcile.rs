@@ -47,7 +47,8 @@ struct Waits {
     /// until it is gone (its deletion's own event may come late or never reach us), less and
     /// less often while the Tenant waits (a hold may last).
     deletion: bool,
-    /// Quota increases that wait for the decreases ([`quota_split::HELD_POLL`]).
+    /// Quota increases that wait for the decreases, or a lower usage not believed yet
+    /// ([`quota_split::HELD_POLL`]).
     quota: bool,
     /// A namespace conflict ([`CONFLICT_POLL`]).
     conflict: bool,
@@ -111,7 +112,8 @@ impl Reconciler for Tenants {
         let ns = NamespacePass::from_report(&pass.apply_part(&desired::namespaces(tenant)?).await?);
         let not_ours = ns.not_ours();
         // The quotas' decreases first (quota_split), then everything with the increases.
-        let split = quota_split::settle(tenant, pass, &ns.owned, &not_ours).await?;
+        let split =
+            quota_split::settle(tenant, pass, &ns.owned, &not_ours, &self.ctx.usage).await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
         let contents = pass
             .apply_part(&desired::contents(tenant, &ns.owned, &not_ours, &quotas)?)
@@ -123,7 +125,9 @@ impl Reconciler for Tenants {
             deletion: !ns.terminating.is_empty()
                 || !ns.held.is_empty()
                 || !contents.pruning.is_empty(),
-            quota: split.as_ref().is_some_and(|p| !p.held.is_empty()),
+            quota: split
+                .as_ref()
+                .is_some_and(|p| !p.held.is_empty() || p.settling),
             conflict: !ns.conflicts.is_empty(),
         };
         let requeue = waits.requeue(waiting_since(tenant), Time(Timestamp::now()));
@@ -145,7 +149,13 @@ impl Reconciler for Tenants {
         tenant: &Tenant,
         pass: &mut Pass<Tenant>,
     ) -> Result<Cleanup<Tenant>, Error> {
-        super::finalize::finalize(tenant, pass).await
+        let done = super::finalize::finalize(tenant, pass).await;
+        if matches!(done, Ok(Cleanup::Done)) {
+            self.ctx
+                .usage
+                .forget(tenant.metadata.uid.as_deref().unwrap_or_default());
+        }
+        done
     }
 
     fn child_record(status: &mut TenantStatus) -> Option<&mut Vec<CreatedChild>> {
