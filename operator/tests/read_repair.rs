@@ -579,3 +579,67 @@ async fn config_map_key_named_storage_is_a_string() {
     .await;
     second_pass_makes_no_request(w, &api, "web-config").await;
 }
+
+/// The `DriftRepaired` Events on tenant or app `owner` whose note has `needle`.
+async fn drift_events(owner: &str, needle: &str) -> usize {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(shared().client());
+    let list = events.list(&Default::default()).await.expect("events");
+    list.items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("DriftRepaired"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(owner))
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(needle)))
+        .count()
+}
+
+/// A key removed from a ConfigMap whose `data` another manager shares (it added a key of its
+/// own) is restored and named every time, not only the first: each removal is a `DriftRepaired`
+/// Event of its own naming the key.
+#[tokio::test]
+async fn a_key_removed_again_and_again_from_a_shared_config_map_is_named_each_time() {
+    let _s = SERIAL.lock().await;
+    let w = world().await;
+    let client = shared().client();
+    let mut spec: TenantAppSpec = apps::spec(0, "hello");
+    spec.config.insert("access".into(), "k1".into());
+    apps::create(&client, &w.ns, "shared", spec).await;
+    apps::wait_ready(&client, &w.ns, "shared").await;
+    let api = dynamic::<ConfigMap>(&w.ns);
+    let theirs = json!({"data": {"extra": "theirs"}});
+    api.patch(
+        "shared-config",
+        &by("sidecar-injector"),
+        &Patch::Merge(&theirs),
+    )
+    .await
+    .expect("another manager's key");
+    let remove = json!([{"op": "remove", "path": "/data/access"}]);
+    for round in 1..=3 {
+        let before = drift_events("shared", ".data.access").await;
+        api.patch(
+            "shared-config",
+            &by("kubectl-patch"),
+            &json_patch(remove.clone()),
+        )
+        .await
+        .expect("remove the key");
+        until::<ConfigMap>(&w.ns, "shared-config", "the key back", |v| {
+            v["data"]["access"] == "k1" && v["data"]["extra"] == "theirs"
+        })
+        .await;
+        eventually(
+            &format!("removal {round} named in an Event of its own"),
+            TIMEOUT,
+            || async {
+                let now = drift_events("shared", ".data.access").await;
+                if now > before {
+                    Ok(())
+                } else {
+                    Err(format!("{now} Events naming .data.access"))
+                }
+            },
+        )
+        .await;
+    }
+    second_pass_makes_no_request(w, &api, "shared-config").await;
+}
