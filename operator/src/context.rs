@@ -185,6 +185,24 @@ fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
+/// Strips a namespace to what the operator's namespace cache is read for (its name, labels
+/// and ownerReferences, see [`tenant_of`]), so that a namespace costs the cache a few hundred
+/// bytes however many annotations or field managers it carries.
+pub fn keep_what_is_read(ns: &mut Namespace) {
+    let meta = std::mem::take(&mut ns.metadata);
+    *ns = Namespace {
+        metadata: ObjectMeta {
+            name: meta.name,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            labels: meta.labels,
+            owner_references: meta.owner_references,
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+}
+
 /// [`tenant_of`] a namespace by its metadata (all it reads).
 pub fn tenant_of_meta(meta: &ObjectMeta) -> Option<TenantKey> {
     let tenant = meta.labels.as_ref()?.get(TENANT_LABEL)?;
@@ -211,6 +229,34 @@ mod tests {
     fn owner(kind: &str, name: &str, controller: bool) -> serde_json::Value {
         serde_json::json!({"apiVersion": "tenancy.idem.dev/v1alpha1", "kind": kind, "name": name,
                            "uid": "u1", "controller": controller})
+    }
+
+    #[test]
+    fn the_namespace_cache_keeps_what_finds_the_tenant_and_nothing_else() {
+        let mut full: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "acme-dev", "uid": "u2", "resourceVersion": "7",
+                "labels": {TENANT_LABEL: "acme"},
+                "ownerReferences": [owner("Tenant", "acme", true)],
+                "annotations": {"big": "x".repeat(10_000)},
+                "managedFields": [{"manager": "kubectl", "operation": "Update",
+                                   "fieldsV1": {"f:metadata": {}}}]
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"}
+        }))
+        .unwrap();
+        keep_what_is_read(&mut full);
+        assert_eq!(tenant_of(&full), Some(TenantKey::new("acme")));
+        let kept = serde_json::to_value(&full).unwrap();
+        assert_eq!(
+            kept,
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": "acme-dev", "uid": "u2", "resourceVersion": "7",
+                "labels": {TENANT_LABEL: "acme"},
+                "ownerReferences": [owner("Tenant", "acme", true)]
+            }})
+        );
     }
 
     #[test]

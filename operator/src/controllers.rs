@@ -89,6 +89,7 @@ impl Controllers for Operator {
         let ns_watch = tokio::spawn(
             watcher(Api::<Namespace>::all(client.clone()), ns_config.clone())
                 .default_backoff()
+                .modify(crate::context::keep_what_is_read)
                 .reflect(writer)
                 .for_each(|_| futures::future::ready(())),
         );
