@@ -482,3 +482,62 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod shared_map_tests {
+    use super::*;
+    use crate::labels::FINGERPRINT_ANNOTATION;
+
+    /// Our create's only `data` key removed by a JSON patch after another manager added one:
+    /// the server leaves our `Update` entry with `f:data: {}` (the map itself, no keys).
+    fn live(ours: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": "c", "resourceVersion": "5",
+                "annotations": {FINGERPRINT_ANNOTATION: "p1"},
+                "managedFields": ours
+            },
+            "data": {"extra": "eA=="}
+        })
+    }
+
+    fn desired() -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "c", "annotations": {FINGERPRINT_ANNOTATION: "p1"}},
+               "data": {"accessKey": "AKIA"}})
+    }
+
+    fn print_owned() -> Value {
+        json!({"f:annotations": {".": {}, format!("f:{FINGERPRINT_ANNOTATION}"): {}}})
+    }
+
+    #[test]
+    fn the_only_key_of_a_shared_map_removed_after_a_create_is_named() {
+        let live = live(json!([
+            {"manager": "idem", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:data": {}, "f:metadata": print_owned()}},
+            {"manager": "kubectl-patch", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:data": {"f:extra": {}}}},
+        ]));
+        let drift = drift_of(&live, Labels::operator(), "idem", &desired());
+        let paths: Vec<&str> = drift.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, [".data.accessKey"], "{drift:?}");
+    }
+
+    #[test]
+    fn the_only_key_of_a_shared_map_removed_after_an_apply_is_named() {
+        // Our apply since restored it beside the create's record (`f:data: {}`).
+        let live = live(json!([
+            {"manager": "idem", "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{FINGERPRINT_ANNOTATION}"): {}}}}},
+            {"manager": "idem", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:data": {}, "f:metadata": print_owned()}},
+            {"manager": "kubectl-patch", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:data": {"f:extra": {}}}},
+        ]));
+        let drift = drift_of(&live, Labels::operator(), "idem", &desired());
+        let paths: Vec<&str> = drift.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, [".data.accessKey"], "{drift:?}");
+    }
+}

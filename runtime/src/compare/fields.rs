@@ -366,9 +366,15 @@ impl<'a> Walker<'a> {
     /// else at each of its fields (a struct or map someone owns field by field).
     fn missing(&mut self, d: &Value, l: Option<&Value>) {
         let l = l.filter(|v| !v.is_null());
+        // A node recorded without fields (`{}`) is a value owned whole only where no entry
+        // owns fields below it: a map whose keys are owned one by one keeps, in the entry of
+        // a writer all of whose keys were removed, the map itself as `{}` (its `.` member).
+        let others = self.others_here();
+        let whole =
+            others.iter().any(|(_, n)| is_leaf(n)) && others.iter().all(|(_, n)| is_leaf(n));
         if let Value::Object(dm) = d
             && !dm.is_empty()
-            && !self.others_here().iter().any(|(_, n)| is_leaf(n))
+            && !whole
         {
             let lm = l.and_then(Value::as_object);
             for (k, v) in dm {

@@ -101,7 +101,18 @@ fn restrict(d: &Value, f: &Map<String, Value>, at: At<'_>) -> Map<String, Value>
                 }
                 let at = at.field(k);
                 if let Some(fv) = f.get(&format!("f:{k}")).and_then(Value::as_object) {
-                    out.insert(format!("f:{k}"), Value::Object(restrict_node(v, fv, at)));
+                    let node = restrict_node(v, fv, at);
+                    // A map or struct with fields of its own that none of its desired fields
+                    // is on record in (they were all removed, and another manager's remain):
+                    // an apply records its fields, never the node alone, which would read as
+                    // owning the whole value (an atomic one).
+                    if node.is_empty()
+                        && !is_leaf(fv)
+                        && v.as_object().is_some_and(|o| !o.is_empty())
+                    {
+                        continue;
+                    }
+                    out.insert(format!("f:{k}"), Value::Object(node));
                 } else if (empty_container(v) || zero_scalar(v)) && at.held() {
                     // An empty map or a zero value the create did not record (an empty struct
                     // has no leaves to record) and an apply does.

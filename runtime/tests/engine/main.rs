@@ -10,6 +10,7 @@ mod oracle;
 mod orphan;
 mod race;
 mod replace;
+mod shared_map;
 mod stale;
 mod status;
 #[path = "../common/user.rs"]
