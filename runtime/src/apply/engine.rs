@@ -801,7 +801,8 @@ impl Applier {
         Ok(applied)
     }
 
-    /// Deletes the child (uid precondition) and creates it again; the new uid, `None` when the
+    /// Deletes the child (uid precondition) and creates it again, once a dry-run create has
+    /// shown the server takes the desired body as a new object; the new uid, `None` when the
     /// old one is still terminating (the next reconcile creates it).
     async fn recreate(
         &self,
@@ -816,6 +817,20 @@ impl Applier {
             action,
             source: Box::new(source),
         };
+        // The server decides whether the desired body makes a valid new object: a dry-run
+        // create validates it in full, then finds the name taken (409). Only such a body
+        // replaces the child; one the server refuses as a new object too (a required value
+        // missing, a port out of range) leaves it in place, and that refusal is the error.
+        let dry = PostParams {
+            dry_run: true,
+            field_manager: Some(owner.field_manager().to_owned()),
+            ..PostParams::default()
+        };
+        match wire::create(&self.client, api, &dry, body).await {
+            Ok(_) => {}
+            Err(e) if is_already_exists(&e) => {}
+            Err(e) => return Err(err("create", e)),
+        }
         let dp = DeleteParams {
             preconditions: Some(kube::api::Preconditions {
                 uid: meta.uid.clone(),

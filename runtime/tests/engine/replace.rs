@@ -228,3 +228,47 @@ async fn unowned_child_with_the_same_drift_is_not_replaced() {
     );
     assert_eq!(ports(&after), ports(&created));
 }
+
+/// A kind that opts in to recreate is not deleted for a desired body the server refuses as a
+/// new object too (a port out of range): the dry-run create says so first, the child stays,
+/// and the refusal is the invalid-child error.
+#[tokio::test]
+async fn a_child_is_not_deleted_for_a_body_the_server_refuses_as_a_new_object() {
+    let client = client();
+    ensure_crd(&client).await;
+    let ns = namespace(&client, "replace-invalid").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let tenant = w.tenant().expect("tenant");
+    let tenant = tenant.resolve(&client).await.expect("resolve tenant");
+    let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(tenant)).expect("owner");
+    let desired = |port: i32| {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "s"},
+            "spec": {"ports": [{"name": "http", "port": port}]}
+        }))
+        .expect("service");
+        let mut d = DesiredChildren::new();
+        d.add(&svc).expect("add");
+        d.allow_recreate::<Service>();
+        d
+    };
+    Applier::new(client.clone())
+        .reconcile(&owner, &desired(80))
+        .await
+        .expect("create");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let before = services.get("s").await.expect("service");
+    let err = Applier::new(client.clone())
+        .reconcile(&owner, &desired(0))
+        .await
+        .expect_err("a port out of range is refused");
+    assert!(err.is_invalid_child(), "{err}");
+    assert!(err.to_string().contains("port"), "{err}");
+    let after = services.get("s").await.expect("the Service is still there");
+    assert_eq!(after.metadata.uid, before.metadata.uid, "not recreated");
+    assert!(
+        after.metadata.deletion_timestamp.is_none(),
+        "not being deleted"
+    );
+    assert_eq!(ports(&after)[0].1, 80);
+}
