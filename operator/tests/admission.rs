@@ -297,14 +297,42 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             "roleBindings[0].name",
         ),
     ];
-    for (prefix, spec, expect) in cases {
+    for (prefix, mut spec, expect) in cases {
+        // Each case wrong in one way only (`namespaces` is required).
+        if spec.get("namespaces").is_none() {
+            spec["namespaces"] = json!([]);
+        }
         let message = try_create(&tenants, tenant(&unique_name(prefix), spec))
             .await
             .unwrap_or_else(|| panic!("{prefix}: accepted"));
         assert!(message.contains(expect), "{prefix}: {message}");
     }
+    // A manifest that leaves out `namespaces` (an admin re-applying a Tenant from an old file)
+    // is refused, not read as "no namespaces", which would delete the Tenant's namespaces.
+    let message = try_create(
+        &tenants,
+        tenant(
+            &unique_name("no-ns"),
+            json!({"owners": [{"kind": "User", "name": "alice"}]}),
+        ),
+    )
+    .await
+    .expect("a Tenant without namespaces accepted");
+    assert!(
+        message.contains("spec.namespaces: Required value"),
+        "{message}"
+    );
+    assert_eq!(
+        try_create(
+            &tenants,
+            tenant(&unique_name("empty-ns"), json!({"namespaces": []}))
+        )
+        .await,
+        None,
+        "an explicit empty list"
+    );
     let dotted = format!("{}.x", unique_name("dot"));
-    let message = try_create(&tenants, tenant(&dotted, json!({})))
+    let message = try_create(&tenants, tenant(&dotted, json!({"namespaces": []})))
         .await
         .expect("dotted name accepted");
     assert!(message.contains("must be a DNS label"), "{message}");
@@ -324,7 +352,7 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
         assert!(message.contains(expect), "{name}: {message}");
     }
     let long = "t".repeat(31);
-    let message = try_create(&tenants, tenant(&long, json!({})))
+    let message = try_create(&tenants, tenant(&long, json!({"namespaces": []})))
         .await
         .expect("long name accepted");
     assert!(message.contains("at most 30 characters"), "{message}");
@@ -599,7 +627,8 @@ async fn every_quota_and_limits_the_crd_admits_makes_children_the_api_server_acc
         dry_run: true,
         ..PostParams::default()
     };
-    for spec in specs {
+    for mut spec in specs {
+        spec["namespaces"] = json!([]);
         let name = unique_name("acc");
         let created = tenants
             .create(

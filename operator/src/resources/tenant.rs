@@ -72,7 +72,8 @@ pub struct TenantSpec {
     pub owners: Vec<Owner>,
     /// Short names of the tenant's namespaces; namespace `<short>` is created as
     /// `<tenant>-<short>`. Each is a DNS label of at most 32 characters; no duplicates.
-    #[serde(default)]
+    /// Required: a manifest that leaves it out is refused rather than read as "no namespaces"
+    /// (which deletes those the Tenant has, with everything in them); `[]` says so explicitly.
     #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "set"))]
     pub namespaces: Vec<ShortName>,
     /// A ResourceQuota `idem-quota` in each namespace.

@@ -300,7 +300,7 @@ mod tests {
                     subjects: vec![one()],
                 })
                 .collect(),
-            ..serde_json::from_value(serde_json::json!({})).unwrap()
+            ..serde_json::from_value(serde_json::json!({"namespaces": []})).unwrap()
         };
         let tenant = Tenant::new("largest", spec);
         let names = namespace_names(&tenant);
