@@ -832,3 +832,66 @@ async fn the_primary_cache_keeps_no_last_applied_copy_and_the_server_keeps_it() 
     stop.send(()).unwrap();
     run.await.unwrap().expect("run");
 }
+
+/// The example's reconciler with a `ready()` that says Ready whatever the children are.
+struct AlwaysReady;
+
+impl Reconciler for AlwaysReady {
+    type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        BaseTenants::children()
+    }
+    fn child_record(
+        status: &mut base_tenant::BaseTenantStatus,
+    ) -> Option<&mut Vec<idem_runtime::apply::CreatedChild>> {
+        BaseTenants::child_record(status)
+    }
+    fn desired(
+        &self,
+        tenant: &BaseTenant,
+    ) -> Result<idem_runtime::apply::DesiredChildren, ReconcileError> {
+        BaseTenants.desired(tenant)
+    }
+    fn ready(
+        &self,
+        _: &BaseTenant,
+        _: &idem_runtime::reconciler::Children<'_>,
+    ) -> Result<idem_runtime::reconciler::Outcome<BaseTenant>, ReconcileError> {
+        Ok(idem_runtime::status::Readiness::Ready {
+            reason: "Available".into(),
+            message: "all good".into(),
+        }
+        .into())
+    }
+}
+
+/// A `ready()` that says Ready does not hide a child whose name an object that is not ours
+/// takes: the children's own readiness (`Stalled`, `ChildNotOwned`) is the status.
+#[tokio::test]
+async fn a_ready_that_says_ready_does_not_hide_a_child_that_is_not_ours() {
+    let client = client().await;
+    let tenant = create(&client, "bt-lies", spec(&["dana"])).await;
+    let name = tenant.name_any();
+    // Someone else's namespace at the name of the tenant's.
+    let foreign: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("ns");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("a foreign namespace");
+    let driver = Arc::new(Driver::new(client.clone(), AlwaysReady));
+    let _ = Driver::reconcile(Arc::clone(&tenant), driver, changed(&name)).await;
+    let stored = get(&client, &name).await;
+    assert_eq!(
+        condition(&stored, "Ready").0,
+        "False",
+        "{:?}",
+        stored.status
+    );
+    let (status, reason, message) = condition(&stored, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ChildNotOwned"),
+        "{message}"
+    );
+}

@@ -277,7 +277,10 @@ pub trait Reconciler: Send + Sync + 'static {
     /// What "ready" means, given the pass's [`Children`]: its apply report and the live
     /// children (status included) of the kinds [`Reconciler::children`] declares reading.
     /// Default: the report's own readiness (`Ready` once every child is applied, `Stalled`
-    /// when a child's name is taken, `Reconciling` while a child is being deleted).
+    /// when a child's name is taken, `Reconciling` while a child is being deleted). With the
+    /// default [`Reconciler::reconcile`], a `Ready` from here gives way to the report's
+    /// readiness when that is not `Ready`, so checking it first (below) is only needed to
+    /// skip the reads.
     ///
     /// ```
     /// # use idem_runtime::reconciler::{Children, Outcome, ReconcileError};
@@ -326,7 +329,17 @@ pub trait Reconciler: Send + Sync + 'static {
             let desired = self.desired(obj)?;
             let report = pass.apply(&desired).await?;
             let children = pass.children(&desired, &report).await?;
-            self.ready(obj, &children)
+            let mut outcome = self.ready(obj, &children)?;
+            // A `ready()` that says Ready while the children are not (a child's name taken by
+            // an object that is not ours, one being deleted) does not hide it: the children's
+            // own readiness wins.
+            let applied = report.readiness();
+            if matches!(outcome.readiness, Readiness::Ready { .. })
+                && !matches!(applied, Readiness::Ready { .. })
+            {
+                outcome.readiness = applied;
+            }
+            Ok(outcome)
         }
     }
 
