@@ -824,7 +824,6 @@ impl Applier {
         let dry = PostParams {
             dry_run: true,
             field_manager: Some(owner.field_manager().to_owned()),
-            ..PostParams::default()
         };
         match wire::create(&self.client, api, &dry, body).await {
             Ok(_) => {}
