@@ -630,7 +630,9 @@ async fn a_deleted_secret_stalls_with_child_deleted_and_no_new_password() {
     // The message's way back: the Secret restored from a backup with the owner's controller
     // ownerReference is not taken while the record names the old uid ...
     assert!(
-        message.contains("status.createdChildren") && message.contains("--subresource=status"),
+        message.contains("status.createdChildren")
+            && message.contains("--subresource=status")
+            && message.contains("then annotate the owner"),
         "the message says how to restore it: {message}"
     );
     let mut restored = old.clone();

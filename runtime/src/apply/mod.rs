@@ -132,7 +132,7 @@ pub enum ApplyError {
     /// message says how to restore it: an object restored at its name is taken once the
     /// recorded uid is removed from the owner's record (a status write), not before.
     #[error(
-        "{child} was created once by its owner (uid {uid}) and {}: it is not created again with a new value its users do not know. To restore it: create it again from a backup with the owner's controller ownerReference, then remove the entry of uid {uid} from the owner's status.createdChildren (a status write, e.g. `kubectl edit <kind> <name> --subresource=status`; the record alone decides what is ours, so an object at its name is not taken while the record names another); or opt in to regenerating it",
+        "{child} was created once by its owner (uid {uid}) and {}: it is not created again with a new value its users do not know. To restore it: create it again from a backup with the owner's controller ownerReference, then remove the entry of uid {uid} from the owner's status.createdChildren (a status write, e.g. `kubectl edit <kind> <name> --subresource=status`; the record alone decides what is ours, so an object at its name is not taken while the record names another), then annotate the owner so that it is reconciled (a status write alone does not wake it); or opt in to regenerating it",
         match replaced_by {
             Some(other) => format!("was deleted; its name now holds another object (uid {other})"),
             None => "was deleted".to_owned(),
