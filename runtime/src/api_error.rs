@@ -20,10 +20,11 @@ pub(crate) fn describe(err: &kube::Error) -> String {
 /// The longest server message a description keeps, in characters.
 const MESSAGE_MAX: usize = 400;
 
-/// `message` on one line, its lines joined with spaces, cut after [`MESSAGE_MAX`] characters:
-/// some refusals go on after a colon with what matters (the rules an RBAC escalation lacks),
-/// others with a diff of the whole object (a PersistentVolumeClaim's immutable spec), which a
-/// condition message and an Event cannot hold.
+/// `message` on one line, its lines joined with spaces; past [`MESSAGE_MAX`] characters, its
+/// first and last halves of that with `…` between: some refusals go on after a colon with
+/// what matters (the rules an RBAC escalation lacks), others give a diff of the whole object
+/// first and the reason last (a StatefulSet's forbidden spec update), which a condition
+/// message and an Event cannot hold whole.
 fn one_line(message: &str) -> String {
     let joined = message
         .lines()
@@ -31,10 +32,14 @@ fn one_line(message: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
-    match joined.char_indices().nth(MESSAGE_MAX) {
-        Some((at, _)) => format!("{}…", &joined[..at]),
-        None => joined,
+    let chars = joined.chars().count();
+    if chars <= MESSAGE_MAX {
+        return joined;
     }
+    let half = MESSAGE_MAX / 2;
+    let head: String = joined.chars().take(half).collect();
+    let tail: String = joined.chars().skip(chars - half).collect();
+    format!("{head} … {tail}")
 }
 
 /// The API status `reason` of an error, when it is one.
@@ -154,7 +159,19 @@ mod tests {
         let said = describe(&kube::Error::Api(Box::new(status)));
         assert!(!said.contains('\n'), "{said}");
         assert!(said.chars().count() <= MESSAGE_MAX + 20, "{said}");
-        assert!(said.ends_with('…'), "{said}");
+        assert!(said.contains("spec is immutable"), "{said}");
+        assert!(said.contains(" … "), "{said}");
+        // A diff first and the reason last: the reason is kept.
+        let reason = "spec: Forbidden: updates to statefulset spec for fields other than \
+            'replicas' are forbidden";
+        let message = format!(
+            "{} {reason}",
+            "{\"Status\":{\"Phase\":\"Pending\"}} ".repeat(60)
+        );
+        let mut status = Status::failure(&message, "Invalid");
+        status.code = 422;
+        let said = describe(&kube::Error::Api(Box::new(status)));
+        assert!(said.ends_with(reason), "{said}");
     }
 
     #[test]
