@@ -114,7 +114,8 @@ async fn a_failure_message_with_multi_byte_characters_is_written_and_the_namespa
             .unwrap()
             .message;
         assert!(message.len() <= 1024, "{} bytes", message.len());
-        assert!(message.ends_with('…'), "{message}");
+        // Cut (the server's message keeps its first and last 200 characters).
+        assert!(message.contains('…'), "{message}");
         assert!(message.contains("rejected: éé"), "{message}");
     }
 }
