@@ -202,8 +202,8 @@ pub(super) async fn run(
     );
     registry.register(
         "idem_rest_client_requests",
-        "Requests this replica sent to the API server (controllers, leader election, shard \
-         ring), by method (GET, WATCH, POST, PUT, PATCH, DELETE) and HTTP status code",
+        "Requests this replica sent to the API server (controllers, CRD install, leader \
+         election; not the shard ring's), by method (GET, WATCH, POST, PUT, PATCH, DELETE) and HTTP status code",
         selectors.requests.clone(),
     );
     registry.register(
