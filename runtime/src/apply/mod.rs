@@ -161,7 +161,9 @@ impl ApplyError {
     /// apply, from the server's validation of the body, which the same desired body meets again
     /// on every retry; or an apply the server cannot merge into a typed object (its 500
     /// "failed to create typed patch object", e.g. two items of one key in an associative
-    /// list, which a create admits). Not the 422 of an apply carrying the live `metadata.uid`
+    /// list, which a create admits), or its 500 "failed to convert new object" on a create or
+    /// apply (not a conversion webhook's), or its 400 BadRequest for a body it cannot decode as the
+    /// kind (a quantity that does not parse). Not the 422 of an apply carrying the live `metadata.uid`
     /// when the child was replaced since the read (the engine reads again and never returns it
     /// for that), nor a denial by an admission webhook or a ValidatingAdmissionPolicy (an
     /// admin may lift it).
@@ -177,7 +179,11 @@ impl ApplyError {
         let kube::Error::Api(status) = source.as_ref() else {
             return false;
         };
-        if *action == "apply" && unmergeable(status) {
+        if (*action == "apply" && unmergeable(status)) || untypable(status) {
+            return true;
+        }
+        // The body cannot be decoded as the kind ("cannot be handled as a ResourceQuota: quantities must match …").
+        if status.code == 400 && status.reason == "BadRequest" {
             return true;
         }
         status.code == 422
@@ -198,6 +204,16 @@ fn unmergeable(status: &kube::core::Status) -> bool {
         && status
             .message
             .starts_with("failed to create typed patch object")
+}
+
+/// Whether `status` is the API server's 500 for an applied object it cannot convert to the
+/// kind (a quantity that does not parse, say: "failed to convert new object … to proper
+/// version" or "… to smd typed"): the same body fails the same way on every create or apply.
+/// Not a conversion webhook's failure (that webhook may come back).
+fn untypable(status: &kube::core::Status) -> bool {
+    status.code == 500
+        && status.message.starts_with("failed to convert new object")
+        && !status.message.contains("webhook")
 }
 
 #[cfg(test)]
@@ -266,6 +282,33 @@ mod tests {
         );
         assert!(rejected("apply", unmergeable.clone()).is_invalid_child());
         assert!(!rejected("delete", unmergeable).is_invalid_child());
+        let untypable = status(
+            500,
+            "",
+            "failed to convert new object (t/db; apps/v1, Kind=StatefulSet) to smd typed: \
+             .spec.volumeClaimTemplates[0].spec.resources.requests.storage: quantities must \
+             match the regular expression",
+            None,
+        );
+        assert!(rejected("create", untypable.clone()).is_invalid_child());
+        assert!(rejected("apply", untypable).is_invalid_child());
+        let undecodable = status(
+            400,
+            "BadRequest",
+            "ResourceQuota in version \"v1\" cannot be handled as a ResourceQuota: quantities \
+             must match the regular expression",
+            None,
+        );
+        assert!(rejected("create", undecodable.clone()).is_invalid_child());
+        assert!(!rejected("get", undecodable).is_invalid_child());
+        let webhook_down = status(
+            500,
+            "",
+            "failed to convert new object (ns/x; example.com/v1, Kind=W) to proper version \
+             (example.com/v2): conversion webhook for example.com/v1, Kind=W failed: connection refused",
+            None,
+        );
+        assert!(!rejected("apply", webhook_down).is_invalid_child());
         let internal = status(500, "InternalError", "etcdserver: request timed out", None);
         assert!(!rejected("apply", internal).is_invalid_child());
         let missing = ApplyError::Duplicate(ObjectKey::namespaced("Service", "ns", "a"));

@@ -664,6 +664,39 @@ async fn duplicate_list_map_keys_are_an_invalid_child() {
     assert!(reason.contains("duplicate entries"), "{reason}");
 }
 
+/// A quantity that does not parse (`storage: lots`) is refused by the API server with its 500
+/// "failed to convert new object … to smd typed", on the create and on an apply alike: an
+/// invalid child, not a failure to retry forever.
+#[tokio::test]
+async fn a_quantity_that_does_not_parse_is_an_invalid_child() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let client = client();
+    ensure_crd(&client).await;
+    let ns = namespace(&client, "kind-bad-quantity").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let owner = Owner::new(&w, Widget::FIELD_MANAGER, Some(TenantKey::new(&ns))).expect("owner");
+    let quota = |storage: &str| {
+        one::<ResourceQuota>(
+            &json!({"metadata": {"name": "q"}, "spec": {"hard": {"requests.storage": storage}}}),
+        )
+    };
+    let applier = Applier::new(client.clone());
+    let err = applier
+        .reconcile(&owner, &quota("lots"))
+        .await
+        .expect_err("the create of a quantity that does not parse");
+    assert!(err.is_invalid_child(), "create: {err}");
+    applier
+        .reconcile(&owner, &quota("1Gi"))
+        .await
+        .expect("a valid quota");
+    let err = applier
+        .reconcile(&owner, &quota("lots"))
+        .await
+        .expect_err("the apply of a quantity that does not parse");
+    assert!(err.is_invalid_child(), "apply: {err}");
+}
+
 #[tokio::test]
 async fn headless_service_with_port_defaults() {
     let svc = |cluster_ip: &str| {
