@@ -105,11 +105,11 @@ fn every_example_deserialises_into_the_operators_types_without_losing_a_field() 
 #[test]
 fn the_subset_check_catches_a_misspelled_field() {
     let value: Value = serde_saphyr::from_str(
-        "apiVersion: tenancy.idem.dev/v1alpha1\nkind: Tenant\nmetadata: {name: t}\nspec:\n  namespace: [dev]\n",
+        "apiVersion: tenancy.idem.dev/v1alpha1\nkind: Tenant\nmetadata: {name: t}\nspec:\n  namespaces: [dev]\n  isolaton: true\n",
     )
     .unwrap();
     let error = round_trip::<Tenant>(&value).unwrap_err();
-    assert!(error.contains(".spec.namespace"), "{error}");
+    assert!(error.contains(".spec.isolaton"), "{error}");
 }
 
 #[tokio::test]
