@@ -490,7 +490,7 @@ mod shared_map_tests {
 
     /// Our create's only `data` key removed by a JSON patch after another manager added one:
     /// the server leaves our `Update` entry with `f:data: {}` (the map itself, no keys).
-    fn live(ours: Value) -> Value {
+    fn with_entries(ours: Value) -> Value {
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {
@@ -508,27 +508,32 @@ mod shared_map_tests {
                "data": {"accessKey": "AKIA"}})
     }
 
+    /// The drift names the removed key, and nothing else.
+    fn assert_named(live: &Value) {
+        let drift = drift_of(live, Labels::operator(), "idem", &desired());
+        let paths: Vec<&str> = drift.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, [".data.accessKey"], "{drift:?}");
+    }
+
     fn print_owned() -> Value {
         json!({"f:annotations": {".": {}, format!("f:{FINGERPRINT_ANNOTATION}"): {}}})
     }
 
     #[test]
     fn the_only_key_of_a_shared_map_removed_after_a_create_is_named() {
-        let live = live(json!([
+        let live = with_entries(json!([
             {"manager": "idem", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
              "fieldsV1": {"f:data": {}, "f:metadata": print_owned()}},
             {"manager": "kubectl-patch", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
              "fieldsV1": {"f:data": {"f:extra": {}}}},
         ]));
-        let drift = drift_of(&live, Labels::operator(), "idem", &desired());
-        let paths: Vec<&str> = drift.iter().map(|d| d.path.as_str()).collect();
-        assert_eq!(paths, [".data.accessKey"], "{drift:?}");
+        assert_named(&live);
     }
 
     #[test]
     fn the_only_key_of_a_shared_map_removed_after_an_apply_is_named() {
         // Our apply since restored it beside the create's record (`f:data: {}`).
-        let live = live(json!([
+        let live = with_entries(json!([
             {"manager": "idem", "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1",
              "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{FINGERPRINT_ANNOTATION}"): {}}}}},
             {"manager": "idem", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
@@ -536,8 +541,6 @@ mod shared_map_tests {
             {"manager": "kubectl-patch", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
              "fieldsV1": {"f:data": {"f:extra": {}}}},
         ]));
-        let drift = drift_of(&live, Labels::operator(), "idem", &desired());
-        let paths: Vec<&str> = drift.iter().map(|d| d.path.as_str()).collect();
-        assert_eq!(paths, [".data.accessKey"], "{drift:?}");
+        assert_named(&live);
     }
 }
