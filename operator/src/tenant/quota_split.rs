@@ -156,7 +156,7 @@ fn units(what: &'static str, key: &str, q: &Quantity, round_up: bool) -> Result<
 }
 
 /// A `status.used` value in the key's units, rounded up.
-pub(super) fn usage_units(key: &str, q: &Quantity) -> Result<i128, SplitError> {
+fn usage_units(key: &str, q: &Quantity) -> Result<i128, SplitError> {
     units("status.used", key, q, true)
 }
 
@@ -490,8 +490,9 @@ pub async fn settle(
     let invalid = |e: SplitError| ReconcileError::terminal("QuotaInvalid", e.to_string());
     let mut observed = observe(tenant, pass, namespaces).await?;
     let uid = tenant.metadata.uid.clone().unwrap_or_default();
+    let used = observed.iter_mut().map(|(ns, o)| (ns, &mut o.used));
     let settling = usage
-        .settle(&uid, &mut observed, Instant::now())
+        .settle(&uid, used, usage_units, Instant::now())
         .map_err(invalid)?;
     let mut plan = plan(quota, namespaces, &observed).map_err(invalid)?;
     plan.settling = settling;

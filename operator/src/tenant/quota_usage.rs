@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::quota_split::{Observed, SplitError, usage_units};
-
 /// How long a lower usage must be seen before the split believes it.
 pub const USAGE_SETTLE: Duration = Duration::from_secs(2);
 
@@ -44,31 +42,33 @@ pub struct UsageMemory {
 }
 
 impl UsageMemory {
-    /// Replaces in `observed` (the quotas of Tenant `tenant`'s namespaces) each usage lower
-    /// than the highest seen with that highest, until the lower one has been seen for
-    /// [`USAGE_SETTLE`]; returns whether one is still waiting. Namespaces not in `observed`
-    /// are forgotten.
+    /// Replaces in `used` (per namespace of Tenant `tenant`, its quota's `status.used`; read
+    /// in units with `units`) each usage lower than the highest seen with that highest, until
+    /// the lower one has been seen for [`USAGE_SETTLE`]; returns whether one is still waiting.
+    /// Namespaces not in `used` are forgotten.
     ///
     /// # Errors
-    /// [`SplitError`] when a usage does not parse exactly.
+    /// What `units` returns for a usage it cannot read.
     ///
     /// # Panics
     /// If another thread panicked while holding the memory's lock.
-    pub fn settle(
+    pub fn settle<'a, E>(
         &self,
         tenant: &str,
-        observed: &mut BTreeMap<String, Observed>,
+        used: impl IntoIterator<Item = (&'a String, &'a mut BTreeMap<String, Quantity>)>,
+        units: impl Fn(&str, &Quantity) -> Result<i128, E>,
         now: Instant,
-    ) -> Result<bool, SplitError> {
+    ) -> Result<bool, E> {
+        let used: Vec<_> = used.into_iter().collect();
         let mut tenants = self.tenants.lock().expect("usage memory lock");
         let seen = tenants.entry(tenant.to_owned()).or_default();
-        seen.retain(|ns, _| observed.contains_key(ns));
+        seen.retain(|ns, _| used.iter().any(|(n, _)| *n == ns));
         let mut waiting = false;
-        for (ns, obs) in observed.iter_mut() {
+        for (ns, used) in used {
             let keys = seen.entry(ns.clone()).or_default();
-            keys.retain(|k, _| obs.used.contains_key(k));
-            for (key, q) in &obs.used {
-                let units = usage_units(key, q)?;
+            keys.retain(|k, _| used.contains_key(k));
+            for (key, q) in used.iter() {
+                let units = units(key, q)?;
                 match keys.get_mut(key) {
                     Some(s) if units < s.units => {
                         let since = *s.lower_since.get_or_insert(now);
@@ -96,7 +96,7 @@ impl UsageMemory {
             }
             for (key, s) in keys.iter() {
                 if s.lower_since.is_some() {
-                    obs.used.insert(key.clone(), s.high.clone());
+                    used.insert(key.clone(), s.high.clone());
                 }
             }
         }
@@ -125,25 +125,35 @@ impl UsageMemory {
 mod tests {
     use super::*;
 
-    fn observed(pairs: &[(&str, &str)]) -> BTreeMap<String, Observed> {
+    type Used = BTreeMap<String, BTreeMap<String, Quantity>>;
+
+    fn observed(pairs: &[(&str, &str)]) -> Used {
         pairs
             .iter()
             .map(|(ns, used)| {
                 let used = BTreeMap::from([("pods".to_owned(), Quantity((*used).into()))]);
-                (
-                    (*ns).to_owned(),
-                    Observed {
-                        spec: Some(BTreeMap::new()),
-                        enforced: used.clone(),
-                        used,
-                    },
-                )
+                ((*ns).to_owned(), used)
             })
             .collect()
     }
 
-    fn used(o: &BTreeMap<String, Observed>, ns: &str) -> String {
-        o[ns].used["pods"].0.clone()
+    fn used(o: &Used, ns: &str) -> String {
+        o[ns]["pods"].0.clone()
+    }
+
+    /// [`UsageMemory::settle`] with whole numbers for units.
+    fn settle(
+        memory: &UsageMemory,
+        tenant: &str,
+        o: &mut Used,
+        now: Instant,
+    ) -> Result<bool, String> {
+        memory.settle(
+            tenant,
+            o.iter_mut(),
+            |_, q| q.0.parse::<i128>().map_err(|e| e.to_string()),
+            now,
+        )
     }
 
     #[test]
@@ -152,31 +162,31 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut o = observed(&[("a", "3"), ("b", "2")]);
-        assert!(!memory.settle("t", &mut o, at(0)).unwrap());
+        assert!(!settle(&memory, "t", &mut o, at(0)).unwrap());
         assert_eq!(used(&o, "a"), "3");
 
         // The recount dips: the split still sees 3, and waits.
         let mut o = observed(&[("a", "2"), ("b", "2")]);
-        assert!(memory.settle("t", &mut o, at(100)).unwrap());
+        assert!(settle(&memory, "t", &mut o, at(100)).unwrap());
         assert_eq!((used(&o, "a"), used(&o, "b")), ("3".into(), "2".into()));
 
         // The next recount puts it back: nothing waits, and a later dip starts again.
         let mut o = observed(&[("a", "3"), ("b", "2")]);
-        assert!(!memory.settle("t", &mut o, at(300)).unwrap());
+        assert!(!settle(&memory, "t", &mut o, at(300)).unwrap());
         let mut o = observed(&[("a", "2"), ("b", "2")]);
-        assert!(memory.settle("t", &mut o, at(1_000)).unwrap());
+        assert!(settle(&memory, "t", &mut o, at(1_000)).unwrap());
         assert_eq!(used(&o, "a"), "3");
         let mut o = observed(&[("a", "1"), ("b", "2")]);
-        assert!(memory.settle("t", &mut o, at(2_900)).unwrap());
+        assert!(settle(&memory, "t", &mut o, at(2_900)).unwrap());
         assert_eq!(used(&o, "a"), "3");
 
         // Held for the whole settle time (since the first lower value): believed.
         let mut o = observed(&[("a", "1"), ("b", "2")]);
-        assert!(!memory.settle("t", &mut o, at(3_000)).unwrap());
+        assert!(!settle(&memory, "t", &mut o, at(3_000)).unwrap());
         assert_eq!(used(&o, "a"), "1");
         // A rise is taken at once.
         let mut o = observed(&[("a", "4"), ("b", "2")]);
-        assert!(!memory.settle("t", &mut o, at(3_001)).unwrap());
+        assert!(!settle(&memory, "t", &mut o, at(3_001)).unwrap());
         assert_eq!(used(&o, "a"), "4");
     }
 
@@ -185,16 +195,12 @@ mod tests {
         let memory = UsageMemory::default();
         let now = Instant::now();
         let mut o = observed(&[("a", "3"), ("b", "2")]);
-        memory.settle("t", &mut o, now).unwrap();
-        memory
-            .settle("u", &mut observed(&[("c", "1")]), now)
-            .unwrap();
+        settle(&memory, "t", &mut o, now).unwrap();
+        settle(&memory, "u", &mut observed(&[("c", "1")]), now).unwrap();
         // b leaves the tenant: coming back at a lower usage, it is a new quota.
-        memory
-            .settle("t", &mut observed(&[("a", "3")]), now)
-            .unwrap();
+        settle(&memory, "t", &mut observed(&[("a", "3")]), now).unwrap();
         let mut o = observed(&[("a", "3"), ("b", "0")]);
-        assert!(!memory.settle("t", &mut o, now).unwrap());
+        assert!(!settle(&memory, "t", &mut o, now).unwrap());
         assert_eq!(used(&o, "b"), "0");
         assert_eq!(memory.tenants(), 2);
         memory.forget("u");
@@ -205,6 +211,6 @@ mod tests {
     fn a_usage_that_does_not_parse_is_an_error() {
         let memory = UsageMemory::default();
         let mut o = observed(&[("a", "x")]);
-        assert!(memory.settle("t", &mut o, Instant::now()).is_err());
+        assert!(settle(&memory, "t", &mut o, Instant::now()).is_err());
     }
 }
