@@ -477,3 +477,79 @@ async fn a_converged_pass_with_a_split_quota_makes_no_request() {
     }
     panic!("requests during a converged pass (besides the poke): {seen:?}");
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to the control plane's controller-manager.
+fn signal_controller_manager(signal: &str) {
+    let pid = shared()
+        .pids()
+        .iter()
+        .find(|(n, _)| n == "kube-controller-manager")
+        .expect("a controller-manager")
+        .1;
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Resumes the controller-manager when dropped, so a failing test does not leave it stopped.
+struct Resume;
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal_controller_manager("CONT");
+    }
+}
+
+/// A new namespace's RoleBindings (here the owners') are created only once its quota is
+/// enforced: quota admission ignores a quota whose `status.hard` the quota controller has not
+/// filled, so owners granted access before that could create without bound (a stopped quota
+/// controller let 216 pods into a tenant of 4 in a trial). With the controller-manager
+/// stopped, the Tenant says `Reconciling` (`QuotaNotEnforced`) and grants nothing; resumed,
+/// it fills the quota's status, and the Tenant grants and is Ready.
+#[tokio::test]
+async fn a_new_namespaces_role_bindings_wait_until_its_quota_is_enforced() {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let _serial = SERIAL.lock().await;
+    operator().await;
+    let client = shared().client();
+    let tenant = unique_name("tg");
+    let ns = format!("{tenant}-a");
+    let mut spec = spec();
+    spec.namespaces = vec!["a".into()];
+    signal_controller_manager("STOP");
+    let resume = Resume;
+    tenants::create(&client, &tenant, spec).await;
+    let waiting =
+        tenants::wait_condition(&client, &tenant, "Reconciling", "QuotaNotEnforced").await;
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    assert!(
+        bindings
+            .get_opt(idem_operator::tenant::desired::OWNERS)
+            .await
+            .expect("get")
+            .is_none(),
+        "the owners are granted access before the quota is enforced: {:?}",
+        waiting.status
+    );
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+        .get(QUOTA)
+        .await
+        .expect("the quota is there");
+    assert!(
+        quota
+            .status
+            .as_ref()
+            .and_then(|s| s.hard.as_ref())
+            .is_none(),
+        "and not enforced: {:?}",
+        quota.status
+    );
+    drop(resume);
+    tenants::wait_ready(&client, &tenant).await;
+    bindings
+        .get(idem_operator::tenant::desired::OWNERS)
+        .await
+        .expect("the owners' RoleBinding once the quota is enforced");
+}

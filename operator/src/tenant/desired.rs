@@ -2,7 +2,7 @@
 //! ResourceQuota, LimitRange, owners' and extra RoleBindings, isolation NetworkPolicy and the
 //! TenantPolicy of the admission policy (second pass).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{
@@ -174,11 +174,25 @@ fn role_binding(ns: Option<&str>, name: &str, role: &str, subjects: &[Owner]) ->
     }
 }
 
+/// The RoleBindings that grant access in namespace `ns`: the owners' (`idem-owners`, when
+/// the tenant has owners) and one per `roleBindings` entry.
+pub fn bindings(tenant: &Tenant, ns: Option<&str>) -> Vec<RoleBinding> {
+    let spec = &tenant.spec;
+    let owners =
+        (!spec.owners.is_empty()).then(|| role_binding(ns, OWNERS, OWNER_ROLE, &spec.owners));
+    let extras = spec.role_bindings.iter().map(|extra| {
+        let name = format!("{ROLE_BINDING_PREFIX}{}", extra.name);
+        role_binding(ns, &name, &extra.cluster_role, &extra.subjects)
+    });
+    owners.into_iter().chain(extras).collect()
+}
+
 /// Second pass: the objects inside each of `namespaces` (those the tenant really owns).
 /// Kinds that are not wanted any more (quota removed, isolation off) are pruned; what the
 /// tenant made in `released` (namespaces it no longer controls) is released, not deleted:
 /// it stays with the namespace. `quotas` holds the `hard` of the namespaces' quotas when
-/// `quota.tenantHard` is split ([`super::quota_split`]).
+/// `quota.tenantHard` is split ([`super::quota_split`]); the RoleBindings in `held`
+/// (namespace, name) are left out ([`super::quota_gate`]).
 ///
 /// # Errors
 /// [`ApplyError`] when a child cannot be serialised.
@@ -187,6 +201,7 @@ pub fn contents(
     namespaces: &[String],
     released: &[String],
     quotas: &BTreeMap<String, BTreeMap<String, Quantity>>,
+    held: &BTreeSet<(String, String)>,
 ) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
     desired
@@ -203,27 +218,24 @@ pub fn contents(
     }
     let spec = &tenant.spec;
     let own_namespaces = namespace_selector(namespaces);
-    for ns in namespaces {
-        let hard = quotas.get(ns);
-        desired.add(&super::policy::parameters(tenant, ns))?;
-        let ns = Some(ns.as_str());
+    for name in namespaces {
+        let hard = quotas.get(name);
+        desired.add(&super::policy::parameters(tenant, name))?;
+        let ns = Some(name.as_str());
         if let Some(quota) = quota_with(tenant, ns, hard) {
             desired.add(&quota)?;
         }
         if let Some(limits) = limit_range(tenant, ns) {
             desired.add(&limits)?;
         }
-        if !spec.owners.is_empty() {
-            desired.add(&role_binding(ns, OWNERS, OWNER_ROLE, &spec.owners))?;
-        }
-        for extra in &spec.role_bindings {
-            let name = format!("{ROLE_BINDING_PREFIX}{}", extra.name);
-            desired.add(&role_binding(
-                ns,
-                &name,
-                &extra.cluster_role,
-                &extra.subjects,
-            ))?;
+        for binding in bindings(tenant, ns) {
+            let key = (
+                name.clone(),
+                binding.metadata.name.clone().unwrap_or_default(),
+            );
+            if !held.contains(&key) {
+                desired.add(&binding)?;
+            }
         }
         if spec.isolation {
             desired.add(&NetworkPolicy {
@@ -305,7 +317,7 @@ mod tests {
         let tenant = Tenant::new("largest", spec);
         let names = namespace_names(&tenant);
         let children = namespaces_of(&tenant)
-            + contents(&tenant, &names, &[], &BTreeMap::new())
+            + contents(&tenant, &names, &[], &BTreeMap::new(), &BTreeSet::new())
                 .unwrap()
                 .len();
         assert_eq!(names.len(), namespaces);

@@ -39,8 +39,7 @@
 //!   held at its usage (nothing can grow; what is deleted is not given back until the sum is
 //!   under the total again), and the Ready message says so.
 //! - A quota created for a new namespace is not enforced before the quota controller has
-//!   filled its status: the quotas are written before the namespaces' RoleBindings, but for
-//!   that moment the tenant's total is enforced by nothing but that ordering.
+//!   filled its status: the namespace's RoleBindings wait for that ([`super::quota_gate`]).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;

@@ -16,8 +16,8 @@ use kube::ResourceExt;
 
 use super::desired;
 use super::finalize::waiting_poll;
-use super::quota_split;
 use super::status::{self, NamespacePass};
+use super::{quota_gate, quota_split};
 use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
@@ -115,8 +115,11 @@ impl Reconciler for Tenants {
         let split =
             quota_split::settle(tenant, pass, &ns.owned, &not_ours, &self.ctx.usage).await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
+        let held = quota_gate::held_bindings(tenant, pass, &self.ctx.caches, &ns.owned).await?;
         let contents = pass
-            .apply_part(&desired::contents(tenant, &ns.owned, &not_ours, &quotas)?)
+            .apply_part(&desired::contents(
+                tenant, &ns.owned, &not_ours, &quotas, &held,
+            )?)
             .await?;
         for event in status::released_events(&ns, &contents) {
             pass.publish(event).await;
@@ -125,9 +128,10 @@ impl Reconciler for Tenants {
             deletion: !ns.terminating.is_empty()
                 || !ns.held.is_empty()
                 || !contents.pruning.is_empty(),
-            quota: split
-                .as_ref()
-                .is_some_and(|p| !p.held.is_empty() || p.settling),
+            quota: !held.is_empty()
+                || split
+                    .as_ref()
+                    .is_some_and(|p| !p.held.is_empty() || p.settling),
             conflict: !ns.conflicts.is_empty(),
         };
         let requeue = waits.requeue(waiting_since(tenant), Time(Timestamp::now()));
@@ -135,6 +139,7 @@ impl Reconciler for Tenants {
         if let Some(plan) = &split {
             readiness = quota_split::readiness(plan, readiness);
         }
+        readiness = quota_gate::readiness(&held, readiness);
         let owned = ns.owned.clone();
         let cordoned = tenant.spec.cordoned;
         let readiness = super::policy::readiness(tenant, readiness);
