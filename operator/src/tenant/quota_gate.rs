@@ -14,10 +14,10 @@ use std::collections::BTreeSet;
 
 use idem_runtime::apply::ChildCaches;
 use idem_runtime::prelude::*;
-use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 
-use super::desired::{QUOTA, bindings, quota_with};
+use super::desired::bindings;
+use super::quota_split::observe;
 use crate::resources::Tenant;
 
 /// The RoleBindings (namespace, name) of `namespaces` to leave out of the pass: those that do
@@ -60,25 +60,13 @@ pub async fn held_bindings(
     if missing.is_empty() {
         return Ok(BTreeSet::new());
     }
-    let mut probe = DesiredChildren::new();
-    let mut report = ApplyReport::default();
-    for (ns, _) in &missing {
-        if let Some(q) = quota_with(tenant, Some(ns), None) {
-            probe.add(&q)?;
-            report.children.push((
-                ObjectKey::namespaced("ResourceQuota", ns, QUOTA),
-                ChildOutcome::Unchanged,
-            ));
-        }
-    }
-    let live = pass.children(&probe, &report).await?;
+    let namespaces: Vec<String> = missing.iter().map(|(ns, _)| (*ns).clone()).collect();
+    let observed = observe(tenant, pass, &namespaces).await?;
     let mut held = BTreeSet::new();
     for (ns, absent) in missing {
-        let enforced = live
-            .get_in::<ResourceQuota>(Some(ns), QUOTA)?
-            .and_then(|q| q.status)
-            .and_then(|s| s.hard)
-            .is_some_and(|hard| keys.iter().all(|k| hard.contains_key(*k)));
+        let enforced = observed
+            .get(ns)
+            .is_some_and(|o| keys.iter().all(|k| o.enforced.contains_key(*k)));
         if !enforced {
             held.extend(absent.into_iter().map(|name| (ns.clone(), name.clone())));
         }

@@ -424,7 +424,10 @@ pub fn plan(
 
 /// The quotas of `namespaces` as they are live, from the controller's cache (no request on a
 /// converged pass; a GET each when the pass has no cache of them).
-async fn observe(
+///
+/// # Errors
+/// As [`Pass::children`].
+pub(super) async fn observe(
     tenant: &Tenant,
     pass: &Pass<Tenant>,
     namespaces: &[String],
