@@ -6,7 +6,8 @@
 //! - 4 concurrent reconciles of one Vault agree on one password, in 5 of 5 rounds: the Secret
 //!   is created once and never written afterwards (followed with a watch from before the race);
 //! - labels changed by someone else (the Secret hidden from the label-selected cache): the
-//!   value stays, the labels are put back, and the next converged pass makes no request;
+//!   value stays, the labels are put back (a `DriftRepaired` Event names them), and the next
+//!   converged pass makes no request;
 //! - deleted: `Stalled`, reason `ChildDeleted`, a Warning Event, no new Secret;
 //! - deleted with `regenerate_deleted`: a new value, a Warning Event `Regenerated`;
 //! - idem-tests' kit passes it, and fails a Vault that reads its Secret from the cache first
@@ -529,6 +530,29 @@ async fn a_secret_whose_labels_were_changed_keeps_its_password_and_gets_them_bac
         after.labels()
     );
     assert_eq!(after.labels().get(owner_uid), v.uid().as_ref());
+    // Said as any child's repair is: one DriftRepaired naming the labels put back and who
+    // changed them (the merge patch's manager), none before the change.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let repaired = loop {
+        let found = events(&client, &v, "DriftRepaired").await;
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no DriftRepaired Event"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(repaired.len(), 1, "{repaired:?}");
+    let (type_, note) = &repaired[0];
+    assert_eq!(type_, "Warning");
+    assert!(
+        note.contains(&format!(".metadata.labels.{MANAGED_BY_LABEL} removed"))
+            && note.contains(&format!(".metadata.labels.{owner_uid} changed by "))
+            && !note.contains("ownerReferences"),
+        "{note}"
+    );
     let cm_after = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .get(&url_name(&v))
         .await

@@ -84,6 +84,13 @@ impl Applier {
         self
     }
 
+    /// Counts one repaired child of `kind` in the metrics, when there are any.
+    pub(crate) fn count_repaired(&self, kind: &str) {
+        if let Some(m) = &self.metrics {
+            m.repaired(kind);
+        }
+    }
+
     /// Counts repaired drift in `metrics` (`idem_drift_repaired_total{kind}`).
     pub fn with_metrics(mut self, metrics: super::DriftMetrics) -> Self {
         self.metrics = Some(metrics);
@@ -200,9 +207,7 @@ impl Applier {
                 report.released_uids.push(uid);
             }
             if let Some((drift, resource_version)) = applied.repaired {
-                if let Some(m) = &self.metrics {
-                    m.repaired(&key.kind);
-                }
+                self.count_repaired(&key.kind);
                 report.repaired.push(Repair {
                     child: key.clone(),
                     drift,

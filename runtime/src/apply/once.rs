@@ -8,8 +8,9 @@
 //!   the create, and no reconcile ever applies over it. `make` is called only to create.
 //! - Present: never written, except for idem's ownership metadata — the owner's labels and
 //!   controller ownerReference — which is put back by one server-side apply of just those
-//!   fields when someone removed or changed it (the child caches select by those labels).
-//!   A converged pass makes no request.
+//!   fields when someone removed or changed it (the child caches select by those labels),
+//!   reported as a [`Repair`](super::Repair) (the `DriftRepaired` Event names the labels and
+//!   who changed them). A converged pass makes no request.
 //! - Found by name when hidden: a child the owner's record holds that the label-selected cache
 //!   does not show is read by name (one GET, only then), so a child whose labels someone
 //!   changed keeps its value.

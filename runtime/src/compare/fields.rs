@@ -127,15 +127,7 @@ pub fn check_entries(
     let others: Vec<(String, &Map<String, Value>)> = entries
         .iter()
         .filter(|e| !std::ptr::eq(*e, ours))
-        .filter_map(|e| {
-            let manager = e.get("manager").and_then(Value::as_str).unwrap_or("?");
-            let operation = e.get("operation").and_then(Value::as_str).unwrap_or("?");
-            let name = match e.get("subresource").and_then(Value::as_str) {
-                Some(sub) if !sub.is_empty() => format!("{manager} ({operation}, {sub})"),
-                _ => format!("{manager} ({operation})"),
-            };
-            Some((name, e.get("fieldsV1")?.as_object()?))
-        })
+        .filter_map(|e| Some((entry_name(e), e.get("fieldsV1")?.as_object()?)))
         .collect();
     let mut w = Walker {
         kind: desired
@@ -175,6 +167,17 @@ pub fn check_entries(
 #[cfg(any(test, feature = "testing"))]
 pub fn is_converged(desired: &Value, live: &Value, field_manager: &str) -> bool {
     check(desired, live, field_manager).is_empty()
+}
+
+/// A `managedFields` entry as [`DriftKind::NotOwned`] names it: `manager (operation)`, with its
+/// subresource when it has one.
+pub(crate) fn entry_name(e: &Value) -> String {
+    let manager = e.get("manager").and_then(Value::as_str).unwrap_or("?");
+    let operation = e.get("operation").and_then(Value::as_str).unwrap_or("?");
+    match e.get("subresource").and_then(Value::as_str) {
+        Some(sub) if !sub.is_empty() => format!("{manager} ({operation}, {sub})"),
+        _ => format!("{manager} ({operation})"),
+    }
 }
 
 struct Walker<'a> {

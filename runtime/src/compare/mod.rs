@@ -76,6 +76,7 @@ mod spec_diff;
 #[cfg(not(feature = "testing"))]
 pub(crate) use fields::check;
 pub(crate) use fields::check_entries;
+pub(crate) use fields::entry_name;
 pub use fields::{Drift, DriftKind};
 /// The convergence check, public for the oracle test only (feature `testing`).
 #[cfg(feature = "testing")]

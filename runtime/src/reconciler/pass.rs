@@ -460,6 +460,14 @@ impl<K: IdempotentResource> Pass<K> {
         if ensured.regenerated {
             report.regenerated.push(key.clone());
         }
+        if let Some((drift, resource_version)) = ensured.repaired {
+            self.applier.count_repaired(&key.kind);
+            report.repaired.push(crate::apply::Repair {
+                child: key.clone(),
+                drift,
+                resource_version,
+            });
+        }
         report.children.push((key, ensured.outcome.clone()));
         if self.record.is_some() {
             self.delta.created.extend(report.created.iter().cloned());

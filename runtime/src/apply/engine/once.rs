@@ -9,6 +9,7 @@ use super::{Applied, Applier, ChildOutcome, to_json, uid_guarded, unclaim_patch}
 use crate::apply::once::unprinted;
 use crate::apply::owner::DesiredChild;
 use crate::apply::{ApplyError, Owner, is_already_exists};
+use crate::compare::{Drift, DriftKind, entry_name};
 
 /// What ensuring a create-once child did, and the child as it is now.
 pub(crate) struct Ensured {
@@ -19,6 +20,8 @@ pub(crate) struct Ensured {
     pub(crate) live: Option<Value>,
     /// It was deleted and created anew (its kind opted in to regenerating).
     pub(crate) regenerated: bool,
+    /// The ownership metadata put back, with the `resourceVersion` that lacked it.
+    pub(crate) repaired: Option<(Vec<Drift>, Option<String>)>,
 }
 
 impl Ensured {
@@ -28,6 +31,7 @@ impl Ensured {
             created: None,
             live,
             regenerated: false,
+            repaired: None,
         }
     }
 }
@@ -201,6 +205,9 @@ impl Applier {
                         .await
                 }
                 None => {
+                    let drift = ownership_drift(&live, &stamp, controlled, owner.field_manager());
+                    done.repaired = Some((drift, meta.resource_version.clone()))
+                        .filter(|(drift, _)| !drift.is_empty());
                     let guarded = uid_guarded(&stamp, &live);
                     let pp = PatchParams::apply(owner.field_manager()).force();
                     api.patch(&key.name, &pp, &Patch::Apply(&guarded)).await
@@ -236,12 +243,58 @@ impl Applier {
         let ensured = self.ensure_once(owner, child).await?;
         Ok(Applied {
             outcome: ensured.outcome,
-            repaired: None,
+            repaired: ensured.repaired,
             created: ensured.created,
             released: None,
             regenerated: ensured.regenerated,
         })
     }
+}
+
+/// What putting the owner's ownership metadata back on `live` repairs, for `DriftRepaired`:
+/// each of the stamped body's labels that `live` lacks or holds with another value, and the
+/// ownerReferences when the owner's controller reference is not among them — named with the
+/// managers that own them on `live` (its `managedFields`), none when removed.
+fn ownership_drift(live: &Value, stamp: &Value, controlled: bool, ours: &str) -> Vec<Drift> {
+    let entries = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let owners = |field: &str, key: Option<&str>| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|e| e.get("manager").and_then(Value::as_str) != Some(ours))
+            .filter(|e| {
+                let node = e.pointer("/fieldsV1/f:metadata").and_then(|m| m.get(field));
+                match key {
+                    Some(k) => node.and_then(|n| n.get(format!("f:{k}"))).is_some(),
+                    None => node.is_some(),
+                }
+            })
+            .map(entry_name)
+            .collect()
+    };
+    let want = stamp.pointer("/metadata/labels").and_then(Value::as_object);
+    let have = live.pointer("/metadata/labels").and_then(Value::as_object);
+    let mut drift: Vec<Drift> = (want.into_iter().flatten())
+        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
+        .map(|(k, _)| Drift {
+            path: format!(".metadata.labels.{k}"),
+            kind: DriftKind::NotOwned {
+                managers: owners("f:labels", Some(k)),
+            },
+        })
+        .collect();
+    if !controlled {
+        drift.push(Drift {
+            path: ".metadata.ownerReferences".into(),
+            kind: DriftKind::NotOwned {
+                managers: owners("f:ownerReferences", None),
+            },
+        });
+    }
+    drift
 }
 
 /// Whether `live` carries every label of the stamped body (the owner's).
