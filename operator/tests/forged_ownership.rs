@@ -203,6 +203,66 @@ async fn an_object_a_tenant_owner_forges_to_claim_the_tenant_is_never_pruned() {
     operator.stop().await;
 }
 
+/// The notes of the `NotPruned` Warnings on Tenant `name`.
+async fn not_pruned_notes(client: &kube::Client, name: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("NotPruned")
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Tenant") && r.name.as_deref() == Some(name)
+                })
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn an_object_in_another_tenants_namespace_claiming_a_tenant_is_not_reported_on_it() {
+    let _serial = SERIAL.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let operator = Operator::start(Duration::from_secs(600)).await;
+    let (one, two) = (unique_name("forge-one"), unique_name("forge-two"));
+    tenants::create(&client, &one, tenants::full_spec(&["a"])).await;
+    tenants::create(&client, &two, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &one).await;
+    let tenant_two = tenants::wait_ready(&client, &two).await;
+    let (ns_one, ns_two) = (format!("{one}-a"), format!("{two}-a"));
+
+    // alice, owner of both, forges a claim on Tenant two in tenant one's namespace, then one
+    // in tenant two's own. The watch delivers them in that order, so the pass that reports
+    // the second has seen the first.
+    let policy = |meta: Value| json!({"metadata": meta, "spec": {"podSelector": {"matchLabels": {"app": "mine"}}}});
+    let mut elsewhere = claiming(&tenant_two, "elsewhere", &two);
+    elsewhere["namespace"] = json!(ns_one);
+    create_as::<NetworkPolicy>("alice", &ns_one, policy(elsewhere)).await;
+    let mut at_home = claiming(&tenant_two, "at-home", &two);
+    at_home["namespace"] = json!(ns_two);
+    create_as::<NetworkPolicy>("alice", &ns_two, policy(at_home)).await;
+    wait_not_pruned("Tenant", &two, "at-home", || {
+        policy_exists(&ns_two, "at-home")
+    })
+    .await;
+
+    let notes = not_pruned_notes(&client, &two).await;
+    assert!(
+        notes
+            .iter()
+            .all(|n| !n.contains("elsewhere") && !n.contains(" objects claim")),
+        "only the claim in tenant two's own namespace is reported on it: {notes:#?}"
+    );
+    assert!(policy_exists(&ns_one, "elsewhere").await);
+    assert!(not_pruned_notes(&client, &one).await.is_empty());
+    delete_tenant(&client, &one).await;
+    delete_tenant(&client, &two).await;
+    operator.stop().await;
+}
+
 #[tokio::test]
 async fn an_obsolete_child_is_pruned_by_an_operator_started_after_the_spec_changed() {
     let _serial = SERIAL.lock().await;

@@ -1,6 +1,6 @@
 //! The owner of a set of children, and the set of children it desires.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -153,6 +153,22 @@ impl Owner {
             .flat_map(|r| r.iter())
             .filter(move |(_, key)| key.kind.as_ref() == kind)
             .map(|(uid, key)| (uid.as_str(), key))
+    }
+
+    /// The namespaces the owner's record holds children in, or holds as children: where an
+    /// object claiming a cluster-scoped owner may be its child (`None` without a record).
+    pub(crate) fn recorded_namespaces(&self) -> Option<BTreeSet<&str>> {
+        let record = self.created.as_ref()?;
+        Some(
+            record
+                .values()
+                .filter_map(|key| match &key.namespace {
+                    Some(ns) => Some(ns.as_ref()),
+                    None if key.kind.as_ref() == "Namespace" => Some(key.name.as_ref()),
+                    None => None,
+                })
+                .collect(),
+        )
     }
 
     /// Whether the owner carries a record of its created children.

@@ -31,8 +31,9 @@ impl Applier {
     /// not release orphans — it lost that reference and its labels to someone's edit (found
     /// by its recorded key and uid). The reference and the labels the list is made by can be
     /// forged by anyone who may create the kind there; the record, in the owner's status,
-    /// cannot. An object that claims the owner without being recorded is reported in
-    /// [`ApplyReport::unrecorded`] and left alone. A recorded object of a kind that releases
+    /// cannot. An object that claims the owner without being recorded is left alone, and
+    /// reported in [`ApplyReport::unrecorded`] when it is where the owner's children are (for a
+    /// cluster-scoped owner, a namespace its record holds). A recorded object of a kind that releases
     /// orphans whose reference was removed is released ([`ApplyReport::released`]), never
     /// deleted.
     pub(super) async fn prune_kind(
@@ -81,6 +82,12 @@ impl Applier {
                     .collect()
             }
         };
+        // A cluster-scoped owner's claimants are reported only in the namespaces it holds
+        // children in: an object in another tenant's namespace that copies its uid says
+        // nothing about it, and a Warning on it would be that tenant's to write.
+        let reported_in = (scope.is_none() && kind.namespaced)
+            .then(|| owner.recorded_namespaces())
+            .flatten();
         let mut listed = BTreeSet::new();
         for meta in items {
             let name = meta.name.clone().unwrap_or_default();
@@ -102,8 +109,15 @@ impl Applier {
                 continue;
             }
             if !owner.may_prune(&uid) {
-                tracing::warn!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
-                report.unrecorded.push(key);
+                let elsewhere = reported_in.as_ref().is_some_and(|held| {
+                    key.namespace
+                        .as_deref()
+                        .is_some_and(|ns| !held.contains(ns))
+                });
+                if !elsewhere {
+                    tracing::warn!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
+                    report.unrecorded.push(key);
+                }
                 continue;
             }
             self.remove(owner, kind, key, &meta, report).await?;
