@@ -160,6 +160,34 @@ async fn a_tenant_app_becomes_ready_rolls_on_config_changes_and_is_repaired() {
     assert_eq!(app.status.as_ref().unwrap().available_replicas, 2);
     let recreated = deployments.get("web").await.unwrap();
     assert_eq!(template_hash(&recreated), Some(new_hash));
+    // The app says it made the Deployment again, in an Event of its own (not a count on the
+    // first creation's), naming the new object's uid.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let again = eventually("a Created Event saying 'again'", TIMEOUT, || async {
+        let again = (events
+            .list(&ListParams::default())
+            .await
+            .map_err(why)?
+            .items)
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("Created")
+                    && e.regarding.as_ref().and_then(|r| r.uid.clone()) == app.uid()
+                    && e.note.as_deref().is_some_and(|n| n.contains(" again: "))
+            })
+            .collect::<Vec<_>>();
+        if again.is_empty() {
+            Err("none yet".to_string())
+        } else {
+            Ok(again)
+        }
+    })
+    .await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(
+        again[0].related.as_ref().and_then(|r| r.uid.clone()),
+        recreated.uid()
+    );
 }
 
 #[tokio::test]

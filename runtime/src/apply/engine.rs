@@ -198,6 +198,10 @@ impl Applier {
             };
             if applied.regenerated {
                 report.regenerated.push(key.clone());
+            } else if matches!(applied.outcome, ChildOutcome::Created)
+                && owner.recorded_of_kind(&key.kind).any(|(_, k)| *k == key)
+            {
+                report.remade.push(key.clone());
             }
             if let Some(uid) = &applied.created {
                 report.created.push(super::CreatedChild::new(&key, uid));

@@ -124,6 +124,10 @@ pub struct ApplyReport {
     /// [`DesiredChildren::regenerate_deleted`](super::DesiredChildren::regenerate_deleted)
     /// (also in [`ApplyReport::children`] as [`ChildOutcome::Created`]).
     pub regenerated: Vec<ObjectKey>,
+    /// Children the owner's record held that were found deleted (by someone else, or with
+    /// their namespace) and were created again (also in [`ApplyReport::children`] as
+    /// [`ChildOutcome::Created`]).
+    pub remade: Vec<ObjectKey>,
     /// Objects that claim the owner, are not desired, and are not in the owner's record of
     /// children it created: left alone, never deleted (anyone who can create them can forge
     /// the claim; see [`super::record`]).

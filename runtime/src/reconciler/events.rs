@@ -44,7 +44,8 @@ fn contents(key: &ObjectKey) -> &'static str {
     }
 }
 
-/// Events on the owner about its children: `Normal` `Created` per child created, `Deleted`
+/// Events on the owner about its children: `Normal` `Created` per child created (saying
+/// "again" when the owner's record held it: someone deleted it), `Deleted`
 /// per child pruned (saying why: no longer desired, or, when `owner_deleted`, its owner is
 /// being deleted), one `Warning` `NotPruned` for the objects that claim the owner without
 /// being in its record of created children (never deleted, see [`crate::apply::record`];
@@ -64,11 +65,23 @@ pub async fn children(
             ChildOutcome::Created => Event {
                 type_: EventType::Normal,
                 reason: "Created".into(),
-                note: Some(format!("created {key}")),
+                note: Some(if report.remade.contains(key) {
+                    format!(
+                        "created {key} again: the one its status records was deleted (by someone else, or with its namespace)"
+                    )
+                } else {
+                    format!("created {key}")
+                }),
                 action: "Apply".into(),
-                // The child as related object: kube's recorder folds events with the same
-                // related object into one series, so each child gets its own.
-                secondary: Some(child_reference(key)),
+                // The child, with the uid it was created with, as related object: kube's
+                // recorder folds events with the same related object into one series and
+                // keeps the first note, so each child, and each creation of it, gets its own.
+                secondary: Some(ObjectReference {
+                    uid: (report.created.iter())
+                        .find(|c| c.key() == *key)
+                        .map(|c| c.uid.clone()),
+                    ..child_reference(key)
+                }),
             },
             ChildOutcome::Recreated { reason } => Event {
                 type_: EventType::Warning,
