@@ -38,6 +38,10 @@
 //! - **Usage above the total** (`tenantHard` lowered below what is used): every namespace is
 //!   held at its usage (nothing can grow; what is deleted is not given back until the sum is
 //!   under the total again), and the Ready message says so.
+//! - **Leaving namespaces** (deleted, or removed from the spec, and still there, their
+//!   contents held by finalizers) keep their objects counted until they are gone: the total
+//!   is lowered by what each may hold (`max(used, status.hard, spec.hard)`), and when one's
+//!   quota is already gone nothing grows, until they are gone.
 //! - A quota created for a new namespace is not enforced before the quota controller has
 //!   filled its status: the namespace's RoleBindings wait for that ([`super::quota_gate`]).
 
@@ -422,6 +426,46 @@ pub fn plan(
     Ok(plan)
 }
 
+/// `quota` with each key of `tenantHard` lowered by what the namespaces leaving the tenant
+/// (being deleted and still there, as `observed`) may still hold: their objects count until
+/// they are gone, so their room goes to the others only then. Each holds the most of its
+/// quota's `status.used`, `status.hard` and `spec.hard`. `None` when one of them has no quota
+/// any more (deleted with its namespace's contents): what it holds is unknown, and nothing
+/// may grow.
+///
+/// # Errors
+/// [`SplitError`] when a quantity does not parse exactly.
+pub fn without_leaving(
+    quota: &Quota,
+    leaving: &[String],
+    observed: &BTreeMap<String, Observed>,
+) -> Result<Option<Quota>, SplitError> {
+    let mut lowered = quota.clone();
+    for (key, total) in &mut lowered.tenant_hard {
+        let mut reserved = 0;
+        for ns in leaving {
+            let Some(o) = observed.get(ns) else {
+                return Ok(None);
+            };
+            let spec = o.spec.as_ref().and_then(|s| s.get(key));
+            let mut most = 0;
+            for (what, q) in [
+                ("status.used", o.used.get(key)),
+                ("status.hard", o.enforced.get(key)),
+                ("spec.hard", spec),
+            ] {
+                if let Some(q) = q {
+                    most = most.max(units(what, key, q, true)?);
+                }
+            }
+            reserved += most;
+        }
+        let left = units("quota.tenantHard", key, total, false)? - reserved;
+        *total = format(left, scale(key));
+    }
+    Ok(Some(lowered))
+}
+
 /// The quotas of `namespaces` as they are live, from the controller's cache (no request on a
 /// converged pass; a GET each when the pass has no cache of them).
 ///
@@ -480,6 +524,7 @@ pub async fn settle(
     tenant: &Tenant,
     pass: &mut Pass<Tenant>,
     namespaces: &[String],
+    leaving: &[String],
     released: &[String],
     usage: &UsageMemory,
 ) -> Result<Option<Plan>, ReconcileError> {
@@ -496,7 +541,19 @@ pub async fn settle(
     let settling = usage
         .settle(&uid, used, usage_units, Instant::now())
         .map_err(invalid)?;
-    let mut plan = plan(quota, namespaces, &observed).map_err(invalid)?;
+    let held_back = if leaving.is_empty() {
+        Some(quota.clone())
+    } else {
+        let gone = observe(tenant, pass, leaving).await?;
+        without_leaving(quota, leaving, &gone).map_err(invalid)?
+    };
+    let mut plan =
+        plan(held_back.as_ref().unwrap_or(quota), namespaces, &observed).map_err(invalid)?;
+    if held_back.is_none() {
+        // A leaving namespace's holdings are unknown: what the others have stays theirs,
+        // nothing more (its deletion reconciles the Tenant again).
+        plan.hard = plan.no_increase.clone();
+    }
     plan.settling = settling;
     if !plan.shrinking.is_empty() {
         let mut first = DesiredChildren::new();
@@ -746,6 +803,37 @@ mod tests {
 
     fn pods(m: &BTreeMap<String, Quantity>) -> &str {
         &m["pods"].0
+    }
+
+    #[test]
+    fn a_leaving_namespace_keeps_what_it_holds_until_it_is_gone() {
+        let quota = quota(&[("pods", "9")], &[]);
+        let staying: Vec<String> = vec!["t-a".into(), "t-b".into()];
+        let leaving: Vec<String> = vec!["t-c".into()];
+        let obs: BTreeMap<String, Observed> = [
+            ("t-a".to_string(), observed("3", Some("3"), "1")),
+            ("t-b".to_string(), observed("3", Some("3"), "1")),
+        ]
+        .into_iter()
+        .collect();
+        // c holds its 3 (its quota's spec and status), however little it uses now.
+        let c = [("t-c".to_string(), observed("3", Some("3"), "2"))].into();
+        let lowered = without_leaving(&quota, &leaving, &c).unwrap().unwrap();
+        assert_eq!(pods(&lowered.tenant_hard), "6");
+        let plan = plan(&lowered, &staying, &obs).unwrap();
+        assert_eq!(plan.hard.values().map(pods).collect::<Vec<_>>(), ["3", "3"]);
+        // Usage above what it was given counts too.
+        let c = [("t-c".to_string(), observed("3", Some("3"), "5"))].into();
+        let lowered = without_leaving(&quota, &leaving, &c).unwrap().unwrap();
+        assert_eq!(pods(&lowered.tenant_hard), "4");
+        // Its quota gone, what it holds is unknown: no lowered total, nothing grows.
+        assert_eq!(
+            without_leaving(&quota, &leaving, &BTreeMap::new()).unwrap(),
+            None
+        );
+        // Nothing leaving, nothing lowered.
+        let same = without_leaving(&quota, &[], &BTreeMap::new()).unwrap();
+        assert_eq!(same, Some(quota));
     }
 
     #[test]

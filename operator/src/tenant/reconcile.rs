@@ -112,8 +112,16 @@ impl Reconciler for Tenants {
         let ns = NamespacePass::from_report(&pass.apply_part(&desired::namespaces(tenant)?).await?);
         let not_ours = ns.not_ours();
         // The quotas' decreases first (quota_split), then everything with the increases.
-        let split =
-            quota_split::settle(tenant, pass, &ns.owned, &not_ours, &self.ctx.usage).await?;
+        let leaving = ns.leaving();
+        let split = quota_split::settle(
+            tenant,
+            pass,
+            &ns.owned,
+            &leaving,
+            &not_ours,
+            &self.ctx.usage,
+        )
+        .await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
         let held = quota_gate::held_bindings(tenant, pass, &self.ctx.caches, &ns.owned).await?;
         let contents = pass

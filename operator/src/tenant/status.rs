@@ -53,6 +53,18 @@ impl NamespacePass {
         pass
     }
 
+    /// Namespaces leaving the tenant and still there, sorted: being deleted while desired
+    /// ([`NamespacePass::terminating`]) or no longer desired ([`NamespacePass::held`]). What
+    /// is in them still counts against its quotas until they are gone.
+    pub fn leaving(&self) -> Vec<String> {
+        let mut names: Vec<String> = (self.terminating.iter().cloned())
+            .chain(self.held.iter().map(|(ns, _)| ns.clone()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Namespaces the tenant does not control whose contents of ours, if any, are released
     /// rather than pruned: the ones released in this pass, and the desired ones someone else
     /// controls (never delete what we made in a namespace that is not ours any more).
