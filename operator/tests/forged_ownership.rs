@@ -205,20 +205,8 @@ async fn an_object_a_tenant_owner_forges_to_claim_the_tenant_is_never_pruned() {
 
 /// The notes of the `NotPruned` Warnings on Tenant `name`.
 async fn not_pruned_notes(client: &kube::Client, name: &str) -> Vec<String> {
-    Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("NotPruned")
-                && e.regarding.as_ref().is_some_and(|r| {
-                    r.kind.as_deref() == Some("Tenant") && r.name.as_deref() == Some(name)
-                })
-        })
-        .filter_map(|e| e.note)
-        .collect()
+    let events = tenants::events_about(client, name, "NotPruned").await;
+    events.into_iter().filter_map(|e| e.note).collect()
 }
 
 #[tokio::test]
