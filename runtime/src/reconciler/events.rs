@@ -45,7 +45,7 @@ fn contents(key: &ObjectKey) -> &'static str {
 }
 
 /// Events on the owner about its children: `Normal` `Created` per child created (saying
-/// "again" when the owner's record held it: someone deleted it), `Deleted`
+/// "again" when the owner's record held it: it was gone), `Deleted`
 /// per child pruned (saying why: no longer desired, or, when `owner_deleted`, its owner is
 /// being deleted), one `Warning` `NotPruned` for the objects that claim the owner without
 /// being in its record of created children (never deleted, see [`crate::apply::record`];
@@ -67,7 +67,7 @@ pub async fn children(
                 reason: "Created".into(),
                 note: Some(if report.remade.contains(key) {
                     format!(
-                        "created {key} again: the one its status records was deleted (by someone else, or with its namespace)"
+                        "created {key} again: the one its status records was gone (deleted by someone, with its namespace, or by an earlier prune)"
                     )
                 } else {
                     format!("created {key}")
