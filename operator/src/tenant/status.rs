@@ -124,7 +124,7 @@ pub fn readiness(pass: &NamespacePass, contents: &ApplyReport) -> Readiness {
             .map(|(ns, why)| format!("namespace {ns} exists and is {why}"))
             .collect();
         let message = format!(
-            "{}; {} left alone",
+            "{}; {} left alone (to hand one to this Tenant, give it the Tenant's controller ownerReference: docs/operator.md)",
             list.join("; "),
             if list.len() == 1 { "it is" } else { "they are" }
         );
@@ -376,7 +376,10 @@ mod tests {
             Readiness::Stalled { reason, message } => {
                 assert_eq!(reason, "NamespaceConflict");
                 assert!(message.contains("a-b-c"), "{message}");
-                assert!(message.ends_with("; it is left alone"), "{message}");
+                assert!(
+                    message.contains("; it is left alone (to hand one"),
+                    "{message}"
+                );
             }
             other => panic!("{other:?}"),
         }

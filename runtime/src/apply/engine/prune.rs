@@ -115,7 +115,9 @@ impl Applier {
                         .is_some_and(|ns| !held.contains(ns))
                 });
                 if !elsewhere {
-                    tracing::warn!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
+                    // Said once per set by the owner's `NotPruned` Event; a line per object
+                    // and pass would let whoever forges them flood the log.
+                    tracing::debug!(child = %key, %uid, "claims the owner but was not created by it: not pruned");
                     report.unrecorded.push(key);
                 }
                 continue;
