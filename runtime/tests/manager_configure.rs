@@ -165,6 +165,7 @@ async fn the_driver_config_given_is_the_one_the_manager_runs() {
     let reconciles = Reconciles::new(BaseTenants).with_driver_config(DriverConfig {
         stalled_after: 1,
         timeout: Some(Duration::ZERO),
+        ..DriverConfig::default()
     });
     let options = ManagerOptions {
         workers: 2,

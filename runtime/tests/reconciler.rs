@@ -261,6 +261,7 @@ async fn stalled_after_sets_how_many_failures_in_a_row_stall() {
         Driver::new(client.clone(), BaseTenants).with_config(DriverConfig {
             timeout: Some(Duration::ZERO),
             stalled_after: 2,
+            ..DriverConfig::default()
         }),
     );
     let attempt = |failures| retry(&tenant, failures);

@@ -9,6 +9,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
 
+use super::events::Publisher;
 use super::seen::{Freshness, Seen};
 use super::{
     ChildKinds, ChildWatches, Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler,
@@ -37,6 +38,15 @@ pub struct DriverConfig {
     /// (every write is idempotent, the next pass completes the work) and counts as a failure
     /// with [`ReconcileError::Timeout`]. `None`: unbounded. Default 2 minutes.
     pub timeout: Option<Duration>,
+    /// Events about one object published at once before its budget holds more back (a token
+    /// bucket per object, as client-go's Event spam filter): what an owner does to its children
+    /// (each repair, deletion or claimant is an Event) cannot have the controller write Events
+    /// without bound. The next Event published says how many were held back. 0: none is
+    /// published. Default 25.
+    pub events_burst: u32,
+    /// After the burst, one more Event per object each `events_every`. Zero: no budget, every
+    /// Event is published. Default 5 minutes.
+    pub events_every: Duration,
 }
 
 impl Default for DriverConfig {
@@ -44,6 +54,8 @@ impl Default for DriverConfig {
         Self {
             stalled_after: 5,
             timeout: Some(Duration::from_secs(120)),
+            events_burst: 25,
+            events_every: Duration::from_secs(300),
         }
     }
 }
@@ -55,7 +67,7 @@ pub struct Driver<R: Reconciler> {
     caches: ChildCaches,
     drift: Option<DriftMetrics>,
     reporter: Option<Reporter>,
-    recorder: Option<Recorder>,
+    recorder: Option<Publisher>,
     config: DriverConfig,
     /// The watches of blocking objects of the controller this driver runs, once it runs.
     blocked: Option<BlockedWatches>,
@@ -86,14 +98,15 @@ where
             controller: K::<R>::FIELD_MANAGER.into(),
             instance: None,
         };
+        let config = DriverConfig::default();
         Self {
-            recorder: Some(Recorder::new(client.clone(), reporter.clone())),
+            recorder: Some(Self::publisher(&client, reporter.clone(), &config)),
             reporter: Some(reporter),
             reconciler,
             client,
             caches: ChildCaches::new(),
             drift: None,
-            config: DriverConfig::default(),
+            config,
             blocked: None,
             noticed: Arc::default(),
             namespaces: None,
@@ -105,9 +118,22 @@ where
     /// Publish Events as `reporter` (e.g. with the pod name as `instance`).
     #[must_use]
     pub fn with_reporter(mut self, reporter: Reporter) -> Self {
-        self.recorder = Some(Recorder::new(self.client.clone(), reporter.clone()));
+        self.recorder = Some(Self::publisher(
+            &self.client,
+            reporter.clone(),
+            &self.config,
+        ));
         self.reporter = Some(reporter);
         self
+    }
+
+    /// A publisher with `client` as `reporter`, with the Event budget `config` sets.
+    fn publisher(client: &Client, reporter: Reporter, config: &DriverConfig) -> Publisher {
+        Publisher::new(
+            Recorder::new(client.clone(), reporter),
+            config.events_burst,
+            config.events_every,
+        )
     }
 
     /// Publish no Events.
@@ -136,6 +162,9 @@ where
     #[must_use]
     pub fn with_config(mut self, config: DriverConfig) -> Self {
         self.config = config;
+        if let Some(reporter) = self.reporter.clone() {
+            self.recorder = Some(Self::publisher(&self.client, reporter, &self.config));
+        }
         self
     }
 
@@ -251,10 +280,13 @@ where
         client: Client,
         obj: Arc<K<R>>,
     ) -> Result<Action, ReconcileError> {
-        let recorder = self
-            .reporter
-            .clone()
-            .map(|reporter| Recorder::new(client.clone(), reporter));
+        // This client's recorder, with the driver's Event budget.
+        let recorder =
+            (self.recorder.as_ref())
+                .zip(self.reporter.clone())
+                .map(|(publisher, reporter)| {
+                    publisher.with_recorder(Recorder::new(client.clone(), reporter))
+                });
         self.drive(client, recorder, obj, 0, Reason::ObjectChanged, None)
             .await
     }
@@ -262,7 +294,7 @@ where
     async fn drive(
         &self,
         client: Client,
-        recorder: Option<Recorder>,
+        recorder: Option<Publisher>,
         obj: Arc<K<R>>,
         failures: u32,
         reason: Reason,
@@ -409,7 +441,7 @@ where
     async fn pass(
         &self,
         client: Client,
-        recorder: Option<Recorder>,
+        recorder: Option<Publisher>,
         obj: Arc<K<R>>,
         reason: Reason,
         tenant: &str,
@@ -666,7 +698,7 @@ where
     async fn write_status_with(
         &self,
         writer: &StatusWriter<K<R>>,
-        recorder: Option<&Recorder>,
+        recorder: Option<&Publisher>,
         obj: &K<R>,
         readiness: &Readiness,
         fill: &(dyn Fn(&mut <K<R> as IdempotentResource>::Status) + Send + Sync),

@@ -2,22 +2,94 @@
 //! or deleted, and each change of the `Ready` condition. Publishing is best effort: a failure
 //! is logged, never fails the reconcile.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::{Event, EventType, Recorder};
 
+use super::budget::EventBudget;
 use crate::apply::{ApplyReport, ChildOutcome};
 use crate::key::ObjectKey;
 use crate::status::{MAX_MESSAGE_BYTES, Readiness, shorten};
 
-/// Publishes `event` about `reference`, its note cut to the 1024 bytes an Event may hold (at a
-/// character boundary, see [`shorten`]); a failure is logged at `warn`.
-pub async fn publish(recorder: &Recorder, reference: &ObjectReference, mut event: Event) {
-    if let Some(note) = &event.note {
-        event.note = Some(shorten(note, MAX_MESSAGE_BYTES));
+/// A recorder and the Event budget of the objects it publishes about (shared by every pass
+/// of a driver, see [`EventBudget`]).
+#[derive(Clone)]
+pub(crate) struct Publisher {
+    recorder: Recorder,
+    budget: Arc<EventBudget>,
+    burst: u32,
+    every: Duration,
+}
+
+impl Publisher {
+    /// Publishes with `recorder`, at most `burst` Events per object at once, then one per
+    /// `every`.
+    pub(crate) fn new(recorder: Recorder, burst: u32, every: Duration) -> Self {
+        Self {
+            recorder,
+            budget: Arc::new(EventBudget::new(burst, every)),
+            burst,
+            every,
+        }
     }
-    if let Err(e) = recorder.publish(&event, reference).await {
+
+    /// The same budget, publishing with `recorder` (e.g. one of another client).
+    pub(crate) fn with_recorder(&self, recorder: Recorder) -> Self {
+        Self {
+            recorder,
+            ..self.clone()
+        }
+    }
+}
+
+/// Publishes `event` about `reference` if the object's Event budget allows (else it is held
+/// back, and the next one published says how many were), its note cut to the 1024 bytes an
+/// Event may hold (at a character boundary, see [`shorten`]); a failure is logged at `warn`.
+pub async fn publish(publisher: &Publisher, reference: &ObjectReference, mut event: Event) {
+    let object = reference.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}/{}",
+            reference.kind.as_deref().unwrap_or_default(),
+            reference.namespace.as_deref().unwrap_or_default(),
+            reference.name.as_deref().unwrap_or_default()
+        )
+    });
+    let Some(held) = publisher.budget.take(&object, Instant::now()) else {
+        tracing::debug!(reason = %event.reason, "an event held back: its object's Event budget is spent");
+        return;
+    };
+    if let Some(note) = &event.note {
+        event.note = Some(if held == 0 {
+            shorten(note, MAX_MESSAGE_BYTES)
+        } else {
+            let said = format!(
+                " ({held} earlier Events about this object held back: at most {} at once, then one every {})",
+                publisher.burst,
+                humantime(publisher.every)
+            );
+            format!(
+                "{}{said}",
+                shorten(note, MAX_MESSAGE_BYTES.saturating_sub(said.len()))
+            )
+        });
+    }
+    if let Err(e) = publisher.recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, reason = %event.reason, "could not publish an event");
+    }
+}
+
+/// `every` in words: `5m`, `90s`, `1500ms`.
+fn humantime(every: Duration) -> String {
+    let secs = every.as_secs();
+    if every.subsec_nanos() != 0 {
+        format!("{}ms", every.as_millis())
+    } else if secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
     }
 }
 
@@ -55,7 +127,7 @@ fn contents(key: &ObjectKey) -> &'static str {
 /// `RoleBinding/acme-dev/idem-owners: .subjects changed by kubectl-edit (Update), restored`),
 /// one Event per repair (see the comment in the body).
 pub async fn children(
-    recorder: &Recorder,
+    publisher: &Publisher,
     reference: &ObjectReference,
     report: &ApplyReport,
     owner_deleted: bool,
@@ -94,7 +166,7 @@ pub async fn children(
             },
             _ => continue,
         };
-        publish(recorder, reference, event).await;
+        publish(publisher, reference, event).await;
     }
     for repair in &report.repaired {
         // kube's recorder folds events with the same owner, reason, action and related object
@@ -118,10 +190,10 @@ pub async fn children(
             action: "Repair".into(),
             secondary: Some(related),
         };
-        publish(recorder, reference, event).await;
+        publish(publisher, reference, event).await;
     }
     if let Some(event) = not_pruned(&report.unrecorded) {
-        publish(recorder, reference, event).await;
+        publish(publisher, reference, event).await;
     }
     for key in &report.pruned {
         let event = Event {
@@ -135,7 +207,7 @@ pub async fn children(
             action: "Prune".into(),
             secondary: Some(child_reference(key)),
         };
-        publish(recorder, reference, event).await;
+        publish(publisher, reference, event).await;
     }
 }
 
@@ -265,7 +337,7 @@ impl Noticed {
 /// An event when the readiness differs from the stored `Ready` condition (`previous`):
 /// `Normal` for Ready and Reconciling, `Warning` for Stalled, with the reason and message.
 pub async fn readiness(
-    recorder: &Recorder,
+    publisher: &Publisher,
     reference: &ObjectReference,
     previous: Option<&Condition>,
     now: &Readiness,
@@ -285,7 +357,7 @@ pub async fn readiness(
         action: "Reconcile".into(),
         secondary: None,
     };
-    publish(recorder, reference, event).await;
+    publish(publisher, reference, event).await;
 }
 
 /// A `Warning` `Regenerated` per create-once child that was deleted and created anew with a
@@ -294,7 +366,7 @@ pub async fn readiness(
 /// the child as related object: whoever used the old value must pick up the new one. (A
 /// deleted create-once child of any other kind stalls the owner with reason `ChildDeleted`,
 /// which the `Ready` change reports as a Warning of that reason.)
-pub async fn regenerated(recorder: &Recorder, reference: &ObjectReference, keys: &[ObjectKey]) {
+pub async fn regenerated(publisher: &Publisher, reference: &ObjectReference, keys: &[ObjectKey]) {
     for key in keys {
         let event = Event {
             type_: EventType::Warning,
@@ -305,6 +377,6 @@ pub async fn regenerated(recorder: &Recorder, reference: &ObjectReference, keys:
             action: "Create".into(),
             secondary: Some(child_reference(key)),
         };
-        publish(recorder, reference, event).await;
+        publish(publisher, reference, event).await;
     }
 }

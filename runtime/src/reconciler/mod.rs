@@ -53,6 +53,7 @@
 //! // Then: Driver::new(client, Widgets).run(controller, shutdown).await
 //! ```
 
+mod budget;
 mod children;
 pub mod cleanup_guard;
 mod driver;

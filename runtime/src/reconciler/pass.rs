@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::Event;
 
+use super::events::Publisher;
 use super::{ChildKinds, Children, KIND_NOT_DECLARED, Reason, ReconcileError};
 use crate::apply::{
     Applier, ApplyReport, ChildCaches, CreatedChild, DesiredChildren, Owner, RecordDelta,
@@ -31,7 +32,7 @@ pub struct Pass<K: IdempotentResource> {
     obj: Arc<K>,
     client: Client,
     applier: Applier,
-    recorder: Option<Recorder>,
+    recorder: Option<Publisher>,
     reference: ObjectReference,
     tenant: Option<TenantKey>,
     reason: Reason,
@@ -65,7 +66,7 @@ impl<K: IdempotentResource> Pass<K> {
         obj: Arc<K>,
         client: Client,
         applier: Applier,
-        recorder: Option<Recorder>,
+        recorder: Option<Publisher>,
         reason: Reason,
         record: Option<Vec<CreatedChild>>,
         noticed: Arc<super::events::Noticed>,
@@ -376,7 +377,7 @@ impl<K: IdempotentResource> Pass<K> {
     /// Publishes once per set the children of the record whose kinds the reconciler does not
     /// declare ([`super::events::undeclared`]): a kind dropped from `children()` leaves them
     /// unwatched and unpruned, which only the record shows.
-    async fn tell_undeclared(&self, recorder: &Recorder, owner_uid: &str) {
+    async fn tell_undeclared(&self, recorder: &Publisher, owner_uid: &str) {
         let (Some(record), Some(declared)) = (&self.record, &self.declared) else {
             return;
         };
@@ -520,7 +521,7 @@ impl<K: IdempotentResource> Pass<K> {
     }
 
     /// The recorder of this pass, if the driver has one.
-    pub(crate) fn recorder(&self) -> Option<&Recorder> {
+    pub(crate) fn recorder(&self) -> Option<&Publisher> {
         self.recorder.as_ref()
     }
 }
