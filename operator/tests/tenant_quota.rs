@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use common::{Operator, TIMEOUT, eventually, install_crds, tenants, why};
+use common::{Operator, TIMEOUT, controller_manager, eventually, install_crds, tenants, why};
 use futures::StreamExt;
 use idem_operator::resources::tenant::Quota;
 use idem_operator::resources::{TENANT_LABEL, Tenant, TenantSpec};
@@ -491,30 +491,6 @@ async fn a_converged_pass_with_a_split_quota_makes_no_request() {
     panic!("requests during a converged pass (besides the poke): {seen:?}");
 }
 
-/// Sends `signal` (`STOP`, `CONT`) to the control plane's controller-manager.
-fn signal_controller_manager(signal: &str) {
-    let pid = shared()
-        .pids()
-        .iter()
-        .find(|(n, _)| n == "kube-controller-manager")
-        .expect("a controller-manager")
-        .1;
-    let status = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{signal} {pid}");
-}
-
-/// Resumes the controller-manager when dropped, so a failing test does not leave it stopped.
-struct Resume;
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        signal_controller_manager("CONT");
-    }
-}
-
 /// A new namespace's RoleBindings (here the owners') are created only once its quota is
 /// enforced: quota admission ignores a quota whose `status.hard` the quota controller has not
 /// filled, so owners granted access before that could create without bound (a stopped quota
@@ -531,8 +507,7 @@ async fn a_new_namespaces_role_bindings_wait_until_its_quota_is_enforced() {
     let ns = format!("{tenant}-a");
     let mut spec = spec();
     spec.namespaces = vec!["a".into()];
-    signal_controller_manager("STOP");
-    let resume = Resume;
+    let resume = controller_manager::stop();
     tenants::create(&client, &tenant, spec).await;
     let waiting =
         tenants::wait_condition(&client, &tenant, "Reconciling", "QuotaNotEnforced").await;

@@ -31,6 +31,12 @@ pub struct TenantPolicySpec {
     /// The Tenant's `spec.allowed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed: Option<Allowed>,
+    /// Set while the namespace's ResourceQuota `idem-quota` enforces none of its limits (it
+    /// was created again, e.g. after someone deleted it, and the quota controller has not
+    /// counted it yet): creates and updates are refused as by a cordon, since quota admission
+    /// limits nothing until then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quota_not_enforced: bool,
 }
 
 /// What a tenant's workloads may use; an absent list is no restriction, an empty one allows

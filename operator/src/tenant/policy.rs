@@ -27,6 +27,11 @@
 //!   class, that the old object already had is not refused, so tightening the rules does not
 //!   block the status, label or finalizer updates of what already runs.
 //!
+//! - **A quota not enforced.** A namespace whose `idem-quota` was created again (someone
+//!   deleted it) is refused as by a cordon until the quota controller has counted it
+//!   (`quotaNotEnforced`, set by [`super::quota_gate`]): until then quota admission limits
+//!   nothing.
+//!
 //! A paused Tenant's TenantPolicies are left as they are (still enforced); its status keeps
 //! saying what they enforce.
 
@@ -35,6 +40,7 @@ use idem_runtime::status::Readiness;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
+use super::desired::QUOTA;
 use crate::resources::tenant_policy::{TenantPolicy, TenantPolicySpec};
 use crate::resources::{FIELD_MANAGER, GROUP, Tenant};
 
@@ -59,8 +65,9 @@ pub const EXEMPT_GROUPS: &[&str] = &[
     "system:masters",
 ];
 
-/// The TenantPolicy of `tenant` in its namespace `ns`: its `allowed` and `cordoned`.
-pub fn parameters(tenant: &Tenant, ns: &str) -> TenantPolicy {
+/// The TenantPolicy of `tenant` in its namespace `ns`: its `allowed` and `cordoned`, and
+/// whether the namespace's quota is not enforced yet ([`super::quota_gate`]).
+pub fn parameters(tenant: &Tenant, ns: &str, quota_not_enforced: bool) -> TenantPolicy {
     TenantPolicy {
         metadata: ObjectMeta {
             name: Some(PARAMS.to_string()),
@@ -71,6 +78,7 @@ pub fn parameters(tenant: &Tenant, ns: &str) -> TenantPolicy {
             tenant: tenant.metadata.name.clone().unwrap_or_default(),
             cordoned: tenant.spec.cordoned,
             allowed: tenant.spec.allowed.clone(),
+            quota_not_enforced,
         },
     }
 }
@@ -249,6 +257,12 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
                 variables.subresource == 'eviction' || variables.finishesDeletion",
              "messageExpression": "'Tenant ' + params.spec.tenant + ' is cordoned (spec.cordoned): ' + request.operation + ' of ' + request.resource.resource + ' in namespace ' + request.namespace + ' is refused; deletes are allowed'",
              "reason": "Forbidden"},
+            // A quota created again limits nothing until the quota controller counts it.
+            {"expression": "!variables.applies || !has(params.spec.quotaNotEnforced) || \
+                !params.spec.quotaNotEnforced || variables.exempt || \
+                variables.subresource == 'eviction' || variables.finishesDeletion",
+             "messageExpression": format!("'the quota of namespace ' + request.namespace + ' (ResourceQuota {QUOTA}) is not enforced yet: ' + request.operation + ' of ' + request.resource.resource + ' is refused until the quota controller has counted it (seconds, unless it is down); deletes are allowed'"),
+             "reason": "Forbidden"},
             {"expression": "!variables.applies || !variables.pod || size(variables.forbiddenImages) == 0",
              "messageExpression": format!("{} + '; pod ' + object.metadata.name + ' has images from other registries: ' + variables.forbiddenImages.join(', ')",
                 allows_only("images from the registries", "registries")),
@@ -310,7 +324,7 @@ mod tests {
                 ..TenantSpec::default()
             },
         );
-        let p = parameters(&tenant, "acme-dev");
+        let p = parameters(&tenant, "acme-dev", false);
         assert_eq!(p.metadata.namespace.as_deref(), Some("acme-dev"));
         assert_eq!(p.metadata.name.as_deref(), Some(PARAMS));
         assert_eq!(p.spec.tenant, "acme");
@@ -321,7 +335,7 @@ mod tests {
             json!({"tenant": "acme", "cordoned": true, "allowed": {"registries": ["ghcr.io/acme"]}})
         );
         tenant.spec.allowed = None;
-        let body = serde_json::to_value(&parameters(&tenant, "acme-dev").spec).unwrap();
+        let body = serde_json::to_value(&parameters(&tenant, "acme-dev", false).spec).unwrap();
         assert_eq!(body, json!({"tenant": "acme", "cordoned": true}));
     }
 

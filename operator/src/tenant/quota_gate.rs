@@ -1,4 +1,4 @@
-//! RoleBindings that would first grant access to a tenant namespace wait until its quota is enforced.
+//! Access to a tenant namespace waits until its quota is enforced: RoleBindings that would first grant it are held, and a namespace whose quota was created again is cordoned.
 //!
 //! Quota admission enforces a ResourceQuota only once the controller-manager's quota
 //! controller has filled its `status.hard`; until then the namespace has no limit at all.
@@ -8,7 +8,12 @@
 //! does not enforce every key it is given yet, the RoleBindings that do not exist yet are not
 //! created; the Tenant says `Reconciling` (`QuotaNotEnforced`) and the quota's status update
 //! reconciles it again. A RoleBinding that exists stays (pulling access that was granted
-//! would be worse than the window, and it is not the window of a new namespace).
+//! would be worse than the window). But a namespace whose owners have access and whose quota
+//! enforces none of its keys (someone deleted `idem-quota` and the pass creates it again; an
+//! admin's slip let 62 ConfigMaps past a `hard` of 20 in a trial) is cordoned through its
+//! TenantPolicy (`quotaNotEnforced`, [`super::policy`]) until the quota controller has counted
+//! the new quota. A key added to a quota that enforces others cordons nothing: the namespace
+//! had no limit of that key before either.
 
 use std::collections::BTreeSet;
 
@@ -20,22 +25,40 @@ use super::desired::bindings;
 use super::quota_split::observe;
 use crate::resources::Tenant;
 
-/// The RoleBindings (namespace, name) of `namespaces` to leave out of the pass: those that do
-/// not exist yet in a namespace whose quota does not enforce every key it is given. The quotas
-/// are read as the pass reads children (from the controller's cache: no request on a
-/// converged pass; GETs when the pass has none), whether a RoleBinding exists from `caches`
-/// (without a cache of them, none is held: leaving out one that exists would delete it).
+/// What a pass holds back until the namespaces' quotas are enforced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gate {
+    /// RoleBindings (namespace, name) to leave out of the pass: they do not exist yet, and
+    /// their namespace's quota does not enforce every key it is given.
+    pub held: BTreeSet<(String, String)>,
+    /// Namespaces with a RoleBinding whose quota enforces none of its keys (or is gone): their
+    /// TenantPolicy refuses creates and updates until it does.
+    pub cordoned: BTreeSet<String>,
+}
+
+impl Gate {
+    /// Whether the pass holds nothing back.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.cordoned.is_empty()
+    }
+}
+
+/// What to hold back in `namespaces` ([`Gate`]). The quotas are read as the pass reads
+/// children (from the controller's cache: no request on a converged pass; GETs when the pass
+/// has none), whether a RoleBinding exists from `caches` (without a cache of them, nothing is
+/// held: leaving out one that exists would delete it, and cordoning needs to know access was
+/// granted).
 ///
 /// # Errors
 /// As [`Pass::children`].
-pub async fn held_bindings(
+pub async fn gate(
     tenant: &Tenant,
     pass: &Pass<Tenant>,
     caches: &ChildCaches,
     namespaces: &[String],
-) -> Result<BTreeSet<(String, String)>, ReconcileError> {
+) -> Result<Gate, ReconcileError> {
     let Some(quota) = tenant.spec.quota.as_ref() else {
-        return Ok(BTreeSet::new());
+        return Ok(Gate::default());
     };
     let keys: BTreeSet<&String> = quota.hard.keys().chain(quota.tenant_hard.keys()).collect();
     let names: Vec<String> = bindings(tenant, None)
@@ -43,49 +66,73 @@ pub async fn held_bindings(
         .filter_map(|b| b.metadata.name)
         .collect();
     if keys.is_empty() || names.is_empty() || namespaces.is_empty() {
-        return Ok(BTreeSet::new());
+        return Ok(Gate::default());
     }
-    // Bindings not made yet, in each namespace (none where it is not known).
-    let missing: Vec<(&String, Vec<&String>)> = namespaces
+    // Per namespace, the bindings not made yet and whether one is (where it is known).
+    let known: Vec<(&String, Vec<&String>, bool)> = namespaces
         .iter()
         .map(|ns| {
-            let absent = names
-                .iter()
-                .filter(|name| matches!(caches.lookup::<RoleBinding>(Some(ns), name), Some(None)))
-                .collect::<Vec<_>>();
-            (ns, absent)
+            let lookups: Vec<(&String, Option<bool>)> = (names.iter())
+                .map(|name| {
+                    let found = caches.lookup::<RoleBinding>(Some(ns), name);
+                    (name, found.map(|b| b.is_some()))
+                })
+                .collect();
+            let absent: Vec<&String> = (lookups.iter())
+                .filter(|(_, exists)| *exists == Some(false))
+                .map(|(name, _)| *name)
+                .collect();
+            let granted = lookups.iter().any(|(_, exists)| *exists == Some(true));
+            (ns, absent, granted)
         })
-        .filter(|(_, absent)| !absent.is_empty())
+        .filter(|(_, absent, granted)| !absent.is_empty() || *granted)
         .collect();
-    if missing.is_empty() {
-        return Ok(BTreeSet::new());
+    if known.is_empty() {
+        return Ok(Gate::default());
     }
-    let namespaces: Vec<String> = missing.iter().map(|(ns, _)| (*ns).clone()).collect();
-    let observed = observe(tenant, pass, &namespaces).await?;
-    let mut held = BTreeSet::new();
-    for (ns, absent) in missing {
-        let enforced = observed
-            .get(ns)
-            .is_some_and(|o| keys.iter().all(|k| o.enforced.contains_key(*k)));
-        if !enforced {
-            held.extend(absent.into_iter().map(|name| (ns.clone(), name.clone())));
+    let observed_in: Vec<String> = known.iter().map(|(ns, ..)| (*ns).clone()).collect();
+    let observed = observe(tenant, pass, &observed_in).await?;
+    let mut gate = Gate::default();
+    for (ns, absent, granted) in known {
+        let enforced = observed.get(ns).map(|o| &o.enforced);
+        let count = keys
+            .iter()
+            .filter(|k| enforced.is_some_and(|e| e.contains_key(**k)))
+            .count();
+        if count < keys.len() {
+            let held = absent.into_iter().map(|name| (ns.clone(), name.clone()));
+            gate.held.extend(held);
+        }
+        if granted && count == 0 {
+            gate.cordoned.insert(ns.clone());
         }
     }
-    Ok(held)
+    Ok(gate)
 }
 
-/// The readiness of a tenant some of whose RoleBindings wait for their quota: `Reconciling`
+/// The readiness of a tenant some of whose access waits for its quota: `Reconciling`
 /// (reason `QuotaNotEnforced`) instead of `Ready`; any other readiness as it is.
-pub fn readiness(held: &BTreeSet<(String, String)>, readiness: Readiness) -> Readiness {
+pub fn readiness(gate: &Gate, readiness: Readiness) -> Readiness {
     match readiness {
-        Readiness::Ready { .. } if !held.is_empty() => {
-            let namespaces: BTreeSet<&str> = held.iter().map(|(ns, _)| ns.as_str()).collect();
+        Readiness::Ready { .. } if !gate.is_empty() => {
+            let list = |names: BTreeSet<&str>| names.into_iter().collect::<Vec<_>>().join(", ");
+            let mut said = Vec::new();
+            let waiting: BTreeSet<&str> = gate.held.iter().map(|(ns, _)| ns.as_str()).collect();
+            if !waiting.is_empty() {
+                said.push(format!("the RoleBindings of {} wait", list(waiting)));
+            }
+            if !gate.cordoned.is_empty() {
+                let cordoned = gate.cordoned.iter().map(String::as_str).collect();
+                said.push(format!(
+                    "creates and updates in {} are refused (its quota was created again)",
+                    list(cordoned)
+                ));
+            }
             Readiness::Reconciling {
                 reason: "QuotaNotEnforced".into(),
                 message: format!(
-                    "the RoleBindings of {} wait until the quota controller enforces the \
-                     namespace's quota (its status.hard)",
-                    namespaces.into_iter().collect::<Vec<_>>().join(", ")
+                    "{} until the quota controller enforces the namespace's quota (its status.hard)",
+                    said.join("; ")
                 ),
             }
         }

@@ -123,10 +123,10 @@ impl Reconciler for Tenants {
         )
         .await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
-        let held = quota_gate::held_bindings(tenant, pass, &self.ctx.caches, &ns.owned).await?;
+        let gate = quota_gate::gate(tenant, pass, &self.ctx.caches, &ns.owned).await?;
         let contents = pass
             .apply_part(&desired::contents(
-                tenant, &ns.owned, &not_ours, &quotas, &held,
+                tenant, &ns.owned, &not_ours, &quotas, &gate,
             )?)
             .await?;
         for event in status::released_events(&ns, &contents) {
@@ -136,7 +136,7 @@ impl Reconciler for Tenants {
             deletion: !ns.terminating.is_empty()
                 || !ns.held.is_empty()
                 || !contents.pruning.is_empty(),
-            quota: !held.is_empty()
+            quota: !gate.is_empty()
                 || split
                     .as_ref()
                     .is_some_and(|p| !p.held.is_empty() || p.settling),
@@ -147,7 +147,7 @@ impl Reconciler for Tenants {
         if let Some(plan) = &split {
             readiness = quota_split::readiness(plan, readiness);
         }
-        readiness = quota_gate::readiness(&held, readiness);
+        readiness = quota_gate::readiness(&gate, readiness);
         let owned = ns.owned.clone();
         let cordoned = tenant.spec.cordoned;
         let readiness = super::policy::readiness(tenant, readiness);

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod apps;
+pub mod controller_manager;
 pub mod deployed;
 pub mod process;
 pub mod tenants;

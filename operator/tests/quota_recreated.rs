@@ -1,0 +1,158 @@
+//! A tenant namespace whose quota someone deleted, on the real control plane with the shipped
+//! admission policy and the operator as its own ServiceAccount: the operator makes
+//! `idem-quota` again at once, but quota admission limits nothing until the quota controller
+//! has counted the new quota. Until then the namespace is refused writes as by a cordon
+//! (`quotaNotEnforced` in its TenantPolicy; deletes still go), the Tenant says `Reconciling`
+//! (`QuotaNotEnforced`), and once the quota is enforced everything is as before.
+
+mod common;
+
+use std::time::Duration;
+
+use common::deployed::{install, operator_kubeconfig};
+use common::tenants;
+use common::users::client_as;
+use common::{Operator, TIMEOUT, controller_manager, eventually, why};
+use idem_operator::resources::tenant::{DeletionPolicy, Owner, OwnerKind, Quota};
+use idem_operator::resources::{TenantPolicy, TenantSpec};
+use idem_operator::tenant::desired::QUOTA;
+use idem_operator::tenant::policy::PARAMS;
+use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+/// The manifests installed and one operator running as its ServiceAccount, once per binary.
+async fn setup() {
+    static OPERATOR: OnceCell<Operator> = OnceCell::const_new();
+    OPERATOR
+        .get_or_init(|| async {
+            install().await;
+            let kubeconfig = operator_kubeconfig();
+            let mut operator =
+                Operator::spawn_configured(Duration::from_secs(600), None, move |o| {
+                    o.kubeconfig = Some(kubeconfig);
+                });
+            operator.wait_ready().await;
+            operator
+        })
+        .await;
+}
+
+fn config_map(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+/// Whether the quota enforces something (the quota controller has filled `status.hard`).
+fn enforced(q: &ResourceQuota) -> bool {
+    (q.status.as_ref()).is_some_and(|s| s.hard.as_ref().is_some_and(|h| !h.is_empty()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
+    setup().await;
+    let admin = idem_tests::shared().client();
+    let tenant = idem_tests::unique_name("qr");
+    let owner = format!("{tenant}-owner");
+    let ns = format!("{tenant}-dev");
+    let spec = TenantSpec {
+        owners: vec![Owner {
+            kind: OwnerKind::User,
+            name: owner.clone(),
+            namespace: None,
+        }],
+        namespaces: vec!["dev".into()],
+        weight: 1,
+        deletion_policy: DeletionPolicy::Delete,
+        quota: Some(Quota {
+            hard: tenants::quantities(&[("configmaps", "5")]),
+            ..Quota::default()
+        }),
+        ..TenantSpec::default()
+    };
+    tenants::create(&admin, &tenant, spec).await;
+    tenants::wait_ready(&admin, &tenant).await;
+    let quotas = Api::<ResourceQuota>::namespaced(admin.clone(), &ns);
+    let before = quotas.get(QUOTA).await.expect("the quota");
+    let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
+    eventually("the owner may create", TIMEOUT, || async {
+        as_owner
+            .create(&PostParams::default(), &config_map("before"))
+            .await
+            .map_err(why)
+    })
+    .await;
+
+    // The quota controller stopped, an admin deletes the quota.
+    let resume = controller_manager::stop();
+    quotas
+        .delete(QUOTA, &DeleteParams::default())
+        .await
+        .expect("delete the quota");
+    let waiting = tenants::wait_condition(&admin, &tenant, "Reconciling", "QuotaNotEnforced").await;
+    let message = waiting
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Reconciling"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("creates and updates in {ns} are refused")),
+        "{message}"
+    );
+    let again = quotas.get(QUOTA).await.expect("the quota made again");
+    assert_ne!(again.uid(), before.uid());
+    assert!(!enforced(&again), "{:?}", again.status);
+    let policy = Api::<TenantPolicy>::namespaced(admin.clone(), &ns)
+        .get(PARAMS)
+        .await
+        .expect("the TenantPolicy");
+    assert!(policy.spec.quota_not_enforced, "{:?}", policy.spec);
+
+    // Nothing the quota would count gets in meanwhile: 6 ConfigMaps where 5 are allowed (with
+    // kube-root-ca.crt and "before", two already) would pass an unenforced quota.
+    let refusal = eventually("the owner's create refused", TIMEOUT, || async {
+        match as_owner
+            .create(&PostParams::default(), &config_map("during"))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 => Ok(e.message),
+            other => Err(format!("not refused: {other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        refusal.contains(&format!(
+            "the quota of namespace {ns} (ResourceQuota {QUOTA}) is not enforced yet"
+        )) && refusal.contains("deletes are allowed"),
+        "{refusal}"
+    );
+    for i in 0..6 {
+        let created = as_owner
+            .create(&PostParams::default(), &config_map(&format!("flood-{i}")))
+            .await;
+        assert!(created.is_err(), "admitted while unenforced: {created:?}");
+    }
+    as_owner
+        .delete("before", &DeleteParams::default())
+        .await
+        .expect("deletes go on");
+
+    // The quota controller counts the new quota: writes are admitted again, within it.
+    drop(resume);
+    tenants::wait_ready(&admin, &tenant).await;
+    assert!(enforced(&quotas.get(QUOTA).await.unwrap()));
+    let policy = Api::<TenantPolicy>::namespaced(admin.clone(), &ns)
+        .get(PARAMS)
+        .await
+        .expect("the TenantPolicy");
+    assert!(!policy.spec.quota_not_enforced, "{:?}", policy.spec);
+    eventually("the owner may create again", TIMEOUT, || async {
+        as_owner
+            .create(&PostParams::default(), &config_map("after"))
+            .await
+            .map_err(why)
+    })
+    .await;
+}
