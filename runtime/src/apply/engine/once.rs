@@ -275,11 +275,8 @@ fn ownership_drift(live: &Value, stamp: &Value, controlled: bool, ours: &str) ->
             .map(entry_name)
             .collect()
     };
-    let want = stamp.pointer("/metadata/labels").and_then(Value::as_object);
-    let have = live.pointer("/metadata/labels").and_then(Value::as_object);
-    let mut drift: Vec<Drift> = (want.into_iter().flatten())
-        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
-        .map(|(k, _)| Drift {
+    let mut drift: Vec<Drift> = changed_labels(live, stamp)
+        .map(|k| Drift {
             path: format!(".metadata.labels.{k}"),
             kind: DriftKind::NotOwned {
                 managers: owners("f:labels", Some(k)),
@@ -299,9 +296,14 @@ fn ownership_drift(live: &Value, stamp: &Value, controlled: bool, ours: &str) ->
 
 /// Whether `live` carries every label of the stamped body (the owner's).
 fn carries_labels(live: &Value, stamp: &Value) -> bool {
+    changed_labels(live, stamp).next().is_none()
+}
+
+/// The labels of `stamp` that `live` does not carry with the same value.
+fn changed_labels<'a>(live: &'a Value, stamp: &'a Value) -> impl Iterator<Item = &'a String> {
     let want = stamp.pointer("/metadata/labels").and_then(Value::as_object);
     let have = live.pointer("/metadata/labels").and_then(Value::as_object);
-    want.into_iter()
-        .flatten()
-        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+    (want.into_iter().flatten())
+        .filter(move |(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
+        .map(|(k, _)| k)
 }
