@@ -1,6 +1,7 @@
 //! Spec changes of a converged Tenant against the real control plane: shrinking or turning off
-//! features updates and prunes children, a namespace removed and re-added comes back, and a
-//! namespace conflict clears once the other tenant lets the namespace go.
+//! features updates and prunes children, a namespace removed is kept under `deletionPolicy:
+//! Retain` and deleted under `Delete` (removed and re-added, it comes back), and a namespace
+//! conflict clears once the other tenant lets the namespace go.
 
 mod common;
 
@@ -109,6 +110,96 @@ async fn shrinking_the_spec_removes_fields_and_prunes_children_of_features_turne
     let bindings: Vec<RoleBinding> = labelled(&client, &name).await;
     assert!(bindings.is_empty(), "{:?}", tenants::keys(&bindings));
     assert_eq!(labelled::<Namespace>(&client, &name).await.len(), 2);
+}
+
+/// Under `deletionPolicy: Retain` (the default), a namespace taken out of the spec is kept
+/// with everything in it, as deleting the Tenant would keep it: released (no ownerReference to
+/// the Tenant, no owner-uid label, out of its record), the owner's data and idem's objects in
+/// it untouched, and a `Released` Event says so.
+#[tokio::test]
+async fn a_namespace_removed_under_retain_is_kept_with_everything_in_it() {
+    use idem_operator::resources::tenant::DeletionPolicy;
+    use idem_runtime::apply::OWNER_UID_LABEL;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    shared_operator().await;
+    let client = shared().client();
+    let name = unique_name("keep");
+    let mut spec = full_spec(&["a", "b"]);
+    spec.deletion_policy = DeletionPolicy::Retain;
+    let tenant = tenants::create(&client, &name, spec).await;
+    tenants::wait_ready(&client, &name).await;
+    let kept = format!("{name}-b");
+    let data: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "data"}, "data": {"k": "v"},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), &kept)
+        .create(&Default::default(), &data)
+        .await
+        .expect("the owner's data");
+    let before = Api::<Namespace>::all(client.clone())
+        .get(&kept)
+        .await
+        .unwrap();
+
+    patch_spec(&client, &name, json!({"namespaces": ["a"]})).await;
+    let note = eventually("a Released Event about the namespace", TIMEOUT, || async {
+        let events = tenants::events_about(&client, &name, "Released").await;
+        (events.into_iter())
+            .filter_map(|e| e.note)
+            .find(|n| n.contains(&kept))
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+    assert!(
+        note.contains("no longer in spec.namespaces and deletionPolicy is Retain"),
+        "{note}"
+    );
+    let ready = tenants::wait_ready(&client, &name).await;
+    let status = ready.status.clone().unwrap();
+    assert_eq!(status.namespaces, [format!("{name}-a")]);
+    assert!(
+        !status
+            .created_children
+            .iter()
+            .any(|c| c.name == kept || c.namespace.as_deref() == Some(kept.as_str())),
+        "out of the record: {:?}",
+        status.created_children
+    );
+    let ns = Api::<Namespace>::all(client.clone())
+        .get(&kept)
+        .await
+        .unwrap();
+    assert_eq!(ns.uid(), before.uid(), "the same namespace");
+    assert!(
+        ns.metadata.deletion_timestamp.is_none(),
+        "not being deleted"
+    );
+    let uid = tenant.uid().unwrap();
+    let released = |meta: &kube::api::ObjectMeta| {
+        !meta.owner_references.iter().flatten().any(|r| r.uid == uid)
+            && !meta
+                .labels
+                .iter()
+                .flatten()
+                .any(|(k, _)| k == OWNER_UID_LABEL)
+    };
+    assert!(released(&ns.metadata), "{:?}", ns.metadata);
+    let data = Api::<ConfigMap>::namespaced(client.clone(), &kept)
+        .get("data")
+        .await
+        .expect("the owner's data is kept");
+    assert_eq!(data.data.unwrap()["k"], "v");
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), &kept)
+        .get(QUOTA)
+        .await
+        .expect("idem's quota is kept");
+    assert!(released(&quota.metadata), "{:?}", quota.metadata);
+    let owners = Api::<RoleBinding>::namespaced(client.clone(), &kept)
+        .get(OWNERS)
+        .await
+        .expect("the owners' RoleBinding is kept");
+    assert!(released(&owners.metadata), "{:?}", owners.metadata);
 }
 
 #[tokio::test]

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use crate::resources::TenantPolicy;
-use crate::resources::tenant::{Owner, OwnerKind, Tenant};
+use crate::resources::tenant::{DeletionPolicy, Owner, OwnerKind, Tenant};
 
 /// ResourceQuota name in each tenant namespace.
 pub const QUOTA: &str = "idem-quota";
@@ -51,7 +51,8 @@ pub fn namespace_names(tenant: &Tenant) -> Vec<String> {
         .collect()
 }
 
-/// First pass: one Namespace per short name; namespaces no longer listed are pruned.
+/// First pass: one Namespace per short name; namespaces no longer listed are pruned, or kept
+/// and released under `deletionPolicy: Retain`.
 ///
 /// # Errors
 /// [`ApplyError`] when a child cannot be serialised.
@@ -63,6 +64,12 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
     desired
         .prune_kind::<Namespace>()
         .release_orphans::<Namespace>();
+    // One taken out of the spec goes only as deleting the Tenant would take it: with
+    // `deletionPolicy: Retain` it is kept, with everything in it (a renamed short name, a line
+    // removed by mistake, would otherwise delete the tenant's data).
+    if tenant.spec.deletion_policy == DeletionPolicy::Retain {
+        desired.release_undesired::<Namespace>();
+    }
     for name in namespace_names(tenant) {
         // The bucket of the namespace's name: the operator's namespace cache is sharded on it.
         let bucket = crate::shard::namespace_bucket(&name);

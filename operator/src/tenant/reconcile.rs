@@ -76,6 +76,13 @@ pub struct Tenants {
     pub ctx: Arc<Context>,
 }
 
+/// The namespaces the Tenant's record holds children in (as last written to its status).
+fn recorded_namespaces(tenant: &Tenant) -> impl Iterator<Item = &str> {
+    (tenant.status.iter())
+        .flat_map(|s| s.created_children.iter())
+        .filter_map(|c| c.namespace.as_deref())
+}
+
 /// Sets the namespace list and count of a Tenant's status.
 fn set_namespaces(status: &mut TenantStatus, namespaces: &[String]) {
     status.namespaces = namespaces.to_vec();
@@ -110,9 +117,9 @@ impl Reconciler for Tenants {
             }));
         }
         let ns = NamespacePass::from_report(&pass.apply_part(&desired::namespaces(tenant)?).await?);
-        let not_ours = ns.not_ours();
-        // The quotas' decreases first (quota_split), then everything with the increases.
         let leaving = ns.leaving();
+        let not_ours = ns.not_ours_of(recorded_namespaces(tenant), &leaving);
+        // The quotas' decreases first (quota_split), then everything with the increases.
         let split = quota_split::settle(
             tenant,
             pass,

@@ -18,9 +18,13 @@ pub struct NamespacePass {
     /// Those of [`NamespacePass::terminating`] whose repair in place the API server refused
     /// (an admission policy on their labels), with its words.
     pub unrepaired: Vec<(String, String)>,
-    /// Namespaces of the tenant's record whose ownerReference an administrator removed in
-    /// this pass (released): they and their contents are kept, no longer managed.
+    /// Namespaces of the tenant's record released in this pass: an administrator removed
+    /// their ownerReference, or they left the spec under `deletionPolicy: Retain`
+    /// ([`NamespacePass::retained`]). They and their contents are kept, no longer managed.
     pub released: Vec<String>,
+    /// Those of [`NamespacePass::released`] that left the spec (kept by `deletionPolicy:
+    /// Retain`), sorted.
+    pub retained: Vec<String>,
     /// Namespaces no longer desired, deleted and still there (waiting for their contents, or
     /// held by finalizers), with those finalizers: what is in them is still in effect until
     /// they are gone.
@@ -45,6 +49,11 @@ impl NamespacePass {
             }
         }
         pass.released = report.released.iter().map(|k| k.name.to_string()).collect();
+        pass.retained = (report.released.iter())
+            .filter(|k| !report.children.iter().any(|(desired, _)| desired == *k))
+            .map(|k| k.name.to_string())
+            .collect();
+        pass.retained.sort();
         pass.held = (report.pruning.iter())
             .map(|(k, finalizers)| (k.name.to_string(), finalizers.clone()))
             .collect();
@@ -62,6 +71,26 @@ impl NamespacePass {
             .collect();
         names.sort();
         names.dedup();
+        names
+    }
+
+    /// As [`NamespacePass::not_ours`], and the namespaces of `recorded` (where the tenant's
+    /// record holds children) that it neither owns nor is deleting (`leaving`): one released
+    /// or retained by an earlier pass whose contents were not all released yet (that pass
+    /// failed) still has them released, never pruned.
+    pub fn not_ours_of<'a>(
+        &self,
+        recorded: impl Iterator<Item = &'a str>,
+        leaving: &[String],
+    ) -> Vec<String> {
+        let mut names = self.not_ours();
+        for ns in recorded {
+            let ours = self.owned.iter().chain(leaving).any(|o| o == ns);
+            if !ours && !names.iter().any(|n| n == ns) {
+                names.push(ns.to_owned());
+            }
+        }
+        names.sort();
         names
     }
 
@@ -208,7 +237,11 @@ pub fn released_events(pass: &NamespacePass, contents: &ApplyReport) -> Vec<Even
             } else {
                 format!(" and, in it, {}", objects.join(", "))
             };
-            let note = if pass.released.iter().any(|r| r == ns) {
+            let note = if pass.retained.iter().any(|r| r == ns) {
+                format!(
+                    "namespace {ns} is no longer in spec.namespaces and deletionPolicy is Retain: kept it with everything in it{inside}; ownerReferences to the Tenant and the owner-uid label removed, no longer managed (its quota no longer counts toward the Tenant's; delete it yourself if it should go)"
+                )
+            } else if pass.released.iter().any(|r| r == ns) {
                 format!(
                     "namespace {ns} was released (its ownerReference to the Tenant was removed): kept it{inside}; ownerReferences to the Tenant and the owner-uid label removed, no longer managed"
                 )
@@ -420,6 +453,36 @@ mod tests {
             Some("a-old")
         );
         assert!(released_events(&NamespacePass::default(), &ApplyReport::default()).is_empty());
+    }
+
+    #[test]
+    fn a_namespace_that_left_the_spec_under_retain_is_said_kept_and_stays_released() {
+        let report = ApplyReport {
+            children: vec![(
+                ObjectKey::cluster("Namespace", "a-dev"),
+                ChildOutcome::Unchanged,
+            )],
+            released: vec![ObjectKey::cluster("Namespace", "a-old")],
+            ..ApplyReport::default()
+        };
+        let pass = NamespacePass::from_report(&report);
+        assert_eq!(pass.retained, ["a-old"]);
+        let events = released_events(&pass, &ApplyReport::default());
+        let note = events[0].note.as_deref().unwrap();
+        assert!(
+            note.starts_with(
+                "namespace a-old is no longer in spec.namespaces and deletionPolicy is Retain"
+            ),
+            "{note}"
+        );
+        // A later pass: a namespace the record still holds children in, neither owned nor
+        // being deleted, has them released; one being deleted has them pruned with it.
+        let later = NamespacePass {
+            owned: vec!["a-dev".into()],
+            ..NamespacePass::default()
+        };
+        let recorded = ["a-dev", "a-old", "a-gone", "a-old"].into_iter();
+        assert_eq!(later.not_ours_of(recorded, &["a-gone".into()]), ["a-old"]);
     }
 
     #[test]

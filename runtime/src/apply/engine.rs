@@ -228,6 +228,7 @@ impl Applier {
                 resource,
                 namespaced: *namespaced,
                 release_orphans: desired.release_orphans.contains(resource),
+                release_undesired: desired.release_undesired.contains(resource),
                 release_in: &desired.release_in,
             };
             self.prune_kind(owner, &kind, &keep, report).await?;

@@ -336,6 +336,8 @@ pub struct DesiredChildren {
     pub(crate) release_orphans: Vec<ApiResource>,
     /// Namespaces whose undesired children are released, not pruned.
     pub(crate) release_in: std::collections::BTreeSet<String>,
+    /// Kinds whose undesired children are released, not pruned.
+    pub(crate) release_undesired: Vec<ApiResource>,
     /// Kinds whose deleted create-once children are created anew
     /// ([`DesiredChildren::regenerate_deleted`]).
     pub(crate) regenerate: Vec<ApiResource>,
@@ -511,6 +513,24 @@ impl DesiredChildren {
     /// [`DesiredChildren::release_orphans`]): they stay with the namespace.
     pub fn release_in(&mut self, namespace: &str) -> &mut Self {
         self.release_in.insert(namespace.to_owned());
+        self
+    }
+
+    /// Releases instead of pruning every undesired child of kind `K`, wherever it is: its
+    /// owner's ownerReferences and owner-uid label are removed ([`super::release`]) and it
+    /// leaves the record, reported in [`ApplyReport::released`](super::ApplyReport::released).
+    /// For kinds that hold user data whose deletion the owner's spec should not decide alone
+    /// (a Tenant's namespaces under `deletionPolicy: Retain`: one taken out of the spec is
+    /// kept, with everything in it). Still pruned with [`DesiredChildren::prune_kind`]'s rules
+    /// otherwise: only what the record holds is touched.
+    pub fn release_undesired<K>(&mut self) -> &mut Self
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ar = ApiResource::erase::<K>(&());
+        if !self.release_undesired.contains(&ar) {
+            self.release_undesired.push(ar);
+        }
         self
     }
 

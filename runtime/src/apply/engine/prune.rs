@@ -17,6 +17,9 @@ pub(super) struct PruneKind<'a> {
     pub(super) namespaced: bool,
     /// The kind releases orphans ([`crate::apply::DesiredChildren::release_orphans`]).
     pub(super) release_orphans: bool,
+    /// The kind's undesired children are released instead of deleted
+    /// ([`crate::apply::DesiredChildren::release_undesired`]).
+    pub(super) release_undesired: bool,
     /// Namespaces whose children are released instead of deleted.
     pub(super) release_in: &'a BTreeSet<String>,
 }
@@ -175,7 +178,7 @@ impl Applier {
     }
 
     /// Deletes the recorded child `key` (`meta` as read; uid precondition), or releases it
-    /// when it lives in a namespace whose children are released.
+    /// when its kind or the namespace it lives in has undesired children released.
     async fn remove(
         &self,
         owner: &Owner,
@@ -189,10 +192,11 @@ impl Applier {
         if let Some(c) = &self.caches {
             c.forget(&key);
         }
-        if meta
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| kind.release_in.contains(ns))
+        if kind.release_undesired
+            || meta
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| kind.release_in.contains(ns))
         {
             let _in_flight = self.begin_write(&key);
             crate::apply::release(
