@@ -74,11 +74,18 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             up(options)
         }
-        Cmd::Down => {
-            let stopped = idem_tests::down(&idem_tests::state::root())?;
-            println!("stopped {}", stopped.join(", "));
-            Ok(())
-        }
+        // Idempotent, as a DELETE of what is gone: nothing running is nothing to stop.
+        Cmd::Down => match idem_tests::down(&idem_tests::state::root()) {
+            Ok(stopped) => {
+                println!("stopped {}", stopped.join(", "));
+                Ok(())
+            }
+            Err(idem_tests::Error::NoState(_)) => {
+                println!("no detached control plane is running: nothing to stop");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        },
     }
 }
 
