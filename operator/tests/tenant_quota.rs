@@ -658,3 +658,76 @@ async fn a_namespace_leaving_the_tenant_keeps_its_share_until_it_is_gone() {
     })
     .await;
 }
+
+/// A usage too large to compute with exactly (an owner's Pod requesting `memory: 1e40`,
+/// admitted before `requests.memory` was in the quota) counts as above the total: the Tenant
+/// is not stalled and its children are still repaired (it was `Stalled` `QuotaInvalid`, and
+/// nothing was repaired for as long as the Pod stayed).
+#[tokio::test]
+async fn a_usage_too_large_to_compute_with_does_not_stop_repairs() {
+    use idem_operator::tenant::desired::OWNERS;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let _serial = SERIAL.lock().await;
+    operator().await;
+    let client = shared().client();
+    let tenant = unique_name("th");
+    let mut spec = spec();
+    spec.namespaces = vec!["a".into()];
+    tenants::create(&client, &tenant, spec).await;
+    tenants::wait_ready(&client, &tenant).await;
+    let ns = format!("{tenant}-a");
+    let huge: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "huge"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"memory": "1e40"}}}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &huge)
+        .await
+        .expect("admitted: no quota on requests.memory yet");
+    let patched = tenants::api(&client)
+        .patch(
+            &tenant,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"quota": {"tenantHard": {"requests.memory": "8Gi"}}}})),
+        )
+        .await
+        .expect("patch");
+    let generation = patched.metadata.generation;
+    let ready = eventually("Ready for the new generation", TIMEOUT, || async {
+        let t = tenants::api(&shared().client())
+            .get(&tenant)
+            .await
+            .map_err(why)?;
+        let ready = (t.status.as_ref())
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .cloned();
+        match ready {
+            Some(c) if c.status == "True" && c.observed_generation == generation => Ok(c),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        ready
+            .message
+            .contains("usage is above quota.tenantHard (requests.memory"),
+        "{}",
+        ready.message
+    );
+    // Still repaired: the owners' RoleBinding deleted comes back.
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let old = bindings.get(OWNERS).await.expect("the owners' RoleBinding");
+    bindings
+        .delete(OWNERS, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the owners' RoleBinding made again", TIMEOUT, || async {
+        match bindings.get_opt(OWNERS).await.map_err(why)? {
+            Some(b) if b.uid() != old.uid() => Ok(()),
+            other => Err(format!("{:?}", other.map(|b| b.uid()))),
+        }
+    })
+    .await;
+}

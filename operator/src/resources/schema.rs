@@ -79,6 +79,9 @@ fn quantity_value() -> serde_json::Value {
              "message": "must be a quantity such as 4, 500m or 8Gi"},
             {"rule": "!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",
              "message": "must not be negative"},
+            // Quotas are split in exact whole units (milli-units for CPU).
+            {"rule": "!isQuantity(string(self)) || quantity(string(self)).isLessThan(quantity('1e24'))",
+             "message": "must be less than 1e24 (idem computes with quantities exactly)"},
         ],
     })
 }

@@ -9,6 +9,8 @@
 //!   controller-manager's quota controller, read from the controller's cache (the kind is
 //!   declared reading status, so a change of usage reconciles the Tenant and a converged pass
 //!   makes no request). A quota without `status.used` for a key counts as using 0. A usage
+//!   too large to compute with exactly (an owner's Pod may request `memory: 1e40`) counts as
+//!   above any total, never as an error that would stop the Tenant's pass. A usage
 //!   lower than the highest seen is believed only once it has held a while
 //!   ([`super::quota_usage`]): the quota controller's recount can dip below what admission
 //!   charged, and the room a dip frees would let a namespace pass the total.
@@ -158,9 +160,26 @@ fn units(what: &'static str, key: &str, q: &Quantity, round_up: bool) -> Result<
         })
 }
 
-/// A `status.used` value in the key's units, rounded up.
+/// What a live value counts as at most, in a key's units: far above any total the Tenant's
+/// schema admits (below `1e24`), and small enough that sums over its namespaces cannot
+/// overflow.
+pub const LIVE_UNITS_CAP: i128 = 10i128.pow(30);
+
+/// A value of a live quota (`status.used`, `status.hard`, `spec.hard`: written by quota
+/// admission, the quota controller, or whoever edits the quota, not the Tenant's schema) in
+/// the key's units, rounded up; a value too large to compute with exactly, or one that does
+/// not parse, counts as [`LIVE_UNITS_CAP`]: above the total, so nothing grows, rather than a
+/// stalled Tenant (an owner's Pod requesting `memory: 1e40` stopped every repair).
+fn live_units(key: &str, q: &Quantity) -> i128 {
+    Exact::parse(&q.0)
+        .and_then(|e| e.units(scale(key), true))
+        .map_or(LIVE_UNITS_CAP, |u| u.clamp(0, LIVE_UNITS_CAP))
+}
+
+/// A `status.used` value in the key's units ([`live_units`]); never an error.
+#[allow(clippy::unnecessary_wraps)]
 fn usage_units(key: &str, q: &Quantity) -> Result<i128, SplitError> {
-    units("status.used", key, q, true)
+    Ok(live_units(key, q))
 }
 
 /// Compares two quantities by value (to the nano-unit, the finest a quantity keeps); `None`
@@ -202,7 +221,7 @@ pub fn format(units: i128, scale: i32) -> Quantity {
 
 /// The targets of one key for namespaces using `used` whose quotas hold `current` (`None`:
 /// none yet): at most `cap` each, `Σ ≤ total` unless usage alone is above it (then each is
-/// held at its usage). Keeps `current` when it is still good enough (see the module docs).
+/// held at its usage; at its current quota when the usage is too large to compute with). Keeps `current` when it is still good enough (see the module docs).
 pub fn targets(
     total: i128,
     cap: Option<i128>,
@@ -213,7 +232,14 @@ pub fn targets(
     let limit = |v: i128| cap.map_or(v, |c| v.min(c.max(0)));
     let sum_used: i128 = used.iter().sum();
     if sum_used >= total {
-        return used.iter().map(|u| limit(*u)).collect();
+        // Held at its usage; a usage too large to compute with at what its quota holds now
+        // (nothing grows either way, and no absurd limit is written).
+        return (used.iter().zip(current))
+            .map(|(u, c)| match c {
+                Some(c) if *u >= LIVE_UNITS_CAP => limit((*c).clamp(0, *u)),
+                _ => limit(*u),
+            })
+            .collect();
     }
     let fresh = fresh_split(total - sum_used, cap, &used, current);
     let kept: Option<Vec<i128>> = current.iter().copied().collect();
@@ -334,18 +360,14 @@ pub fn plan(
         let mut enforced = Vec::new();
         for ns in namespaces {
             let o = obs(ns);
-            used.push(match o.used.get(key) {
-                Some(q) => usage_units(key, q)?,
-                None => 0,
-            });
-            current.push(match o.spec.as_ref().and_then(|s| s.get(key)) {
-                Some(q) => Some(units("spec.hard", key, q, true)?),
-                None => None,
-            });
-            enforced.push(match o.enforced.get(key) {
-                Some(q) => Some(units("status.hard", key, q, true)?),
-                None => None,
-            });
+            used.push(o.used.get(key).map_or(0, |q| live_units(key, q)));
+            current.push(
+                o.spec
+                    .as_ref()
+                    .and_then(|s| s.get(key))
+                    .map(|q| live_units(key, q)),
+            );
+            enforced.push(o.enforced.get(key).map(|q| live_units(key, q)));
         }
         let sum_used: i128 = used.iter().sum();
         if sum_used > total {
@@ -449,14 +471,11 @@ pub fn without_leaving(
             };
             let spec = o.spec.as_ref().and_then(|s| s.get(key));
             let mut most = 0;
-            for (what, q) in [
-                ("status.used", o.used.get(key)),
-                ("status.hard", o.enforced.get(key)),
-                ("spec.hard", spec),
-            ] {
-                if let Some(q) = q {
-                    most = most.max(units(what, key, q, true)?);
-                }
+            for q in [o.used.get(key), o.enforced.get(key), spec]
+                .into_iter()
+                .flatten()
+            {
+                most = most.max(live_units(key, q));
             }
             reserved += most;
         }
@@ -834,6 +853,26 @@ mod tests {
         // Nothing leaving, nothing lowered.
         let same = without_leaving(&quota, &[], &BTreeMap::new()).unwrap();
         assert_eq!(same, Some(quota));
+    }
+
+    #[test]
+    fn a_live_value_too_large_to_compute_with_holds_everything_instead_of_failing() {
+        assert_eq!(live_units("requests.memory", &q("10e39")), LIVE_UNITS_CAP);
+        assert_eq!(live_units("pods", &q("not a quantity")), LIVE_UNITS_CAP);
+        assert_eq!(live_units("cpu", &q("1500m")), 1500);
+        // An owner's Pod requesting 1e40 of a key: usage above the total, every namespace
+        // held at its usage, no error (it stalled the Tenant and stopped every repair).
+        let quota = quota(&[("pods", "6")], &[]);
+        let ns: Vec<String> = vec!["t-a".into(), "t-b".into()];
+        let obs: BTreeMap<String, Observed> = [
+            ("t-a".into(), observed("3", Some("3"), "1e40")),
+            ("t-b".into(), observed("3", Some("9e99"), "1")),
+        ]
+        .into();
+        let plan = plan(&quota, &ns, &obs).expect("no error from live values");
+        assert_eq!(plan.over.len(), 1, "{plan:?}");
+        let hard: Vec<&str> = plan.hard.values().map(pods).collect();
+        assert_eq!(hard, ["3", "1"], "nothing grows: b held at its usage");
     }
 
     #[test]
