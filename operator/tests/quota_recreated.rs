@@ -2,7 +2,8 @@
 //! admission policy and the operator as its own ServiceAccount: the operator makes
 //! `idem-quota` again at once, but quota admission limits nothing until the quota controller
 //! has counted the new quota. Until then the namespace is refused writes as by a cordon
-//! (`quotaNotEnforced` in its TenantPolicy; deletes still go), the Tenant says `Reconciling`
+//! (`quotaNotEnforced` in its TenantPolicy; deletes still go, and an owner deleting the
+//! operator's RoleBinding does not lift it), the Tenant says `Reconciling`
 //! (`QuotaNotEnforced`), and once the quota is enforced everything is as before.
 
 mod common;
@@ -15,7 +16,7 @@ use common::users::client_as;
 use common::{Operator, TIMEOUT, controller_manager, eventually, why};
 use idem_operator::resources::tenant::{DeletionPolicy, Owner, OwnerKind, Quota};
 use idem_operator::resources::{TenantPolicy, TenantSpec};
-use idem_operator::tenant::desired::QUOTA;
+use idem_operator::tenant::desired::{OWNERS, QUOTA};
 use idem_operator::tenant::policy::PARAMS;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
 use kube::ResourceExt;
@@ -84,6 +85,20 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
     })
     .await;
 
+    // Access of the owner's own making, beside the operator's RoleBinding.
+    let own: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "self-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": owner}],
+    }))
+    .unwrap();
+    let owners_bindings =
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client_as(&owner), &ns);
+    owners_bindings
+        .create(&PostParams::default(), &own)
+        .await
+        .expect("the owner binds themself");
+
     // The quota controller stopped, an admin deletes the quota.
     let resume = controller_manager::stop();
     quotas
@@ -138,6 +153,33 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
         .delete("before", &DeleteParams::default())
         .await
         .expect("deletes go on");
+    // The owner deletes the operator's RoleBinding (deletes go on): the cordon stays, since
+    // their own binding still grants them access.
+    owners_bindings
+        .delete(OWNERS, &DeleteParams::default())
+        .await
+        .expect("the owner deletes idem-owners");
+    eventually("the pass that sees idem-owners gone", TIMEOUT, || async {
+        let t = tenants::api(&admin).get(&tenant).await.map_err(why)?;
+        let recorded = (t.status.iter())
+            .flat_map(|s| s.created_children.iter())
+            .any(|c| c.name == OWNERS && c.namespace.as_deref() == Some(ns.as_str()));
+        if recorded {
+            Err("still recorded".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let policy = Api::<TenantPolicy>::namespaced(admin.clone(), &ns)
+        .get(PARAMS)
+        .await
+        .expect("the TenantPolicy");
+    assert!(policy.spec.quota_not_enforced, "lifted: {:?}", policy.spec);
+    let created = as_owner
+        .create(&PostParams::default(), &config_map("through-own-binding"))
+        .await;
+    assert!(created.is_err(), "admitted while unenforced: {created:?}");
 
     // The quota controller counts the new quota: writes are admitted again, within it.
     drop(resume);

@@ -22,8 +22,9 @@ use idem_runtime::prelude::*;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 
 use super::desired::bindings;
+use super::policy::PARAMS;
 use super::quota_split::observe;
-use crate::resources::Tenant;
+use crate::resources::{Tenant, TenantPolicy};
 
 /// What a pass holds back until the namespaces' quotas are enforced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,8 +32,9 @@ pub struct Gate {
     /// RoleBindings (namespace, name) to leave out of the pass: they do not exist yet, and
     /// their namespace's quota does not enforce every key it is given.
     pub held: BTreeSet<(String, String)>,
-    /// Namespaces with a RoleBinding whose quota enforces none of its keys (or is gone): their
-    /// TenantPolicy refuses creates and updates until it does.
+    /// Namespaces where access was granted (a RoleBinding of ours is or was there, or the
+    /// namespace is cordoned already) whose quota enforces none of its keys (or is gone):
+    /// their TenantPolicy refuses creates and updates until it does.
     pub cordoned: BTreeSet<String>,
 }
 
@@ -82,7 +84,15 @@ pub async fn gate(
                 .filter(|(_, exists)| *exists == Some(false))
                 .map(|(name, _)| *name)
                 .collect();
-            let granted = lookups.iter().any(|(_, exists)| *exists == Some(true));
+            // Access was granted: a binding of ours is there or was (the record holds one: an
+            // owner deleting it does not take back what others they bound may do), or the
+            // namespace is cordoned already (until its quota is enforced, whatever happens to
+            // the bindings meanwhile).
+            let granted = lookups.iter().any(|(_, exists)| *exists == Some(true))
+                || recorded_binding(tenant, ns)
+                || (caches.lookup::<TenantPolicy>(Some(ns), PARAMS))
+                    .flatten()
+                    .is_some_and(|p| p.spec.quota_not_enforced);
             (ns, absent, granted)
         })
         .filter(|(_, absent, granted)| !absent.is_empty() || *granted)
@@ -108,6 +118,13 @@ pub async fn gate(
         }
     }
     Ok(gate)
+}
+
+/// Whether the Tenant's record (its status) holds a RoleBinding it created in `ns`.
+fn recorded_binding(tenant: &Tenant, ns: &str) -> bool {
+    (tenant.status.iter())
+        .flat_map(|s| s.created_children.iter())
+        .any(|c| c.kind == "RoleBinding" && c.namespace.as_deref() == Some(ns))
 }
 
 /// The readiness of a tenant some of whose access waits for its quota: `Reconciling`
