@@ -2,7 +2,8 @@
 //! `events_every`). An owner who edits a child again and again gets a `DriftRepaired` Event per
 //! edit under the default budget, but no more Events than the burst under a small one; the
 //! next Event published once the budget refills says how many were held back, and those plus
-//! the ones published are every Event the passes had to tell.
+//! the ones published are every Event the passes had to tell; an Event published "always"
+//! (what only an administrator's action causes, once) goes out whatever the budget.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -12,10 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
-use idem_runtime::reconciler::{Driver, DriverConfig};
+use idem_runtime::controller::Action;
+use idem_runtime::reconciler::{
+    ChildKinds, Driver, DriverConfig, Outcome, Pass, ReconcileError, Reconciler,
+};
+use idem_runtime::status::Readiness;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event as Publish, EventType};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -181,4 +187,66 @@ async fn the_next_event_says_how_many_were_held_back() {
     assert_eq!(published, 2, "the first and the one after the refill");
     assert!(held >= CREATION_EVENTS - 1, "{held}");
     assert_eq!(published + held, told, "every Event told or counted");
+}
+
+/// Each pass publishes one Event within the budget and one always, and makes no child.
+struct Telling;
+
+impl Reconciler for Telling {
+    type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        ChildKinds::new()
+    }
+    async fn reconcile(
+        &self,
+        _: &BaseTenant,
+        pass: &mut Pass<BaseTenant>,
+    ) -> Result<Outcome<BaseTenant>, ReconcileError> {
+        let event = |reason: &str| Publish {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(format!("{reason} {}", next_number())),
+            action: "Test".into(),
+            secondary: None,
+        };
+        pass.publish(event("Budgeted")).await;
+        pass.publish_always(event("Always")).await;
+        Ok(Outcome::new(Readiness::Ready {
+            reason: "Told".into(),
+            message: "told".into(),
+        }))
+    }
+}
+
+/// A number per call, so that no two Events of a reason fold into one series.
+fn next_number() -> usize {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn an_event_published_always_goes_out_whatever_the_budget() {
+    let client = client().await;
+    let driver = Driver::new(client.clone(), Telling).with_config(DriverConfig {
+        events_burst: 1,
+        events_every: Duration::from_secs(3600),
+        ..DriverConfig::default()
+    });
+    let tenant = create(&client, "bt-always").await;
+    let (name, uid) = (tenant.name_any(), tenant.uid().unwrap());
+    for _ in 0..3 {
+        let stored = Api::<BaseTenant>::all(client.clone())
+            .get(&name)
+            .await
+            .expect("get");
+        let action = driver
+            .reconcile_once(client.clone(), Arc::new(stored))
+            .await
+            .expect("reconcile");
+        assert_eq!(action, Action::await_change());
+    }
+    let told = notes(&client, &uid).await;
+    let budgeted = told.iter().filter(|n| n.starts_with("Budgeted")).count();
+    let always = told.iter().filter(|n| n.starts_with("Always")).count();
+    assert_eq!((budgeted, always), (1, 3), "{told:#?}");
 }

@@ -162,7 +162,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
                     "Tenant deleted; its deletionPolicy is Delete: its namespaces were deleted; {}",
                     kept.describe()
                 );
-                pass.publish(retained(note)).await;
+                pass.publish_always(retained(note)).await;
             }
         }
         Cleanup::Retain { why } => {
@@ -172,7 +172,7 @@ pub async fn finalize(tenant: &Tenant, pass: &mut Pass<Tenant>) -> Result<Done<T
             } else {
                 format!("Tenant deleted; {why}: {}", kept.describe())
             };
-            pass.publish(retained(note)).await;
+            pass.publish_always(retained(note)).await;
         }
     }
     Ok(Done::Done)

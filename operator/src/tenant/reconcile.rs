@@ -137,7 +137,9 @@ impl Reconciler for Tenants {
             )?)
             .await?;
         for event in status::released_events(&ns, &contents) {
-            pass.publish(event).await;
+            // An administrator's release or a namespace leaving the spec: once, and the only
+            // record of what was kept.
+            pass.publish_always(event).await;
         }
         let waits = Waits {
             deletion: !ns.terminating.is_empty()

@@ -43,7 +43,7 @@ pub async fn finalize(
             kept.join(", ")
         )
     };
-    pass.publish(retained(note)).await;
+    pass.publish_always(retained(note)).await;
     Ok(Done::Done)
 }
 

@@ -48,7 +48,24 @@ impl Publisher {
 /// Publishes `event` about `reference` if the object's Event budget allows (else it is held
 /// back, and the next one published says how many were), its note cut to the 1024 bytes an
 /// Event may hold (at a character boundary, see [`shorten`]); a failure is logged at `warn`.
-pub async fn publish(publisher: &Publisher, reference: &ObjectReference, mut event: Event) {
+pub async fn publish(publisher: &Publisher, reference: &ObjectReference, event: Event) {
+    send(publisher, reference, event, true).await;
+}
+
+/// As [`publish`], whatever the object's budget (it still counts against it): for the few
+/// Events only an administrator's action causes, once each, that would otherwise be lost
+/// after an owner spent the budget (a Tenant's `Retained` and `Released`: the only record of
+/// what its deletion or a release kept).
+pub async fn publish_always(publisher: &Publisher, reference: &ObjectReference, event: Event) {
+    send(publisher, reference, event, false).await;
+}
+
+async fn send(
+    publisher: &Publisher,
+    reference: &ObjectReference,
+    mut event: Event,
+    budgeted: bool,
+) {
     let object = reference.uid.clone().unwrap_or_else(|| {
         format!(
             "{}/{}/{}",
@@ -57,9 +74,13 @@ pub async fn publish(publisher: &Publisher, reference: &ObjectReference, mut eve
             reference.name.as_deref().unwrap_or_default()
         )
     });
-    let Some(held) = publisher.budget.take(&object, Instant::now()) else {
-        tracing::debug!(reason = %event.reason, "an event held back: its object's Event budget is spent");
-        return;
+    let held = match publisher.budget.take(&object, Instant::now()) {
+        Some(held) => held,
+        None if !budgeted => 0,
+        None => {
+            tracing::debug!(reason = %event.reason, "an event held back: its object's Event budget is spent");
+            return;
+        }
     };
     if let Some(note) = &event.note {
         event.note = Some(if held == 0 {

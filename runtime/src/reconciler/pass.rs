@@ -513,10 +513,21 @@ impl<K: IdempotentResource> Pass<K> {
         .await
     }
 
-    /// Publishes `event` about the object (best effort; nothing without a recorder).
+    /// Publishes `event` about the object (best effort; nothing without a recorder), within
+    /// the object's Event budget
+    /// ([`DriverConfig::events_burst`](super::DriverConfig::events_burst)).
     pub async fn publish(&self, event: Event) {
         if let Some(recorder) = &self.recorder {
             super::events::publish(recorder, &self.reference, event).await;
+        }
+    }
+
+    /// As [`Pass::publish`], whatever the object's budget: only for an Event an
+    /// administrator's action causes, once (what deleting or releasing the object kept),
+    /// never for one its owner's writes can repeat.
+    pub async fn publish_always(&self, event: Event) {
+        if let Some(recorder) = &self.recorder {
+            super::events::publish_always(recorder, &self.reference, event).await;
         }
     }
 
