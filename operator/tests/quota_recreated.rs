@@ -1,7 +1,8 @@
-//! A tenant namespace whose quota someone deleted, on the real control plane with the shipped
-//! admission policy and the operator as its own ServiceAccount: the operator makes
-//! `idem-quota` again at once, but quota admission limits nothing until the quota controller
-//! has counted the new quota. Until then the namespace is refused writes as by a cordon
+//! A tenant namespace's quota on the real control plane with the shipped admission policies
+//! and the operator as its own ServiceAccount: an administrator bound by RBAC may neither
+//! delete nor edit it (the policy `idem-operator-quota-guard` names the Tenant's
+//! `spec.quota`); one a superuser deleted anyway is made again at once by the operator, but
+//! quota admission limits nothing until the quota controller has counted the new quota. Until then the namespace is refused writes as by a cordon
 //! (`quotaNotEnforced` in its TenantPolicy; deletes still go, and an owner deleting the
 //! operator's RoleBinding does not lift it), the Tenant says `Reconciling`
 //! (`QuotaNotEnforced`), and once the quota is enforced everything is as before.
@@ -99,7 +100,45 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
         .await
         .expect("the owner binds themself");
 
-    // The quota controller stopped, an admin deletes the quota.
+    // A cluster administrator bound by RBAC (not a system:masters superuser) may not delete
+    // or edit the quota: the shipped policy refuses it, naming the Tenant's spec.quota.
+    let careless = format!("{tenant}-admin");
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": careless},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": careless}],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("a cluster-admin");
+    let as_careless = Api::<ResourceQuota>::namespaced(client_as(&careless), &ns);
+    let refused = eventually("the administrator's deletion refused", TIMEOUT, || async {
+        match as_careless.delete(QUOTA, &DeleteParams::default()).await {
+            Err(kube::Error::Api(e))
+                if e.code == 403 && e.message.contains("change the Tenant instead") =>
+            {
+                Ok(e.message)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(refused.contains("spec.quota"), "{refused}");
+    let edit = as_careless
+        .patch(
+            QUOTA,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"hard": {"configmaps": "2000"}}})),
+        )
+        .await;
+    assert!(
+        matches!(&edit, Err(kube::Error::Api(e)) if e.code == 403),
+        "{edit:?}"
+    );
+
+    // The quota controller stopped, a superuser (system:masters) deletes the quota.
     let resume = controller_manager::stop();
     quotas
         .delete(QUOTA, &DeleteParams::default())
