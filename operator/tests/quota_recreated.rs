@@ -9,12 +9,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::deployed::{install, operator_kubeconfig};
 use common::tenants;
 use common::users::client_as;
-use common::{Operator, TIMEOUT, controller_manager, eventually, why};
+use common::{TIMEOUT, controller_manager, eventually, why};
 use idem_operator::resources::tenant::{DeletionPolicy, Owner, OwnerKind, Quota};
 use idem_operator::resources::{TenantPolicy, TenantSpec};
 use idem_operator::tenant::desired::{OWNERS, QUOTA};
@@ -23,24 +20,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use tokio::sync::OnceCell;
-
-/// The manifests installed and one operator running as its ServiceAccount, once per binary.
-async fn setup() {
-    static OPERATOR: OnceCell<Operator> = OnceCell::const_new();
-    OPERATOR
-        .get_or_init(|| async {
-            install().await;
-            let kubeconfig = operator_kubeconfig();
-            let mut operator =
-                Operator::spawn_configured(Duration::from_secs(600), None, move |o| {
-                    o.kubeconfig = Some(kubeconfig);
-                });
-            operator.wait_ready().await;
-            operator
-        })
-        .await;
-}
 
 fn config_map(name: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
@@ -53,7 +32,7 @@ fn enforced(q: &ResourceQuota) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
-    setup().await;
+    common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let tenant = idem_tests::unique_name("qr");
     let owner = format!("{tenant}-owner");

@@ -9,12 +9,10 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::deployed::{OPERATOR, install, operator_kubeconfig};
+use common::deployed::{OPERATOR, install};
 use common::tenants::{self, api};
 use common::users::client_as;
-use common::{Operator, TIMEOUT, eventually, why};
+use common::{TIMEOUT, eventually, why};
 use idem_operator::resources::tenant::{DeletionPolicy, Owner, OwnerKind};
 use idem_operator::resources::tenant_policy::{Allowed, ClassName, Registry};
 use idem_operator::resources::{TenantPolicy, TenantSpec};
@@ -29,27 +27,9 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::sync::OnceCell;
 
 /// The operator's user name: its ServiceAccount in the shipped manifests.
 const OPERATOR_USER: &str = OPERATOR;
-
-/// The manifests installed and one operator running as its ServiceAccount, once per binary.
-async fn setup() {
-    static OPERATOR: OnceCell<Operator> = OnceCell::const_new();
-    OPERATOR
-        .get_or_init(|| async {
-            install().await;
-            let kubeconfig = operator_kubeconfig();
-            let mut operator =
-                Operator::spawn_configured(Duration::from_secs(600), None, move |o| {
-                    o.kubeconfig = Some(kubeconfig);
-                });
-            operator.wait_ready().await;
-            operator
-        })
-        .await;
-}
 
 /// A client as `user` in `groups` (impersonated by the admin).
 fn client_as_in(user: &str, groups: &[&str]) -> kube::Client {
@@ -224,7 +204,7 @@ fn allowed_rules() -> Allowed {
 async fn tenant_with_allowed_rules(
     prefix: &str,
 ) -> (kube::Client, String, String, kube::Client, String) {
-    setup().await;
+    common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let name = idem_tests::unique_name(prefix);
     let owner_name = format!("owner-{name}");
@@ -456,7 +436,7 @@ fn config_map(name: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator() {
-    setup().await;
+    common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let name = idem_tests::unique_name("cordon");
     let owner_name = format!("owner-{name}");
@@ -702,7 +682,7 @@ async fn a_cordon_refuses_owners_and_admins_but_not_kubernetes_nor_the_operator(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn owners_can_read_their_rules_but_neither_change_them_nor_escape_them() {
-    setup().await;
+    common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let name = idem_tests::unique_name("escape");
     let owner_name = format!("owner-{name}");
@@ -779,7 +759,7 @@ async fn owners_can_read_their_rules_but_neither_change_them_nor_escape_them() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_tenant_keeps_its_rules_and_a_released_namespace_is_free() {
-    setup().await;
+    common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let name = idem_tests::unique_name("release");
     let owner_name = format!("owner-{name}");

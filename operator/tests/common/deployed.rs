@@ -92,3 +92,24 @@ pub fn operator_kubeconfig() -> PathBuf {
     idem_tests::kubeconfig::write(&config, &path).unwrap();
     path
 }
+
+/// The manifests installed ([`install`]) and one in-process operator running as its
+/// ServiceAccount ([`operator_kubeconfig`]), once per test binary.
+pub async fn operator_as_its_account() {
+    static OPERATOR: tokio::sync::OnceCell<super::Operator> = tokio::sync::OnceCell::const_new();
+    OPERATOR
+        .get_or_init(|| async {
+            install().await;
+            let kubeconfig = operator_kubeconfig();
+            let mut operator = super::Operator::spawn_configured(
+                std::time::Duration::from_secs(600),
+                None,
+                move |o| {
+                    o.kubeconfig = Some(kubeconfig);
+                },
+            );
+            operator.wait_ready().await;
+            operator
+        })
+        .await;
+}
