@@ -2,7 +2,7 @@
 //! ResourceQuota, LimitRange, owners' and extra RoleBindings, isolation NetworkPolicy and the
 //! TenantPolicy of the admission policy (second pass).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use idem_runtime::prelude::*;
 use k8s_openapi::api::core::v1::{
@@ -198,8 +198,9 @@ pub fn bindings(tenant: &Tenant, ns: Option<&str>) -> Vec<RoleBinding> {
 /// Kinds that are not wanted any more (quota removed, isolation off) are pruned; what the
 /// tenant made in `released` (namespaces it no longer controls) is released, not deleted:
 /// it stays with the namespace. `quotas` holds the `hard` of the namespaces' quotas when
-/// `quota.tenantHard` is split ([`super::quota_split`]); the RoleBindings `gate` holds are left
-/// out and the namespaces it cordons say so in their TenantPolicy ([`super::quota_gate`]).
+/// `quota.tenantHard` is split ([`super::quota_split`]); the RoleBindings in `held`
+/// (namespace, name) are left out and the namespaces in `cordoned` say so in their
+/// TenantPolicy ([`super::quota_gate`]).
 ///
 /// # Errors
 /// [`ApplyError`] when a child cannot be serialised.
@@ -208,7 +209,8 @@ pub fn contents(
     namespaces: &[String],
     released: &[String],
     quotas: &BTreeMap<String, BTreeMap<String, Quantity>>,
-    gate: &super::quota_gate::Gate,
+    held: &BTreeSet<(String, String)>,
+    cordoned: &BTreeSet<String>,
 ) -> Result<DesiredChildren, ApplyError> {
     let mut desired = DesiredChildren::new();
     desired
@@ -227,8 +229,8 @@ pub fn contents(
     let own_namespaces = namespace_selector(namespaces);
     for name in namespaces {
         let hard = quotas.get(name);
-        let cordoned = gate.cordoned.contains(name);
-        desired.add(&super::policy::parameters(tenant, name, cordoned))?;
+        let quota_not_enforced = cordoned.contains(name);
+        desired.add(&super::policy::parameters(tenant, name, quota_not_enforced))?;
         let ns = Some(name.as_str());
         if let Some(quota) = quota_with(tenant, ns, hard) {
             desired.add(&quota)?;
@@ -241,7 +243,7 @@ pub fn contents(
                 name.clone(),
                 binding.metadata.name.clone().unwrap_or_default(),
             );
-            if !gate.held.contains(&key) {
+            if !held.contains(&key) {
                 desired.add(&binding)?;
             }
         }
@@ -325,9 +327,16 @@ mod tests {
         let tenant = Tenant::new("largest", spec);
         let names = namespace_names(&tenant);
         let children = namespaces_of(&tenant)
-            + contents(&tenant, &names, &[], &BTreeMap::new(), &Default::default())
-                .unwrap()
-                .len();
+            + contents(
+                &tenant,
+                &names,
+                &[],
+                &BTreeMap::new(),
+                &BTreeSet::new(),
+                &BTreeSet::new(),
+            )
+            .unwrap()
+            .len();
         assert_eq!(names.len(), namespaces);
         assert!(
             2 * children <= record,

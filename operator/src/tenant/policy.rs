@@ -40,7 +40,6 @@ use idem_runtime::status::Readiness;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
-use super::desired::QUOTA;
 use crate::resources::tenant_policy::{TenantPolicy, TenantPolicySpec};
 use crate::resources::{FIELD_MANAGER, GROUP, Tenant};
 
@@ -261,7 +260,7 @@ pub fn admission_policy(operator: &str, labels: &Value) -> Value {
             {"expression": "!variables.applies || !has(params.spec.quotaNotEnforced) || \
                 !params.spec.quotaNotEnforced || variables.exempt || \
                 variables.subresource == 'eviction' || variables.finishesDeletion",
-             "messageExpression": format!("'the quota of namespace ' + request.namespace + ' (ResourceQuota {QUOTA}) is not enforced yet: ' + request.operation + ' of ' + request.resource.resource + ' is refused until the quota controller has counted it (seconds, unless it is down); deletes are allowed'"),
+             "messageExpression": "'the quota of namespace ' + request.namespace + ' is not enforced yet: ' + request.operation + ' of ' + request.resource.resource + ' is refused until the quota controller has counted it (seconds, unless it is down); deletes are allowed'",
              "reason": "Forbidden"},
             {"expression": "!variables.applies || !variables.pod || size(variables.forbiddenImages) == 0",
              "messageExpression": format!("{} + '; pod ' + object.metadata.name + ' has images from other registries: ' + variables.forbiddenImages.join(', ')",

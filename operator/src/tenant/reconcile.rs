@@ -133,7 +133,12 @@ impl Reconciler for Tenants {
         let gate = quota_gate::gate(tenant, pass, &self.ctx.caches, &ns.owned).await?;
         let contents = pass
             .apply_part(&desired::contents(
-                tenant, &ns.owned, &not_ours, &quotas, &gate,
+                tenant,
+                &ns.owned,
+                &not_ours,
+                &quotas,
+                &gate.held,
+                &gate.cordoned,
             )?)
             .await?;
         for event in status::released_events(&ns, &contents) {
