@@ -105,6 +105,14 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
     })
     .await;
     assert!(refused.contains("spec.quota"), "{refused}");
+    // Nor all quotas of the namespace at once (a collection's delete names no object).
+    let all = as_careless
+        .delete_collection(&DeleteParams::default(), &Default::default())
+        .await;
+    assert!(
+        matches!(&all, Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("change the Tenant instead")),
+        "{all:?}"
+    );
     let edit = as_careless
         .patch(
             QUOTA,

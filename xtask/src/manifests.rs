@@ -248,7 +248,11 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                 },
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["*"],
                     "operations": ["UPDATE", "DELETE"], "resources": ["resourcequotas"]}]},
-            "matchConditions": [{"name": "the-tenant-quota", "expression": format!("request.name == '{QUOTA}'")}],
+            // A collection's delete (the namespace controller emptying a namespace, `kubectl
+            // delete quota --all`) names no object: `request.name` is absent, and reading it
+            // would be an error, which `Fail` turns into a refusal. It takes `idem-quota` too.
+            "matchConditions": [{"name": "the-tenant-quota",
+                "expression": format!("!has(request.name) || request.name == '' || request.name == '{QUOTA}'")}],
             "validations": [
                 {"expression": format!("request.userInfo.username in ['{service_account}', 'system:kube-controller-manager'] || \
                     (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters', 'system:serviceaccounts:kube-system']))"),
