@@ -162,6 +162,22 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
     assert!(text(&out).contains("kept for its Tenant"), "{}", text(&out));
     bound_to_auditors(&bindings, &readers, "the operator's binding to be back").await;
 
+    // A binding of the owner's own made with `generateName` has no name at admission: the
+    // policy that keeps the names has none to judge and must let it through, not fail on it.
+    let file = std::env::temp_dir().join(format!("{ns}-generated-binding.json"));
+    let generated = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"generateName": "mine-", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}]});
+    std::fs::write(&file, generated.to_string()).expect("writing a manifest");
+    let out = as_alice(&["create", "-f", file.to_str().expect("a UTF-8 path")]);
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "the owner's binding made with generateName was refused: {}",
+        text(&out)
+    );
+
     // A label removed from the spec goes from the namespace; a binding moved to `edit` is
     // recreated (roleRef is immutable).
     let tenants_api = tenants::api(&client);

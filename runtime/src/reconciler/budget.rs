@@ -42,6 +42,16 @@ impl EventBudget {
         }
     }
 
+    /// Events an object may publish at once.
+    pub(crate) fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// The interval that earns an object one more Event.
+    pub(crate) fn every(&self) -> Duration {
+        self.every
+    }
+
     /// Whether an Event about `object` may be published at `now`: `Some(held)` (with the
     /// number of its Events held back since its last one, for the note to say) takes one from
     /// its budget; `None` holds this one back and counts it.

@@ -20,8 +20,6 @@ use crate::status::{MAX_MESSAGE_BYTES, Readiness, shorten};
 pub(crate) struct Publisher {
     recorder: Recorder,
     budget: Arc<EventBudget>,
-    burst: u32,
-    every: Duration,
 }
 
 impl Publisher {
@@ -31,8 +29,6 @@ impl Publisher {
         Self {
             recorder,
             budget: Arc::new(EventBudget::new(burst, every)),
-            burst,
-            every,
         }
     }
 
@@ -88,8 +84,8 @@ async fn send(
         } else {
             let said = format!(
                 " ({held} earlier Events about this object held back: at most {} at once, then one every {})",
-                publisher.burst,
-                humantime(publisher.every)
+                publisher.budget.burst(),
+                humantime::format_duration(publisher.budget.every())
             );
             format!(
                 "{}{said}",
@@ -99,18 +95,6 @@ async fn send(
     }
     if let Err(e) = publisher.recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, reason = %event.reason, "could not publish an event");
-    }
-}
-
-/// `every` in words: `5m`, `90s`, `1500ms`.
-fn humantime(every: Duration) -> String {
-    let secs = every.as_secs();
-    if every.subsec_nanos() != 0 {
-        format!("{}ms", every.as_millis())
-    } else if secs.is_multiple_of(60) {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
     }
 }
 
