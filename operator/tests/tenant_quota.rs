@@ -731,3 +731,61 @@ async fn a_usage_too_large_to_compute_with_does_not_stop_repairs() {
     })
     .await;
 }
+
+/// A `count/` key that no resource matches (`count/deployments`: Deployments are in the `apps`
+/// group) is taken by the API server and limits nothing; the quota controller leaves it out of
+/// `status.used`, and the Tenant's `Ready` message names it until it is corrected.
+#[tokio::test]
+async fn a_count_key_that_counts_nothing_is_named_until_it_is_corrected() {
+    let _serial = SERIAL.lock().await;
+    operator().await;
+    let client = shared().client();
+    let tenant = unique_name("tk");
+    let mut spec = spec();
+    spec.namespaces = vec!["a".into()];
+    spec.quota = Some(Quota {
+        hard: tenants::quantities(&[("count/deployments", "5"), ("count/configmaps", "5")]),
+        ..Quota::default()
+    });
+    tenants::create(&client, &tenant, spec).await;
+    let ready = |what: &'static str, named: bool| {
+        let tenant = tenant.clone();
+        eventually(what, TIMEOUT, move || {
+            let tenant = tenant.clone();
+            async move {
+                let t = tenants::api(&shared().client())
+                    .get(&tenant)
+                    .await
+                    .map_err(why)?;
+                match tenants::condition(&t, "Ready") {
+                    Some(c)
+                        if c.status == "True"
+                            && c.observed_generation == t.metadata.generation
+                            && c.message.contains("limits nothing") == named =>
+                    {
+                        Ok(c.message.clone())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        })
+    };
+    let message = ready("Ready, naming the key that counts nothing", true).await;
+    assert!(
+        message.contains("quota key count/deployments limits nothing"),
+        "{message}"
+    );
+    assert!(!message.contains("count/configmaps"), "{message}");
+    // The key corrected: the note goes.
+    tenants::api(&client)
+        .patch(
+            &tenant,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"quota": {"hard": {
+                "count/deployments": null, "count/deployments.apps": "5"}}}})),
+        )
+        .await
+        .expect("patch");
+    let message = ready("Ready, naming nothing", false).await;
+    assert!(!message.contains("count/"), "{message}");
+}

@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use super::desired;
 use super::finalize::waiting_poll;
 use super::status::{self, NamespacePass};
-use super::{quota_gate, quota_split};
+use super::{quota_gate, quota_keys, quota_split};
 use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, Tenant, TenantPolicy, TenantStatus};
@@ -162,6 +162,12 @@ impl Reconciler for Tenants {
             readiness = quota_split::readiness(plan, readiness);
         }
         readiness = quota_gate::readiness(&gate, readiness);
+        if let Some(quota) = &tenant.spec.quota
+            && quota_keys::has_count_keys(quota)
+        {
+            let observed = quota_split::observe(tenant, pass, &ns.owned).await?;
+            readiness = quota_keys::readiness(&quota_keys::uncounted(quota, &observed), readiness);
+        }
         let owned = ns.owned.clone();
         let cordoned = tenant.spec.cordoned;
         let readiness = super::policy::readiness(tenant, readiness);
