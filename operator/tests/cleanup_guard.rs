@@ -162,3 +162,64 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
     tenants::assert_retained(&client, &ns, &uid).await;
     assert_user_data(&client, &ns).await;
 }
+
+/// A Tenant deleted in the foreground (what `kubectl delete --cascade=foreground` and some
+/// GitOps tools send) is refused: the garbage collector would have deleted its namespaces, and
+/// the data in them, before the cleanup released them (`deletionPolicy: Retain`, the default;
+/// found by an adversarial trial). Deleted in the background, it keeps them.
+#[tokio::test]
+async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_keeps_its_data() {
+    install().await;
+    let client = shared().client();
+    let tenants = tenants::api(&client);
+    let name = unique_name("fore");
+    let ns = format!("{name}-a");
+    let _operator = OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    );
+    create(&tenants, &name).await;
+    let uid = tenants::wait_ready(&client, &name).await.uid().unwrap();
+    user_data(&client, &ns).await;
+
+    // (The dry run waits until the API server has loaded the shipped policy.)
+    let dry_foreground = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::foreground()
+    };
+    eventually(
+        "the guard refuses a dry-run foreground deletion",
+        TIMEOUT,
+        || async {
+            match tenants.delete(&name, &dry_foreground).await {
+                Ok(_) => Err("admitted".to_string()),
+                Err(e) => Ok(e),
+            }
+        },
+    )
+    .await;
+    let refused = tenants
+        .delete(&name, &DeleteParams::foreground())
+        .await
+        .expect_err("a foreground deletion of a Tenant with the cleanup finalizer is refused");
+    let said = refused.to_string();
+    assert!(
+        said.contains("foreground") && said.contains("garbage collector"),
+        "{said}"
+    );
+    let live = tenants.get(&name).await.unwrap();
+    assert!(
+        live.metadata.deletion_timestamp.is_none(),
+        "{name} is being deleted"
+    );
+
+    tenants
+        .delete(&name, &DeleteParams::background())
+        .await
+        .unwrap();
+    tenants::wait_tenant_object_gone(&client, &name).await;
+    tenants::assert_retained(&client, &ns, &uid).await;
+    assert_user_data(&client, &ns).await;
+}

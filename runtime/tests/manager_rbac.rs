@@ -200,7 +200,10 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
-            // The kind has a finalizer: its cleanup guard, under which the deletion below runs.
+            // The kind has a finalizer: its cleanup guard, under which the deletion below runs,
+            // and the guard against a deletion in the foreground.
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding"
         ]

@@ -10,6 +10,12 @@
 //! every other removal from an object being deleted. Status is a subresource, written by the
 //! controller: whoever really means to skip the cleanup writes the mark first, on purpose.
 //!
+//! A deletion in the foreground (`kubectl delete --cascade=foreground`, `propagationPolicy:
+//! Foreground`, what some GitOps tools send by default) skips the cleanup the same way: the
+//! garbage collector deletes the dependents at once, before any controller could release
+//! them. So the guard also refuses a foreground deletion of an object that holds the finalizer;
+//! deleted in the background (the default), it is cleaned up first.
+//!
 //! The guard and the driver go together: a controller built before the mark existed cannot
 //! remove its finalizer under the guard, so rolling back to one means deleting the guard
 //! first.
@@ -32,10 +38,14 @@ const MARKED_ON: [&str; 2] = ["Ready", "Reconciling"];
 /// An object not being deleted may lose the finalizer (a `kubectl replace` of a manifest
 /// without it): the driver puts it back. `labels` go on both objects.
 ///
+/// Then the policy and its binding that refuse deleting a `K` that holds `finalizer` in the
+/// foreground (its dependents would be deleted before its cleanup runs). A collection's delete
+/// is judged object by object.
+///
 /// `None` when `K` declares neither `Ready` nor `Reconciling` (the driver has nowhere to
 /// write the mark) or `finalizer` holds a quote or a backslash (finalizer names are qualified
 /// names, which never do).
-pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 2]> {
+pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 4]> {
     if !K::CONDITION_TYPES.iter().any(|t| MARKED_ON.contains(t)) || finalizer.contains(['\'', '\\'])
     {
         return None;
@@ -85,7 +95,34 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": name, "labels": labels},
         "spec": {"policyName": name, "validationActions": ["Deny"]}});
-    Some([policy, binding])
+    let foreground = format!("idem-foreground.{plural}.{group}");
+    let foreground_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": foreground, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+            "operations": ["DELETE"], "resources": [plural]}]},
+        "matchConditions": [
+            {"name": "in-the-foreground",
+             "expression": "has(request.options) && has(request.options.propagationPolicy) && \
+                            request.options.propagationPolicy == 'Foreground'"},
+            {"name": "holds-the-cleanup-finalizer",
+             "expression": format!("oldObject != null && {}", holds("oldObject"))},
+        ],
+        "validations": [{"expression": "false", "reason": "Forbidden", "message": format!(
+            "this {kind} may not be deleted in the foreground (propagationPolicy: Foreground, \
+             kubectl delete --cascade=foreground): the garbage collector would delete every \
+             object whose ownerReference points at it before its controller's cleanup (the \
+             finalizer {finalizer}) decides what to keep. Delete it in the background, the \
+             default (kubectl delete {plural}.{group} {object}); a tool that deletes in the \
+             foreground must be set to delete in the background")}],
+    }});
+    let foreground_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": foreground, "labels": labels},
+        "spec": {"policyName": foreground, "validationActions": ["Deny"]}});
+    Some([policy, binding, foreground_policy, foreground_binding])
 }
 
 #[cfg(test)]
@@ -130,7 +167,25 @@ mod tests {
 
     #[test]
     fn the_guard_refuses_removing_its_finalizer_from_its_kind_until_the_mark() {
-        let [policy, binding] = cleanup_guard::<Kept>("t.example/cleanup", &json!({})).unwrap();
+        let [policy, binding, foreground, foreground_binding] =
+            cleanup_guard::<Kept>("t.example/cleanup", &json!({})).unwrap();
+        let on = &foreground["spec"];
+        assert_eq!(
+            on["matchConstraints"]["resourceRules"][0]["operations"],
+            json!(["DELETE"])
+        );
+        assert!(
+            (on["matchConditions"][0]["expression"].as_str().unwrap())
+                .contains("request.options.propagationPolicy == 'Foreground'")
+        );
+        assert!(
+            (on["matchConditions"][1]["expression"].as_str().unwrap())
+                .contains("'t.example/cleanup' in oldObject.metadata.finalizers")
+        );
+        assert_eq!(
+            foreground_binding["spec"]["policyName"],
+            foreground["metadata"]["name"]
+        );
         let spec = &policy["spec"];
         assert_eq!(
             spec["matchConstraints"]["resourceRules"][0]["resources"],
