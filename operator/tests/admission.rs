@@ -101,6 +101,28 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             json!({"owners": [{"kind": "Robot", "name": "r2"}]}),
             "kind",
         ),
+        // Kubernetes' own subjects: an admin binding to them makes everyone (or its own
+        // components, exempt from the tenant policies) an owner (found in a trial).
+        (
+            "owner-everyone",
+            json!({"owners": [{"kind": "Group", "name": "system:authenticated"}]}),
+            "system groups",
+        ),
+        (
+            "owner-anonymous",
+            json!({"owners": [{"kind": "User", "name": "system:anonymous"}]}),
+            "system users",
+        ),
+        (
+            "owner-kube-system-group",
+            json!({"owners": [{"kind": "Group", "name": "system:serviceaccounts:kube-system"}]}),
+            "system groups",
+        ),
+        (
+            "owner-kube-system-account",
+            json!({"owners": [{"kind": "ServiceAccount", "name": "x", "namespace": "kube-system"}]}),
+            "kube-* namespace",
+        ),
         (
             "long-short-name",
             json!({"namespaces": ["a".repeat(33)]}),
@@ -336,6 +358,16 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
         .await,
         None,
         "an explicit empty list"
+    );
+    // The accounts of a namespace of one's own may own a tenant, by group, user name or kind.
+    let accounts = json!({"namespaces": [], "owners": [
+        {"kind": "Group", "name": "system:serviceaccounts:team-a"},
+        {"kind": "User", "name": "system:serviceaccount:team-a:deployer"},
+        {"kind": "ServiceAccount", "name": "deployer", "namespace": "team-a"}]});
+    assert_eq!(
+        try_create(&tenants, tenant(&unique_name("accounts"), accounts)).await,
+        None,
+        "a namespace's service accounts as owners"
     );
     let dotted = format!("{}.x", unique_name("dot"));
     let message = try_create(&tenants, tenant(&dotted, json!({"namespaces": []})))

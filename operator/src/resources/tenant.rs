@@ -207,8 +207,14 @@ impl From<&str> for ShortName {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || has(self.__namespace__)").message("a ServiceAccount owner needs a namespace"))]
 #[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || self.name.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("a ServiceAccount owner's name is a DNS subdomain (lower case letters, digits, '-' and '.')"))]
+#[x_kube(validation = Rule::new("self.kind != 'Group' || !self.name.startsWith('system:') || (self.name.startsWith('system:serviceaccounts:') && !self.name.startsWith('system:serviceaccounts:kube-'))").message("a Group owner is never one of Kubernetes' system groups (system:authenticated, system:unauthenticated, system:masters, system:serviceaccounts, system:nodes, ...): every member would be admin of the tenant's namespaces; system:serviceaccounts:<namespace> may own a tenant, but not for a kube-* namespace"))]
+#[x_kube(validation = Rule::new("self.kind != 'User' || !self.name.startsWith('system:') || (self.name.startsWith('system:serviceaccount:') && !self.name.startsWith('system:serviceaccount:kube-'))").message("a User owner is never one of Kubernetes' system users (system:anonymous, system:kube-controller-manager, ...); a ServiceAccount's user name may own a tenant, but not for a kube-* namespace"))]
+#[x_kube(validation = Rule::new("self.kind != 'ServiceAccount' || !has(self.__namespace__) || !self.__namespace__.startsWith('kube-')").message("a ServiceAccount owner is never in a kube-* namespace (its accounts are Kubernetes' own, exempt from the tenant policies)"))]
 pub struct Owner {
-    /// `User`, `Group` or `ServiceAccount` (RBAC subject kinds).
+    /// `User`, `Group` or `ServiceAccount` (RBAC subject kinds). Kubernetes' own subjects
+    /// (a `system:` group or user other than a ServiceAccount's, an account of a `kube-*`
+    /// namespace) are refused: an `admin` binding to `system:authenticated` would make every
+    /// user an owner.
     pub kind: OwnerKind,
     /// The subject's name, 1 to 253 characters without control characters; a ServiceAccount's
     /// is a DNS subdomain.
