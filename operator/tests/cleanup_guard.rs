@@ -214,6 +214,28 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
         live.metadata.deletion_timestamp.is_none(),
         "{name} is being deleted"
     );
+    // Nor one made foreground by the object's own `foregroundDeletion` finalizer, which an
+    // update may add and which turns any deletion into one in the foreground.
+    let with_foreground = |extra: bool| {
+        let mut finalizers = live.finalizers().to_vec();
+        if extra {
+            finalizers.push("foregroundDeletion".into());
+        }
+        Patch::Merge(json!({"metadata": {"finalizers": finalizers}}))
+    };
+    tenants
+        .patch(&name, &PatchParams::default(), &with_foreground(true))
+        .await
+        .unwrap();
+    let refused = tenants
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect_err("a deletion made foreground by the finalizer is refused");
+    assert!(refused.to_string().contains("foreground"), "{refused}");
+    tenants
+        .patch(&name, &PatchParams::default(), &with_foreground(false))
+        .await
+        .unwrap();
 
     tenants
         .delete(&name, &DeleteParams::background())

@@ -104,9 +104,13 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
             "operations": ["DELETE"], "resources": [plural]}]},
         "matchConditions": [
+            // Asked for, or the object's own `foregroundDeletion` finalizer (which an update
+            // may add) makes any deletion of it one in the foreground.
             {"name": "in-the-foreground",
-             "expression": "has(request.options) && has(request.options.propagationPolicy) && \
-                            request.options.propagationPolicy == 'Foreground'"},
+             "expression": "(has(request.options) && has(request.options.propagationPolicy) && \
+                            request.options.propagationPolicy == 'Foreground') || \
+                            (oldObject != null && has(oldObject.metadata.finalizers) && \
+                            'foregroundDeletion' in oldObject.metadata.finalizers)"},
             {"name": "holds-the-cleanup-finalizer",
              "expression": format!("oldObject != null && {}", holds("oldObject"))},
         ],
