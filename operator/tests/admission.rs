@@ -119,6 +119,21 @@ async fn tenant_admission_accepts_good_input_and_rejects_bad_input_with_a_reason
             "system groups",
         ),
         (
+            "owner-operator-account",
+            json!({"owners": [{"kind": "ServiceAccount", "name": "idem-operator", "namespace": "idem-system"}]}),
+            "idem-system",
+        ),
+        (
+            "owner-operator-user",
+            json!({"owners": [{"kind": "User", "name": "system:serviceaccount:idem-system:idem-operator"}]}),
+            "system users",
+        ),
+        (
+            "owner-no-namespace-group",
+            json!({"owners": [{"kind": "Group", "name": "system:serviceaccounts:"}]}),
+            "system groups",
+        ),
+        (
             "owner-kube-system-account",
             json!({"owners": [{"kind": "ServiceAccount", "name": "x", "namespace": "kube-system"}]}),
             "kube-* namespace",

@@ -214,31 +214,108 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
         live.metadata.deletion_timestamp.is_none(),
         "{name} is being deleted"
     );
-    // Nor one made foreground by the object's own `foregroundDeletion` finalizer, which an
-    // update may add and which turns any deletion into one in the foreground.
-    let with_foreground = |extra: bool| {
-        let mut finalizers = live.finalizers().to_vec();
-        if extra {
-            finalizers.push("foregroundDeletion".into());
-        }
-        Patch::Merge(json!({"metadata": {"finalizers": finalizers}}))
-    };
-    tenants
-        .patch(&name, &PatchParams::default(), &with_foreground(true))
-        .await
-        .unwrap();
+    // Nor may it get the `foregroundDeletion` finalizer, which makes any deletion of it one in
+    // the foreground (also the one deleting the CRD makes, which no admission sees); nor may a
+    // Tenant be created with it.
+    let mut finalizers = live.finalizers().to_vec();
+    finalizers.push("foregroundDeletion".into());
     let refused = tenants
-        .delete(&name, &DeleteParams::default())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+        )
         .await
-        .expect_err("a deletion made foreground by the finalizer is refused");
-    assert!(refused.to_string().contains("foreground"), "{refused}");
+        .expect_err("the foregroundDeletion finalizer added to a Tenant is refused");
+    assert!(
+        refused.to_string().contains("foregroundDeletion"),
+        "{refused}"
+    );
+    let born: Tenant = serde_json::from_value(json!({
+        "apiVersion": "tenancy.idem.dev/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": unique_name("fore-born"), "finalizers": ["foregroundDeletion"]},
+        "spec": {"namespaces": ["a"]}
+    }))
+    .unwrap();
     tenants
-        .patch(&name, &PatchParams::default(), &with_foreground(false))
+        .create(&PostParams::default(), &born)
         .await
-        .unwrap();
+        .expect_err("a Tenant created with the foregroundDeletion finalizer is refused");
 
     tenants
         .delete(&name, &DeleteParams::background())
+        .await
+        .unwrap();
+    tenants::wait_tenant_object_gone(&client, &name).await;
+    tenants::assert_retained(&client, &ns, &uid).await;
+    assert_user_data(&client, &ns).await;
+}
+
+/// A Tenant whose finalizer was removed while it was not being deleted (a `kubectl replace` or
+/// edit of a manifest without it) while the operator was down is not deleted until the
+/// operator has put the finalizer back: deleted so, the garbage collector would delete its
+/// namespaces and the data in them (found by an adversarial trial, also with a sharded replica
+/// killed). Once it is back, the deletion keeps them.
+#[tokio::test]
+async fn a_tenant_that_lost_its_finalizer_is_not_deleted_until_its_operator_put_it_back() {
+    install().await;
+    let client = shared().client();
+    let tenants = tenants::api(&client);
+    let name = unique_name("lost");
+    let ns = format!("{name}-a");
+    let operator = OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    );
+    create(&tenants, &name).await;
+    let uid = tenants::wait_ready(&client, &name).await.uid().unwrap();
+    user_data(&client, &ns).await;
+    drop(operator);
+    remove_finalizers(&tenants, &name, false)
+        .await
+        .expect("a Tenant not being deleted may lose its finalizer");
+
+    // (The dry run waits until the API server has loaded the shipped policy.)
+    let dry = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    eventually("the guard refuses a dry-run deletion", TIMEOUT, || async {
+        match tenants.delete(&name, &dry).await {
+            Ok(_) => Err("admitted".to_string()),
+            Err(e) => Ok(e),
+        }
+    })
+    .await;
+    let refused = tenants
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect_err("deleting a Tenant that lost its finalizer is refused");
+    let said = refused.to_string();
+    assert!(
+        said.contains("lost the finalizer") && said.contains(CLEANUP_DONE),
+        "{said}"
+    );
+
+    let _operator = OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    );
+    eventually("the operator puts the finalizer back", TIMEOUT, || async {
+        let t = tenants.get(&name).await.map_err(|e| e.to_string())?;
+        if t.finalizers().iter().any(|f| f == FINALIZER) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", t.finalizers()))
+        }
+    })
+    .await;
+    tenants
+        .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
     tenants::wait_tenant_object_gone(&client, &name).await;

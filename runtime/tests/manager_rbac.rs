@@ -201,7 +201,10 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
             "Role",
             "RoleBinding",
             // The kind has a finalizer: its cleanup guard, under which the deletion below runs,
-            // and the guard against a deletion in the foreground.
+            // the guard against a deletion in the foreground, and the one against deleting an
+            // object that lost its finalizer.
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",

@@ -289,8 +289,8 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     // operator, once its cleanup is marked done in the status, removes it.
     let cleanup_guards = idem_operator::controllers::cleanup_guards(&labels);
     anyhow::ensure!(
-        cleanup_guards.len() == 8,
-        "Tenant and TenantApp each have a cleanup guard and a foreground-deletion guard (Ready and Reconciling declared)"
+        cleanup_guards.len() == 12,
+        "Tenant and TenantApp each have a cleanup guard, a foreground-deletion guard and an unguarded-deletion guard (Ready and Reconciling declared)"
     );
     let image = format!("{NAME}:{}", env!("CARGO_PKG_VERSION"));
     let objects: Vec<(&str, Vec<Value>)> = vec![

@@ -14,7 +14,11 @@
 //! Foreground`, what some GitOps tools send by default) skips the cleanup the same way: the
 //! garbage collector deletes the dependents at once, before any controller could release
 //! them. So the guard also refuses a foreground deletion of an object that holds the finalizer;
-//! deleted in the background (the default), it is cleaned up first.
+//! deleted in the background (the default), it is cleaned up first. Nor may an object lose the
+//! finalizer on the way: one its controller has seen (it has conditions; the controller adds
+//! the finalizer before anything else) and that lacks it (removed by an update while the
+//! controller was down) may not be deleted until the controller has put it back, or the mark
+//! is written.
 //!
 //! The guard and the driver go together: a controller built before the mark existed cannot
 //! remove its finalizer under the guard, so rolling back to one means deleting the guard
@@ -39,13 +43,15 @@ const MARKED_ON: [&str; 2] = ["Ready", "Reconciling"];
 /// without it): the driver puts it back. `labels` go on both objects.
 ///
 /// Then the policy and its binding that refuse deleting a `K` that holds `finalizer` in the
-/// foreground (its dependents would be deleted before its cleanup runs). A collection's delete
-/// is judged object by object.
+/// foreground (its dependents would be deleted before its cleanup runs), and giving one the
+/// `foregroundDeletion` finalizer that makes any deletion so; and the policy and its binding
+/// that refuse deleting a `K` its controller has seen (it has conditions) but that lost
+/// `finalizer` since, until the mark. A collection's delete is judged object by object.
 ///
 /// `None` when `K` declares neither `Ready` nor `Reconciling` (the driver has nowhere to
 /// write the mark) or `finalizer` holds a quote or a backslash (finalizer names are qualified
 /// names, which never do).
-pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 4]> {
+pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> Option<[Value; 6]> {
     if !K::CONDITION_TYPES.iter().any(|t| MARKED_ON.contains(t)) || finalizer.contains(['\'', '\\'])
     {
         return None;
@@ -96,37 +102,89 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         "metadata": {"name": name, "labels": labels},
         "spec": {"policyName": name, "validationActions": ["Deny"]}});
     let foreground = format!("idem-foreground.{plural}.{group}");
+    let foreground_finalizer = |obj: &str| {
+        format!(
+            "has({obj}.metadata.finalizers) && 'foregroundDeletion' in {obj}.metadata.finalizers"
+        )
+    };
     let foreground_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
     "kind": "ValidatingAdmissionPolicy",
     "metadata": {"name": foreground, "labels": labels},
     "spec": {
         "failurePolicy": "Fail",
         "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
-            "operations": ["DELETE"], "resources": [plural]}]},
+            "operations": ["CREATE", "UPDATE", "DELETE"], "resources": [plural]}]},
         "matchConditions": [
-            // Asked for, or the object's own `foregroundDeletion` finalizer (which an update
-            // may add) makes any deletion of it one in the foreground.
+            {"name": "new-or-holds-the-cleanup-finalizer",
+             "expression": format!("request.operation == 'CREATE' || (oldObject != null && {})", holds("oldObject"))},
+            // A delete asked for in the foreground, or any delete of an object that has the
+            // `foregroundDeletion` finalizer; or a create or update that gives it that
+            // finalizer (deleting the CRD deletes its objects without admission, and each such
+            // deletion would be one in the foreground).
             {"name": "in-the-foreground",
-             "expression": "(has(request.options) && has(request.options.propagationPolicy) && \
-                            request.options.propagationPolicy == 'Foreground') || \
-                            (oldObject != null && has(oldObject.metadata.finalizers) && \
-                            'foregroundDeletion' in oldObject.metadata.finalizers)"},
-            {"name": "holds-the-cleanup-finalizer",
-             "expression": format!("oldObject != null && {}", holds("oldObject"))},
+             "expression": format!(
+                "request.operation == 'DELETE' ? \
+                 ((has(request.options) && has(request.options.propagationPolicy) && \
+                   request.options.propagationPolicy == 'Foreground') || ({old_fg})) : \
+                 (object != null && ({new_fg}) && !(oldObject != null && ({old_fg})))",
+                old_fg = foreground_finalizer("oldObject"),
+                new_fg = foreground_finalizer("object"))},
         ],
         "validations": [{"expression": "false", "reason": "Forbidden", "message": format!(
             "this {kind} may not be deleted in the foreground (propagationPolicy: Foreground, \
-             kubectl delete --cascade=foreground): the garbage collector would delete every \
-             object whose ownerReference points at it before its controller's cleanup (the \
-             finalizer {finalizer}) decides what to keep. Delete it in the background, the \
-             default (kubectl delete {plural}.{group} {object}); a tool that deletes in the \
-             foreground must be set to delete in the background")}],
+             kubectl delete --cascade=foreground, or the finalizer foregroundDeletion, which \
+             may not be added to it either): the garbage collector would delete every object \
+             whose ownerReference points at it before its controller's cleanup (the finalizer \
+             {finalizer}) decides what to keep. Delete it in the background, the default \
+             (kubectl delete {plural}.{group} {object}); a tool that deletes in the foreground \
+             must be set to delete in the background")}],
     }});
     let foreground_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": foreground, "labels": labels},
         "spec": {"policyName": foreground, "validationActions": ["Deny"]}});
-    Some([policy, binding, foreground_policy, foreground_binding])
+    // Its controller adds the finalizer before anything else, so an object with conditions
+    // had it: without it now, someone removed it (a `kubectl replace` or edit of a manifest
+    // without it) and the controller has not put it back (it is down, or its shard's replica
+    // is). Deleted so, the garbage collector deletes what the cleanup would keep.
+    let unguarded = format!("idem-unguarded.{plural}.{group}");
+    let unguarded_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": unguarded, "labels": labels},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+            "operations": ["DELETE"], "resources": [plural]}]},
+        "matchConditions": [
+            {"name": "lacks-the-cleanup-finalizer",
+             "expression": format!("oldObject != null && !({})", holds("oldObject"))},
+            {"name": "seen-by-its-controller",
+             "expression": "has(oldObject.status) && has(oldObject.status.conditions) && \
+                            size(oldObject.status.conditions) > 0"},
+        ],
+        "validations": [{"expression": marked, "reason": "Forbidden", "message": format!(
+            "this {kind} has lost the finalizer {finalizer} (removed while it was not being \
+             deleted, e.g. by a kubectl replace or edit of a manifest without it) and its \
+             controller has not put it back: deleted now, the garbage collector would delete \
+             every object whose ownerReference points at it, also what its cleanup would keep. \
+             Have its controller running (it puts the finalizer back), then delete it; to \
+             delete it without the cleanup on purpose, first set the reason of its Ready \
+             condition to {CLEANUP_DONE}: kubectl patch {plural}.{group} {object} \
+             --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
+             with I the index of Ready among its conditions")}],
+    }});
+    let unguarded_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": unguarded, "labels": labels},
+        "spec": {"policyName": unguarded, "validationActions": ["Deny"]}});
+    Some([
+        policy,
+        binding,
+        foreground_policy,
+        foreground_binding,
+        unguarded_policy,
+        unguarded_binding,
+    ])
 }
 
 #[cfg(test)]
@@ -171,20 +229,36 @@ mod tests {
 
     #[test]
     fn the_guard_refuses_removing_its_finalizer_from_its_kind_until_the_mark() {
-        let [policy, binding, foreground, foreground_binding] =
-            cleanup_guard::<Kept>("t.example/cleanup", &json!({})).unwrap();
-        let on = &foreground["spec"];
+        let [
+            policy,
+            binding,
+            foreground,
+            foreground_binding,
+            unguarded,
+            _,
+        ] = cleanup_guard::<Kept>("t.example/cleanup", &json!({})).unwrap();
         assert_eq!(
-            on["matchConstraints"]["resourceRules"][0]["operations"],
+            unguarded["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
             json!(["DELETE"])
         );
         assert!(
+            (unguarded["spec"]["validations"][0]["expression"]
+                .as_str()
+                .unwrap())
+            .contains(&format!("c.reason == '{CLEANUP_DONE}'"))
+        );
+        let on = &foreground["spec"];
+        assert_eq!(
+            on["matchConstraints"]["resourceRules"][0]["operations"],
+            json!(["CREATE", "UPDATE", "DELETE"])
+        );
+        assert!(
             (on["matchConditions"][0]["expression"].as_str().unwrap())
-                .contains("request.options.propagationPolicy == 'Foreground'")
+                .contains("'t.example/cleanup' in oldObject.metadata.finalizers")
         );
         assert!(
             (on["matchConditions"][1]["expression"].as_str().unwrap())
-                .contains("'t.example/cleanup' in oldObject.metadata.finalizers")
+                .contains("request.options.propagationPolicy == 'Foreground'")
         );
         assert_eq!(
             foreground_binding["spec"]["policyName"],
