@@ -241,6 +241,29 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
         .create(&PostParams::default(), &born)
         .await
         .expect_err("a Tenant created with the foregroundDeletion finalizer is refused");
+    // Nor in two steps: the cleanup finalizer removed first (a Tenant not being deleted may
+    // lose it), then `foregroundDeletion` given.
+    remove_finalizers(&tenants, &name, false)
+        .await
+        .expect("a Tenant not being deleted may lose its finalizer");
+    tenants
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["foregroundDeletion"]}})),
+        )
+        .await
+        .expect_err(
+            "foregroundDeletion given to a Tenant without the cleanup finalizer is refused",
+        );
+    eventually("the operator puts the finalizer back", TIMEOUT, || async {
+        let t = tenants.get(&name).await.map_err(|e| e.to_string())?;
+        match t.finalizers() {
+            [f] if f == FINALIZER => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 
     tenants
         .delete(&name, &DeleteParams::background())

@@ -115,8 +115,10 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
             "operations": ["CREATE", "UPDATE", "DELETE"], "resources": [plural]}]},
         "matchConditions": [
-            {"name": "new-or-holds-the-cleanup-finalizer",
-             "expression": format!("request.operation == 'CREATE' || (oldObject != null && {})", holds("oldObject"))},
+            // A write that gives the finalizer is judged whatever the object holds: removing
+            // the cleanup finalizer first, then adding `foregroundDeletion`, must not pass.
+            {"name": "a-write-or-holds-the-cleanup-finalizer",
+             "expression": format!("request.operation != 'DELETE' || (oldObject != null && {})", holds("oldObject"))},
             // A delete asked for in the foreground, or any delete of an object that has the
             // `foregroundDeletion` finalizer; or a create or update that gives it that
             // finalizer (deleting the CRD deletes its objects without admission, and each such
@@ -168,7 +170,8 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
              controller has not put it back: deleted now, the garbage collector would delete \
              every object whose ownerReference points at it, also what its cleanup would keep. \
              Have its controller running (it puts the finalizer back), then delete it; to \
-             delete it without the cleanup on purpose, first set the reason of its Ready \
+             delete it without the cleanup on purpose, a cluster administrator first sets \
+             the reason of its Ready \
              condition to {CLEANUP_DONE}: kubectl patch {plural}.{group} {object} \
              --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
              with I the index of Ready among its conditions")}],
