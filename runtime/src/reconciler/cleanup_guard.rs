@@ -83,103 +83,94 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
          --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
          with I the index of Ready among its conditions"
     );
-    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": name, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
-            "operations": ["UPDATE"], "resources": [plural]}]},
-        "matchConditions": [
-            {"name": "being-deleted", "expression": "has(oldObject.metadata.deletionTimestamp)"},
-            {"name": "removes-the-cleanup-finalizer",
-             "expression": format!("({}) && !({})", holds("oldObject"), holds("object"))},
-        ],
-        "validations": [{"expression": marked, "message": message, "reason": "Forbidden"}],
-    }});
-    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"policyName": name, "validationActions": ["Deny"]}});
+    let [policy, binding] = denying(
+        &name,
+        labels,
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": [plural]}]},
+            "matchConditions": [
+                {"name": "being-deleted", "expression": "has(oldObject.metadata.deletionTimestamp)"},
+                {"name": "removes-the-cleanup-finalizer",
+                 "expression": format!("({}) && !({})", holds("oldObject"), holds("object"))},
+            ],
+            "validations": [{"expression": marked, "message": message, "reason": "Forbidden"}],
+        }),
+    );
     let foreground = format!("idem-foreground.{plural}.{group}");
     let foreground_finalizer = |obj: &str| {
         format!(
             "has({obj}.metadata.finalizers) && 'foregroundDeletion' in {obj}.metadata.finalizers"
         )
     };
-    let foreground_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": foreground, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
-            "operations": ["CREATE", "UPDATE", "DELETE"], "resources": [plural]}]},
-        "matchConditions": [
-            // A write that gives the finalizer is judged whatever the object holds: removing
-            // the cleanup finalizer first, then adding `foregroundDeletion`, must not pass.
-            {"name": "a-write-or-holds-the-cleanup-finalizer",
-             "expression": format!("request.operation != 'DELETE' || (oldObject != null && {})", holds("oldObject"))},
-            // A delete asked for in the foreground, or any delete of an object that has the
-            // `foregroundDeletion` finalizer; or a create or update that gives it that
-            // finalizer (deleting the CRD deletes its objects without admission, and each such
-            // deletion would be one in the foreground).
-            {"name": "in-the-foreground",
-             "expression": format!(
-                "request.operation == 'DELETE' ? \
-                 ((has(request.options) && has(request.options.propagationPolicy) && \
-                   request.options.propagationPolicy == 'Foreground') || ({old_fg})) : \
-                 (object != null && ({new_fg}) && !(oldObject != null && ({old_fg})))",
-                old_fg = foreground_finalizer("oldObject"),
-                new_fg = foreground_finalizer("object"))},
-        ],
-        "validations": [{"expression": "false", "reason": "Forbidden", "message": format!(
-            "this {kind} may not be deleted in the foreground (propagationPolicy: Foreground, \
-             kubectl delete --cascade=foreground, or the finalizer foregroundDeletion, which \
-             may not be added to it either): the garbage collector would delete every object \
-             whose ownerReference points at it before its controller's cleanup (the finalizer \
-             {finalizer}) decides what to keep. Delete it in the background, the default \
-             (kubectl delete {plural}.{group} {object}); a tool that deletes in the foreground \
-             must be set to delete in the background")}],
-    }});
-    let foreground_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": foreground, "labels": labels},
-        "spec": {"policyName": foreground, "validationActions": ["Deny"]}});
+    let [foreground_policy, foreground_binding] = denying(
+        &foreground,
+        labels,
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": [plural]}]},
+            "matchConditions": [
+                // A write that gives the finalizer is judged whatever the object holds: removing
+                // the cleanup finalizer first, then adding `foregroundDeletion`, must not pass.
+                {"name": "a-write-or-holds-the-cleanup-finalizer",
+                 "expression": format!("request.operation != 'DELETE' || (oldObject != null && {})", holds("oldObject"))},
+                // A delete asked for in the foreground, or any delete of an object that has the
+                // `foregroundDeletion` finalizer; or a create or update that gives it that
+                // finalizer (deleting the CRD deletes its objects without admission, and each such
+                // deletion would be one in the foreground).
+                {"name": "in-the-foreground",
+                 "expression": format!(
+                    "request.operation == 'DELETE' ? \
+                     ((has(request.options) && has(request.options.propagationPolicy) && \
+                       request.options.propagationPolicy == 'Foreground') || ({old_fg})) : \
+                     (object != null && ({new_fg}) && !(oldObject != null && ({old_fg})))",
+                    old_fg = foreground_finalizer("oldObject"),
+                    new_fg = foreground_finalizer("object"))},
+            ],
+            "validations": [{"expression": "false", "reason": "Forbidden", "message": format!(
+                "this {kind} may not be deleted in the foreground (propagationPolicy: Foreground, \
+                 kubectl delete --cascade=foreground, or the finalizer foregroundDeletion, which \
+                 may not be added to it either): the garbage collector would delete every object \
+                 whose ownerReference points at it before its controller's cleanup (the finalizer \
+                 {finalizer}) decides what to keep. Delete it in the background, the default \
+                 (kubectl delete {plural}.{group} {object}); a tool that deletes in the foreground \
+                 must be set to delete in the background")}],
+        }),
+    );
     // Its controller adds the finalizer before anything else, so an object with conditions
     // had it: without it now, someone removed it (a `kubectl replace` or edit of a manifest
     // without it) and the controller has not put it back (it is down, or its shard's replica
     // is). Deleted so, the garbage collector deletes what the cleanup would keep.
     let unguarded = format!("idem-unguarded.{plural}.{group}");
-    let unguarded_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": unguarded, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
-            "operations": ["DELETE"], "resources": [plural]}]},
-        "matchConditions": [
-            {"name": "lacks-the-cleanup-finalizer",
-             "expression": format!("oldObject != null && !({})", holds("oldObject"))},
-            {"name": "seen-by-its-controller",
-             "expression": "has(oldObject.status) && has(oldObject.status.conditions) && \
-                            size(oldObject.status.conditions) > 0"},
-        ],
-        "validations": [{"expression": marked, "reason": "Forbidden", "message": format!(
-            "this {kind} has lost the finalizer {finalizer} (removed while it was not being \
-             deleted, e.g. by a kubectl replace or edit of a manifest without it) and its \
-             controller has not put it back: deleted now, the garbage collector would delete \
-             every object whose ownerReference points at it, also what its cleanup would keep. \
-             Have its controller running (it puts the finalizer back), then delete it; to \
-             delete it without the cleanup on purpose, a cluster administrator first sets \
-             the reason of its Ready \
-             condition to {CLEANUP_DONE}: kubectl patch {plural}.{group} {object} \
-             --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
-             with I the index of Ready among its conditions")}],
-    }});
-    let unguarded_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": unguarded, "labels": labels},
-        "spec": {"policyName": unguarded, "validationActions": ["Deny"]}});
+    let [unguarded_policy, unguarded_binding] = denying(
+        &unguarded,
+        labels,
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                "operations": ["DELETE"], "resources": [plural]}]},
+            "matchConditions": [
+                {"name": "lacks-the-cleanup-finalizer",
+                 "expression": format!("oldObject != null && !({})", holds("oldObject"))},
+                {"name": "seen-by-its-controller",
+                 "expression": "has(oldObject.status) && has(oldObject.status.conditions) && \
+                                size(oldObject.status.conditions) > 0"},
+            ],
+            "validations": [{"expression": marked, "reason": "Forbidden", "message": format!(
+                "this {kind} has lost the finalizer {finalizer} (removed while it was not being \
+                 deleted, e.g. by a kubectl replace or edit of a manifest without it) and its \
+                 controller has not put it back: deleted now, the garbage collector would delete \
+                 every object whose ownerReference points at it, also what its cleanup would keep. \
+                 Have its controller running (it puts the finalizer back), then delete it; to \
+                 delete it without the cleanup on purpose, a cluster administrator first sets \
+                 the reason of its Ready \
+                 condition to {CLEANUP_DONE}: kubectl patch {plural}.{group} {object} \
+                 --subresource=status --type=json -p '[{{\"op\":\"replace\",\"path\":\"/status/conditions/I/reason\",\"value\":\"{CLEANUP_DONE}\"}}]' \
+                 with I the index of Ready among its conditions")}],
+        }),
+    );
     Some([
         policy,
         binding,
@@ -188,6 +179,20 @@ pub fn cleanup_guard<K: IdempotentResource>(finalizer: &str, labels: &Value) -> 
         unguarded_policy,
         unguarded_binding,
     ])
+}
+
+/// A `ValidatingAdmissionPolicy` named `name` with `spec`, and its binding (`Deny`), both
+/// labelled `labels`.
+fn denying(name: &str, labels: &Value, spec: Value) -> [Value; 2] {
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec});
+    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}});
+    [policy, binding]
 }
 
 #[cfg(test)]
