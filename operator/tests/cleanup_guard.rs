@@ -49,6 +49,55 @@ async fn remove_finalizers(tenants: &Api<Tenant>, name: &str, dry_run: bool) -> 
         .map(|_| ())
 }
 
+/// The operator as deployed (its ServiceAccount, under the shipped policies).
+fn deployed_operator() -> OperatorProcess {
+    OperatorProcess::spawn_with(
+        &operator_kubeconfig(),
+        "idem-system",
+        &unique_name("op"),
+        |a| a,
+    )
+}
+
+/// A Tenant named after `prefix`, Ready, with user data in its namespace `a`: its name, that
+/// namespace and its uid.
+async fn ready_with_data(client: &kube::Client, prefix: &str) -> (String, String, String) {
+    let name = unique_name(prefix);
+    let ns = format!("{name}-a");
+    create(&tenants::api(client), &name).await;
+    let uid = tenants::wait_ready(client, &name).await.uid().unwrap();
+    user_data(client, &ns).await;
+    (name, ns, uid)
+}
+
+/// Waits until a dry run of deleting Tenant `name` with `dp` is refused (the API server has
+/// loaded the shipped policy: admission runs on dry runs too).
+async fn refused_once_loaded(tenants: &Api<Tenant>, name: &str, dp: DeleteParams, what: &str) {
+    let dry = DeleteParams {
+        dry_run: true,
+        ..dp
+    };
+    eventually(what, TIMEOUT, || async {
+        match tenants.delete(name, &dry).await {
+            Ok(_) => Err("admitted".to_string()),
+            Err(e) => Ok(e),
+        }
+    })
+    .await;
+}
+
+/// Waits until the operator has put its finalizer back on Tenant `name`, alone.
+async fn finalizer_back(tenants: &Api<Tenant>, name: &str) {
+    eventually("the operator puts the finalizer back", TIMEOUT, || async {
+        let t = tenants.get(name).await.map_err(|e| e.to_string())?;
+        match t.finalizers() {
+            [f] if f == FINALIZER => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_marked_done() {
     install().await;
@@ -57,12 +106,7 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
     let (kept, skipped) = (unique_name("guard"), unique_name("guard-skip"));
     let ns = format!("{kept}-a");
 
-    let operator = OperatorProcess::spawn_with(
-        &operator_kubeconfig(),
-        "idem-system",
-        &unique_name("op"),
-        |a| a,
-    );
+    let operator = deployed_operator();
     create(&tenants, &kept).await;
     create(&tenants, &skipped).await;
     let uid = tenants::wait_ready(&client, &kept).await.uid().unwrap();
@@ -152,12 +196,7 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
 
     // Back up, the operator does the cleanup, marks it and removes the finalizer under the
     // guard: the Tenant goes, its namespace and the data in it stay.
-    let _operator = OperatorProcess::spawn_with(
-        &operator_kubeconfig(),
-        "idem-system",
-        &unique_name("op"),
-        |a| a,
-    );
+    let _operator = deployed_operator();
     tenants::wait_tenant_object_gone(&client, &kept).await;
     tenants::assert_retained(&client, &ns, &uid).await;
     assert_user_data(&client, &ns).await;
@@ -172,32 +211,14 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
     install().await;
     let client = shared().client();
     let tenants = tenants::api(&client);
-    let name = unique_name("fore");
-    let ns = format!("{name}-a");
-    let _operator = OperatorProcess::spawn_with(
-        &operator_kubeconfig(),
-        "idem-system",
-        &unique_name("op"),
-        |a| a,
-    );
-    create(&tenants, &name).await;
-    let uid = tenants::wait_ready(&client, &name).await.uid().unwrap();
-    user_data(&client, &ns).await;
+    let _operator = deployed_operator();
+    let (name, ns, uid) = ready_with_data(&client, "fore").await;
 
-    // (The dry run waits until the API server has loaded the shipped policy.)
-    let dry_foreground = DeleteParams {
-        dry_run: true,
-        ..DeleteParams::foreground()
-    };
-    eventually(
+    refused_once_loaded(
+        &tenants,
+        &name,
+        DeleteParams::foreground(),
         "the guard refuses a dry-run foreground deletion",
-        TIMEOUT,
-        || async {
-            match tenants.delete(&name, &dry_foreground).await {
-                Ok(_) => Err("admitted".to_string()),
-                Err(e) => Ok(e),
-            }
-        },
     )
     .await;
     let refused = tenants
@@ -256,14 +277,7 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
         .expect_err(
             "foregroundDeletion given to a Tenant without the cleanup finalizer is refused",
         );
-    eventually("the operator puts the finalizer back", TIMEOUT, || async {
-        let t = tenants.get(&name).await.map_err(|e| e.to_string())?;
-        match t.finalizers() {
-            [f] if f == FINALIZER => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    finalizer_back(&tenants, &name).await;
 
     tenants
         .delete(&name, &DeleteParams::background())
@@ -284,33 +298,19 @@ async fn a_tenant_that_lost_its_finalizer_is_not_deleted_until_its_operator_put_
     install().await;
     let client = shared().client();
     let tenants = tenants::api(&client);
-    let name = unique_name("lost");
-    let ns = format!("{name}-a");
-    let operator = OperatorProcess::spawn_with(
-        &operator_kubeconfig(),
-        "idem-system",
-        &unique_name("op"),
-        |a| a,
-    );
-    create(&tenants, &name).await;
-    let uid = tenants::wait_ready(&client, &name).await.uid().unwrap();
-    user_data(&client, &ns).await;
+    let operator = deployed_operator();
+    let (name, ns, uid) = ready_with_data(&client, "lost").await;
     drop(operator);
     remove_finalizers(&tenants, &name, false)
         .await
         .expect("a Tenant not being deleted may lose its finalizer");
 
-    // (The dry run waits until the API server has loaded the shipped policy.)
-    let dry = DeleteParams {
-        dry_run: true,
-        ..DeleteParams::default()
-    };
-    eventually("the guard refuses a dry-run deletion", TIMEOUT, || async {
-        match tenants.delete(&name, &dry).await {
-            Ok(_) => Err("admitted".to_string()),
-            Err(e) => Ok(e),
-        }
-    })
+    refused_once_loaded(
+        &tenants,
+        &name,
+        DeleteParams::default(),
+        "the guard refuses a dry-run deletion",
+    )
     .await;
     let refused = tenants
         .delete(&name, &DeleteParams::default())
@@ -322,21 +322,8 @@ async fn a_tenant_that_lost_its_finalizer_is_not_deleted_until_its_operator_put_
         "{said}"
     );
 
-    let _operator = OperatorProcess::spawn_with(
-        &operator_kubeconfig(),
-        "idem-system",
-        &unique_name("op"),
-        |a| a,
-    );
-    eventually("the operator puts the finalizer back", TIMEOUT, || async {
-        let t = tenants.get(&name).await.map_err(|e| e.to_string())?;
-        if t.finalizers().iter().any(|f| f == FINALIZER) {
-            Ok(())
-        } else {
-            Err(format!("{:?}", t.finalizers()))
-        }
-    })
-    .await;
+    let _operator = deployed_operator();
+    finalizer_back(&tenants, &name).await;
     tenants
         .delete(&name, &DeleteParams::default())
         .await

@@ -20,20 +20,22 @@ use crate::resources::tenant::Quota;
 /// The object-count quota key prefix.
 const COUNT: &str = "count/";
 
-/// Whether `quota` has `count/` keys (only they are judged here).
-pub fn has_count_keys(quota: &Quota) -> bool {
+/// The `count/` keys of `quota` (only they are judged here), with repeats.
+fn count_keys(quota: &Quota) -> impl Iterator<Item = &String> {
     (quota.hard.keys())
         .chain(quota.tenant_hard.keys())
-        .any(|k| k.starts_with(COUNT))
+        .filter(|k| k.starts_with(COUNT))
+}
+
+/// Whether `quota` has `count/` keys.
+pub fn has_count_keys(quota: &Quota) -> bool {
+    count_keys(quota).next().is_some()
 }
 
 /// The `count/` keys of `quota` that some namespace's quota (in `observed`) has synced
 /// (`status.hard` holds it) without counting them (`status.used` lacks it), sorted.
 pub fn uncounted(quota: &Quota, observed: &BTreeMap<String, Observed>) -> Vec<String> {
-    let keys: BTreeSet<&String> = (quota.hard.keys())
-        .chain(quota.tenant_hard.keys())
-        .filter(|k| k.starts_with(COUNT))
-        .collect();
+    let keys: BTreeSet<&String> = count_keys(quota).collect();
     keys.into_iter()
         .filter(|k| {
             observed
