@@ -1,7 +1,8 @@
 //! A Tenant's `roleBindings` and `namespaceMetadata`, kept by the operator running as its
 //! ServiceAccount under the shipped RBAC and admission policies: the bindings and namespace
 //! labels follow the spec (a changed ClusterRole recreates its binding, a removed label goes),
-//! a ClusterRole the operator may not bind stalls the Tenant with the API server's reason, and a
+//! a ClusterRole the operator may not bind stalls the Tenant with the API server's reason (a
+//! child deleted while it backs off comes back at once, not at its next retry), and a
 //! tenant owner can change none of it from inside their namespaces (an edit is put back, and
 //! the shipped admission policy keeps the bindings' names for the operator).
 
@@ -13,7 +14,7 @@ use common::tenants;
 use common::{TIMEOUT, eventually, why};
 use idem_operator::resources::TenantSpec;
 use idem_operator::resources::tenant::{NamespaceMetadata, Owner, OwnerKind, TenantRoleBinding};
-use idem_operator::tenant::desired::ROLE_BINDING_PREFIX;
+use idem_operator::tenant::desired::{OWNERS, ROLE_BINDING_PREFIX};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
@@ -238,5 +239,35 @@ async fn role_bindings_and_namespace_metadata_follow_the_spec_and_owners_cannot_
             .is_none()
     );
     assert!(!can_i("mallory", None, "delete", "namespaces", &ns));
+
+    // The Tenant retries with waits doubling from 200 ms (Stalled after 5 failures); three
+    // failures more, its next wait is 25.6 s or more. A child an admin deletes meanwhile comes
+    // back at once, not at that retry: the deletion ends the wait.
+    let failed = operator.reconciles("tenant").await;
+    eventually("three more failed attempts", TIMEOUT, || async {
+        let n = operator.reconciles("tenant").await;
+        if n >= failed + 3 {
+            Ok(())
+        } else {
+            Err(format!("{} more", n - failed))
+        }
+    })
+    .await;
+    let owners = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let before = owners.get(OWNERS).await.unwrap();
+    owners.delete(OWNERS, &Default::default()).await.unwrap();
+    let deleted = std::time::Instant::now();
+    eventually("idem-owners made again", TIMEOUT, || async {
+        match owners.get_opt(OWNERS).await.map_err(why)? {
+            Some(b) if b.metadata.uid != before.metadata.uid => Ok(()),
+            _ => Err("not yet".into()),
+        }
+    })
+    .await;
+    assert!(
+        deleted.elapsed() < std::time::Duration::from_secs(10),
+        "the deleted child waited for the backoff: {:?}",
+        deleted.elapsed()
+    );
     drop(operator);
 }

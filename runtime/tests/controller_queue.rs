@@ -1,6 +1,7 @@
 //! Against the real control plane: how the controller feeds its queue — the first list after
 //! start is a low-priority replay that a user's change overtakes, and a key backing off after
-//! a failure is not retried early by child events, only by a change of its own spec; and a
+//! a failure is not retried early by child events, only by a change of its own spec or, once
+//! per retry, the deletion of a child; and a
 //! quiet tenant's change gets the worker kept for it while another tenant's backlog runs.
 
 mod common;
@@ -228,6 +229,103 @@ async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
     assert!(
         waited < BACKOFF * 2 / 3,
         "the spec change waited for the backoff: {waited:?}"
+    );
+    stop.send(()).unwrap();
+    controller.await.unwrap().unwrap();
+}
+
+/// A child deleted while its owner backs off ends the wait: the next attempt repairs it at
+/// once. Once per retry: a deletion during the wait after that early attempt waits for the
+/// backoff (a failing reconcile deleting its own children cannot loop); after the next
+/// ordinary retry a deletion ends the wait again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_child_ends_a_backoff_wait_once_per_retry() {
+    const BACKOFF: Duration = Duration::from_secs(12);
+    let client = idem_tests::shared().client();
+    install_widget(&client).await;
+    let ns = namespace(&client, "ctl-repair").await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let log = Arc::new(Log::default());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(
+        Controller::new(widgets.clone(), watcher::Config::default())
+            .owns(cms.clone(), watcher::Config::default())
+            .with_config(ControllerConfig {
+                workers: 2,
+                resync_period: Duration::ZERO,
+                backoff: BackoffConfig {
+                    base: BACKOFF,
+                    factor: 1.0,
+                    cap: BACKOFF,
+                    jitter: 0.0,
+                },
+                ..ControllerConfig::default()
+            })
+            .run(always_fails, Arc::clone(&log), async {
+                let _ = stopped.await;
+            }),
+    );
+    let w = widgets
+        .create(
+            &PostParams::default(),
+            &Widget::new("failing", WidgetSpec { value: 1 }),
+        )
+        .await
+        .unwrap();
+    let child = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("failing-child".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "test.idem.dev/v1".into(),
+                kind: "Widget".into(),
+                name: "failing".into(),
+                uid: w.uid().unwrap(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    // Deletes the child (made first) once it is in the owner's watch; returns when.
+    let delete_child = || async {
+        cms.create(&PostParams::default(), &child).await.unwrap();
+        cms.delete("failing-child", &Default::default())
+            .await
+            .unwrap();
+        Instant::now()
+    };
+    log.wait_for("the first attempt", |l| !l.is_empty()).await;
+    let deleted = delete_child().await;
+    log.wait_for("an early attempt", |l| l.len() >= 2).await;
+    let early = log.entries()[1].2;
+    println!("deleted child repaired after {:?}", early - deleted);
+    assert!(
+        early - deleted < BACKOFF / 3,
+        "the deletion waited for the backoff: {:?}",
+        early - deleted
+    );
+    // During the wait after the early attempt, a deletion does not end it.
+    delete_child().await;
+    log.wait_for("the ordinary retry", |l| l.len() >= 3).await;
+    let entries = log.entries();
+    let retry = entries[2].2;
+    println!("after the early attempt, retried after {:?}", retry - early);
+    assert!(
+        retry - early >= BACKOFF - Duration::from_millis(100),
+        "the wait after an early attempt was ended early: {:?}",
+        retry - early
+    );
+    // After the ordinary retry, a deletion ends the wait again.
+    let deleted = delete_child().await;
+    log.wait_for("another early attempt", |l| l.len() >= 4)
+        .await;
+    let again = log.entries()[3].2;
+    assert!(
+        again - deleted < BACKOFF / 3,
+        "after an ordinary retry the deletion waited: {:?}",
+        again - deleted
     );
     stop.send(()).unwrap();
     controller.await.unwrap().unwrap();

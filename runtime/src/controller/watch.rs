@@ -435,8 +435,8 @@ where
         let mut listed: HashSet<ObjectKey> = HashSet::new();
         // Owners to queue once a list is complete, when the child store holds the listed
         // children: a reconcile started earlier would judge them by the store of before the
-        // list (see `primary`).
-        let mut after_list: Vec<(ObjectKey, TenantKey, Priority)> = Vec::new();
+        // list (see `primary`); `true`: a child of theirs vanished (a repair, see `queue`).
+        let mut after_list: Vec<(ObjectKey, TenantKey, Priority, bool)> = Vec::new();
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(event) => event,
@@ -499,7 +499,7 @@ where
                             }
                         }
                         after_list.extend(owners.iter().map(|(owner, tenant)| {
-                            (owner.clone(), tenant.clone(), Priority::Event)
+                            (owner.clone(), tenant.clone(), Priority::Event, true)
                         }));
                     }
                     if let (Some(caches), Some(store), false) = (&shared.caches, &store, registered)
@@ -507,9 +507,9 @@ where
                         caches.register_compact(Arc::clone(store));
                         registered = true;
                     }
-                    for (owner, tenant, priority) in after_list.drain(..) {
+                    for (owner, tenant, priority, repair) in after_list.drain(..) {
                         shared.reasons.note(&owner, super::Reason::ChildChanged);
-                        shared.queue.add(&owner, &tenant, priority);
+                        child_changed(&shared.queue, &owner, &tenant, priority, repair);
                     }
                     first_list = false;
                     tx.send_replace(true);
@@ -651,7 +651,7 @@ where
                 after_list.extend(
                     owners
                         .iter()
-                        .map(|(owner, tenant)| (owner.clone(), tenant.clone(), priority)),
+                        .map(|(owner, tenant)| (owner.clone(), tenant.clone(), priority, false)),
                 );
                 continue;
             }
@@ -673,7 +673,7 @@ where
                 _ => {
                     for (owner, tenant) in owners.iter() {
                         shared.reasons.note(owner, super::Reason::ChildChanged);
-                        shared.queue.add(owner, tenant, priority);
+                        child_changed(&shared.queue, owner, tenant, priority, deleted);
                     }
                 }
             }
@@ -682,6 +682,23 @@ where
     WatchTask {
         run: Box::pin(run),
         synced,
+    }
+}
+
+/// Queues the owner of a changed child; a deleted child is a repair that ends the owner's
+/// backoff wait, once per retry (the queue's *Backoff holds*): a failing owner's missing
+/// children (its quota, say) come back at once, not minutes later at its next retry.
+fn child_changed(
+    queue: &WorkQueue,
+    owner: &ObjectKey,
+    tenant: &TenantKey,
+    priority: Priority,
+    deleted: bool,
+) {
+    if deleted {
+        queue.add_repairing(owner, tenant, priority);
+    } else {
+        queue.add(owner, tenant, priority);
     }
 }
 

@@ -57,6 +57,18 @@ impl Now {
     }
 }
 
+/// Whether an add ends the key's backoff wait (the **Backoff holds** rule of [`super`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bypass {
+    /// Folded into the retry (child events, resyncs, requeues).
+    Never,
+    /// Ends the wait once: not the wait after the attempt it started (one of the object's
+    /// children was deleted, which the next attempt repairs).
+    Repair,
+    /// Ends the wait (the object's own spec changed).
+    Always,
+}
+
 /// Per-key state. A slot lives while the key is queued, in flight, dirty or delayed.
 #[derive(Debug)]
 struct Slot {
@@ -71,8 +83,15 @@ struct Slot {
     dirty: Option<Priority>,
     /// The dirty mark came from an add that bypasses backoff (the primary's spec changed).
     dirty_forced: bool,
+    /// The dirty mark came from a repair add ([`Bypass::Repair`]).
+    dirty_repair: bool,
     /// Backing off after a failure until then: plain adds are folded into the retry delay.
     hold: Option<Instant>,
+    /// Whether a repair add may end the backoff wait: not when the attempt that failed was
+    /// itself started by one ([`Bypass::Repair`]).
+    repairable: bool,
+    /// The next attempt (`queued`) or the one in flight was started by a repair add.
+    repairing: bool,
     /// The earliest pending delayed add, if any.
     delay: Option<(Instant, Priority)>,
     /// Delay generation; heap entries with another generation are stale.
@@ -174,7 +193,10 @@ impl Core {
             in_flight: false,
             dirty: None,
             dirty_forced: false,
+            dirty_repair: false,
             hold: None,
+            repairable: false,
+            repairing: false,
             delay: None,
             delay_gen: 0,
             enqueued_at: self.epoch,
@@ -247,14 +269,21 @@ impl Core {
         }
     }
 
-    /// Apply an immediate add to an existing slot (also used when a delay fires); `forced`
+    /// Apply an immediate add to an existing slot (also used when a delay fires); `bypass`
     /// marks a dirty key as bypassing backoff.
-    fn add_slot(&mut self, id: u32, priority: Priority, forced: bool, now: &mut Now) -> AddOutcome {
+    fn add_slot(
+        &mut self,
+        id: u32,
+        priority: Priority,
+        bypass: Bypass,
+        now: &mut Now,
+    ) -> AddOutcome {
         let slot = &mut self.slots[id as usize];
         if slot.in_flight {
             let was = slot.dirty;
             slot.dirty = Some(was.map_or(priority, |p| p.max(priority)));
-            slot.dirty_forced |= forced;
+            slot.dirty_forced |= bypass == Bypass::Always;
+            slot.dirty_repair |= bypass == Bypass::Repair;
             return if was.is_some() {
                 AddOutcome::Deduped
             } else {
@@ -286,13 +315,13 @@ impl Core {
     /// Rules 1–3: add `key` now. An immediate add supersedes a pending delay of the key of no
     /// higher priority (a higher one stays and raises the key when it fires). While the key
     /// backs off after a failure (see [`Core::done`]), the add is folded into the retry unless
-    /// `forced` (the primary's spec changed), which ends the backoff wait.
+    /// `bypass` ends the backoff wait ([`Bypass`]).
     pub fn add(
         &mut self,
         key: &ObjectKey,
         tenant: &TenantKey,
         priority: Priority,
-        forced: bool,
+        bypass: Bypass,
         now: &mut Now,
     ) -> AddOutcome {
         if self.closed {
@@ -301,18 +330,23 @@ impl Core {
         self.fire_delays(now);
         let id = self.slot_for(key, tenant);
         let slot = &mut self.slots[id as usize];
-        if forced {
-            slot.hold = None;
-        } else if let Some(hold) = slot.hold {
-            if hold > now.get() {
+        if let Some(hold) = slot.hold {
+            let ends = match bypass {
+                Bypass::Always => true,
+                Bypass::Repair => slot.repairable,
+                Bypass::Never => hold <= now.get(),
+            };
+            if !ends {
                 return self.merge_delay(id, hold, priority);
             }
+            // The attempt a repair add starts early cannot be started early again by one.
+            slot.repairing = bypass == Bypass::Repair && hold > now.get();
             slot.hold = None;
         }
         if slot.delay.is_some_and(|(_, p)| p <= priority) {
             slot.delay = None;
         }
-        let outcome = self.add_slot(id, priority, forced, now);
+        let outcome = self.add_slot(id, priority, bypass, now);
         if outcome != AddOutcome::Deduped
             && let Some(m) = &self.metrics
         {
@@ -411,8 +445,9 @@ impl Core {
     /// With `retry = Some(delay)` the reconcile failed: the key is queued again at event
     /// priority once `delay` has passed and backs off until then — adds meanwhile (including
     /// one that made it dirty while in flight) are folded into the retry, except a forced add
-    /// (the primary's spec changed), which queues it at once. Returns whether the slot was in
-    /// flight (false means a double done, ignored).
+    /// (the primary's spec changed), which queues it at once, and a repair add, which does
+    /// unless this attempt was itself started by one ([`Bypass::Repair`]). Returns whether the
+    /// slot was in flight (false means a double done, ignored).
     pub fn done(&mut self, slot: u32, retry: Option<Duration>, now: &mut Now) -> bool {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return false;
@@ -424,15 +459,23 @@ impl Core {
         let tenant = s.tenant;
         let dirty = s.dirty.take();
         let forced = std::mem::take(&mut s.dirty_forced);
+        let repair = std::mem::take(&mut s.dirty_repair);
+        // A failed attempt started early by a repair add waits out its backoff in full.
+        let repairable = !std::mem::take(&mut s.repairing);
         self.in_flight -= 1;
         self.fair.finish(tenant);
         let spec_changed = forced && dirty.is_some();
+        let repaired = repair && repairable && dirty.is_some() && retry.is_some() && !spec_changed;
+        if repaired {
+            self.slots[slot as usize].repairing = true;
+        }
         if !self.closed {
             match (retry, dirty) {
-                (Some(delay), _) if !spec_changed && !delay.is_zero() => {
+                (Some(delay), _) if !spec_changed && !repaired && !delay.is_zero() => {
                     let until = now.get() + delay;
                     let s = &mut self.slots[slot as usize];
                     s.hold = Some(until);
+                    s.repairable = repairable;
                     // The retry replaces any pending delay: nothing fires before it.
                     s.delay = None;
                     self.merge_delay(slot, until, Priority::Event);
@@ -513,6 +556,7 @@ impl Core {
             slot.queued = None;
             slot.dirty = None;
             slot.dirty_forced = false;
+            slot.dirty_repair = false;
             slot.hold = None;
             slot.delay = None;
         }
@@ -556,6 +600,7 @@ impl Core {
         let slot = &mut self.slots[id as usize];
         let mut dropped = slot.delay.take().is_some() | slot.dirty.take().is_some();
         slot.dirty_forced = false;
+        slot.dirty_repair = false;
         slot.hold = None;
         if let Some(level) = slot.queued.take() {
             dropped = true;

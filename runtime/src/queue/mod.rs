@@ -37,6 +37,9 @@
 //! 8. **Backoff holds**: after [`Lease::retry_after`] the key waits out its backoff; adds
 //!    meanwhile (child events, resyncs, requeues) are folded into the retry, and only
 //!    [`WorkQueue::add_bypassing_backoff`] (a change of the object's own spec) ends the wait.
+//!    [`WorkQueue::add_repairing`] (one of its children was deleted) ends it too, except the
+//!    wait after an attempt it started: at most one early attempt between two retries, so a
+//!    failing reconcile that deletes its own children cannot retry in a loop.
 //! 9. **Forgetting**: a key with nothing left to do frees its slot (and its key); a tenant that
 //!    no key refers to any more is forgotten with its `idem_tenant_*` metric series.
 //!
@@ -59,7 +62,7 @@ use tokio::sync::Notify;
 use tokio::time::{Duration, Instant};
 
 pub use self::core::AddOutcome;
-use self::core::{Core, Now};
+use self::core::{Bypass, Core, Now};
 pub(crate) use self::metrics::InFlight;
 pub use self::metrics::QueueMetrics;
 pub use self::priority::Priority;
@@ -233,7 +236,7 @@ impl WorkQueue {
     /// Add `key` of `tenant` now (rules 1–3). While the key backs off after a failed
     /// reconcile ([`Lease::retry_after`]), the add is folded into the pending retry (**Backoff holds** above).
     pub fn add(&self, key: &ObjectKey, tenant: &TenantKey, priority: Priority) -> AddOutcome {
-        self.add_inner(key, tenant, priority, false)
+        self.add_inner(key, tenant, priority, Bypass::Never)
     }
 
     /// [`WorkQueue::add`] that also ends the key's backoff wait: for a change of the object
@@ -245,7 +248,19 @@ impl WorkQueue {
         tenant: &TenantKey,
         priority: Priority,
     ) -> AddOutcome {
-        self.add_inner(key, tenant, priority, true)
+        self.add_inner(key, tenant, priority, Bypass::Always)
+    }
+
+    /// [`WorkQueue::add`] for a repair the next reconcile makes (one of the object's children
+    /// was deleted): it ends the key's backoff wait, or queues a failing reconcile's retry at
+    /// once, unless the attempt that failed was itself started by one (**Backoff holds** above).
+    pub fn add_repairing(
+        &self,
+        key: &ObjectKey,
+        tenant: &TenantKey,
+        priority: Priority,
+    ) -> AddOutcome {
+        self.add_inner(key, tenant, priority, Bypass::Repair)
     }
 
     fn add_inner(
@@ -253,10 +268,10 @@ impl WorkQueue {
         key: &ObjectKey,
         tenant: &TenantKey,
         priority: Priority,
-        forced: bool,
+        bypass: Bypass,
     ) -> AddOutcome {
         let mut core = self.shared.lock();
-        let outcome = core.add(key, tenant, priority, forced, &mut Now::lazy());
+        let outcome = core.add(key, tenant, priority, bypass, &mut Now::lazy());
         let ready = core.has_ready();
         drop(core);
         match outcome {

@@ -24,7 +24,7 @@ impl Core {
         now: &mut Now,
     ) -> AddOutcome {
         if delay.is_zero() {
-            return self.add(key, tenant, priority, false, now);
+            return self.add(key, tenant, priority, super::Bypass::Never, now);
         }
         if self.closed {
             return AddOutcome::Closed;
@@ -90,7 +90,7 @@ impl Core {
                 continue;
             };
             slot.hold = None; // a delay never fires before the backoff wait ends
-            if self.add_slot(id, priority, false, now) != AddOutcome::Deduped
+            if self.add_slot(id, priority, super::Bypass::Never, now) != AddOutcome::Deduped
                 && let Some(m) = &self.metrics
             {
                 m.adds.inc();

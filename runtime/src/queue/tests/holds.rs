@@ -205,6 +205,55 @@ async fn rule8_a_spec_change_ends_the_backoff_wait() {
     assert_eq!(serve(&q), None, "the superseded retry does not fire again");
 }
 
+/// A deleted child ends a backoff wait once: the attempt it starts early, if it fails too,
+/// waits out its backoff in full (a failing reconcile deleting its own children cannot loop);
+/// the wait after the next ordinary retry may be ended again.
+#[tokio::test(start_paused = true)]
+async fn rule8_a_deleted_child_ends_a_backoff_wait_once_per_retry() {
+    let q = queue(4);
+    let t = tenant("a");
+    q.add(&key("x"), &t, EV);
+    q.try_get().unwrap().retry_after(Duration::from_secs(60));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(q.add_repairing(&key("x"), &t, EV), AddOutcome::Queued);
+    let early = q.try_get().expect("the repair is served at once");
+    early.retry_after(Duration::from_secs(60));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(q.add_repairing(&key("x"), &t, EV), AddOutcome::Deduped);
+    assert!(
+        q.try_get().is_none(),
+        "the wait after an early attempt was ended early again"
+    );
+    tokio::time::advance(Duration::from_secs(59)).await;
+    let retry = q.try_get().expect("retried when the backoff ends");
+    retry.retry_after(Duration::from_secs(60));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    q.add_repairing(&key("x"), &t, EV);
+    assert_eq!(
+        serve(&q).as_deref(),
+        Some("x"),
+        "after an ordinary retry a deleted child ends the wait again"
+    );
+}
+
+/// A child deleted during a reconcile that then fails: the retry is at once, not after the
+/// backoff; and not again if that retry fails with another deletion during it.
+#[tokio::test(start_paused = true)]
+async fn rule8_a_child_deleted_during_a_failing_reconcile_retries_at_once_once() {
+    let q = queue(4);
+    let t = tenant("a");
+    q.add(&key("x"), &t, EV);
+    let lease = q.try_get().unwrap();
+    assert_eq!(q.add_repairing(&key("x"), &t, EV), AddOutcome::Dirty);
+    lease.retry_after(Duration::from_secs(60));
+    let again = q.try_get().expect("the deletion is repaired at once");
+    q.add_repairing(&key("x"), &t, EV);
+    again.retry_after(Duration::from_secs(60));
+    assert!(q.try_get().is_none(), "a second early attempt in a row");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(serve(&q).as_deref(), Some("x"));
+}
+
 /// Issue 11, item 4: a restart replays every object at resync priority; a user's change made
 /// meanwhile (an event add of a key already queued for the replay) is served next.
 #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::{key, tenant};
-use crate::queue::core::{Core, Now};
+use crate::queue::core::{Bypass, Core, Now};
 use crate::queue::{Priority, QueueConfig};
 
 #[derive(Clone, Debug)]
@@ -17,7 +17,8 @@ enum Op {
         k: u8,
         t: u8,
         resync: bool,
-        forced: bool,
+        /// 0: a plain add, 1: a repair add, 2: a spec change.
+        bypass: u8,
     },
     AddAfter {
         k: u8,
@@ -34,8 +35,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u8..12, 0u8..4, any::<bool>(), any::<bool>())
-            .prop_map(|(k, t, resync, forced)| Op::Add { k, t, resync, forced }),
+        3 => (0u8..12, 0u8..4, any::<bool>(), 0u8..3)
+            .prop_map(|(k, t, resync, bypass)| Op::Add { k, t, resync, bypass }),
         2 => (0u8..12, 0u8..4, 0u16..300, any::<bool>())
             .prop_map(|(k, t, ms, resync)| Op::AddAfter { k, t, ms, resync }),
         3 => Just(Op::Get),
@@ -96,13 +97,13 @@ fn run(ops: Vec<Op>, cfg: QueueConfig) {
                 k,
                 t,
                 resync,
-                forced,
+                bypass,
             } => {
                 core.add(
                     &key(&name(k)),
                     &tenant(&format!("t{t}")),
                     prio(resync),
-                    forced,
+                    [Bypass::Never, Bypass::Repair, Bypass::Always][usize::from(bypass)],
                     &mut Now::at(now),
                 );
                 model.owed.insert(name(k));
