@@ -3,7 +3,7 @@
 //! touches Leases only in its own namespace, its `bind` of `admin` and its writes are confined to the
 //! namespaces it manages (by the shipped ValidatingAdmissionPolicy, checked with server-side
 //! dry runs as the operator's ServiceAccount), and tenant owners (`admin` in their namespaces)
-//! may manage TenantApps through the aggregated ClusterRoles.
+//! may manage TenantApps through the aggregated ClusterRoles, in those namespaces only.
 
 mod common;
 
@@ -314,6 +314,79 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `edit` in any namespace grants creating TenantApps there (the aggregated roles), and the
+/// operator keeps every TenantApp in memory: the shipped policy refuses one outside the
+/// namespaces a Tenant holds, where it would do nothing (`NotInTenantNamespace`) and no
+/// Tenant's `count/` quota bounds how many. Cluster administrators still may.
+#[tokio::test]
+async fn tenantapps_are_created_only_in_namespaces_a_tenant_holds() {
+    use idem_operator::resources::TenantApp;
+    use kube::api::{Api, PostParams};
+
+    install().await;
+    let plain = create_namespace(&shared().client(), "plain").await.unwrap();
+    let held = managed_namespace().await;
+    let owner_uid = format!("{}=0f0c9a6e", idem_runtime::apply::OWNER_UID_LABEL);
+    let out = kubectl(&["label", "namespace", &held, &owner_uid]);
+    assert!(out.status.success(), "{}", text(&out));
+    for ns in [&plain, &held] {
+        let out = kubectl(&[
+            "create",
+            "rolebinding",
+            "editor",
+            "--clusterrole=edit",
+            "--user=editor",
+            "-n",
+            ns,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let apps = "tenantapps.tenancy.idem.dev";
+    eventually("TenantApp rights aggregated into edit", TIMEOUT, || async {
+        (can_i("editor", "create", apps, Some(&plain))
+            && can_i("editor", "create", apps, Some(&held)))
+        .then_some(())
+        .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let app = TenantApp::new("web", common::apps::spec(1, "x = 1"));
+    let create = |client: kube::Client, ns: &str| {
+        let api = Api::<TenantApp>::namespaced(client, ns);
+        let (app, dry_run) = (app.clone(), dry_run.clone());
+        async move { api.create(&dry_run, &app).await }
+    };
+    let editor = common::users::client_as("editor");
+    // Policies take effect a moment after they are created.
+    let refused = eventually(
+        "a TenantApp outside a tenant namespace refused",
+        TIMEOUT,
+        || {
+            let creating = create(editor.clone(), &plain);
+            async move {
+                match creating.await {
+                    Err(e) => Ok(e.to_string()),
+                    Ok(_) => Err("admitted".to_owned()),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        refused.contains("only in a namespace a Tenant holds"),
+        "{refused}"
+    );
+    create(editor, &held)
+        .await
+        .expect("in a namespace a Tenant holds");
+    create(shared().client(), &plain)
+        .await
+        .expect("an administrator's, anywhere");
 }
 
 /// A member Lease of the shard ring written by anyone but the operator's account — an admin

@@ -744,7 +744,12 @@ async fn a_count_key_that_counts_nothing_is_named_until_it_is_corrected() {
     let mut spec = spec();
     spec.namespaces = vec!["a".into()];
     spec.quota = Some(Quota {
-        hard: tenants::quantities(&[("count/deployments", "5"), ("count/configmaps", "5")]),
+        hard: tenants::quantities(&[
+            ("count/deployments", "5"),
+            ("count/configmaps", "5"),
+            ("example.com/gpu", "1"),
+            ("requests.example.com/gpu", "1"),
+        ]),
         ..Quota::default()
     });
     tenants::create(&client, &tenant, spec).await;
@@ -761,7 +766,7 @@ async fn a_count_key_that_counts_nothing_is_named_until_it_is_corrected() {
                     Some(c)
                         if c.status == "True"
                             && c.observed_generation == t.metadata.generation
-                            && c.message.contains("limits nothing") == named =>
+                            && c.message.contains("the quota controller counts no") == named =>
                     {
                         Ok(c.message.clone())
                     }
@@ -770,22 +775,28 @@ async fn a_count_key_that_counts_nothing_is_named_until_it_is_corrected() {
             }
         })
     };
-    let message = ready("Ready, naming the key that counts nothing", true).await;
+    let message = ready("Ready, naming the keys that count nothing", true).await;
+    // An extended resource without its `requests.` prefix counts nothing either.
     assert!(
-        message.contains("quota key count/deployments limits nothing"),
+        message.contains("quota keys count/deployments, example.com/gpu limit nothing"),
         "{message}"
     );
     assert!(!message.contains("count/configmaps"), "{message}");
-    // The key corrected: the note goes.
+    assert!(!message.contains("requests.example.com/gpu"), "{message}");
+    // The keys corrected: the note goes.
     tenants::api(&client)
         .patch(
             &tenant,
             &PatchParams::default(),
             &Patch::Merge(&json!({"spec": {"quota": {"hard": {
-                "count/deployments": null, "count/deployments.apps": "5"}}}})),
+                "count/deployments": null, "count/deployments.apps": "5",
+                "example.com/gpu": null}}}})),
         )
         .await
         .expect("patch");
     let message = ready("Ready, naming nothing", false).await;
-    assert!(!message.contains("count/"), "{message}");
+    assert!(
+        !message.contains("count/") && !message.contains("gpu"),
+        "{message}"
+    );
 }

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::{Widget, WidgetSpec, install_widget, namespace};
 use idem_runtime::backoff::BackoffConfig;
-use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig};
+use idem_runtime::controller::{Action, Attempt, Controller, ControllerConfig, ControllerError};
+use idem_runtime::queue::ShutdownReport;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -125,62 +126,110 @@ async fn always_fails(obj: Arc<Widget>, log: Arc<Log>, _: Attempt) -> Result<Act
     Err("the backend is down".to_owned())
 }
 
+/// A controller whose reconciles of the Widget `failing` always fail and back off `backoff`
+/// (no growth, no jitter), with its child ConfigMap `failing-child` (not yet made).
+struct Failing {
+    widgets: Api<Widget>,
+    cms: Api<ConfigMap>,
+    log: Arc<Log>,
+    child: ConfigMap,
+    stop: oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<Result<ShutdownReport, ControllerError>>,
+}
+
+impl Failing {
+    /// Starts the controller in a new namespace, creates the Widget and waits for its first
+    /// attempt.
+    async fn start(prefix: &str, backoff: Duration) -> Self {
+        let client = idem_tests::shared().client();
+        install_widget(&client).await;
+        let ns = namespace(&client, prefix).await;
+        let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        let log = Arc::new(Log::default());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller = tokio::spawn(
+            Controller::new(widgets.clone(), watcher::Config::default())
+                .owns(cms.clone(), watcher::Config::default())
+                .with_config(ControllerConfig {
+                    workers: 2,
+                    resync_period: Duration::ZERO,
+                    backoff: BackoffConfig {
+                        base: backoff,
+                        factor: 1.0,
+                        cap: backoff,
+                        jitter: 0.0,
+                    },
+                    ..ControllerConfig::default()
+                })
+                .run(always_fails, Arc::clone(&log), async {
+                    let _ = stopped.await;
+                }),
+        );
+        let w = widgets
+            .create(
+                &PostParams::default(),
+                &Widget::new("failing", WidgetSpec { value: 1 }),
+            )
+            .await
+            .unwrap();
+        log.wait_for("the first attempt", |l| !l.is_empty()).await;
+        let child = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("failing-child".into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "test.idem.dev/v1".into(),
+                    kind: "Widget".into(),
+                    name: "failing".into(),
+                    uid: w.uid().unwrap(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([("n".to_owned(), "0".to_owned())])),
+            ..ConfigMap::default()
+        };
+        Self {
+            widgets,
+            cms,
+            log,
+            child,
+            stop,
+            controller,
+        }
+    }
+
+    /// Makes the child and deletes it; returns when it was deleted.
+    async fn delete_child(&self) -> Instant {
+        (self.cms.create(&PostParams::default(), &self.child))
+            .await
+            .unwrap();
+        (self.cms.delete("failing-child", &Default::default()))
+            .await
+            .unwrap();
+        Instant::now()
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.controller.await.unwrap().unwrap();
+    }
+}
+
 /// Issue 10, item 8: child events while a key backs off do not bypass the backoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
     // Long enough that a spec change's retry (a PATCH, its watch event, a dispatch) stays
     // well inside two thirds of it on a loaded machine.
     const BACKOFF: Duration = Duration::from_secs(6);
-    let client = idem_tests::shared().client();
-    install_widget(&client).await;
-    let ns = namespace(&client, "ctl-backoff").await;
-    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let log = Arc::new(Log::default());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let controller = tokio::spawn(
-        Controller::new(widgets.clone(), watcher::Config::default())
-            .owns(cms.clone(), watcher::Config::default())
-            .with_config(ControllerConfig {
-                workers: 2,
-                resync_period: Duration::ZERO,
-                backoff: BackoffConfig {
-                    base: BACKOFF,
-                    factor: 1.0,
-                    cap: BACKOFF,
-                    jitter: 0.0,
-                },
-                ..ControllerConfig::default()
-            })
-            .run(always_fails, Arc::clone(&log), async {
-                let _ = stopped.await;
-            }),
-    );
-    let w = widgets
-        .create(
-            &PostParams::default(),
-            &Widget::new("failing", WidgetSpec { value: 1 }),
-        )
+    let failing = Failing::start("ctl-backoff", BACKOFF).await;
+    let Failing {
+        widgets, cms, log, ..
+    } = &failing;
+    cms.create(&PostParams::default(), &failing.child)
         .await
         .unwrap();
-    log.wait_for("the first attempt", |l| !l.is_empty()).await;
-    let child = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("failing-child".into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "test.idem.dev/v1".into(),
-                kind: "Widget".into(),
-                name: "failing".into(),
-                uid: w.uid().unwrap(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([("n".to_owned(), "0".to_owned())])),
-        ..ConfigMap::default()
-    };
-    cms.create(&PostParams::default(), &child).await.unwrap();
     // Child events every ~100 ms for 2.5 backoff periods.
     let until = Instant::now() + BACKOFF * 5 / 2;
     let mut n = 0;
@@ -230,8 +279,7 @@ async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
         waited < BACKOFF * 2 / 3,
         "the spec change waited for the backoff: {waited:?}"
     );
-    stop.send(()).unwrap();
-    controller.await.unwrap().unwrap();
+    failing.stop().await;
 }
 
 /// A child deleted while its owner backs off ends the wait: the next attempt repairs it at
@@ -241,63 +289,9 @@ async fn child_events_do_not_bypass_backoff_but_a_spec_change_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_child_ends_a_backoff_wait_once_per_retry() {
     const BACKOFF: Duration = Duration::from_secs(12);
-    let client = idem_tests::shared().client();
-    install_widget(&client).await;
-    let ns = namespace(&client, "ctl-repair").await;
-    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let log = Arc::new(Log::default());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let controller = tokio::spawn(
-        Controller::new(widgets.clone(), watcher::Config::default())
-            .owns(cms.clone(), watcher::Config::default())
-            .with_config(ControllerConfig {
-                workers: 2,
-                resync_period: Duration::ZERO,
-                backoff: BackoffConfig {
-                    base: BACKOFF,
-                    factor: 1.0,
-                    cap: BACKOFF,
-                    jitter: 0.0,
-                },
-                ..ControllerConfig::default()
-            })
-            .run(always_fails, Arc::clone(&log), async {
-                let _ = stopped.await;
-            }),
-    );
-    let w = widgets
-        .create(
-            &PostParams::default(),
-            &Widget::new("failing", WidgetSpec { value: 1 }),
-        )
-        .await
-        .unwrap();
-    let child = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("failing-child".into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "test.idem.dev/v1".into(),
-                kind: "Widget".into(),
-                name: "failing".into(),
-                uid: w.uid().unwrap(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
-    // Deletes the child (made first) once it is in the owner's watch; returns when.
-    let delete_child = || async {
-        cms.create(&PostParams::default(), &child).await.unwrap();
-        cms.delete("failing-child", &Default::default())
-            .await
-            .unwrap();
-        Instant::now()
-    };
-    log.wait_for("the first attempt", |l| !l.is_empty()).await;
-    let deleted = delete_child().await;
+    let failing = Failing::start("ctl-repair", BACKOFF).await;
+    let log = &failing.log;
+    let deleted = failing.delete_child().await;
     log.wait_for("an early attempt", |l| l.len() >= 2).await;
     let early = log.entries()[1].2;
     println!("deleted child repaired after {:?}", early - deleted);
@@ -307,10 +301,9 @@ async fn a_deleted_child_ends_a_backoff_wait_once_per_retry() {
         early - deleted
     );
     // During the wait after the early attempt, a deletion does not end it.
-    delete_child().await;
+    failing.delete_child().await;
     log.wait_for("the ordinary retry", |l| l.len() >= 3).await;
-    let entries = log.entries();
-    let retry = entries[2].2;
+    let retry = log.entries()[2].2;
     println!("after the early attempt, retried after {:?}", retry - early);
     assert!(
         retry - early >= BACKOFF - Duration::from_millis(100),
@@ -318,7 +311,7 @@ async fn a_deleted_child_ends_a_backoff_wait_once_per_retry() {
         retry - early
     );
     // After the ordinary retry, a deletion ends the wait again.
-    let deleted = delete_child().await;
+    let deleted = failing.delete_child().await;
     log.wait_for("another early attempt", |l| l.len() >= 4)
         .await;
     let again = log.entries()[3].2;
@@ -327,8 +320,7 @@ async fn a_deleted_child_ends_a_backoff_wait_once_per_retry() {
         "after an ordinary retry the deletion waited: {:?}",
         again - deleted
     );
-    stop.send(()).unwrap();
-    controller.await.unwrap().unwrap();
+    failing.stop().await;
 }
 
 /// Reconciles of `busy-*` Widgets (tenant `busy`) hold their worker until `gate` opens; the

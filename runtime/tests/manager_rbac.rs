@@ -189,7 +189,7 @@ async fn a_manager_runs_on_the_rbac_it_prints() {
     let metrics_addr = free_addr();
     let options = ring_of_one_as(&namespace, &name, metrics_addr);
     let manager = Manager::new(name.clone(), options).add(Reconciles::new(BaseTenants));
-    let mut objects = manager.rbac(&namespace);
+    let mut objects = manager.rbac(&namespace).unwrap();
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     assert_eq!(
         kinds,
@@ -313,7 +313,7 @@ async fn a_sharded_manager_whose_kind_owns_no_namespaces_runs_on_the_rbac_it_pri
     let manager = Manager::new(name.clone(), options)
         .add(Reconciles::new(Notes))
         .installing_crds();
-    let mut objects = manager.rbac(&namespace);
+    let mut objects = manager.rbac(&namespace).unwrap();
     objects.retain(|o| o["kind"] != "Namespace");
     create_all(&client, &namespace, objects).await;
     let (stop, stopped) = oneshot::channel::<()>();

@@ -35,6 +35,8 @@ pub const LEASE_FLOWS: &str = "idem-operator-leases";
 pub const NAMES_POLICY: &str = "idem-operator-reserved-names";
 /// The `ValidatingAdmissionPolicy` keeping a tenant namespace's `idem-quota` the operator's to change.
 pub const QUOTA_POLICY: &str = "idem-operator-quota-guard";
+/// The ValidatingAdmissionPolicy that lets TenantApps be created only in tenant namespaces.
+pub const APP_PLACEMENT_POLICY: &str = "idem-operator-tenantapp-placement";
 /// The API server's priority level for leader-election traffic (one of its suggested
 /// configurations, where Kubernetes' own controllers renew their Leases).
 pub const LEADER_ELECTION_PRIORITY: &str = "leader-election";
@@ -265,6 +267,37 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": QUOTA_POLICY, "labels": labels},
         "spec": {"policyName": QUOTA_POLICY, "validationActions": ["Deny"]}});
+    // `edit` in any namespace grants TenantApp creation there (the aggregated roles), and the
+    // operator keeps every TenantApp it watches in memory, each up to ~1.3 MB, whether or not
+    // its namespace is a tenant's: anyone with `edit` somewhere could grow every replica without
+    // bound, where no Tenant's `count/tenantapps` quota applies. Outside the namespaces a Tenant
+    // holds an app does nothing anyway (`NotInTenantNamespace`), so only cluster administrators
+    // may create one there.
+    let app_placement = {
+        let owner_uid = idem_runtime::apply::OWNER_UID_LABEL;
+        let held = format!(
+            "namespaceObject != null && ({}) && '{owner_uid}' in namespaceObject.metadata.labels",
+            managed("namespaceObject")
+        );
+        json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": APP_PLACEMENT_POLICY, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [idem_operator::resources::GROUP], "apiVersions": ["*"],
+                    "operations": ["CREATE"], "resources": ["tenantapps"]}]},
+            "validations": [
+                {"expression": format!("({held}) || (has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups)"),
+                 "message": format!("TenantApps may be created only in a namespace a Tenant holds (labelled {MANAGED_BY_LABEL}={FIELD_MANAGER} and {owner_uid}): outside one an app does nothing"),
+                 "reason": "Forbidden"},
+            ],
+        }})
+    };
+    let app_placement_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": APP_PLACEMENT_POLICY, "labels": labels},
+        "spec": {"policyName": APP_PLACEMENT_POLICY, "validationActions": ["Deny"]}});
     // Under load, the operator's reconcile traffic fills the priority level of every
     // ServiceAccount; a member Lease renewed behind it would expire and change the shard ring
     // (every replica stops and relists). Its Lease requests get the level the API server gives
@@ -385,6 +418,8 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                 names_binding,
                 quota_guard,
                 quota_guard_binding,
+                app_placement,
+                app_placement_binding,
             ],
         ),
         ("06-flowschema", vec![flow_schema]),

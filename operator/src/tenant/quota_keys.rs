@@ -1,14 +1,16 @@
-//! Object-count quota keys that count nothing, as the cluster's own quota controller shows them.
+//! Quota keys that count nothing, as the cluster's own quota controller shows them.
 //!
-//! The API server takes any `count/<resource>` key (`count/deployments` as readily as
-//! `count/deployments.apps`) and the Tenant's schema cannot know which resources the cluster
-//! serves. But the quota controller fills `status.used` with a usage for every key it counts,
-//! and leaves out a key that no resource it knows matches: a resource of a named API group
-//! given without its group (`count/deployments`), a misspelt one, or a custom resource whose
-//! definition is not installed. So a key the quota's `status.hard` holds (the quota controller
-//! has synced it) and its `status.used` lacks limits nothing; the Tenant's `Ready` message says
-//! so, and says it no more once the key counts (a definition installed, the key corrected).
-//! Nothing is asked of discovery, and no list of kinds is kept here.
+//! The API server takes any qualified name as a quota key: `count/deployments` as readily as
+//! `count/deployments.apps`, `nvidia.com/gpu` as readily as `requests.nvidia.com/gpu`, and the
+//! Tenant's schema cannot know which resources the cluster serves. But the quota controller
+//! fills `status.used` with a usage for every key it counts, and leaves out a key that none of
+//! its evaluators matches: a resource of a named API group given without its group
+//! (`count/deployments`), a misspelt one, a custom resource whose definition is not installed,
+//! or an extended resource without its `requests.` prefix. So a key the quota's `status.hard`
+//! holds (the quota controller has synced it) and its `status.used` lacks limits nothing; the
+//! Tenant's `Ready` message says so, and says it no more once the key counts (a definition
+//! installed, the key corrected). Nothing is asked of discovery, and no list of kinds or
+//! resource names is kept here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,25 +19,20 @@ use idem_runtime::prelude::*;
 use super::quota_split::Observed;
 use crate::resources::tenant::Quota;
 
-/// The object-count quota key prefix.
-const COUNT: &str = "count/";
-
-/// The `count/` keys of `quota` (only they are judged here), with repeats.
-fn count_keys(quota: &Quota) -> impl Iterator<Item = &String> {
-    (quota.hard.keys())
-        .chain(quota.tenant_hard.keys())
-        .filter(|k| k.starts_with(COUNT))
+/// The keys of `quota`, with repeats.
+fn keys(quota: &Quota) -> impl Iterator<Item = &String> {
+    (quota.hard.keys()).chain(quota.tenant_hard.keys())
 }
 
-/// Whether `quota` has `count/` keys.
-pub fn has_count_keys(quota: &Quota) -> bool {
-    count_keys(quota).next().is_some()
+/// Whether `quota` has keys.
+pub fn has_keys(quota: &Quota) -> bool {
+    keys(quota).next().is_some()
 }
 
-/// The `count/` keys of `quota` that some namespace's quota (in `observed`) has synced
-/// (`status.hard` holds it) without counting them (`status.used` lacks it), sorted.
+/// The keys of `quota` that some namespace's quota (in `observed`) has synced (`status.hard`
+/// holds it) without counting them (`status.used` lacks it), sorted.
 pub fn uncounted(quota: &Quota, observed: &BTreeMap<String, Observed>) -> Vec<String> {
-    let keys: BTreeSet<&String> = count_keys(quota).collect();
+    let keys: BTreeSet<&String> = keys(quota).collect();
     keys.into_iter()
         .filter(|k| {
             observed
@@ -54,9 +51,10 @@ pub fn note(keys: &[String]) -> Option<String> {
         _ => ("keys", "limit", "them"),
     };
     Some(format!(
-        "quota {one} {} {verb} nothing: the quota controller counts no resource by {pronoun} (a \
-         resource of a named API group is count/<resource>.<group>, e.g. count/deployments.apps; \
-         a custom resource counts once its definition is installed)",
+        "quota {one} {} {verb} nothing: the quota controller counts no resource by {pronoun} (an \
+         extended resource is requests.<name>, e.g. requests.nvidia.com/gpu; a resource of a \
+         named API group is count/<resource>.<group>, e.g. count/deployments.apps; a custom \
+         resource counts once its definition is installed)",
         keys.join(", ")
     ))
 }
@@ -85,9 +83,14 @@ mod tests {
     }
 
     #[test]
-    fn a_synced_count_key_without_a_usage_counts_nothing() {
+    fn a_synced_key_without_a_usage_counts_nothing() {
         let quota = Quota {
-            hard: map(&["count/deployments", "count/configmaps", "pods"]),
+            hard: map(&[
+                "count/deployments",
+                "count/configmaps",
+                "pods",
+                "example.com/gpu",
+            ]),
             tenant_hard: map(&["count/widgets.example.com"]),
         };
         let observed = BTreeMap::from([
@@ -95,18 +98,26 @@ mod tests {
                 "a".to_owned(),
                 Observed {
                     spec: None,
-                    enforced: map(&["count/deployments", "count/configmaps", "pods"]),
-                    used: map(&["count/configmaps"]),
+                    enforced: map(&[
+                        "count/deployments",
+                        "count/configmaps",
+                        "pods",
+                        "example.com/gpu",
+                    ]),
+                    used: map(&["count/configmaps", "pods"]),
                 },
             ),
             // Not synced yet: nothing is judged from it.
             ("b".to_owned(), Observed::default()),
         ]);
-        // `pods` is not an object-count key; the custom resource's key is not synced anywhere.
-        assert_eq!(uncounted(&quota, &observed), ["count/deployments"]);
+        // The custom resource's key is not synced anywhere.
+        assert_eq!(
+            uncounted(&quota, &observed),
+            ["count/deployments", "example.com/gpu"]
+        );
         let message = note(&uncounted(&quota, &observed)).unwrap();
         assert!(
-            message.starts_with("quota key count/deployments limits nothing"),
+            message.starts_with("quota keys count/deployments, example.com/gpu limit nothing"),
             "{message}"
         );
         assert_eq!(note(&[]), None);

@@ -163,7 +163,7 @@ impl Reconciler for Tenants {
         }
         readiness = quota_gate::readiness(&gate, readiness);
         if let Some(quota) = &tenant.spec.quota
-            && quota_keys::has_count_keys(quota)
+            && quota_keys::has_keys(quota)
         {
             let observed = quota_split::observe(tenant, pass, &ns.owned).await?;
             readiness = quota_keys::readiness(&quota_keys::uncounted(quota, &observed), readiness);

@@ -72,9 +72,21 @@ pub fn readiness(
         } else {
             count
         };
-        Readiness::Reconciling {
-            reason: "Progressing".into(),
-            message,
+        // A rollout someone paused (`kubectl rollout pause`: the field is theirs, not the
+        // app's) waits until they resume it; saying so is all the app can do.
+        match deployment.filter(|d| d.spec.as_ref().and_then(|s| s.paused) == Some(true)) {
+            Some(d) => Readiness::Reconciling {
+                reason: "DeploymentPaused".into(),
+                message: format!(
+                    "{message}; Deployment {} is paused (spec.paused): its rollout waits until \
+                     it is resumed (kubectl rollout resume)",
+                    d.metadata.name.as_deref().unwrap_or_default()
+                ),
+            },
+            None => Readiness::Reconciling {
+                reason: "Progressing".into(),
+                message,
+            },
         }
     }
 }
@@ -206,6 +218,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_paused_rollout_is_named() {
+        let mut paused = deployment(2, 2, 1, 0);
+        paused.spec = Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+            paused: Some(true),
+            ..Default::default()
+        });
+        match readiness(1, &ApplyReport::default(), Some(&paused)) {
+            Readiness::Reconciling { reason, message } => {
+                assert_eq!(reason, "DeploymentPaused");
+                assert!(
+                    message.contains("0 of 1 replicas updated")
+                        && message.contains("Deployment web is paused"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Not paused: progressing as before.
+        assert!(matches!(
+            readiness(1, &ApplyReport::default(), Some(&deployment(2, 2, 1, 0))),
+            Readiness::Reconciling { reason, .. } if reason == "Progressing"
+        ));
     }
 
     #[test]

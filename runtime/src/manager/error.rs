@@ -14,7 +14,7 @@ pub enum ManagerError {
     #[error(transparent)]
     Config(#[from] super::client::ConfigError),
     /// The client stack could not be built, or a request at start failed.
-    #[error("Kubernetes client: {0}")]
+    #[error("Kubernetes client: {}", client_message(.0))]
     Client(#[from] kube::Error),
     /// The metrics/health addresses could not be bound, or the tokio runtime not built.
     #[error("{what}: {source}")]
@@ -66,6 +66,20 @@ pub enum ManagerError {
     },
 }
 
+/// A client error in words (the server's status, not its debug form); a refusal (403) says
+/// what to do about it.
+fn client_message(err: &kube::Error) -> String {
+    let described = crate::api_error::describe(err);
+    match err {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "{described}; the account this runs as lacks that permission: apply the RBAC \
+             objects its `rbac` command prints (e.g. `<binary> rbac -n <namespace> | kubectl \
+             apply --server-side -f -`)"
+        ),
+        _ => described,
+    }
+}
+
 impl fmt::Debug for ManagerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
@@ -86,6 +100,23 @@ mod tests {
         assert!(
             format!("{e:?}").starts_with("binding the metrics address"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_forbidden_request_at_start_says_to_apply_the_rbac() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "customresourcedefinitions.apiextensions.k8s.io is forbidden: User \"system:serviceaccount:ops:x\" cannot patch resource \"customresourcedefinitions\"",
+        }))
+        .unwrap();
+        let e = ManagerError::Client(kube::Error::Api(status.into()));
+        let text = format!("{e:?}");
+        assert!(
+            text.starts_with("Kubernetes client: 403 Forbidden: customresourcedefinitions")
+                && text.contains("`rbac` command")
+                && !text.contains("Status {"),
+            "{text}"
         );
     }
 }

@@ -248,7 +248,7 @@ pub(super) async fn run(
     )
     .await
     .map_err(|source| ManagerError::Io {
-        what: "binding the metrics/health addresses",
+        what: "binding the metrics/health addresses (--metrics-addr, --health-addr)",
         source,
     })?;
     tracing::info!(
