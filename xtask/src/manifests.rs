@@ -71,6 +71,13 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         l
     };
     let service_account = format!("system:serviceaccount:{NAMESPACE}:{NAME}");
+    // Each policy below is bound cluster-wide, denying what it refuses.
+    let binding = |policy: &str| {
+        json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy, "labels": labels},
+        "spec": {"policyName": policy, "validationActions": ["Deny"]}})
+    };
     let managed = |obj: &str| {
         format!(
             "has({obj}.metadata.labels) && '{MANAGED_BY_LABEL}' in {obj}.metadata.labels \
@@ -146,10 +153,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
              "reason": "Forbidden"},
         ],
     }});
-    let policy_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY, "labels": labels},
-        "spec": {"policyName": POLICY, "validationActions": ["Deny"]}});
+    let policy_binding = binding(POLICY);
     // Every replica waits until each live member Lease acknowledges a ring: a Lease forged by
     // anyone else who may write Leases there would hold all of them (README "Running N
     // replicas"). Only the operator's own account may write a Lease of the ring, admins included.
@@ -176,10 +180,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
              "reason": "Forbidden"},
         ],
     }});
-    let ring_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": RING_POLICY, "labels": labels},
-        "spec": {"policyName": RING_POLICY, "validationActions": ["Deny"]}});
+    let ring_binding = binding(RING_POLICY);
     // A tenant owner (`admin` in the namespace) who deletes one of the Tenant's RoleBindings or
     // NetworkPolicies and creates their own under its name would keep it: idem never adopts an
     // object it did not create (the Tenant stalls with `ChildNotOwned`). In namespaces the
@@ -225,10 +226,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
              "reason": "Forbidden"},
         ],
     }});
-    let names_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": NAMES_POLICY, "labels": labels},
-        "spec": {"policyName": NAMES_POLICY, "validationActions": ["Deny"]}});
+    let names_binding = binding(NAMES_POLICY);
     // A tenant namespace's quota deleted or edited limits nothing (a quota made again counts
     // nothing until the quota controller has) or the wrong amount until the operator puts it
     // back: 5 to 9 objects got past it per deletion in a trial. In namespaces a Tenant holds,
@@ -263,10 +261,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             ],
         }})
     };
-    let quota_guard_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": QUOTA_POLICY, "labels": labels},
-        "spec": {"policyName": QUOTA_POLICY, "validationActions": ["Deny"]}});
+    let quota_guard_binding = binding(QUOTA_POLICY);
     // `edit` in any namespace grants TenantApp creation there (the aggregated roles), and the
     // operator keeps every TenantApp it watches in memory, each up to ~1.3 MB, whether or not
     // its namespace is a tenant's: anyone with `edit` somewhere could grow every replica without
@@ -294,10 +289,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             ],
         }})
     };
-    let app_placement_binding = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": APP_PLACEMENT_POLICY, "labels": labels},
-        "spec": {"policyName": APP_PLACEMENT_POLICY, "validationActions": ["Deny"]}});
+    let app_placement_binding = binding(APP_PLACEMENT_POLICY);
     // Under load, the operator's reconcile traffic fills the priority level of every
     // ServiceAccount; a member Lease renewed behind it would expire and change the shard ring
     // (every replica stops and relists). Its Lease requests get the level the API server gives
