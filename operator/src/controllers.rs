@@ -131,7 +131,13 @@ impl Controllers for Operator {
         if let Some(shard) = shard {
             let (by_uid, by_ns) = (shard.clone(), shard.clone());
             tenants = tenants.shard(move |t| by_uid.owns(t.meta(), ShardField::Uid));
-            apps = apps.shard(move |a| by_ns.owns(a.meta(), ShardField::Namespace));
+            // Nothing else reads the apps' cache (the Tenants' is read by the apps' reconciles,
+            // so it keeps every Tenant): another replica's TenantApps, each up to ~1.3 MB, are
+            // not kept here.
+            let share = shard.ranges().clone();
+            apps = apps
+                .shard(move |a| by_ns.owns(a.meta(), ShardField::Namespace))
+                .shard_cache(move |a| share.contains(shard_hash(a.meta(), ShardField::Namespace)));
             let shard = shard.clone();
             owned = Some(move || {
                 (tenant_store.state().iter())

@@ -195,6 +195,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     caches: Option<crate::cache::ChildCaches>,
     record_of: Option<RecordFn<K>>,
     shard: Option<OwnsFn<K>>,
+    keep: Option<OwnsFn<K>>,
     blocked: BlockedWatches,
     blocked_triggers: blocked::Triggers,
     /// The namespace tenants a `namespace_label` rule reads, and how to watch them.
@@ -236,6 +237,7 @@ where
             caches: None,
             record_of: None,
             shard: None,
+            keep: None,
             blocked,
             blocked_triggers,
             namespaces: None,
@@ -409,6 +411,18 @@ where
         self
     }
 
+    /// Keep in the primary cache only the objects for which `keep` is true: with
+    /// [`Controller::shard`], this replica's share (a hash range, not whether the ring is
+    /// current), when nothing else reads this controller's [`Controller::store`]. Where the API
+    /// server does not filter lists by shard, each replica otherwise holds every object of the
+    /// kind. An object outside it is as if it did not exist: never reconciled, its children's
+    /// events dropped.
+    #[must_use]
+    pub fn shard_cache(mut self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        self.keep = Some(Arc::new(keep));
+        self
+    }
+
     /// Its tunables, as set so far.
     pub fn config(&self) -> &ControllerConfig {
         &self.config
@@ -542,6 +556,7 @@ where
             record_of: self.record_of.clone(),
             reads_status: self.reads_status.clone(),
             strings: std::sync::Mutex::default(),
+            keep: self.keep.clone(),
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).

@@ -58,6 +58,8 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     /// Kinds, namespaces, owners, tenants and owner lists, shared by the keys of every child
     /// watch's children.
     pub strings: std::sync::Mutex<SharedStrings>,
+    /// The primary objects the cache keeps ([`super::Controller::shard_cache`]); `None`: all.
+    pub keep: Option<super::OwnsFn<K>>,
 }
 
 impl<K> Shared<K>
@@ -195,15 +197,25 @@ where
         // last-applied-configuration annotation: a copy of the whole object as its author last
         // applied it (as big as the spec), which only kubectl reads. The status write (the
         // status subresource) changes nothing but the status, so neither is lost on the server.
-        let events = relisting(api, config).map_ok(|event| {
-            event.modify(|obj| {
-                let meta = obj.meta_mut();
-                meta.managed_fields = None;
-                if let Some(annotations) = meta.annotations.as_mut() {
-                    annotations.remove(crate::cache::LAST_APPLIED);
-                }
+        // Another replica's objects, when nothing here reads them, are not kept at all.
+        let keep = shared.keep.clone();
+        let events = relisting(api, config)
+            .filter(move |event| {
+                let kept = match (&keep, event) {
+                    (Some(keep), Ok(Event::Apply(obj) | Event::InitApply(obj))) => keep(obj),
+                    _ => true,
+                };
+                std::future::ready(kept)
             })
-        });
+            .map_ok(|event| {
+                event.modify(|obj| {
+                    let meta = obj.meta_mut();
+                    meta.managed_fields = None;
+                    if let Some(annotations) = meta.annotations.as_mut() {
+                        annotations.remove(crate::cache::LAST_APPLIED);
+                    }
+                })
+            });
         let stream = reflector::reflector(writer, watch_backoff(events));
         let mut first_list = true;
         futures::pin_mut!(stream);

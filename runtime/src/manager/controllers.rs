@@ -188,7 +188,7 @@ type Configure<K> = Box<dyn Fn(Controller<K>) -> Controller<K> + Send + Sync>;
 /// One [`Reconciler`]'s kind: a [`Driver`] and its [`Controller`] owning the child kinds the
 /// reconciler declares ([`Reconciler::children`]), the primary sharded by the hash of its uid
 /// and its children (labelled with the bucket of that uid by the apply engine) selected by
-/// label.
+/// label; its cache keeps only the replica's share ([`Controller::shard_cache`]).
 pub struct Reconciles<R: Reconciler> {
     reconciler: R,
     configure: Option<Configure<R::Resource>>,
@@ -238,7 +238,8 @@ where
     /// [`ManagerOptions`](super::ManagerOptions)), so a `with_config` in `f` replaces them:
     /// start from [`Controller::config`] to change one field (e.g. `resync_max_wait` or
     /// `name`). The manager then adds what it owns: its metrics, its synced signal and, when
-    /// sharded, the replica's shard.
+    /// sharded, the replica's shard (and a cache of only its share: a store `f` takes with
+    /// [`Controller::store`] holds only that).
     #[must_use]
     pub fn configure(
         mut self,
@@ -311,8 +312,10 @@ where
         let store = controller.store();
         let mut owned: Option<Arc<dyn Fn() -> usize + Send + Sync>> = None;
         if let Some(shard) = start.shard.cloned() {
-            let mine = shard.clone();
-            controller = controller.shard(move |k| mine.owns(k.meta(), ShardField::Uid));
+            let (mine, share) = (shard.clone(), shard.ranges().clone());
+            controller = controller
+                .shard(move |k| mine.owns(k.meta(), ShardField::Uid))
+                .shard_cache(move |k| share.contains(shard_hash(k.meta(), ShardField::Uid)));
             owned = Some(Arc::new(move || {
                 (store.state().iter())
                     .filter(|k| {
