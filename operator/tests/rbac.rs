@@ -319,7 +319,8 @@ async fn tenant_owners_may_manage_tenantapps_through_the_aggregated_roles() {
 /// `edit` in any namespace grants creating TenantApps there (the aggregated roles), and the
 /// operator keeps every TenantApp in memory: the shipped policy refuses one outside the
 /// namespaces a Tenant holds, where it would do nothing (`NotInTenantNamespace`) and no
-/// Tenant's `count/` quota bounds how many. Cluster administrators still may.
+/// Tenant's `count/` quota bounds how many, and a spec change of one left there (a namespace
+/// released since). Cluster administrators still may; metadata changes go on.
 #[tokio::test]
 async fn tenantapps_are_created_only_in_namespaces_a_tenant_holds() {
     use idem_operator::resources::TenantApp;
@@ -332,16 +333,23 @@ async fn tenantapps_are_created_only_in_namespaces_a_tenant_holds() {
     let out = kubectl(&["label", "namespace", &held, &owner_uid]);
     assert!(out.status.success(), "{}", text(&out));
     for ns in [&plain, &held] {
-        let out = kubectl(&[
-            "create",
-            "rolebinding",
-            "editor",
-            "--clusterrole=edit",
-            "--user=editor",
-            "-n",
-            ns,
-        ]);
-        assert!(out.status.success(), "{}", text(&out));
+        // The tenant policy, matching the managed namespace, refuses writes until its
+        // parameter kind is synced, a moment after it is installed.
+        eventually("the editor's RoleBinding", TIMEOUT, || async {
+            let out = kubectl(&[
+                "create",
+                "rolebinding",
+                "editor",
+                "--clusterrole=edit",
+                "--user=editor",
+                "-n",
+                ns,
+            ]);
+            (out.status.success() || text(&out).contains("AlreadyExists"))
+                .then_some(())
+                .ok_or_else(|| text(&out))
+        })
+        .await;
     }
     let apps = "tenantapps.tenancy.idem.dev";
     eventually("TenantApp rights aggregated into edit", TIMEOUT, || async {
@@ -381,12 +389,39 @@ async fn tenantapps_are_created_only_in_namespaces_a_tenant_holds() {
         refused.contains("only in a namespace a Tenant holds"),
         "{refused}"
     );
-    create(editor, &held)
+    create(editor.clone(), &held)
         .await
         .expect("in a namespace a Tenant holds");
-    create(shared().client(), &plain)
+    // An administrator's, anywhere; there its spec is the administrator's to change, its
+    // metadata anyone's who may update it.
+    Api::<TenantApp>::namespaced(shared().client(), &plain)
+        .create(&PostParams::default(), &app)
         .await
         .expect("an administrator's, anywhere");
+    let apps = Api::<TenantApp>::namespaced(editor, &plain);
+    let patch = |body: serde_json::Value| {
+        let apps = apps.clone();
+        async move {
+            apps.patch(
+                "web",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(body),
+            )
+            .await
+        }
+    };
+    let refused = patch(serde_json::json!({"spec": {"image": "nginx:1.28"}}))
+        .await
+        .expect_err("a spec change outside a tenant namespace");
+    assert!(
+        refused
+            .to_string()
+            .contains("only in a namespace a Tenant holds"),
+        "{refused}"
+    );
+    patch(serde_json::json!({"metadata": {"labels": {"team": "a"}}}))
+        .await
+        .expect("a metadata change");
 }
 
 /// A member Lease of the shard ring written by anyone but the operator's account — an admin

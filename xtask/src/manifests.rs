@@ -267,7 +267,7 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     // its namespace is a tenant's: anyone with `edit` somewhere could grow every replica without
     // bound, where no Tenant's `count/tenantapps` quota applies. Outside the namespaces a Tenant
     // holds an app does nothing anyway (`NotInTenantNamespace`), so only cluster administrators
-    // may create one there.
+    // may create one there, or change the spec of one left in a namespace released since.
     let app_placement = {
         let owner_uid = idem_runtime::apply::OWNER_UID_LABEL;
         let held = format!(
@@ -281,10 +281,13 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [{"apiGroups": [idem_operator::resources::GROUP], "apiVersions": ["*"],
-                    "operations": ["CREATE"], "resources": ["tenantapps"]}]},
+                    "operations": ["CREATE", "UPDATE"], "resources": ["tenantapps"]}]},
+            // Metadata-only updates (finalizers, labels) go on everywhere.
+            "matchConditions": [{"name": "a-new-spec",
+                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
             "validations": [
                 {"expression": format!("({held}) || (has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups)"),
-                 "message": format!("TenantApps may be created only in a namespace a Tenant holds (labelled {MANAGED_BY_LABEL}={FIELD_MANAGER} and {owner_uid}): outside one an app does nothing"),
+                 "message": format!("TenantApps may be created, or their spec changed, only in a namespace a Tenant holds (labelled {MANAGED_BY_LABEL}={FIELD_MANAGER} and {owner_uid}): outside one an app does nothing"),
                  "reason": "Forbidden"},
             ],
         }})

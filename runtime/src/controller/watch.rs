@@ -698,7 +698,7 @@ where
 }
 
 /// Queues the owner of a changed child; a deleted child is a repair that ends the owner's
-/// backoff wait, once per retry (the queue's *Backoff holds*): a failing owner's missing
+/// backoff wait, at most every 10 s (the queue's *Backoff holds*): a failing owner's missing
 /// children (its quota, say) come back at once, not minutes later at its next retry.
 fn child_changed(
     queue: &WorkQueue,

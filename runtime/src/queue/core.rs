@@ -62,12 +62,16 @@ impl Now {
 pub(crate) enum Bypass {
     /// Folded into the retry (child events, resyncs, requeues).
     Never,
-    /// Ends the wait once: not the wait after the attempt it started (one of the object's
-    /// children was deleted, which the next attempt repairs).
+    /// Ends the wait, at most once per [`REPAIR_SPACING`] (one of the object's children was
+    /// deleted, which the next attempt repairs).
     Repair,
     /// Ends the wait (the object's own spec changed).
     Always,
 }
+
+/// The least time between two attempts of one key started early by repair adds: a failing
+/// reconcile that deletes its own children retries at most this often.
+pub(crate) const REPAIR_SPACING: Duration = Duration::from_secs(10);
 
 /// Per-key state. A slot lives while the key is queued, in flight, dirty or delayed.
 #[derive(Debug)]
@@ -87,11 +91,10 @@ struct Slot {
     dirty_repair: bool,
     /// Backing off after a failure until then: plain adds are folded into the retry delay.
     hold: Option<Instant>,
-    /// Whether a repair add may end the backoff wait: not when the attempt that failed was
-    /// itself started by one ([`Bypass::Repair`]).
-    repairable: bool,
-    /// The next attempt (`queued`) or the one in flight was started by a repair add.
-    repairing: bool,
+    /// When a repair add last started an attempt early ([`REPAIR_SPACING`]).
+    repaired_at: Option<Instant>,
+    /// The retry an early attempt replaced: if that attempt fails, its wait ends no later.
+    resume: Option<Instant>,
     /// The earliest pending delayed add, if any.
     delay: Option<(Instant, Priority)>,
     /// Delay generation; heap entries with another generation are stale.
@@ -195,8 +198,8 @@ impl Core {
             dirty_forced: false,
             dirty_repair: false,
             hold: None,
-            repairable: false,
-            repairing: false,
+            repaired_at: None,
+            resume: None,
             delay: None,
             delay_gen: 0,
             enqueued_at: self.epoch,
@@ -331,16 +334,20 @@ impl Core {
         let id = self.slot_for(key, tenant);
         let slot = &mut self.slots[id as usize];
         if let Some(hold) = slot.hold {
-            let ends = match bypass {
-                Bypass::Always => true,
-                Bypass::Repair => slot.repairable,
-                Bypass::Never => hold <= now.get(),
-            };
-            if !ends {
+            let now = now.get();
+            let early = hold > now;
+            let repair = bypass == Bypass::Repair
+                && early
+                && slot.repaired_at.is_none_or(|t| now >= t + REPAIR_SPACING);
+            if early && bypass != Bypass::Always && !repair {
                 return self.merge_delay(id, hold, priority);
             }
-            // The attempt a repair add starts early cannot be started early again by one.
-            slot.repairing = bypass == Bypass::Repair && hold > now.get();
+            if repair {
+                slot.repaired_at = Some(now);
+                slot.resume = Some(hold);
+            } else if bypass == Bypass::Always {
+                slot.resume = None;
+            }
             slot.hold = None;
         }
         if slot.delay.is_some_and(|(_, p)| p <= priority) {
@@ -446,8 +453,9 @@ impl Core {
     /// priority once `delay` has passed and backs off until then — adds meanwhile (including
     /// one that made it dirty while in flight) are folded into the retry, except a forced add
     /// (the primary's spec changed), which queues it at once, and a repair add, which does
-    /// unless this attempt was itself started by one ([`Bypass::Repair`]). Returns whether the
-    /// slot was in flight (false means a double done, ignored).
+    /// at most once per [`REPAIR_SPACING`]. An attempt a repair add started early that fails
+    /// waits no longer than the retry it replaced. Returns whether the slot was in flight
+    /// (false means a double done, ignored).
     pub fn done(&mut self, slot: u32, retry: Option<Duration>, now: &mut Now) -> bool {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return false;
@@ -460,14 +468,30 @@ impl Core {
         let dirty = s.dirty.take();
         let forced = std::mem::take(&mut s.dirty_forced);
         let repair = std::mem::take(&mut s.dirty_repair);
-        // A failed attempt started early by a repair add waits out its backoff in full.
-        let repairable = !std::mem::take(&mut s.repairing);
+        // An attempt started early by a repair add that fails waits no longer than the retry it
+        // replaced.
+        let resume = s.resume.take();
         self.in_flight -= 1;
         self.fair.finish(tenant);
         let spec_changed = forced && dirty.is_some();
-        let repaired = repair && repairable && dirty.is_some() && retry.is_some() && !spec_changed;
+        let retry = match (retry, resume) {
+            (Some(delay), Some(resume)) => {
+                Some(delay.min(resume.saturating_duration_since(now.get())))
+            }
+            (retry, _) => retry,
+        };
+        // A child deleted during a failing attempt: retried at once, as a repair add would.
+        let repaired = repair
+            && dirty.is_some()
+            && !spec_changed
+            && retry.is_some_and(|d| !d.is_zero())
+            && (self.slots[slot as usize].repaired_at)
+                .is_none_or(|t| now.get() >= t + REPAIR_SPACING);
         if repaired {
-            self.slots[slot as usize].repairing = true;
+            let at = now.get();
+            let s = &mut self.slots[slot as usize];
+            s.repaired_at = Some(at);
+            s.resume = retry.map(|d| at + d);
         }
         if !self.closed {
             match (retry, dirty) {
@@ -475,7 +499,6 @@ impl Core {
                     let until = now.get() + delay;
                     let s = &mut self.slots[slot as usize];
                     s.hold = Some(until);
-                    s.repairable = repairable;
                     // The retry replaces any pending delay: nothing fires before it.
                     s.delay = None;
                     self.merge_delay(slot, until, Priority::Event);

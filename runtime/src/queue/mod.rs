@@ -37,9 +37,9 @@
 //! 8. **Backoff holds**: after [`Lease::retry_after`] the key waits out its backoff; adds
 //!    meanwhile (child events, resyncs, requeues) are folded into the retry, and only
 //!    [`WorkQueue::add_bypassing_backoff`] (a change of the object's own spec) ends the wait.
-//!    [`WorkQueue::add_repairing`] (one of its children was deleted) ends it too, except the
-//!    wait after an attempt it started: at most one early attempt between two retries, so a
-//!    failing reconcile that deletes its own children cannot retry in a loop.
+//!    [`WorkQueue::add_repairing`] (one of its children was deleted) ends it too, at most once
+//!    per 10 s, so a failing reconcile that deletes its own children retries no more often;
+//!    the early attempt, if it fails, waits no longer than the retry it replaced.
 //! 9. **Forgetting**: a key with nothing left to do frees its slot (and its key); a tenant that
 //!    no key refers to any more is forgotten with its `idem_tenant_*` metric series.
 //!
@@ -253,7 +253,7 @@ impl WorkQueue {
 
     /// [`WorkQueue::add`] for a repair the next reconcile makes (one of the object's children
     /// was deleted): it ends the key's backoff wait, or queues a failing reconcile's retry at
-    /// once, unless the attempt that failed was itself started by one (**Backoff holds** above).
+    /// once, unless one did less than 10 s ago (**Backoff holds** above).
     pub fn add_repairing(
         &self,
         key: &ObjectKey,
