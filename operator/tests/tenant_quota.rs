@@ -703,8 +703,16 @@ async fn a_usage_too_large_to_compute_with_does_not_stop_repairs() {
         let ready = (t.status.as_ref())
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
             .cloned();
+        // Until the quota controller has counted the new key, the split may not know the
+        // usage yet: wait for the pass that does.
         match ready {
-            Some(c) if c.status == "True" && c.observed_generation == generation => Ok(c),
+            Some(c)
+                if c.status == "True"
+                    && c.observed_generation == generation
+                    && c.message.contains("usage is above") =>
+            {
+                Ok(c)
+            }
             other => Err(format!("{other:?}")),
         }
     })

@@ -19,12 +19,15 @@ use idem_runtime::prelude::*;
 use super::quota_split::Observed;
 use crate::resources::tenant::Quota;
 
-/// The keys of `quota`, with repeats.
+/// The keys of `quota` with a `/` (object counts, extended resources, storage classes: the
+/// names the schema cannot judge; a standard name always counts), with repeats.
 fn keys(quota: &Quota) -> impl Iterator<Item = &String> {
-    (quota.hard.keys()).chain(quota.tenant_hard.keys())
+    (quota.hard.keys())
+        .chain(quota.tenant_hard.keys())
+        .filter(|k| k.contains('/'))
 }
 
-/// Whether `quota` has keys.
+/// Whether `quota` has keys with a `/`.
 pub fn has_keys(quota: &Quota) -> bool {
     keys(quota).next().is_some()
 }
