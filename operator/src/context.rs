@@ -40,8 +40,18 @@ impl Context {
     /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
     /// drivers with `Driver::with_caches`).
     pub fn new(client: Client, namespaces: Store<Namespace>) -> Arc<Self> {
+        Self::with_caches(client, namespaces, ChildCaches::new())
+    }
+
+    /// As [`Context::new`], reading children from `caches` (the manager's, kept from one
+    /// shard ring to the next: [`idem_runtime::manager::Start::caches`]).
+    pub fn with_caches(
+        client: Client,
+        namespaces: Store<Namespace>,
+        caches: ChildCaches,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            caches: ChildCaches::new(),
+            caches,
             client,
             namespaces,
             not_tenant: Mutex::new(HashMap::new()),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use idem_runtime::apply::MANAGED_BY_LABEL;
+use idem_runtime::apply::{Labels, MANAGED_BY_LABEL};
 use idem_runtime::manager::{Controllers, Running, Start};
 use idem_runtime::reconciler::Driver;
 use idem_runtime::schema::SchemaError;
@@ -93,7 +93,7 @@ impl Controllers for Operator {
                 .reflect(writer)
                 .for_each(|_| futures::future::ready(())),
         );
-        let ctx = Context::new(client.clone(), store);
+        let ctx = Context::with_caches(client.clone(), store, start.caches.clone());
         let tenant_driver = Driver::new(
             client.clone(),
             tenant::reconcile::Tenants {
@@ -130,7 +130,10 @@ impl Controllers for Operator {
         let mut owned = None;
         if let Some(shard) = shard {
             let (by_uid, by_ns) = (shard.clone(), shard.clone());
-            tenants = tenants.shard(move |t| by_uid.owns(t.meta(), ShardField::Uid));
+            // A ring change lists only the children of the Tenants' buckets gained.
+            tenants = tenants
+                .shard(move |t| by_uid.owns(t.meta(), ShardField::Uid))
+                .resume_children(Labels::operator(), shard.ranges().clone());
             // Nothing else reads the apps' cache (the Tenants' is read by the apps' reconciles,
             // so it keeps every Tenant): another replica's TenantApps, each up to ~1.3 MB, are
             // not kept here.

@@ -408,6 +408,8 @@ async fn scenario(gate: bool) {
     let takeover = killed.elapsed();
     let (ready, w) = change_all(&client, &tenant_names, "b").await;
     let owners2 = assert_written_by_owners(&ready, &w, &names[1..3], "after the kill");
+    // The survivors went on from their child caches: each holds exactly its new share.
+    child_caches_hold_only_owned_children(&client, &replicas[1..], &ready, &names[1..3]).await;
     println!(
         "gate={gate}: shard-a owned {owned_by_a}/{count}; working on a ring of two after {takeover:?}; all reconciled after {:?}",
         killed.elapsed()
@@ -435,6 +437,7 @@ async fn scenario(gate: bool) {
     }
     let (ready, w) = change_all(&client, &tenant_names, "c").await;
     let owners3b = assert_written_by_owners(&ready, &w, &live, "after a replica joined");
+    child_caches_hold_only_owned_children(&client, &replicas[1..], &ready, &live).await;
     let moved = owners3b.iter().filter(|(t, o)| owners2[*t] != **o).count();
     println!("gate={gate}: {moved}/{count} tenants moved to the new replica or between others");
     assert!(

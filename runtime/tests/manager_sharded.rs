@@ -15,16 +15,45 @@ use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenants};
 use idem_runtime::manager::{Manager, ManagerError, ManagerOptions, Reconciles};
+use idem_runtime::shard::{Ring, ShardField, shard_hash};
 use idem_tests::WAIT as TIMEOUT;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use replicas::{all_ready, create_shared, eventually, gauge, get};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// BaseTenants reconciled by the two replicas.
 const TENANTS: usize = 12;
+
+/// The children of a BaseTenant: a namespace, a quota, a LimitRange and a RoleBinding.
+const CHILDREN: i64 = 4;
+
+/// The ResourceQuotas of a BaseTenant.
+const QUOTAS: i64 = 1;
+
+/// ResourceQuotas the API server sent so far, by its own counts: the objects of lists (from
+/// etcd or its watch cache) and the events of watches (the objects a streaming list starts with
+/// among them).
+fn quotas_sent(metrics: &str) -> i64 {
+    let wanted = |line: &&str| {
+        line.starts_with("apiserver_watch_events_total{")
+            && (line.contains("kind=\"ResourceQuota\"")
+                || line.contains("resource=\"resourcequotas\""))
+            || line.starts_with("apiserver_storage_list_returned_objects_total{")
+                && line.contains("resource=\"resourcequotas\"")
+            || line.starts_with("apiserver_cache_list_returned_objects_total{")
+                && line.contains("resourcequotas")
+    };
+    metrics
+        .lines()
+        .filter(wanted)
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as i64
+}
 
 /// One replica: the example's manager, run in-process until its `stop` is sent.
 struct Replica {
@@ -103,6 +132,23 @@ impl Replica {
             .unwrap_or(-1)
     }
 
+    /// Objects in its child caches (`idem_shard_child_cache_objects`).
+    async fn cached_children(&self) -> i64 {
+        (self.metrics().await.ok())
+            .and_then(|m| gauge(&m, "idem_shard_child_cache_objects"))
+            .unwrap_or(-1)
+    }
+
+    /// Watch events it received (`idem_watch_events_received`).
+    async fn events_received(&self) -> i64 {
+        (self.metrics().await.ok())
+            .and_then(|m| {
+                gauge(&m, "idem_watch_events_received_total")
+                    .or_else(|| gauge(&m, "idem_watch_events_received"))
+            })
+            .unwrap_or(-1)
+    }
+
     /// Graceful shutdown, as on SIGTERM; `run_until` returns `Ok`.
     async fn stop(mut self) {
         let _ = self.stop.take().expect("running").send(());
@@ -145,10 +191,100 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     .await;
     println!("owned: replica-a {owned_a}, replica-b {owned_b}");
 
-    // Replica a stops as on SIGTERM (it leaves the ring): b takes every BaseTenant over.
+    // Replica a stops as on SIGTERM (it leaves the ring): b takes every BaseTenant over. It
+    // keeps the children of its own buckets and lists only a's: the ResourceQuotas the API
+    // server sends meanwhile (lists and watches, its own counts) are a's, not all of them.
+    eventually("replica-b caching the children of its share", || async {
+        let n = b.cached_children().await;
+        (n == owned_b * CHILDREN)
+            .then_some(())
+            .ok_or(format!("b {n}"))
+    })
+    .await;
+    // Every quota counted by the quota controller (no status writes after this), then one of
+    // b's quotas changed and its event received by b: b's store of quotas is complete to a
+    // version after every quota's last change (else its watch, going on from an earlier one,
+    // would be sent the changes since as well).
+    let quotas = Api::<ResourceQuota>::all(client.clone());
+    eventually("every quota counted", || async {
+        let all = (quotas.list(&Default::default()).await).map_err(|e| e.to_string())?;
+        let ours = all
+            .items
+            .iter()
+            .filter(|q| names.contains(&q.namespace().unwrap_or_default()));
+        let counted = ours
+            .filter(|q| q.status.as_ref().is_some_and(|s| s.used.is_some()))
+            .count();
+        (counted == names.len())
+            .then_some(())
+            .ok_or(format!("{counted} counted"))
+    })
+    .await;
+    let ring = Ring::new(["replica-a", "replica-b"]);
+    let mut in_share = std::collections::HashMap::new();
+    for name in &names {
+        let t = tenants.get(name).await.unwrap();
+        let member = ring
+            .owner_of(shard_hash(&t.metadata, ShardField::Uid))
+            .unwrap();
+        in_share
+            .entry(member.to_owned())
+            .or_insert_with(|| name.clone());
+    }
+    let received = b.events_received().await;
+    let touch = serde_json::json!({"metadata": {"annotations": {"test.idem.dev/touched": "1"}}});
+    Api::<ResourceQuota>::namespaced(client.clone(), &in_share["replica-b"])
+        .patch("quota", &PatchParams::default(), &Patch::Merge(&touch))
+        .await
+        .unwrap();
+    eventually("replica-b receiving the change", || async {
+        let n = b.events_received().await;
+        (n > received).then_some(()).ok_or(format!("{n}"))
+    })
+    .await;
+    let before = shared().metrics().await.unwrap();
     a.stop().await;
     b.working(1).await;
     b.readyz(200).await;
+    eventually(
+        "replica-b caching the children of every BaseTenant",
+        || async {
+            let n = b.cached_children().await;
+            (n == total * CHILDREN)
+                .then_some(())
+                .ok_or(format!("b {n}"))
+        },
+    )
+    .await;
+    let after = shared().metrics().await.unwrap();
+    let sent = quotas_sent(&after) - quotas_sent(&before);
+    println!("ResourceQuotas sent after the ring change: {sent} (a's {owned_a}, all {total})");
+    assert!(
+        sent <= owned_a * QUOTAS,
+        "{sent} ResourceQuotas sent: more than the {} of replica-a's share",
+        owned_a * QUOTAS
+    );
+    // The watch going on from b's store sees every change: the quota of a BaseTenant of each
+    // former share, deleted, is made again.
+    let mut deleted = Vec::new();
+    for member in ["replica-a", "replica-b"] {
+        let name = &in_share[member];
+        let quotas = Api::<ResourceQuota>::namespaced(client.clone(), name);
+        let uid = quotas.get("quota").await.unwrap().metadata.uid;
+        quotas
+            .delete("quota", &DeleteParams::default())
+            .await
+            .unwrap();
+        deleted.push((quotas, uid));
+    }
+    for (quotas, uid) in &deleted {
+        eventually("the deleted quota made again", || async {
+            let now = quotas.get_opt("quota").await.map_err(|e| e.to_string())?;
+            let again = now.is_some_and(|q| q.metadata.uid != *uid);
+            again.then_some(()).ok_or("not yet".to_owned())
+        })
+        .await;
+    }
     let change = serde_json::json!({"spec": {"cpu": "2"}});
     for name in &names {
         (tenants

@@ -668,6 +668,42 @@ impl CompactStore {
         }
     }
 
+    /// Drops the objects whose `label` holds a value `keep` refuses (`None`: no such label), and
+    /// a relist under way; returns their keys `(namespace, name)` with their uids. For a store
+    /// kept from a watch that selected other buckets.
+    pub(crate) fn retain_labelled(
+        &self,
+        label: &str,
+        keep: impl Fn(Option<&str>) -> bool,
+    ) -> Vec<(Option<String>, String, Option<String>)> {
+        if let Ok(mut relist) = self.relist.lock() {
+            *relist = None;
+        }
+        let Ok(mut live) = self.live.write() else {
+            return Vec::new();
+        };
+        let dropped: Vec<(Name, Option<String>)> = live
+            .iter()
+            .filter_map(|(name, e)| {
+                let obj = e.object(name, "", "")?;
+                let value = obj
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(label))
+                    .and_then(Value::as_str);
+                let uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
+                (!keep(value)).then(|| (name.clone(), uid.map(str::to_owned)))
+            })
+            .collect();
+        dropped
+            .into_iter()
+            .map(|(name, uid)| {
+                live.remove(&name);
+                let (namespace, short) = split(&name);
+                (namespace.map(str::to_owned), short.to_owned(), uid)
+            })
+            .collect()
+    }
+
     /// A watch `Init` event: a relist starts.
     pub(crate) fn init(&self) {
         if let Ok(mut relist) = self.relist.lock() {

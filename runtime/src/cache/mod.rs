@@ -23,11 +23,13 @@ use crate::labels::Labels;
 mod answers;
 mod compact;
 mod own_writes;
+mod resume;
 mod template;
 mod trust;
 pub(crate) use answers::Answers;
 pub(crate) use compact::{CompactStore, LAST_APPLIED, Seen};
 pub(crate) use own_writes::{InFlight, Origin};
+pub(crate) use resume::Resume;
 pub(crate) use trust::Trust;
 
 /// More own-write results than this are dropped at once (they only save a redundant apply).
@@ -160,6 +162,8 @@ pub struct ChildCaches {
     /// The texts the child stores' entries share (an owner's uid and name are in each of its
     /// children, whatever their kind).
     interner: Arc<template::Interner>,
+    /// What each child watch leaves for the next run on these caches, by kind.
+    resume: Arc<Mutex<HashMap<KindKey, Arc<Resume>>>>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -495,6 +499,28 @@ impl ChildCaches {
     /// reconcile).
     pub(crate) fn managers(&self) -> std::collections::BTreeSet<String> {
         self.own.managers()
+    }
+
+    /// Serves kind `(api_version, kind)` from the API server again (until its watch registers
+    /// its store anew): what a watch resuming from an earlier run's store does until its
+    /// share is complete.
+    pub(crate) fn unregister(&self, api_version: &str, kind: &str) {
+        if let Ok(mut kinds) = self.kinds.write() {
+            kinds.remove(&(api_version.to_owned(), kind.to_owned()));
+        }
+    }
+
+    /// Leaves `resume` for the next watch of its store's kind on these caches.
+    pub(crate) fn leave(&self, resume: Arc<Resume>) {
+        if let Ok(mut all) = self.resume.lock() {
+            all.insert(resume.store.kind_key(), resume);
+        }
+    }
+
+    /// What the last watch of kind `(api_version, kind)` on these caches left, taken.
+    pub(crate) fn take_resume(&self, api_version: &str, kind: &str) -> Option<Arc<Resume>> {
+        let mut all = self.resume.lock().ok()?;
+        all.remove(&(api_version.to_owned(), kind.to_owned()))
     }
 
     /// Forgets our write of `key` (deleted: by us, or seen deleted by the watch).

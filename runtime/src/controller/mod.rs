@@ -38,6 +38,7 @@ pub(crate) mod mapping;
 mod namespaces;
 mod raw;
 mod reason;
+mod resume;
 mod watch;
 mod worker;
 
@@ -196,6 +197,8 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     record_of: Option<RecordFn<K>>,
     shard: Option<OwnsFn<K>>,
     keep: Option<OwnsFn<K>>,
+    /// The shard-bucket label the child watches select by, and this run's buckets.
+    resume: Option<(Labels, crate::shard::Ranges)>,
     blocked: BlockedWatches,
     blocked_triggers: blocked::Triggers,
     /// The namespace tenants a `namespace_label` rule reads, and how to watch them.
@@ -238,6 +241,7 @@ where
             record_of: None,
             shard: None,
             keep: None,
+            resume: None,
             blocked,
             blocked_triggers,
             namespaces: None,
@@ -423,6 +427,20 @@ where
         self
     }
 
+    /// The child watches of this run select the children labelled (`labels.shard_bucket()`)
+    /// with one of `buckets` (e.g. [`crate::manager::Shard::children_config`]). When the
+    /// [`Controller::with_child_caches`] given were this controller's in an earlier run (a
+    /// shard ring change: [`crate::manager::Reconciles`] keeps them from one ring to the
+    /// next), each child watch keeps its store's children of the buckets still held, lists
+    /// only those of the buckets gained, at the version its store is complete to, and watches
+    /// on from that version; if the API server no longer has that version (its history is
+    /// minutes long), it lists its whole share as the first run did.
+    #[must_use]
+    pub fn resume_children(mut self, labels: Labels, buckets: crate::shard::Ranges) -> Self {
+        self.resume = Some((labels, buckets));
+        self
+    }
+
     /// Its tunables, as set so far.
     pub fn config(&self) -> &ControllerConfig {
         &self.config
@@ -557,6 +575,7 @@ where
             reads_status: self.reads_status.clone(),
             strings: std::sync::Mutex::default(),
             keep: self.keep.clone(),
+            resume: self.resume.clone(),
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).

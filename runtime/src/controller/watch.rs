@@ -19,7 +19,7 @@ use super::child_change::{OwnsOptions, child_print_meta, child_print_text};
 use super::mapping::{default_tenant, fingerprint, key_of, owners_of};
 use super::raw::Raw;
 use crate::backoff::watch_backoff;
-use crate::cache::{ChildCaches, CompactStore, Origin, Seen};
+use crate::cache::{ChildCaches, CompactStore, Origin, Resume, Seen};
 use crate::key::{ObjectKey, Owners, SharedStrings, TenantKey};
 use crate::labels::Labels;
 use crate::queue::{Priority, WorkQueue};
@@ -60,6 +60,9 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub strings: std::sync::Mutex<SharedStrings>,
     /// The primary objects the cache keeps ([`super::Controller::shard_cache`]); `None`: all.
     pub keep: Option<super::OwnsFn<K>>,
+    /// The child watches' bucket label and this run's buckets
+    /// ([`super::Controller::resume_children`]).
+    pub resume: Option<(Labels, crate::shard::Ranges)>,
 }
 
 impl<K> Shared<K>
@@ -421,23 +424,76 @@ where
                 .has_kind(&resource.api_version, &resource.kind),
     };
     let run = async move {
-        // Decoded as metadata plus text: the content of an object that is not ours is never
-        // decoded (see `Raw`).
-        let stream = watch_backoff(relisting(api, config));
-        let mut first_list = true;
+        // The store this kind's watch of the run before left on the same caches (a shard ring
+        // change), when it was complete to a known version: kept, see `resume`.
+        if let Some(caches) = &shared.caches {
+            // Caches kept from a run before (a shard ring change, see `Start::caches`) serve
+            // this kind from the API server until this watch's store is complete (registered
+            // at `InitDone`), not from the last run's store.
+            caches.unregister(&resource.api_version, &resource.kind);
+        }
+        let left = match (&shared.caches, &shared.resume) {
+            (Some(caches), Some(_)) => caches.take_resume(&resource.api_version, &resource.kind),
+            _ => None,
+        };
+        let left = left.and_then(|left| Some((left.version()?, left)));
         // The children, compact and stripped of what the engine never reads (see
         // `CompactStore`), published in the caches once first listed.
-        let store = shared.caches.as_ref().map(|caches| {
-            Arc::new(
-                CompactStore::new(
-                    &resource.api_version,
-                    &resource.kind,
-                    options.reads_status,
-                    shared.record_of.as_ref().map(|_| caches.trust()),
+        let store = match &left {
+            Some((_, left)) => Some(Arc::clone(&left.store)),
+            None => shared.caches.as_ref().map(|caches| {
+                Arc::new(
+                    CompactStore::new(
+                        &resource.api_version,
+                        &resource.kind,
+                        options.reads_status,
+                        shared.record_of.as_ref().map(|_| caches.trust()),
+                    )
+                    .with_interner(caches.interner()),
                 )
-                .with_interner(caches.interner()),
-            )
-        });
+            }),
+        };
+        // What this watch leaves for the next run on these caches.
+        let leave = match (&shared.caches, &shared.resume, &store) {
+            (Some(caches), Some((_, now)), Some(store)) => {
+                let leave = Arc::new(Resume::new(Arc::clone(store), now.clone()));
+                caches.leave(Arc::clone(&leave));
+                Some(leave)
+            }
+            _ => None,
+        };
+        // Decoded as metadata plus text: the content of an object that is not ours is never
+        // decoded (see `Raw`).
+        let (stream, mut carrying) = match (left, &shared.resume, &shared.caches) {
+            (Some((rv, left)), Some((labels, now)), Some(caches)) => {
+                // The children of buckets another replica holds now are gone from this one's
+                // view, with what the caches kept of them.
+                let dropped = (left.store)
+                    .retain_labelled(labels.shard_bucket(), |v| super::resume::in_share(now, v));
+                for (namespace, name, uid) in dropped {
+                    let key = ObjectKey {
+                        kind: resource.kind.as_str().into(),
+                        namespace: namespace.map(Into::into),
+                        name: name.into(),
+                    };
+                    caches.forget(&key);
+                    if let Some(uid) = uid {
+                        caches.deleted(&key, &uid);
+                    }
+                }
+                let gained = super::resume::gained(*labels, &left.buckets, now);
+                tracing::info!(kind = %resource.kind, gained = gained.is_some(), rv,
+                    "child watch going on from the store of the ring before");
+                let stream = super::resume::resuming(api, config, gained, rv, leave.clone());
+                (stream.boxed(), Some(rv))
+            }
+            _ => (relisting(api, config).boxed(), None),
+        };
+        let stream = watch_backoff(stream);
+        // The highest resourceVersion of the list under way: the store is complete to it
+        // once the list is.
+        let mut listed_to = 0u64;
+        let mut first_list = true;
         let mut registered = false;
         futures::pin_mut!(stream);
         // What the watch judged of each child (its `child_print_text` and the owners it mapped
@@ -460,11 +516,25 @@ where
                     continue;
                 }
             };
+            let rv = obj_rv(&event);
+            if let Some(leave) = &leave {
+                match &event {
+                    Event::Apply(_) | Event::Delete(_) => leave.complete_to(rv),
+                    Event::InitApply(_) => listed_to = listed_to.max(rv.unwrap_or(0)),
+                    Event::Init => leave.complete_to(None),
+                    Event::InitDone => {
+                        leave.complete_to(carrying.or(Some(listed_to)));
+                        listed_to = 0;
+                    }
+                }
+            }
             let (obj, deleted, initial) = match event {
                 Event::Apply(obj) => (obj, false, false),
                 Event::InitApply(obj) => (obj, false, true),
                 Event::Delete(obj) => (obj, true, false),
                 Event::Init => {
+                    // A list of the whole share: the store is replaced, as on any relist.
+                    carrying = None;
                     // Owners a list that broke off had decided to queue stay queued: without a
                     // store, the judgement of their children already counts that list's
                     // versions, so the next list would not decide it again (one reconcile
@@ -524,11 +594,14 @@ where
                         child_changed(&shared.queue, &owner, &tenant, priority, repair);
                     }
                     first_list = false;
+                    carrying = None;
                     tx.send_replace(true);
                     continue;
                 }
             };
             let replay = !deleted && first_list;
+            // The children a resumed watch lists go into the store it kept, not a new one.
+            let into_relist = initial && carrying.is_none();
             let (key, mut owners) = {
                 let mut strings = shared
                     .strings
@@ -612,15 +685,15 @@ where
                 let before = match &store {
                     Some(store) => {
                         let before = match parsed {
-                            Some(parsed) => store.put_parsed(parsed, initial, seen),
+                            Some(parsed) => store.put_parsed(parsed, into_relist, seen),
                             None => {
                                 let meta = converted.unwrap_or_default();
                                 let text = || serde_json::from_str(obj.text()).ok();
-                                store.put(&meta, text, initial, seen)
+                                store.put(&meta, text, into_relist, seen)
                             }
                         };
                         if let (Some(caches), Some(rv), false) =
-                            (&shared.caches, obj.resource_version(), initial)
+                            (&shared.caches, obj.resource_version(), into_relist)
                         {
                             caches.stored(&key, &rv);
                         }
@@ -711,6 +784,16 @@ fn child_changed(
         queue.add_repairing(owner, tenant, priority);
     } else {
         queue.add(owner, tenant, priority);
+    }
+}
+
+/// The resourceVersion of the object of `event`, as a number (Kubernetes' are etcd revisions).
+fn obj_rv(event: &Event<Raw>) -> Option<u64> {
+    match event {
+        Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj) => {
+            obj.meta().resource_version.as_deref()?.parse().ok()
+        }
+        Event::Init | Event::InitDone => None,
     }
 }
 

@@ -90,6 +90,11 @@ pub struct Start<'a> {
     pub shard: Option<&'a Shard>,
     /// Turns `true` for a graceful stop.
     pub stop: watch::Receiver<bool>,
+    /// The child caches for the set's drivers and controllers
+    /// ([`Driver::with_caches`], which gives them to its controller): when sharded, the same
+    /// from one ring to the next, so that child watches with
+    /// [`Controller::resume_children`] go on from their stores; new for every other run.
+    pub caches: ChildCaches,
 }
 
 impl Start<'_> {
@@ -315,7 +320,8 @@ where
             let (mine, share) = (shard.clone(), shard.ranges().clone());
             controller = controller
                 .shard(move |k| mine.owns(k.meta(), ShardField::Uid))
-                .shard_cache(move |k| share.contains(shard_hash(k.meta(), ShardField::Uid)));
+                .shard_cache(move |k| share.contains(shard_hash(k.meta(), ShardField::Uid)))
+                .resume_children(Labels::of::<R::Resource>(), shard.ranges().clone());
             owned = Some(Arc::new(move || {
                 (store.state().iter())
                     .filter(|k| {
@@ -329,7 +335,8 @@ where
         let driver = Driver::new(client.clone(), self.reconciler.clone())
             .with_config(self.driver.clone())
             .with_drift_metrics(start.drift.clone())
-            .with_reporter(start.reporter.clone());
+            .with_reporter(start.reporter.clone())
+            .with_caches(start.caches.clone());
         let caches = driver.caches().clone();
         let stopping = start.stopping();
         let mut running = Running::new(

@@ -23,6 +23,8 @@ pub(super) struct Parts {
     pub(super) reporter: Reporter,
     /// The reconciles' request slots (`--requests-in-flight`), shared by every run.
     pub(super) slots: Option<crate::inflight::RequestSlots>,
+    /// Each set's child caches, kept from one sharded run to the next ([`Start::caches`]).
+    pub(super) kept: std::sync::Mutex<Vec<Option<ChildCaches>>>,
 }
 
 /// One run of every set of controllers: until `stop` (graceful) or until dropped (cancelled).
@@ -76,7 +78,18 @@ impl Parts {
             owned: Vec::new(),
             caches: Vec::new(),
         };
-        for set in &self.sets {
+        let mut kept = (self.kept.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.resize(self.sets.len(), None);
+        for (set, kept) in self.sets.iter().zip(kept.iter_mut()) {
+            // A sharded run goes on with the caches of the run before (its child watches keep
+            // what is still theirs); any other starts afresh and keeps nothing.
+            let caches = match shard {
+                Some(_) => kept.get_or_insert_with(ChildCaches::new).clone(),
+                None => {
+                    *kept = None;
+                    ChildCaches::new()
+                }
+            };
             let running = set.start(Start {
                 client,
                 config: &config,
@@ -85,6 +98,7 @@ impl Parts {
                 reporter: &self.reporter,
                 shard,
                 stop: stop.clone(),
+                caches,
             });
             stopped.push(running.stopped);
             synced.push(running.synced);

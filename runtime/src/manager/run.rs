@@ -228,6 +228,7 @@ pub(super) async fn run(
     let registry = Arc::new(registry);
     let parts = Parts {
         slots,
+        kept: std::sync::Mutex::default(),
         sets,
         reporter: Reporter {
             controller: name.clone(),

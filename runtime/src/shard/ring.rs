@@ -121,6 +121,11 @@ impl Ranges {
         self.owned[bucket_of(h)]
     }
 
+    /// Whether bucket `b` (as [`bucket_of`] gives) is in these ranges.
+    pub fn holds(&self, b: usize) -> bool {
+        self.owned.get(b).copied().unwrap_or(false)
+    }
+
     /// The fraction of the hash space these ranges cover, in `[0, 1]`.
     pub fn share(&self) -> f64 {
         self.owned.iter().filter(|o| **o).count() as f64 / BUCKETS as f64

@@ -559,3 +559,43 @@ fn a_child_comes_back_as_it_was_stored_whatever_it_shares() {
         );
     }
 }
+
+#[test]
+fn a_kept_store_drops_the_objects_of_buckets_it_no_longer_holds_stubs_too() {
+    use crate::labels::SHARD_BUCKET_LABEL;
+    let trust = Arc::new(Trust::default());
+    trust.set_record(&ObjectKey::cluster("TenantApp", "web"), vec!["u1".into()]);
+    let s = trusting_store(&trust);
+    let labelled = |name: &str, uid: &str, bucket: Option<&str>| {
+        let mut obj = claiming(name, uid, 10);
+        if let Some(b) = bucket {
+            obj["metadata"]["labels"][SHARD_BUCKET_LABEL] = json!(b);
+        }
+        obj
+    };
+    // Whole (recorded) in bucket 1, stubs in 1 and 2, one with no bucket label.
+    s.apply(labelled("kept", "u1", Some("1")));
+    s.apply(labelled("kept-stub", "u2", Some("1")));
+    s.apply(labelled("moved-stub", "u3", Some("2")));
+    s.apply(labelled("unlabelled", "u4", None));
+    assert!(!s.get(Some("acme"), "kept").unwrap().1, "whole");
+    assert!(s.get(Some("acme"), "moved-stub").unwrap().1, "a stub");
+    s.init();
+    s.init_apply(labelled("listing", "u5", Some("1")));
+    let mut dropped = s.retain_labelled(SHARD_BUCKET_LABEL, |v| v == Some("1"));
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        vec![
+            (Some("acme".into()), "moved-stub".into(), Some("u3".into())),
+            (Some("acme".into()), "unlabelled".into(), Some("u4".into())),
+        ]
+    );
+    assert!(s.get(Some("acme"), "kept").is_some());
+    assert!(s.get(Some("acme"), "kept-stub").is_some());
+    assert_eq!(s.len(), 2);
+    // The relist under way is dropped: its end replaces nothing.
+    assert!(s.init_done().is_empty());
+    assert_eq!(s.len(), 2);
+    assert!(s.get(Some("acme"), "listing").is_none());
+}
