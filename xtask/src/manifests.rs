@@ -78,6 +78,18 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         "metadata": {"name": policy, "labels": labels},
         "spec": {"policyName": policy, "validationActions": ["Deny"]}})
     };
+    // Each admission policy's frame: the policy refuses (`Fail`) when it cannot be evaluated.
+    let admission_policy = |name: &str, spec: Value| {
+        let mut framed = serde_json::Map::new();
+        framed.insert("failurePolicy".into(), json!("Fail"));
+        if let Value::Object(spec) = spec {
+            framed.extend(spec);
+        }
+        json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": framed})
+    };
     let managed = |obj: &str| {
         format!(
             "has({obj}.metadata.labels) && '{MANAGED_BY_LABEL}' in {obj}.metadata.labels \
@@ -122,37 +134,36 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     }
     let label = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
     let owned = format!("labelled {label} or controlled by a Tenant");
-    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": POLICY, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": resource_rules},
-        "matchConditions": [{"name": "the-operator-only",
-            "expression": format!("request.userInfo.username == '{service_account}'")}],
-        "validations": [
-            {"expression": format!("!((request.resource.resource == 'namespaces' ? request.name : request.namespace) in {system})"),
-             "message": format!("idem-operator may never write the system namespaces {} or anything in them", SYSTEM_NAMESPACES.join(", ")),
-             "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'CREATE' || ({})", managed("object")),
-             "message": format!("idem-operator may only create namespaces labelled {label}"),
-             "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource != 'namespaces' || request.operation == 'CREATE' || {}", ours("oldObject")),
-             "message": format!("idem-operator may only change or delete namespaces {owned}"),
-             "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || !({}) || ({})", managed("oldObject"), managed("object")),
-             "message": format!("idem-operator may not remove the label {label} from a namespace"),
-             "reason": "Forbidden"},
-            {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({ours_inside}))"),
-             "message": format!("idem-operator may only write into namespaces labelled {label} or {owner_uid}"),
-             "reason": "Forbidden"},
-            // RBAC lets an account bind any ClusterRole whose rules it holds, `bind` or not: the
-            // operator's own, or any narrower one. Only the names it has `bind` on may be bound.
-            {"expression": format!("request.resource.resource != 'rolebindings' || request.operation == 'DELETE' || (object.roleRef.kind == 'ClusterRole' && object.roleRef.name in {bindable})"),
-             "message": format!("idem-operator may only bind the ClusterRoles {} (its ClusterRole's `bind` rule and this policy name them)", rbac::BINDABLE_CLUSTER_ROLES.join(", ")),
-             "reason": "Forbidden"},
-        ],
-    }});
+    let policy = admission_policy(
+        POLICY,
+        json!({
+            "matchConstraints": {"resourceRules": resource_rules},
+            "matchConditions": [{"name": "the-operator-only",
+                "expression": format!("request.userInfo.username == '{service_account}'")}],
+            "validations": [
+                {"expression": format!("!((request.resource.resource == 'namespaces' ? request.name : request.namespace) in {system})"),
+                 "message": format!("idem-operator may never write the system namespaces {} or anything in them", SYSTEM_NAMESPACES.join(", ")),
+                 "reason": "Forbidden"},
+                {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'CREATE' || ({})", managed("object")),
+                 "message": format!("idem-operator may only create namespaces labelled {label}"),
+                 "reason": "Forbidden"},
+                {"expression": format!("request.resource.resource != 'namespaces' || request.operation == 'CREATE' || {}", ours("oldObject")),
+                 "message": format!("idem-operator may only change or delete namespaces {owned}"),
+                 "reason": "Forbidden"},
+                {"expression": format!("request.resource.resource != 'namespaces' || request.operation != 'UPDATE' || !({}) || ({})", managed("oldObject"), managed("object")),
+                 "message": format!("idem-operator may not remove the label {label} from a namespace"),
+                 "reason": "Forbidden"},
+                {"expression": format!("request.resource.resource == 'namespaces' || (namespaceObject != null && ({ours_inside}))"),
+                 "message": format!("idem-operator may only write into namespaces labelled {label} or {owner_uid}"),
+                 "reason": "Forbidden"},
+                // RBAC lets an account bind any ClusterRole whose rules it holds, `bind` or not: the
+                // operator's own, or any narrower one. Only the names it has `bind` on may be bound.
+                {"expression": format!("request.resource.resource != 'rolebindings' || request.operation == 'DELETE' || (object.roleRef.kind == 'ClusterRole' && object.roleRef.name in {bindable})"),
+                 "message": format!("idem-operator may only bind the ClusterRoles {} (its ClusterRole's `bind` rule and this policy name them)", rbac::BINDABLE_CLUSTER_ROLES.join(", ")),
+                 "reason": "Forbidden"},
+            ],
+        }),
+    );
     let policy_binding = binding(POLICY);
     // Every replica waits until each live member Lease acknowledges a ring: a Lease forged by
     // anyone else who may write Leases there would hold all of them (README "Running N
@@ -163,23 +174,22 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             "{obj} != null && has({obj}.metadata.labels) && '{member}' in {obj}.metadata.labels"
         )
     };
-    let ring_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": RING_POLICY, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-            "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
-                "resources": ["leases"], "operations": operations}]},
-        "matchConditions": [{"name": "a-member-lease",
-            "expression": format!("({}) || ({})", in_ring("object"), in_ring("oldObject"))}],
-        "validations": [
-            {"expression": format!("request.userInfo.username == '{service_account}'"),
-             "message": format!("only {service_account} may write the shard ring's member Leases (label {member})"),
-             "reason": "Forbidden"},
-        ],
-    }});
+    let ring_policy = admission_policy(
+        RING_POLICY,
+        json!({
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
+                    "resources": ["leases"], "operations": operations}]},
+            "matchConditions": [{"name": "a-member-lease",
+                "expression": format!("({}) || ({})", in_ring("object"), in_ring("oldObject"))}],
+            "validations": [
+                {"expression": format!("request.userInfo.username == '{service_account}'"),
+                 "message": format!("only {service_account} may write the shard ring's member Leases (label {member})"),
+                 "reason": "Forbidden"},
+            ],
+        }),
+    );
     let ring_binding = binding(RING_POLICY);
     // A tenant owner (`admin` in the namespace) who deletes one of the Tenant's RoleBindings or
     // NetworkPolicies and creates their own under its name would keep it: idem never adopts an
@@ -204,28 +214,27 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             ),
         )
     };
-    let names_policy = json!({"apiVersion": "admissionregistration.k8s.io/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": NAMES_POLICY, "labels": labels},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": {"matchLabels": {MANAGED_BY_LABEL: FIELD_MANAGER}},
-            "resourceRules": [
-                {"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"],
-                 "resources": ["resourcequotas", "limitranges"]},
-                {"apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["*"],
-                 "operations": ["CREATE"], "resources": ["rolebindings"]},
-                {"apiGroups": ["networking.k8s.io"], "apiVersions": ["*"],
-                 "operations": ["CREATE"], "resources": ["networkpolicies"]},
-            ]},
-        "matchConditions": [{"name": "a-tenant-child-name", "expression": names.0}],
-        "validations": [
-            {"expression": format!("request.userInfo.username == '{service_account}' || 'system:masters' in request.userInfo.groups"),
-             "message": format!("in a namespace idem manages, the names {} are kept for its Tenant's own objects: only {service_account} creates them", names.1),
-             "reason": "Forbidden"},
-        ],
-    }});
+    let names_policy = admission_policy(
+        NAMES_POLICY,
+        json!({
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {MANAGED_BY_LABEL: FIELD_MANAGER}},
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"],
+                     "resources": ["resourcequotas", "limitranges"]},
+                    {"apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["*"],
+                     "operations": ["CREATE"], "resources": ["rolebindings"]},
+                    {"apiGroups": ["networking.k8s.io"], "apiVersions": ["*"],
+                     "operations": ["CREATE"], "resources": ["networkpolicies"]},
+                ]},
+            "matchConditions": [{"name": "a-tenant-child-name", "expression": names.0}],
+            "validations": [
+                {"expression": format!("request.userInfo.username == '{service_account}' || 'system:masters' in request.userInfo.groups"),
+                 "message": format!("in a namespace idem manages, the names {} are kept for its Tenant's own objects: only {service_account} creates them", names.1),
+                 "reason": "Forbidden"},
+            ],
+        }),
+    );
     let names_binding = binding(NAMES_POLICY);
     // A tenant namespace's quota deleted or edited limits nothing (a quota made again counts
     // nothing until the quota controller has) or the wrong amount until the operator puts it
@@ -236,30 +245,29 @@ pub fn files() -> anyhow::Result<Vec<File>> {
     let quota_guard = {
         use idem_operator::tenant::desired::QUOTA;
         let owner_uid = idem_runtime::apply::OWNER_UID_LABEL;
-        json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": QUOTA_POLICY, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": {
-                    "matchLabels": {MANAGED_BY_LABEL: FIELD_MANAGER},
-                    "matchExpressions": [{"key": owner_uid, "operator": "Exists"}],
-                },
-                "resourceRules": [{"apiGroups": [""], "apiVersions": ["*"],
-                    "operations": ["UPDATE", "DELETE"], "resources": ["resourcequotas"]}]},
-            // A collection's delete (the namespace controller emptying a namespace, `kubectl
-            // delete quota --all`) names no object: `request.name` is absent, and reading it
-            // would be an error, which `Fail` turns into a refusal. It takes `idem-quota` too.
-            "matchConditions": [{"name": "the-tenant-quota",
-                "expression": format!("!has(request.name) || request.name == '' || request.name == '{QUOTA}'")}],
-            "validations": [
-                {"expression": format!("request.userInfo.username in ['{service_account}', 'system:kube-controller-manager'] || \
-                    (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters', 'system:serviceaccounts:kube-system']))"),
-                 "message": format!("ResourceQuota {QUOTA} is kept by {service_account} from the Tenant's spec.quota: change the Tenant instead (a quota deleted or edited here limits nothing, or the wrong amount, until the operator puts it back)"),
-                 "reason": "Forbidden"},
-            ],
-        }})
+        admission_policy(
+            QUOTA_POLICY,
+            json!({
+                "matchConstraints": {
+                    "namespaceSelector": {
+                        "matchLabels": {MANAGED_BY_LABEL: FIELD_MANAGER},
+                        "matchExpressions": [{"key": owner_uid, "operator": "Exists"}],
+                    },
+                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["*"],
+                        "operations": ["UPDATE", "DELETE"], "resources": ["resourcequotas"]}]},
+                // A collection's delete (the namespace controller emptying a namespace, `kubectl
+                // delete quota --all`) names no object: `request.name` is absent, and reading it
+                // would be an error, which `Fail` turns into a refusal. It takes `idem-quota` too.
+                "matchConditions": [{"name": "the-tenant-quota",
+                    "expression": format!("!has(request.name) || request.name == '' || request.name == '{QUOTA}'")}],
+                "validations": [
+                    {"expression": format!("request.userInfo.username in ['{service_account}', 'system:kube-controller-manager'] || \
+                        (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters', 'system:serviceaccounts:kube-system']))"),
+                     "message": format!("ResourceQuota {QUOTA} is kept by {service_account} from the Tenant's spec.quota: change the Tenant instead (a quota deleted or edited here limits nothing, or the wrong amount, until the operator puts it back)"),
+                     "reason": "Forbidden"},
+                ],
+            }),
+        )
     };
     let quota_guard_binding = binding(QUOTA_POLICY);
     // `edit` in any namespace grants TenantApp creation there (the aggregated roles), and the
@@ -274,23 +282,22 @@ pub fn files() -> anyhow::Result<Vec<File>> {
             "namespaceObject != null && ({}) && '{owner_uid}' in namespaceObject.metadata.labels",
             managed("namespaceObject")
         );
-        json!({"apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": APP_PLACEMENT_POLICY, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{"apiGroups": [idem_operator::resources::GROUP], "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE"], "resources": ["tenantapps"]}]},
-            // Metadata-only updates (finalizers, labels) go on everywhere.
-            "matchConditions": [{"name": "a-new-spec",
-                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
-            "validations": [
-                {"expression": format!("({held}) || (has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups)"),
-                 "message": format!("TenantApps may be created, or their spec changed, only in a namespace a Tenant holds (labelled {MANAGED_BY_LABEL}={FIELD_MANAGER} and {owner_uid}): outside one an app does nothing"),
-                 "reason": "Forbidden"},
-            ],
-        }})
+        admission_policy(
+            APP_PLACEMENT_POLICY,
+            json!({
+                "matchConstraints": {
+                    "resourceRules": [{"apiGroups": [idem_operator::resources::GROUP], "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"], "resources": ["tenantapps"]}]},
+                // Metadata-only updates (finalizers, labels) go on everywhere.
+                "matchConditions": [{"name": "a-new-spec",
+                    "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}],
+                "validations": [
+                    {"expression": format!("({held}) || (has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups)"),
+                     "message": format!("TenantApps may be created, or their spec changed, only in a namespace a Tenant holds (labelled {MANAGED_BY_LABEL}={FIELD_MANAGER} and {owner_uid}): outside one an app does nothing"),
+                     "reason": "Forbidden"},
+                ],
+            }),
+        )
     };
     let app_placement_binding = binding(APP_PLACEMENT_POLICY);
     // Under load, the operator's reconcile traffic fills the priority level of every
