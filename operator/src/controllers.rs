@@ -133,7 +133,11 @@ impl Controllers for Operator {
             // A ring change lists only the children of the Tenants' buckets gained.
             tenants = tenants
                 .shard(move |t| by_uid.owns(t.meta(), ShardField::Uid))
-                .resume_children(Labels::operator(), shard.ranges().clone());
+                .resume(Labels::operator(), shard.ranges().clone());
+            if shard.lists_whole() {
+                // Every replica keeps every Tenant (the TenantApps' reconciles read them).
+                tenants = tenants.resume_primary();
+            }
             // Nothing else reads the apps' cache (the Tenants' is read by the apps' reconciles,
             // so it keeps every Tenant): another replica's TenantApps, each up to ~1.3 MB, are
             // not kept here.

@@ -37,6 +37,23 @@ use nix::sys::signal::Signal;
 /// Tenants in each run.
 const TENANTS: usize = 12;
 
+/// Tenants the API server sent so far, by its own counts: the objects of lists (from etcd or
+/// its watch cache) and the events of watches (the objects a streaming list starts with among
+/// them).
+fn tenants_sent(metrics: &str) -> i64 {
+    let wanted = |line: &&str| {
+        let of = |name: &str| {
+            line.starts_with(&format!("{name}{{")) && line.contains("resource=\"tenants\"")
+        };
+        of("apiserver_watch_events_total")
+            || of("apiserver_storage_list_returned_objects_total")
+            || of("apiserver_cache_list_returned_objects_total")
+    };
+    (metrics.lines().filter(wanted))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as i64
+}
+
 /// One control plane at a time: each test starts its own (the gate is a start option).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -420,8 +437,21 @@ async fn scenario(gate: bool) {
     );
 
     // A fourth replica joins: about a quarter of the tenants move, each written by one replica.
+    // The two earlier replicas go on from their caches: without the gate (every replica keeps
+    // every Tenant) the API server sends the Tenants to the new replica only, by its own
+    // counts (each earlier replica listing them again would make it three times as many).
+    let tenants_before = tenants_sent(&cp.metrics().await.unwrap());
     replicas.push(start_replica(&cp, &ns, names[3]));
     let live = [names[1], names[2], names[3]];
+    child_caches_hold_only_owned_children(&client, &replicas[1..], &ready, &live).await;
+    let sent = tenants_sent(&cp.metrics().await.unwrap()) - tenants_before;
+    println!("gate={gate}: Tenants sent at the join: {sent} ({count} Tenants)");
+    if !gate {
+        assert!(
+            sent < 2 * count as i64,
+            "{sent} Tenants sent at the join of a replica: the earlier replicas listed theirs again"
+        );
+    }
     for r in &replicas[1..] {
         eventually("three members working", common::TIMEOUT, || async {
             let m = r.metrics().await.unwrap_or_default();

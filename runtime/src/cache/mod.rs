@@ -164,6 +164,9 @@ pub struct ChildCaches {
     interner: Arc<template::Interner>,
     /// What each child watch leaves for the next run on these caches, by kind.
     resume: Arc<Mutex<HashMap<KindKey, Arc<Resume>>>>,
+    /// What each primary watch leaves for the next run on these caches, by kind (a
+    /// `Resume<Store<K>>`).
+    primaries: Arc<Mutex<HashMap<String, Arc<dyn std::any::Any + Send + Sync>>>>,
 }
 
 impl std::fmt::Debug for ChildCaches {
@@ -521,6 +524,26 @@ impl ChildCaches {
     pub(crate) fn take_resume(&self, api_version: &str, kind: &str) -> Option<Arc<Resume>> {
         let mut all = self.resume.lock().ok()?;
         all.remove(&(api_version.to_owned(), kind.to_owned()))
+    }
+
+    /// Leaves `resume` (a primary watch's store of kind `K`) for the next watch of `K` on these
+    /// caches.
+    pub(crate) fn leave_primary<K>(&self, resume: Arc<Resume<Store<K>>>)
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        if let Ok(mut all) = self.primaries.lock() {
+            all.insert(K::kind(&()).into_owned(), resume);
+        }
+    }
+
+    /// What the last primary watch of kind `K` on these caches left, taken.
+    pub(crate) fn take_primary<K>(&self) -> Option<Arc<Resume<Store<K>>>>
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let left = self.primaries.lock().ok()?.remove(&*K::kind(&()))?;
+        left.downcast::<Resume<Store<K>>>().ok()
     }
 
     /// Forgets our write of `key` (deleted: by us, or seen deleted by the watch).

@@ -1,6 +1,6 @@
-//! What a child watch leaves for the next run of its controller on the same caches (after a
-//! shard ring change): its store, the resourceVersion the store is complete to, and the
-//! buckets its selector held.
+//! What a watch leaves for the next run of its controller on the same caches (after a shard
+//! ring change): its store, the resourceVersion the store is complete to, and the buckets its
+//! selector held.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::CompactStore;
 use crate::shard::Ranges;
 
-/// One child watch's store and how far it is complete, kept in its [`super::ChildCaches`] for
-/// the watch of the same kind in the next run.
-pub(crate) struct Resume {
+/// One watch's store (`S`: a child kind's [`CompactStore`], a primary kind's reflector store)
+/// and how far it is complete, kept in its [`super::ChildCaches`] for the watch of the same kind
+/// in the next run.
+pub(crate) struct Resume<S = Arc<CompactStore>> {
     /// The watch's store.
-    pub(crate) store: Arc<CompactStore>,
+    pub(crate) store: S,
     /// The buckets its selector held.
     pub(crate) buckets: Ranges,
     /// The resourceVersion the store holds every change up to (a watch started from it misses
@@ -20,9 +21,9 @@ pub(crate) struct Resume {
     complete_to: AtomicU64,
 }
 
-impl Resume {
-    /// `store`, of the watch of the children in `buckets`, complete to no version yet.
-    pub(crate) fn new(store: Arc<CompactStore>, buckets: Ranges) -> Self {
+impl<S> Resume<S> {
+    /// `store`, of the watch of the objects in `buckets`, complete to no version yet.
+    pub(crate) fn new(store: S, buckets: Ranges) -> Self {
         Self {
             store,
             buckets,

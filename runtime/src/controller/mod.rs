@@ -199,6 +199,8 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     keep: Option<OwnsFn<K>>,
     /// The shard-bucket label the child watches select by, and this run's buckets.
     resume: Option<(Labels, crate::shard::Ranges)>,
+    /// Whether the primary watch goes on from the last run's store too.
+    resume_primary: bool,
     blocked: BlockedWatches,
     blocked_triggers: blocked::Triggers,
     /// The namespace tenants a `namespace_label` rule reads, and how to watch them.
@@ -242,6 +244,7 @@ where
             shard: None,
             keep: None,
             resume: None,
+            resume_primary: false,
             blocked,
             blocked_triggers,
             namespaces: None,
@@ -427,17 +430,29 @@ where
         self
     }
 
-    /// The child watches of this run select the children labelled (`labels.shard_bucket()`)
-    /// with one of `buckets` (e.g. [`crate::manager::Shard::children_config`]). When the
-    /// [`Controller::with_child_caches`] given were this controller's in an earlier run (a
-    /// shard ring change: [`crate::manager::Reconciles`] keeps them from one ring to the
-    /// next), each child watch keeps its store's children of the buckets still held, lists
-    /// only those of the buckets gained, at the version its store is complete to, and watches
-    /// on from that version; if the API server no longer has that version (its history is
-    /// minutes long), it lists its whole share as the first run did.
+    /// This run holds the shard `buckets`, and its child watches select the children labelled
+    /// (`labels.shard_bucket()`) with one of them (e.g. [`crate::manager::Shard::children_config`]).
+    /// When the [`Controller::with_child_caches`] given were this controller's in the run
+    /// before (a shard ring change: the manager keeps them from one ring to the next,
+    /// [`crate::manager::Start::caches`]), each child watch keeps its store's children of the
+    /// buckets still held, lists only those of the buckets gained, at the version its store is
+    /// complete to, and watches on from that version (and the primary watch too, with
+    /// [`Controller::resume_primary`]). When the API server no longer has that version (its
+    /// history is minutes long) a watch lists its whole share, as the first run did.
     #[must_use]
-    pub fn resume_children(mut self, labels: Labels, buckets: crate::shard::Ranges) -> Self {
+    pub fn resume(mut self, labels: Labels, buckets: crate::shard::Ranges) -> Self {
         self.resume = Some((labels, buckets));
+        self
+    }
+
+    /// With [`Controller::resume`], the primary watch goes on from the store the run before
+    /// left, without a list, when that store holds every object of the kind: for a cache
+    /// without [`Controller::shard_cache`] of a kind the API server lists whole
+    /// ([`crate::manager::Shard::lists_whole`]; e.g. the Tenants every replica of the operator
+    /// keeps). Ignored with `shard_cache`.
+    #[must_use]
+    pub fn resume_primary(mut self) -> Self {
+        self.resume_primary = true;
         self
     }
 
@@ -576,6 +591,7 @@ where
             strings: std::sync::Mutex::default(),
             keep: self.keep.clone(),
             resume: self.resume.clone(),
+            resume_primary: self.resume_primary,
         });
         // The watches of blocking objects are this run's: they end with it (also when this
         // future is dropped, e.g. at a shard ring change).

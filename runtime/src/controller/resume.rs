@@ -1,19 +1,20 @@
-//! A child watch that goes on from the store an earlier run of its controller left (a shard
-//! ring change): it lists only the buckets it gained, at the version the store is complete to,
-//! then watches its whole share from that version; anything the API server no longer has
-//! (410 Gone) or any other failure starts it over with a list of its whole share.
+//! A watch that goes on from the store an earlier run of its controller left (a shard ring
+//! change): it lists only the buckets it gained, at the version the store is complete to, then
+//! watches its whole share from that version; anything the API server no longer has (410 Gone)
+//! or any other failure starts it over with a list of its whole share.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use kube::Api;
-use kube::ResourceExt;
+use std::fmt::Debug;
+
 use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
 use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
-use super::raw::Raw;
 use super::watch::relisting;
 use crate::cache::Resume;
 use crate::labels::Labels;
@@ -56,43 +57,57 @@ pub(crate) fn in_share(now: &Ranges, value: Option<&str>) -> bool {
             .is_some_and(|b| now.holds(b))
 }
 
+/// What comes after a page of the resuming watch's list.
+enum Next {
+    /// The next page of the gained objects (`None`: the first, at the version resumed from).
+    List(Option<String>),
+    /// `InitDone`.
+    Listed,
+}
+
 /// Where the resuming watch is.
-enum Phase {
-    /// Listing the gained children, page by page (`token`: the next page's).
+enum Phase<K> {
+    /// Listing the gained objects, page by page.
     List { token: Option<String> },
-    /// Handing out a listed page.
-    Page {
-        items: VecDeque<Raw>,
-        token: Option<String>,
-    },
-    /// The gained children are all listed: `InitDone`.
+    /// Handing out a page (the kept objects first, then each listed page).
+    Page { items: VecDeque<K>, next: Next },
+    /// The list is complete: `InitDone`.
     Listed,
     /// Watching the whole share from `rv`.
     Watch {
         rv: String,
-        events: Option<BoxStream<'static, kube::Result<WatchEvent<Raw>>>>,
+        events: Option<BoxStream<'static, kube::Result<WatchEvent<K>>>>,
     },
     /// Started over: the kube-runtime watcher, from a list of the whole share.
-    Relist(BoxStream<'static, watcher::Result<Event<Raw>>>),
+    Relist(BoxStream<'static, watcher::Result<Event<K>>>),
 }
 
-/// The events of a watch of `config`'s children going on from a store complete to `rv`:
-/// `InitApply` for each child of the `gained` selector (added to `config`'s) as it was at
-/// `rv`, `InitDone`, then every change of `config`'s children after `rv`. On any failure it
-/// becomes [`relisting`] of `config` (which starts with `Init`: the store is then replaced by
-/// a whole list, as after any broken watch). The API server's bookmarks move `leave` on (every
-/// event before one was handed out, and handled before the next was asked for).
-pub(crate) fn resuming(
-    api: Api<Raw>,
+/// The events of a watch of `config`'s objects going on from a store complete to `rv`:
+/// `InitApply` for each of `kept` (what the store held of the share, for a store that is built
+/// again from its events) and each object of the `gained` selector (added to `config`'s) as it
+/// was at `rv`, `InitDone`, then every change of `config`'s objects after `rv`. On any failure
+/// it becomes [`relisting`] of `config` (which starts with `Init`: the store is then replaced
+/// by a whole list, as after any broken watch). The API server's bookmarks move `leave` on
+/// (every event before one was handed out, and handled before the next was asked for).
+pub(crate) fn resuming<K, S>(
+    api: Api<K>,
     config: watcher::Config,
+    kept: Vec<K>,
     gained: Option<String>,
     rv: u64,
-    leave: Option<Arc<Resume>>,
-) -> impl futures::Stream<Item = watcher::Result<Event<Raw>>> + Send {
+    leave: Option<Arc<Resume<S>>>,
+) -> impl futures::Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    S: Send + Sync + 'static,
+{
     let rv = rv.to_string();
-    let start = match gained {
-        Some(_) => Phase::List { token: None },
-        None => Phase::Listed,
+    let start = Phase::Page {
+        items: kept.into(),
+        next: match gained {
+            Some(_) => Next::List(None),
+            None => Next::Listed,
+        },
     };
     let base = config.label_selector.clone().unwrap_or_default();
     let list_selector = gained.map(|g| match base.is_empty() {
@@ -108,7 +123,9 @@ pub(crate) fn resuming(
         );
         let leave = leave.clone();
         async move {
-            let relist = |api: Api<Raw>, config: watcher::Config| {
+            let relist = |api: Api<K>, config: watcher::Config, why: String| {
+                tracing::info!(kind = std::any::type_name::<K>(), error = %why,
+                    "a watch going on from the last ring's store failed; listing its whole share");
                 Phase::Relist(relisting(api, config).boxed())
             };
             loop {
@@ -127,20 +144,20 @@ pub(crate) fn resuming(
                         match api.list(&params).await {
                             Ok(list) => Phase::Page {
                                 items: list.items.into(),
-                                token: list.metadata.continue_.filter(|t| !t.is_empty()),
+                                next: match list.metadata.continue_.filter(|t| !t.is_empty()) {
+                                    Some(token) => Next::List(Some(token)),
+                                    None => Next::Listed,
+                                },
                             },
-                            Err(e) => {
-                                tracing::info!(error = %e, "resuming a child watch failed; listing its whole share");
-                                relist(api.clone(), config.clone())
-                            }
+                            Err(e) => relist(api.clone(), config.clone(), e.to_string()),
                         }
                     }
-                    Phase::Page { mut items, token } => match items.pop_front() {
-                        Some(obj) => {
-                            return Some((Ok(Event::InitApply(obj)), Phase::Page { items, token }));
+                    Phase::Page { mut items, next } => match (items.pop_front(), next) {
+                        (Some(obj), next) => {
+                            return Some((Ok(Event::InitApply(obj)), Phase::Page { items, next }));
                         }
-                        None if token.is_some() => Phase::List { token },
-                        None => Phase::Listed,
+                        (None, Next::List(token)) => Phase::List { token },
+                        (None, Next::Listed) => Phase::Listed,
                     },
                     Phase::Listed => {
                         let watch = Phase::Watch {
@@ -162,10 +179,7 @@ pub(crate) fn resuming(
                                 rv,
                                 events: Some(events.boxed()),
                             },
-                            Err(e) => {
-                                tracing::info!(error = %e, "resuming a child watch failed; listing its whole share");
-                                relist(api.clone(), config.clone())
-                            }
+                            Err(e) => relist(api.clone(), config.clone(), e.to_string()),
                         }
                     }
                     Phase::Watch {
@@ -194,9 +208,8 @@ pub(crate) fn resuming(
                                     continue;
                                 }
                                 WatchEvent::Error(status) => {
-                                    tracing::info!(code = status.code, message = %status.message,
-                                        "a resumed child watch ended; listing its whole share");
-                                    phase = relist(api.clone(), config.clone());
+                                    let why = format!("{} {}", status.code, status.message);
+                                    phase = relist(api.clone(), config.clone(), why);
                                     continue;
                                 }
                             };
@@ -210,10 +223,7 @@ pub(crate) fn resuming(
                         }
                         // The request's time is up: on from the last version seen.
                         Ok(None) => Phase::Watch { rv, events: None },
-                        Err(e) => {
-                            tracing::info!(error = %e, "a resumed child watch failed; listing its whole share");
-                            relist(api.clone(), config.clone())
-                        }
+                        Err(e) => relist(api.clone(), config.clone(), e.to_string()),
                     },
                     Phase::Relist(mut inner) => {
                         let item = inner.next().await?;

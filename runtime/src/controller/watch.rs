@@ -61,8 +61,11 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     /// The primary objects the cache keeps ([`super::Controller::shard_cache`]); `None`: all.
     pub keep: Option<super::OwnsFn<K>>,
     /// The child watches' bucket label and this run's buckets
-    /// ([`super::Controller::resume_children`]).
+    /// ([`super::Controller::resume`]).
     pub resume: Option<(Labels, crate::shard::Ranges)>,
+    /// Whether the primary watch goes on from the last run's store
+    /// ([`super::Controller::resume_primary`]).
+    pub resume_primary: bool,
 }
 
 impl<K> Shared<K>
@@ -202,7 +205,35 @@ where
         // status subresource) changes nothing but the status, so neither is lost on the server.
         // Another replica's objects, when nothing here reads them, are not kept at all.
         let keep = shared.keep.clone();
-        let events = relisting(api, config)
+        // A run after a shard ring change goes on from the store the run before left, when
+        // that store holds every object of the kind (nothing is gained: no list at all; see
+        // `Controller::resume_primary`).
+        let resumable = shared.resume.is_some() && shared.resume_primary && keep.is_none();
+        let left = match (&shared.caches, resumable) {
+            (Some(caches), true) => caches.take_primary::<K>(),
+            _ => None,
+        };
+        let left = left.and_then(|left| Some((left.version()?, left)));
+        let leave = match (&shared.caches, &shared.resume, resumable) {
+            (Some(caches), Some((_, now)), true) => {
+                let leave = Arc::new(Resume::new(shared.store.clone(), now.clone()));
+                caches.leave_primary(Arc::clone(&leave));
+                Some(leave)
+            }
+            _ => None,
+        };
+        let (events, mut carrying) = match left {
+            Some((rv, left)) => {
+                let kept: Vec<K> = left.store.state().iter().map(|o| K::clone(o)).collect();
+                tracing::info!(kind = %K::kind(&()), objects = kept.len(), rv,
+                    "primary watch going on from the store of the ring before");
+                let events = super::resume::resuming(api, config, kept, None, rv, leave.clone());
+                (events.boxed(), Some(rv))
+            }
+            None => (relisting(api, config).boxed(), None),
+        };
+        let mut listed_to = 0u64;
+        let events = events
             .filter(move |event| {
                 let kept = match (&keep, event) {
                     (Some(keep), Ok(Event::Apply(obj) | Event::InitApply(obj))) => keep(obj),
@@ -261,6 +292,21 @@ where
                     continue;
                 }
             };
+            if let Some(leave) = &leave {
+                let rv = || event_rv(&event);
+                match &event {
+                    Event::Apply(_) | Event::Delete(_) => leave.complete_to(rv()),
+                    Event::InitApply(_) => listed_to = listed_to.max(rv().unwrap_or(0)),
+                    Event::Init => {
+                        carrying = None;
+                        leave.complete_to(None);
+                    }
+                    Event::InitDone => {
+                        leave.complete_to(carrying.take().or(Some(listed_to)));
+                        listed_to = 0;
+                    }
+                }
+            }
             if matches!(event, Event::InitDone) {
                 not_served = false;
             }
@@ -484,7 +530,8 @@ where
                 let gained = super::resume::gained(*labels, &left.buckets, now);
                 tracing::info!(kind = %resource.kind, gained = gained.is_some(), rv,
                     "child watch going on from the store of the ring before");
-                let stream = super::resume::resuming(api, config, gained, rv, leave.clone());
+                let stream =
+                    super::resume::resuming(api, config, Vec::new(), gained, rv, leave.clone());
                 (stream.boxed(), Some(rv))
             }
             _ => (relisting(api, config).boxed(), None),
@@ -516,7 +563,7 @@ where
                     continue;
                 }
             };
-            let rv = obj_rv(&event);
+            let rv = event_rv(&event);
             if let Some(leave) = &leave {
                 match &event {
                     Event::Apply(_) | Event::Delete(_) => leave.complete_to(rv),
@@ -788,7 +835,7 @@ fn child_changed(
 }
 
 /// The resourceVersion of the object of `event`, as a number (Kubernetes' are etcd revisions).
-fn obj_rv(event: &Event<Raw>) -> Option<u64> {
+fn event_rv<K: Resource>(event: &Event<K>) -> Option<u64> {
     match event {
         Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj) => {
             obj.meta().resource_version.as_deref()?.parse().ok()

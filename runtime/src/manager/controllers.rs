@@ -34,11 +34,31 @@ type CurrentFn = Arc<dyn Fn() -> bool + Send + Sync>;
 pub struct Shard {
     ranges: Ranges,
     current: CurrentFn,
+    server_filtered: bool,
 }
 
 impl Shard {
     pub(crate) fn new(ranges: Ranges, current: CurrentFn) -> Self {
-        Self { ranges, current }
+        Self {
+            ranges,
+            current,
+            server_filtered: false,
+        }
+    }
+
+    /// The API server filters the lists and watches of the sharded kinds to this share (its
+    /// `ShardedListAndWatch` gate is on).
+    pub(crate) fn server_filtered(mut self, on: bool) -> Self {
+        self.server_filtered = on;
+        self
+    }
+
+    /// Whether the API server sends this replica every object of a kind the manager shards
+    /// ([`super::Controllers::sharded`]): its `ShardedListAndWatch` gate is off. A controller
+    /// whose cache then keeps every object (no [`Controller::shard_cache`]) may go on from
+    /// it after a ring change without a list ([`Controller::resume_primary`]).
+    pub fn lists_whole(&self) -> bool {
+        !self.server_filtered
     }
 
     /// The hash ranges this replica owns.
@@ -93,7 +113,7 @@ pub struct Start<'a> {
     /// The child caches for the set's drivers and controllers
     /// ([`Driver::with_caches`], which gives them to its controller): when sharded, the same
     /// from one ring to the next, so that child watches with
-    /// [`Controller::resume_children`] go on from their stores; new for every other run.
+    /// [`Controller::resume`] go on from their stores; new for every other run.
     pub caches: ChildCaches,
 }
 
@@ -321,7 +341,7 @@ where
             controller = controller
                 .shard(move |k| mine.owns(k.meta(), ShardField::Uid))
                 .shard_cache(move |k| share.contains(shard_hash(k.meta(), ShardField::Uid)))
-                .resume_children(Labels::of::<R::Resource>(), shard.ranges().clone());
+                .resume(Labels::of::<R::Resource>(), shard.ranges().clone());
             owned = Some(Arc::new(move || {
                 (store.state().iter())
                     .filter(|k| {

@@ -90,7 +90,10 @@ impl Sharded<'_> {
             )?;
             let (stop_tx, stop_rx) = watch::channel(false);
             let now = membership.assignments();
-            let shard = Shard::new(ranges, Arc::new(move || now.borrow().seq == seq));
+            let server_filtered =
+                (self.selectors.server_side).load(std::sync::atomic::Ordering::Relaxed);
+            let shard = Shard::new(ranges, Arc::new(move || now.borrow().seq == seq))
+                .server_filtered(server_filtered);
             let epoch = self.parts.start(&client, Some(&shard), stop_rx);
             let mut epoch = epoch;
             epoch.tasks_push_readiness(self.ready.clone());
