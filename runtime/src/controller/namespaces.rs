@@ -22,7 +22,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::watch::{WatchTask, not_established, relisting};
+use super::relist::{not_established, relisting};
+use super::watch::WatchTask;
 use crate::backoff::watch_backoff;
 use crate::key::TenantKey;
 use crate::resource::TenantError;

@@ -15,7 +15,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::watch::relisting;
+use super::relist::relisting;
 use crate::cache::Resume;
 use crate::labels::Labels;
 use crate::shard::Ranges;
