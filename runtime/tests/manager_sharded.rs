@@ -10,7 +10,9 @@
 mod base_tenant;
 mod replicas;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenants};
@@ -20,8 +22,8 @@ use idem_tests::WAIT as TIMEOUT;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
 use k8s_openapi::api::core::v1::ResourceQuota;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
 use replicas::{all_ready, create_shared, eventually, gauge, get};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,11 +65,12 @@ struct Replica {
 }
 
 impl Replica {
-    /// Starts replica `identity` of manager `name` with its Leases in `namespace`, sharded.
-    fn start(name: &str, namespace: &str, identity: &str) -> Self {
+    /// Starts replica `identity` of manager `name` with its Leases in `namespace`, sharded, on
+    /// the control plane of `kubeconfig`.
+    fn start(kubeconfig: &Path, name: &str, namespace: &str, identity: &str) -> Self {
         let addr = free_addr();
         let options = ManagerOptions {
-            kubeconfig: Some(shared().kubeconfig_path().to_path_buf()),
+            kubeconfig: Some(kubeconfig.to_path_buf()),
             workers: 2,
             metrics_addr: addr,
             health_addr: addr,
@@ -167,8 +170,9 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     let name = unique_name("base-tenant");
     // Without the CRD (this test binary's control plane never had it): working replicas'
     // watches cannot sync, so they are not ready.
-    let a = Replica::start(&name, &ns, "replica-a");
-    let b = Replica::start(&name, &ns, "replica-b");
+    let kubeconfig = shared().kubeconfig_path();
+    let a = Replica::start(kubeconfig, &name, &ns, "replica-a");
+    let b = Replica::start(kubeconfig, &name, &ns, "replica-b");
     a.working(2).await;
     b.working(2).await;
     a.readyz(503).await;
@@ -181,7 +185,46 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     let names = create_shared(&client, TENANTS, &["replica-a", "replica-b"]).await;
     let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
-    // Both replicas work on a share; together on all of them.
+    let (owned_a, owned_b) = shares(&a, &b, total).await;
+
+    // Replica a stops as on SIGTERM (it leaves the ring): b takes every BaseTenant over. It
+    // keeps the children of its own buckets and lists only a's: the ResourceQuotas the API
+    // server sends meanwhile (lists and watches, its own counts) are a's, not all of them.
+    let in_share = settle(&client, &names, &b, owned_b).await;
+    let before = shared().metrics().await.unwrap();
+    take_over(a, &b, total).await;
+    let after = shared().metrics().await.unwrap();
+    let sent = quotas_sent(&after) - quotas_sent(&before);
+    println!("ResourceQuotas sent after the ring change: {sent} (a's {owned_a}, all {total})");
+    assert!(
+        sent <= owned_a * QUOTAS,
+        "{sent} ResourceQuotas sent: more than the {} of replica-a's share",
+        owned_a * QUOTAS
+    );
+    // The watch going on from b's store sees every change.
+    deleted_quotas_come_back(&client, &in_share).await;
+    let change = serde_json::json!({"spec": {"cpu": "2"}});
+    for name in &names {
+        (tenants
+            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
+            .await)
+            .unwrap();
+    }
+    eventually("every BaseTenant Ready after the change", || {
+        all_ready(&client, &names, "2")
+    })
+    .await;
+    eventually("replica-b owning every BaseTenant", || async {
+        let n = b.owned().await;
+        (n == total).then_some(()).ok_or(format!("b {n}"))
+    })
+    .await;
+    b.stop().await;
+}
+
+/// Waits until both replicas work on a share, together on all `total` BaseTenants; their
+/// shares.
+async fn shares(a: &Replica, b: &Replica, total: i64) -> (i64, i64) {
     let (owned_a, owned_b) = eventually("both replicas owning a share", || async {
         let (x, y) = (a.owned().await, b.owned().await);
         (x > 0 && y > 0 && x + y == total)
@@ -190,10 +233,21 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     })
     .await;
     println!("owned: replica-a {owned_a}, replica-b {owned_b}");
+    (owned_a, owned_b)
+}
 
-    // Replica a stops as on SIGTERM (it leaves the ring): b takes every BaseTenant over. It
-    // keeps the children of its own buckets and lists only a's: the ResourceQuotas the API
-    // server sends meanwhile (lists and watches, its own counts) are a's, not all of them.
+/// Waits until `b` caches the children of its `owned` BaseTenants and every quota is counted
+/// by the quota controller (no status writes after this), then changes one of b's quotas and
+/// waits for b to receive its event: b's store of quotas is then complete to a version after
+/// every quota's last change (else its watch, going on from an earlier one, would be sent the
+/// changes since as well). Returns a BaseTenant of each replica's share.
+async fn settle(
+    client: &Client,
+    names: &[String],
+    b: &Replica,
+    owned_b: i64,
+) -> HashMap<String, String> {
+    let tenants = Api::<BaseTenant>::all(client.clone());
     eventually("replica-b caching the children of its share", || async {
         let n = b.cached_children().await;
         (n == owned_b * CHILDREN)
@@ -221,8 +275,8 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     })
     .await;
     let ring = Ring::new(["replica-a", "replica-b"]);
-    let mut in_share = std::collections::HashMap::new();
-    for name in &names {
+    let mut in_share = HashMap::new();
+    for name in names {
         let t = tenants.get(name).await.unwrap();
         let member = ring
             .owner_of(shard_hash(&t.metadata, ShardField::Uid))
@@ -242,7 +296,12 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
         (n > received).then_some(()).ok_or(format!("{n}"))
     })
     .await;
-    let before = shared().metrics().await.unwrap();
+    in_share
+}
+
+/// Replica `a` stops as on SIGTERM (it leaves the ring) and `b` takes every one of the `total`
+/// BaseTenants over: it works on a ring of one and caches all their children.
+async fn take_over(a: Replica, b: &Replica, total: i64) {
     a.stop().await;
     b.working(1).await;
     b.readyz(200).await;
@@ -256,16 +315,10 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
         },
     )
     .await;
-    let after = shared().metrics().await.unwrap();
-    let sent = quotas_sent(&after) - quotas_sent(&before);
-    println!("ResourceQuotas sent after the ring change: {sent} (a's {owned_a}, all {total})");
-    assert!(
-        sent <= owned_a * QUOTAS,
-        "{sent} ResourceQuotas sent: more than the {} of replica-a's share",
-        owned_a * QUOTAS
-    );
-    // The watch going on from b's store sees every change: the quota of a BaseTenant of each
-    // former share, deleted, is made again.
+}
+
+/// The quota of a BaseTenant of each former share (`in_share`), deleted, is made again.
+async fn deleted_quotas_come_back(client: &Client, in_share: &HashMap<String, String>) {
     let mut deleted = Vec::new();
     for member in ["replica-a", "replica-b"] {
         let name = &in_share[member];
@@ -285,21 +338,4 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
         })
         .await;
     }
-    let change = serde_json::json!({"spec": {"cpu": "2"}});
-    for name in &names {
-        (tenants
-            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
-            .await)
-            .unwrap();
-    }
-    eventually("every BaseTenant Ready after the change", || {
-        all_ready(&client, &names, "2")
-    })
-    .await;
-    eventually("replica-b owning every BaseTenant", || async {
-        let n = b.owned().await;
-        (n == total).then_some(()).ok_or(format!("b {n}"))
-    })
-    .await;
-    b.stop().await;
 }

@@ -52,6 +52,9 @@ pub struct Options {
     /// `--controllers=*,-garbage-collector-controller` to keep the garbage collector's
     /// owner look-ups out of a benchmark's request counts.
     pub controller_manager_args: Vec<String>,
+    /// Extra arguments of kube-apiserver, appended last (default none), e.g.
+    /// `--etcd-compaction-interval=1s` to have its history forgotten within seconds.
+    pub apiserver_args: Vec<String>,
 }
 
 impl Options {
@@ -103,6 +106,7 @@ impl Default for Options {
             service_cidr: SERVICE_CIDR.to_owned(),
             feature_gates: Vec::new(),
             controller_manager_args: Vec::new(),
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -430,6 +434,7 @@ fn launch(
         ]
         .into_iter()
         .chain(gates.clone())
+        .chain(options.apiserver_args.iter().cloned())
         .collect(),
     )?;
     let rt = tokio::runtime::Builder::new_current_thread()

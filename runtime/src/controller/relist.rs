@@ -37,7 +37,7 @@ pub(crate) fn not_found(e: &watcher::Error) -> bool {
 /// Whether `e` is an API server refusing a streaming list (`sendInitialEvents`): one without
 /// the `WatchList` feature (off by default before Kubernetes 1.34, except in 1.32) rejects the
 /// parameter as invalid.
-fn streaming_refused(config: &watcher::Config, e: &watcher::Error) -> bool {
+pub(crate) fn streaming_refused(config: &watcher::Config, e: &watcher::Error) -> bool {
     config.initial_list_strategy == watcher::InitialListStrategy::StreamingList
         && matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s))
             if s.code == 400 || s.code == 422)

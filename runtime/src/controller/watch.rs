@@ -152,17 +152,22 @@ where
             }
             _ => None,
         };
-        let (events, mut carrying) = match left {
-            Some((rv, left)) => {
+        let events = match (left, &leave) {
+            (Some((rv, left)), _) => {
                 let kept: Vec<K> = left.store.state().iter().map(|o| K::clone(o)).collect();
                 tracing::info!(kind = %K::kind(&()), objects = kept.len(), rv,
                     "primary watch going on from the store of the ring before");
-                let events = super::resume::resuming(api, config, kept, None, rv, leave.clone());
-                (events.boxed(), Some(rv))
+                let from = super::resume::From {
+                    kept,
+                    gained: None,
+                    rv,
+                };
+                super::resume::resuming(api, config, Some(from), leave.clone()).boxed()
             }
-            None => (relisting(api, config).boxed(), None),
+            // A run that may go on in the next: a watch that knows its store's version.
+            (None, Some(_)) => super::resume::resuming(api, config, None, leave.clone()).boxed(),
+            (None, None) => relisting(api, config).boxed(),
         };
-        let mut listed_to = 0u64;
         let events = events
             .filter(move |event| {
                 let kept = match (&keep, event) {
@@ -222,20 +227,10 @@ where
                     continue;
                 }
             };
-            if let Some(leave) = &leave {
-                let rv = || event_rv(&event);
-                match &event {
-                    Event::Apply(_) | Event::Delete(_) => leave.complete_to(rv()),
-                    Event::InitApply(_) => listed_to = listed_to.max(rv().unwrap_or(0)),
-                    Event::Init => {
-                        carrying = None;
-                        leave.complete_to(None);
-                    }
-                    Event::InitDone => {
-                        leave.complete_to(carrying.take().or(Some(listed_to)));
-                        listed_to = 0;
-                    }
-                }
+            // The store is complete to each event's version once it has handled it (lists
+            // and bookmarks: the watch says so itself, see `resuming`).
+            if let (Some(leave), Event::Apply(_) | Event::Delete(_)) = (&leave, &event) {
+                leave.complete_to(event_rv(&event));
             }
             if matches!(event, Event::InitDone) {
                 not_served = false;
@@ -460,16 +455,22 @@ where
                 let gained = super::resume::gained(*labels, &left.buckets, now);
                 tracing::info!(kind = %resource.kind, gained = gained.is_some(), rv,
                     "child watch going on from the store of the ring before");
-                let stream =
-                    super::resume::resuming(api, config, Vec::new(), gained, rv, leave.clone());
-                (stream.boxed(), Some(rv))
+                let from = super::resume::From {
+                    kept: Vec::new(),
+                    gained,
+                    rv,
+                };
+                let stream = super::resume::resuming(api, config, Some(from), leave.clone());
+                (stream.boxed(), true)
             }
-            _ => (relisting(api, config).boxed(), None),
+            // A run that may go on in the next: a watch that knows its store's version.
+            _ if leave.is_some() => {
+                let stream = super::resume::resuming(api, config, None, leave.clone());
+                (stream.boxed(), false)
+            }
+            _ => (relisting(api, config).boxed(), false),
         };
         let stream = watch_backoff(stream);
-        // The highest resourceVersion of the list under way: the store is complete to it
-        // once the list is.
-        let mut listed_to = 0u64;
         let mut first_list = true;
         let mut registered = false;
         futures::pin_mut!(stream);
@@ -493,17 +494,10 @@ where
                     continue;
                 }
             };
-            let rv = event_rv(&event);
-            if let Some(leave) = &leave {
-                match &event {
-                    Event::Apply(_) | Event::Delete(_) => leave.complete_to(rv),
-                    Event::InitApply(_) => listed_to = listed_to.max(rv.unwrap_or(0)),
-                    Event::Init => leave.complete_to(None),
-                    Event::InitDone => {
-                        leave.complete_to(carrying.or(Some(listed_to)));
-                        listed_to = 0;
-                    }
-                }
+            // The store is complete to each event's version once it has handled it (lists
+            // and bookmarks: the watch says so itself, see `resuming`).
+            if let (Some(leave), Event::Apply(_) | Event::Delete(_)) = (&leave, &event) {
+                leave.complete_to(event_rv(&event));
             }
             let (obj, deleted, initial) = match event {
                 Event::Apply(obj) => (obj, false, false),
@@ -511,7 +505,7 @@ where
                 Event::Delete(obj) => (obj, true, false),
                 Event::Init => {
                     // A list of the whole share: the store is replaced, as on any relist.
-                    carrying = None;
+                    carrying = false;
                     // Owners a list that broke off had decided to queue stay queued: without a
                     // store, the judgement of their children already counts that list's
                     // versions, so the next list would not decide it again (one reconcile
@@ -571,14 +565,14 @@ where
                         child_changed(&shared.queue, &owner, &tenant, priority, repair);
                     }
                     first_list = false;
-                    carrying = None;
+                    carrying = false;
                     tx.send_replace(true);
                     continue;
                 }
             };
             let replay = !deleted && first_list;
             // The children a resumed watch lists go into the store it kept, not a new one.
-            let into_relist = initial && carrying.is_none();
+            let into_relist = initial && !carrying;
             let (key, mut owners) = {
                 let mut strings = shared
                     .strings
