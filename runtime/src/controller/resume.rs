@@ -301,7 +301,11 @@ where
                                 rv,
                                 events: Some(events.boxed()),
                             },
-                            Err(e) if gone(&e) => Phase::Start,
+                            Err(e) if gone(&e) => {
+                                tracing::info!(kind = std::any::type_name::<K>(), error = %e,
+                                "the watch's version is gone; listing the whole share");
+                                Phase::Start
+                            }
                             Err(e) => {
                                 let e = watcher::Error::WatchStartFailed(e);
                                 // Not served or not allowed any more: start over with a list.
