@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use idem_runtime::apply::{Labels, MANAGED_BY_LABEL};
+use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::manager::{Controllers, Running, Start};
 use idem_runtime::reconciler::Driver;
 use idem_runtime::schema::SchemaError;
@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::context::Context;
 use crate::resources::{FIELD_MANAGER, Tenant, TenantApp};
+use crate::shard::NAMESPACE_BUCKET_LABEL;
 use crate::{tenant, tenant_app};
 
 /// Tenant and TenantApp: add it to a [`idem_runtime::manager::Manager`] ([`crate::manager`]).
@@ -46,17 +47,12 @@ impl Controllers for Operator {
         crate::resources::try_crds()
     }
 
-    /// A Tenant by its uid (its children are selected by label); a TenantApp and its
-    /// ConfigMaps, Deployments and Services by their namespace (they share one, so they land
-    /// on the same replica).
+    /// A Tenant by its uid, a TenantApp by its namespace; their children are selected by
+    /// label (see [`crate::shard`]).
     fn sharded(&self) -> Vec<(String, ShardField)> {
-        let path = |url: String| (url, ShardField::Namespace);
         vec![
             (Tenant::url_path(&(), None), ShardField::Uid),
-            path(TenantApp::url_path(&(), None)),
-            path("/api/v1/configmaps".into()),
-            path("/api/v1/services".into()),
-            path("/apis/apps/v1/deployments".into()),
+            (TenantApp::url_path(&(), None), ShardField::Namespace),
         ]
     }
 
@@ -78,9 +74,7 @@ impl Controllers for Operator {
         let (store, writer) = reflector::store::<Namespace>();
         // Sharded: only the namespaces of this replica's TenantApps (see `crate::shard`).
         let ns_buckets = shard.and_then(|s| {
-            (s.ranges()
-                .label_selector(crate::shard::NAMESPACE_BUCKET_LABEL))
-            .map(|b| format!(",{b}"))
+            (s.ranges().label_selector(NAMESPACE_BUCKET_LABEL)).map(|b| format!(",{b}"))
         });
         let ns_config = watcher::Config::default().labels(&format!(
             "{MANAGED_BY_LABEL}={FIELD_MANAGER}{}",
@@ -123,17 +117,22 @@ impl Controllers for Operator {
                 .with_metrics(start.metrics.clone())
                 .with_synced_signal(tenant_synced);
         let tenant_store = tenants.store();
-        let mut apps =
-            tenant_app::source::controller(client, ns_config, config("tenantapp"), tenants.store())
-                .with_metrics(start.metrics.clone())
-                .with_synced_signal(app_synced);
+        let mut apps = tenant_app::source::controller(
+            client,
+            ns_config,
+            config("tenantapp"),
+            tenants.store(),
+            shard.map(|s| s.ranges()),
+        )
+        .with_metrics(start.metrics.clone())
+        .with_synced_signal(app_synced);
         let mut owned = None;
         if let Some(shard) = shard {
             let (by_uid, by_ns) = (shard.clone(), shard.clone());
             // A ring change lists only the children of the Tenants' buckets gained.
             tenants = tenants
                 .shard(move |t| by_uid.owns(t.meta(), ShardField::Uid))
-                .resume(Labels::operator(), shard.ranges().clone());
+                .resume(SHARD_BUCKET_LABEL, shard.ranges().clone());
             if shard.lists_whole() {
                 // Every replica keeps every Tenant (the TenantApps' reconciles read them).
                 tenants = tenants.resume_primary();
@@ -141,10 +140,13 @@ impl Controllers for Operator {
             // Nothing else reads the apps' cache (the Tenants' is read by the apps' reconciles,
             // so it keeps every Tenant): another replica's TenantApps, each up to ~1.3 MB, are
             // not kept here.
+            // Its children are selected by the bucket of their namespace, which they carry; a
+            // ring change lists only those of the buckets gained.
             let share = shard.ranges().clone();
             apps = apps
                 .shard(move |a| by_ns.owns(a.meta(), ShardField::Namespace))
-                .shard_cache(move |a| share.contains(shard_hash(a.meta(), ShardField::Namespace)));
+                .shard_cache(move |a| share.contains(shard_hash(a.meta(), ShardField::Namespace)))
+                .resume(NAMESPACE_BUCKET_LABEL, shard.ranges().clone());
             let shard = shard.clone();
             owned = Some(move || {
                 (tenant_store.state().iter())

@@ -5,8 +5,9 @@
 //! others, and a replica that joins takes over about a quarter without any tenant written by
 //! two replicas. With the gate on, the API server's own `shardSelector` filtering of Tenants
 //! matches this side's FNV-1a hash exactly. Either way a replica's child caches hold only the
-//! children of the Tenants it owns (its child watches select their shard-bucket label), and a
-//! forged or removed bucket label is put back by the owner without another replica writing.
+//! children of the Tenants and TenantApps it owns (its child watches select their bucket
+//! labels), also after a replica leaves or joins, and a forged or removed bucket label is put
+//! back by the owner without another replica writing.
 
 mod common;
 
@@ -15,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::process::OperatorProcess;
 use common::tenants::{self, full_spec};
-use common::{eventually, install_crds};
+use common::{apps, eventually, install_crds};
 use idem_operator::resources::{Tenant, TenantPolicy};
+use idem_operator::shard::NAMESPACE_BUCKET_LABEL;
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::leader::{
     DEFAULT_LEASE_DURATION as LEASE_DURATION, DEFAULT_RETRY_PERIOD as RETRY_PERIOD,
@@ -25,7 +27,8 @@ use idem_runtime::shard::selector::with_selector;
 use idem_runtime::shard::{BUCKETS, Ring, ShardField, bucket_of, fnv1a64};
 use idem_tests::Options;
 use idem_tests::{ControlPlane, unique_name};
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, ResourceQuota};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::jiff::Timestamp;
@@ -192,15 +195,25 @@ async fn server_filters_like_this_side(client: &Client, tenants: &[Tenant], memb
     );
 }
 
-/// Per member of `members`: how many Tenant children (every kind the Tenant controller owns,
-/// labelled as the operator's) belong to a Tenant it owns, by the child's controller
-/// ownerReference (not by its labels); and the total.
+/// The owner of namespace `ns`, and so of the TenantApps in it, in the ring of `members`, by
+/// the hash of its name.
+fn namespace_owner(members: &[&str], ns: &str) -> String {
+    let ring = Ring::new(members.iter().copied());
+    let h = fnv1a64(ns.as_bytes());
+    ring.owner_of(h).expect("a non-empty ring").to_string()
+}
+
+/// Per member of `members`: how many children (every kind the Tenant and TenantApp controllers
+/// own, labelled as the operator's) belong to a Tenant or TenantApp it owns, by the child's
+/// controller ownerReference (not by its labels): a Tenant's by its uid, a TenantApp's by its
+/// namespace; and the total.
 async fn children_per_owner(
     client: &Client,
     tenants: &[Tenant],
     members: &[&str],
 ) -> (BTreeMap<String, i64>, i64) {
-    async fn owner_uids<K>(client: &Client) -> Vec<String>
+    /// The (owner kind, owner uid, namespace) of each child of kind `K`.
+    async fn owners<K>(client: &Client) -> Vec<(String, String, Option<String>)>
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
@@ -212,12 +225,9 @@ async fn children_per_owner(
             .items
             .iter()
             .filter_map(|c| {
-                c.meta()
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .find(|r| r.controller == Some(true) && r.kind == "Tenant")
-                    .map(|r| r.uid.clone())
+                let r = (c.meta().owner_references.iter().flatten())
+                    .find(|r| r.controller == Some(true))?;
+                Some((r.kind.clone(), r.uid.clone(), c.namespace()))
             })
             .collect()
     }
@@ -225,23 +235,34 @@ async fn children_per_owner(
         .iter()
         .map(|t| (t.uid().unwrap(), owner(members, t)))
         .collect();
-    let mut uids = owner_uids::<Namespace>(client).await;
-    uids.extend(owner_uids::<ResourceQuota>(client).await);
-    uids.extend(owner_uids::<LimitRange>(client).await);
-    uids.extend(owner_uids::<RoleBinding>(client).await);
-    uids.extend(owner_uids::<NetworkPolicy>(client).await);
-    uids.extend(owner_uids::<TenantPolicy>(client).await);
+    let mut children = owners::<Namespace>(client).await;
+    children.extend(owners::<ResourceQuota>(client).await);
+    children.extend(owners::<LimitRange>(client).await);
+    children.extend(owners::<RoleBinding>(client).await);
+    children.extend(owners::<NetworkPolicy>(client).await);
+    children.extend(owners::<TenantPolicy>(client).await);
+    children.extend(owners::<ConfigMap>(client).await);
+    children.extend(owners::<Deployment>(client).await);
+    children.extend(owners::<Service>(client).await);
     let mut counts: BTreeMap<String, i64> = members.iter().map(|m| (m.to_string(), 0)).collect();
-    for uid in &uids {
-        if let Some(m) = by_uid.get(uid) {
-            *counts.get_mut(m).unwrap() += 1;
+    let mut total = 0;
+    for (kind, uid, ns) in &children {
+        let member = match (kind.as_str(), ns) {
+            ("Tenant", _) => by_uid.get(uid).cloned(),
+            ("TenantApp", Some(ns)) => Some(namespace_owner(members, ns)),
+            _ => continue,
+        };
+        total += 1;
+        if let Some(m) = member {
+            *counts.get_mut(&m).unwrap() += 1;
         }
     }
-    (counts, uids.len() as i64)
+    (counts, total)
 }
 
 /// Each replica's child caches (`idem_shard_child_cache_objects`, from its own metrics) hold
-/// exactly the children of the Tenants it owns: its child watches never received the others'.
+/// exactly the children of the Tenants and TenantApps it owns: its child watches never
+/// received the others'.
 async fn child_caches_hold_only_owned_children(
     client: &Client,
     replicas: &[OperatorProcess],
@@ -275,51 +296,65 @@ async fn child_caches_hold_only_owned_children(
     }
 }
 
-/// A bucket label forged to another member's bucket, then removed, on the owners'
-/// RoleBinding of `tenant`: its owner puts the right label back each time, and no tenant is
-/// written by a replica other than its owner meanwhile.
-async fn forged_bucket_labels_are_repaired(client: &Client, tenant: &Tenant, members: &[&str]) {
+/// Label `label` of `api`'s `name` forged to `forged`, then removed: the child's owner puts
+/// `right` back each time.
+async fn forged_label_comes_back<K>(
+    api: &Api<K>,
+    name: &str,
+    label: &str,
+    right: &str,
+    forged: &str,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let label_is = || async {
+        eventually("the bucket label put back", common::TIMEOUT, || async {
+            let child = api.get(name).await.map_err(|e| e.to_string())?;
+            let got = child.labels().get(label).cloned();
+            (got.as_deref() == Some(right))
+                .then_some(())
+                .ok_or(format!("{name}: label {label} {got:?}, want {right}"))
+        })
+        .await;
+    };
+    let forge = serde_json::json!({"metadata": {"labels": {label: forged}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&forge))
+        .await
+        .expect("forging the bucket label");
+    label_is().await;
+    let remove = serde_json::json!({"metadata": {"labels": {label: null}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&remove))
+        .await
+        .expect("removing the bucket label");
+    label_is().await;
+}
+
+/// A bucket not `me`'s in the ring of `members`.
+fn bucket_of_another(members: &[&str], me: &str) -> String {
     let ring = Ring::new(members.iter().copied());
+    (0..BUCKETS)
+        .find(|b| ring.owner_of((*b as u64) << 56) != Some(me))
+        .unwrap()
+        .to_string()
+}
+
+/// A bucket label forged to another member's bucket, then removed, on the owners'
+/// RoleBinding of `tenant` and on the ConfigMap of the app in its namespace `a`: their owners
+/// put the right label back each time, and no tenant is written by a replica other than its
+/// owner meanwhile.
+async fn forged_bucket_labels_are_repaired(client: &Client, tenant: &Tenant, members: &[&str]) {
     let me = owner(members, tenant);
     let right = bucket_of(fnv1a64(tenant.uid().unwrap().as_bytes())).to_string();
-    let forged = (0..BUCKETS)
-        .find(|b| ring.owner_of((*b as u64) << 56) != Some(me.as_str()))
-        .unwrap()
-        .to_string();
     let ns = tenant.status.as_ref().unwrap().namespaces[0].clone();
-    let api = Api::<RoleBinding>::namespaced(client.clone(), &ns);
     let since = Timestamp::now();
-    let label_is = |want: String| {
-        let api = api.clone();
-        async move {
-            eventually("the bucket label put back", common::TIMEOUT, || async {
-                let rb = api.get("idem-owners").await.map_err(|e| e.to_string())?;
-                let got = rb.labels().get(SHARD_BUCKET_LABEL).cloned();
-                (got.as_deref() == Some(want.as_str()))
-                    .then_some(())
-                    .ok_or(format!("label {got:?}, want {want}"))
-            })
-            .await;
-        }
-    };
-    let forge = serde_json::json!({"metadata": {"labels": {SHARD_BUCKET_LABEL: forged}}});
-    api.patch(
-        "idem-owners",
-        &PatchParams::default(),
-        &Patch::Merge(&forge),
-    )
-    .await
-    .expect("forging the bucket label");
-    label_is(right.clone()).await;
-    let remove = serde_json::json!({"metadata": {"labels": {SHARD_BUCKET_LABEL: null}}});
-    api.patch(
-        "idem-owners",
-        &PatchParams::default(),
-        &Patch::Merge(&remove),
-    )
-    .await
-    .expect("removing the bucket label");
-    label_is(right).await;
+    let api = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+    let forged = bucket_of_another(members, &me);
+    forged_label_comes_back(&api, "idem-owners", SHARD_BUCKET_LABEL, &right, &forged).await;
+    let app_ns = format!("{}-a", tenant.name_any());
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &app_ns);
+    let right = bucket_of(fnv1a64(app_ns.as_bytes())).to_string();
+    let forged = bucket_of_another(members, &namespace_owner(members, &app_ns));
+    forged_label_comes_back(&api, "app-config", NAMESPACE_BUCKET_LABEL, &right, &forged).await;
     let w = writers(client, since).await;
     for (uid, who) in &w {
         if uid == &tenant.uid().unwrap() {
@@ -372,6 +407,17 @@ async fn scenario(gate: bool) {
     let mut ready = Vec::new();
     for name in &tenant_names {
         ready.push(tenants::wait_ready(&client, name).await);
+    }
+    // A TenantApp in each tenant's namespace `a` (kept by every change below): its children
+    // belong to the replica that owns the namespace's bucket, whatever its Tenant's.
+    let mut app_namespaces = Vec::new();
+    for t in &ready {
+        let ns = format!("{}-a", t.name_any());
+        apps::create(&client, &ns, "app", apps::spec(1, "x")).await;
+        app_namespaces.push(ns);
+    }
+    for ns in &app_namespaces {
+        apps::wait_ready(&client, ns, "app").await;
     }
     for r in &replicas {
         let m = r.metrics().await.unwrap_or_default();

@@ -72,7 +72,7 @@ async fn run(
         watcher::Config::default().labels(&selector),
     )
     .with_child_caches(caches.clone())
-    .resume(Labels::operator(), buckets.clone())
+    .resume(Labels::operator().shard_bucket(), buckets.clone())
     .with_synced_signal(synced_tx);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

@@ -9,17 +9,20 @@
 //!   select them; instead the apply engine labels each with the bucket of its owner's uid
 //!   ([`idem_runtime::apply::SHARD_BUCKET_LABEL`]) and the child watches select this
 //!   replica's buckets by label ([`crate::tenant::source::sharded_children_config`]).
-//! - **TenantApp**: its `metadata.namespace`; its ConfigMap, Deployment and Service live in the
-//!   same namespace, so the server selects them with the same ranges. The operator's cache of
-//!   its namespaces (a TenantApp's tenant is looked up there) selects by
-//!   [`NAMESPACE_BUCKET_LABEL`], the bucket of the namespace's own name, which a Tenant puts on
-//!   its Namespaces.
+//! - **TenantApp**: its `metadata.namespace`. Its ConfigMap, Deployment and Service live in the
+//!   same namespace and each carries that namespace's bucket in [`NAMESPACE_BUCKET_LABEL`]
+//!   (put there by the app with its children's other labels), so the child watches select them
+//!   by label as a Tenant's are, with or without the server's sharded lists
+//!   ([`crate::tenant::source::sharded_children_config`]). The operator's cache of its
+//!   namespaces (a TenantApp's tenant is looked up there) selects by the same label, which a
+//!   Tenant puts on its Namespaces.
 
 use idem_runtime::shard::{bucket_of, fnv1a64};
 
-/// Label of a tenant Namespace: the shard bucket (decimal `0..=255`) of its own name, i.e. of
-/// the `metadata.namespace` of every object in it, by which TenantApps are sharded. Set by
-/// the Tenant that owns the namespace; the operator's namespace cache selects on it.
+/// Label of a tenant Namespace and of a TenantApp's children: the shard bucket (decimal
+/// `0..=255`) of the namespace's name, i.e. of the `metadata.namespace` of every object in it,
+/// by which TenantApps are sharded. Set by the Tenant that owns the namespace and by the app
+/// on its children; the operator's namespace cache and the apps' child watches select on it.
 pub const NAMESPACE_BUCKET_LABEL: &str = "tenancy.idem.dev/namespace-bucket";
 
 /// The value of [`NAMESPACE_BUCKET_LABEL`] for namespace `name`.

@@ -32,17 +32,19 @@ pub fn children_config() -> watcher::Config {
     child_watch(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"))
 }
 
-/// The watch config of the Tenant's child kinds on a replica that owns `shard` (`None`: not
-/// sharded): [`children_config`] narrowed to the children labelled with one of its buckets
-/// (`tenancy.idem.dev/shard-bucket in (…)`, [`SHARD_BUCKET_LABEL`], which the apply engine puts
-/// on every child with the bucket of its owner's uid — the Tenant's, by which the Tenant itself
-/// is sharded). The API server filters by label with or without its sharded-list gate. A child whose
-/// label was removed or forged leaves this watch (its Tenant is enqueued by the DELETE event
-/// and the apply puts the label back); it can appear in another replica's watch, which never
-/// reconciles the Tenant (the worker's shard check is on the Tenant's own uid).
-pub fn sharded_children_config(shard: Option<&Ranges>) -> watcher::Config {
+/// The watch config of a controller's child kinds on a replica that owns `shard` (`None`: not
+/// sharded): [`children_config`] narrowed to the children whose `bucket_label` holds one of its
+/// buckets (`<bucket_label> in (…)`): for a Tenant's children [`SHARD_BUCKET_LABEL`], which the
+/// apply engine puts on every child with the bucket of its owner's uid — the Tenant's, by which
+/// the Tenant itself is sharded; for a TenantApp's, [`crate::shard::NAMESPACE_BUCKET_LABEL`],
+/// the bucket of their namespace, by which the TenantApp is sharded. The API server filters by
+/// label with or without its sharded-list gate. A child whose label was removed or forged
+/// leaves this watch (its owner is enqueued by the DELETE event and the apply puts the label
+/// back); it can appear in another replica's watch, which never reconciles the owner (the
+/// worker's shard check is on the owner itself).
+pub fn sharded_children_config(shard: Option<&Ranges>, bucket_label: &str) -> watcher::Config {
     let base = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
-    let labels = match shard.and_then(|r| r.label_selector(SHARD_BUCKET_LABEL)) {
+    let labels = match shard.and_then(|r| r.label_selector(bucket_label)) {
         Some(buckets) => format!("{base},{buckets}"),
         None => base,
     };
@@ -57,7 +59,8 @@ pub fn weight(tenant: &Tenant) -> u32 {
 
 /// The Tenant controller, not yet running: each Tenant is its own tenant in the fair queue (its
 /// derive's `tenant = name`), with `spec.weight` as its weight; with `shard`, its child watches
-/// select only the children of this replica's buckets ([`sharded_children_config`]).
+/// select only the children of this replica's buckets ([`sharded_children_config`] of
+/// [`SHARD_BUCKET_LABEL`]).
 pub fn controller(
     client: &Client,
     config: ControllerConfig,
@@ -66,7 +69,7 @@ pub fn controller(
     Controller::for_reconciler_with::<Tenants>(
         client,
         watcher::Config::default(),
-        sharded_children_config(shard),
+        sharded_children_config(shard, SHARD_BUCKET_LABEL),
     )
     .weight_of(weight)
     .with_config(config)
@@ -81,20 +84,22 @@ mod tests {
     fn sharded_child_watches_select_the_owned_buckets_by_label() {
         let plain = format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}");
         assert_eq!(
-            sharded_children_config(None).label_selector.as_deref(),
+            sharded_children_config(None, SHARD_BUCKET_LABEL)
+                .label_selector
+                .as_deref(),
             Some(plain.as_str())
         );
         // One replica owns everything: no bucket requirement.
         let alone = Ring::new(["a"]).ranges_of("a");
         assert_eq!(
-            sharded_children_config(Some(&alone))
+            sharded_children_config(Some(&alone), SHARD_BUCKET_LABEL)
                 .label_selector
                 .as_deref(),
             Some(plain.as_str())
         );
         let ring = Ring::new(["a", "b", "c"]);
         let mine = ring.ranges_of("b");
-        let config = sharded_children_config(Some(&mine));
+        let config = sharded_children_config(Some(&mine), SHARD_BUCKET_LABEL);
         let selector = config.label_selector.unwrap();
         let rest = selector
             .strip_prefix(&format!("{plain},{SHARD_BUCKET_LABEL} in ("))

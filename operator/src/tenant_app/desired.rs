@@ -1,5 +1,6 @@
 //! The desired children of a TenantApp: ConfigMap `<app>-config`, Deployment `<app>` (its pod
-//! template carries a hash of the config so a config change rolls the pods) and Service `<app>`.
+//! template carries a hash of the config so a config change rolls the pods) and Service `<app>`,
+//! each labelled with the shard bucket of its namespace.
 
 use std::collections::BTreeMap;
 
@@ -52,8 +53,15 @@ pub fn objects(app: &TenantApp) -> (ConfigMap, Deployment, Service) {
     let name = app.name_any();
     let spec = &app.spec;
     let labels = BTreeMap::from([(APP_LABEL.to_string(), name.clone())]);
+    // The bucket of the app's namespace, where its children live: a sharded replica's child
+    // watches select the children of its TenantApps by it (`crate::shard`).
+    let bucket = crate::shard::namespace_bucket(app.namespace().as_deref().unwrap_or_default());
     let meta = |n: &str| ObjectMeta {
         name: Some(n.to_string()),
+        labels: Some(BTreeMap::from([(
+            crate::shard::NAMESPACE_BUCKET_LABEL.to_owned(),
+            bucket.clone(),
+        )])),
         ..ObjectMeta::default()
     };
     let config_name = config_map_name(&name);

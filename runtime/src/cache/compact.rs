@@ -100,14 +100,19 @@ fn capped(s: &str) -> Value {
 
 /// What identifies `obj`, and nothing of its content: `apiVersion`, `kind`, and of its
 /// metadata `name`, `namespace`, `uid`, `resourceVersion`, `deletionTimestamp`, the labels in
-/// [`stub_labels`], the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`) and,
+/// [`stub_labels`] and `bucket_label`, the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`) and,
 /// of an object being deleted, the first [`STUB_FINALIZERS`] finalizers (what holds it), every
 /// string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the prune
 /// reports it, never deletes it: its uid is in no record; a recorded one whose deletion
 /// finalizers hold keeps its owner waiting), to map its events to that owner, and to know that
 /// the name is taken; the engine reads the whole object from the API server when it must
 /// judge it.
-pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
+pub(crate) fn stub(
+    obj: &Value,
+    api_version: &str,
+    kind: &str,
+    bucket_label: Option<&'static str>,
+) -> Value {
     let empty = Map::new();
     let meta = obj
         .get("metadata")
@@ -137,8 +142,7 @@ pub(crate) fn stub(obj: &Value, api_version: &str, kind: &str) -> Value {
         }
     }
     if let Some(Value::Object(labels)) = meta.get("labels") {
-        let kept: Map<String, Value> = stub_labels()
-            .into_iter()
+        let kept: Map<String, Value> = (stub_labels().into_iter().chain(bucket_label))
             .filter_map(|k| Some((k.to_owned(), capped(labels.get(k)?.as_str()?))))
             .collect();
         if !kept.is_empty() {
@@ -416,6 +420,9 @@ pub(crate) struct CompactStore {
     trust: Option<Arc<Trust>>,
     /// The texts and values the entries share (with the other stores of the same caches).
     interner: Arc<Interner>,
+    /// A label a [`stub`] keeps besides [`stub_labels`]: the bucket label its watch selects
+    /// by, which a shard ring change judges every kept object by.
+    bucket_label: Option<&'static str>,
     live: RwLock<Objects>,
     relist: Mutex<Option<Objects>>,
 }
@@ -442,6 +449,7 @@ impl CompactStore {
             keep_status,
             trust,
             interner: Arc::default(),
+            bucket_label: None,
             live: RwLock::default(),
             relist: Mutex::default(),
         }
@@ -452,6 +460,14 @@ impl CompactStore {
     #[must_use]
     pub(crate) fn with_interner(mut self, interner: Arc<Interner>) -> Self {
         self.interner = interner;
+        self
+    }
+
+    /// The store, keeping label `label` in its stubs too: the bucket label its watch selects
+    /// by ([`CompactStore::retain_labelled`] reads it).
+    #[must_use]
+    pub(crate) fn with_bucket_label(mut self, label: &'static str) -> Self {
+        self.bucket_label = Some(label);
         self
     }
 
@@ -500,7 +516,7 @@ impl CompactStore {
         if whole {
             strip(&mut obj, self.keep_status);
         } else {
-            obj = stub(&obj, &self.api_version, &self.kind);
+            obj = stub(&obj, &self.api_version, &self.kind, self.bucket_label);
         }
         let owners = owner_uids(&obj);
         let e = Entry::new(obj, &name, !whole, &self.interner, seen);

@@ -199,7 +199,7 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     shard: Option<OwnsFn<K>>,
     keep: Option<OwnsFn<K>>,
     /// The shard-bucket label the child watches select by, and this run's buckets.
-    resume: Option<(Labels, crate::shard::Ranges)>,
+    resume: Option<(&'static str, crate::shard::Ranges)>,
     /// Whether the primary watch goes on from the last run's store too.
     resume_primary: bool,
     blocked: BlockedWatches,
@@ -431,8 +431,10 @@ where
         self
     }
 
-    /// This run holds the shard `buckets`, and its child watches select the children labelled
-    /// (`labels.shard_bucket()`) with one of them (e.g. [`crate::manager::Shard::children_config`]).
+    /// This run holds the shard `buckets`, and its child watches select the children whose
+    /// label `bucket_label` holds one of them (e.g. [`crate::manager::Shard::children_config`]
+    /// with [`Labels::shard_bucket`], the bucket of the owner's uid the apply engine puts on
+    /// every child; or a label of the user's own, for a kind sharded on another field).
     /// When the [`Controller::with_child_caches`] given were this controller's in the run
     /// before (a shard ring change: the manager keeps them from one ring to the next,
     /// [`crate::manager::Start::caches`]), each child watch keeps its store's children of the
@@ -441,8 +443,8 @@ where
     /// [`Controller::resume_primary`]). When the API server no longer has that version (its
     /// history is minutes long) a watch lists its whole share, as the first run did.
     #[must_use]
-    pub fn resume(mut self, labels: Labels, buckets: crate::shard::Ranges) -> Self {
-        self.resume = Some((labels, buckets));
+    pub fn resume(mut self, bucket_label: &'static str, buckets: crate::shard::Ranges) -> Self {
+        self.resume = Some((bucket_label, buckets));
         self
     }
 

@@ -17,7 +17,6 @@ use serde::de::DeserializeOwned;
 
 use super::relist::{not_established, streaming_refused};
 use crate::cache::Resume;
-use crate::labels::Labels;
 use crate::shard::Ranges;
 
 /// The annotation of the bookmark that ends a streaming list's objects.
@@ -28,9 +27,8 @@ const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// The selector requirement of the children a run with `now` holds that a run with `before`
-/// did not (of the bucket label `labels.shard_bucket()`); `None` when there are none.
-pub(crate) fn gained(labels: Labels, before: &Ranges, now: &Ranges) -> Option<String> {
-    let label = labels.shard_bucket();
+/// did not (of the bucket label `label`); `None` when there are none.
+pub(crate) fn gained(label: &str, before: &Ranges, now: &Ranges) -> Option<String> {
     let list = |buckets: Vec<usize>| match buckets.is_empty() {
         true => "none".to_owned(),
         false => (buckets.iter().map(usize::to_string))
@@ -376,8 +374,7 @@ mod tests {
 
     #[test]
     fn the_gained_selector_names_only_the_buckets_a_ring_change_brought() {
-        let labels = Labels::operator();
-        let label = labels.shard_bucket();
+        let label = crate::labels::Labels::operator().shard_bucket();
         let three = Ring::new(["a", "b", "c"]);
         let two = Ring::new(["a", "b"]);
         let buckets = |selector: Option<String>| -> Vec<usize> {
@@ -397,16 +394,16 @@ mod tests {
             (three.ranges_of("c"), two.ranges_of("b")),
         ] {
             let expected: Vec<usize> = now.buckets().filter(|b| !before.holds(*b)).collect();
-            assert_eq!(buckets(gained(labels, &before, &now)), expected);
+            assert_eq!(buckets(gained(label, &before, &now)), expected);
         }
         let (before, now) = (three.ranges_of("a"), two.ranges_of("a"));
         assert!(now.buckets().any(|b| !before.holds(b)), "a gains buckets");
         // The same share gains none; from one member (every bucket) nothing is gained.
-        assert_eq!(gained(labels, &now, &now), None);
-        assert_eq!(gained(labels, &Ranges::all(), &now), None);
+        assert_eq!(gained(label, &now, &now), None);
+        assert_eq!(gained(label, &Ranges::all(), &now), None);
         // To every bucket: all the earlier selector left out, unlabelled children too.
         assert!(
-            gained(labels, &before, &Ranges::all())
+            gained(label, &before, &Ranges::all())
                 .unwrap()
                 .starts_with(&format!("{label} notin (")),
         );

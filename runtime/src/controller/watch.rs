@@ -62,7 +62,7 @@ pub(crate) struct Shared<K: Resource<DynamicType = ()> + 'static> {
     pub keep: Option<super::OwnsFn<K>>,
     /// The child watches' bucket label and this run's buckets
     /// ([`super::Controller::resume`]).
-    pub resume: Option<(Labels, crate::shard::Ranges)>,
+    pub resume: Option<(&'static str, crate::shard::Ranges)>,
     /// Whether the primary watch goes on from the last run's store
     /// ([`super::Controller::resume_primary`]).
     pub resume_primary: bool,
@@ -413,15 +413,17 @@ where
         let store = match &left {
             Some((_, left)) => Some(Arc::clone(&left.store)),
             None => shared.caches.as_ref().map(|caches| {
-                Arc::new(
-                    CompactStore::new(
-                        &resource.api_version,
-                        &resource.kind,
-                        options.reads_status,
-                        shared.record_of.as_ref().map(|_| caches.trust()),
-                    )
-                    .with_interner(caches.interner()),
+                let store = CompactStore::new(
+                    &resource.api_version,
+                    &resource.kind,
+                    options.reads_status,
+                    shared.record_of.as_ref().map(|_| caches.trust()),
                 )
+                .with_interner(caches.interner());
+                Arc::new(match &shared.resume {
+                    Some((label, _)) => store.with_bucket_label(label),
+                    None => store,
+                })
             }),
         };
         // What this watch leaves for the next run on these caches.
@@ -436,11 +438,11 @@ where
         // Decoded as metadata plus text: the content of an object that is not ours is never
         // decoded (see `Raw`).
         let (stream, mut carrying) = match (left, &shared.resume, &shared.caches) {
-            (Some((rv, left)), Some((labels, now)), Some(caches)) => {
+            (Some((rv, left)), Some((label, now)), Some(caches)) => {
                 // The children of buckets another replica holds now are gone from this one's
                 // view, with what the caches kept of them.
-                let dropped = (left.store)
-                    .retain_labelled(labels.shard_bucket(), |v| super::resume::in_share(now, v));
+                let dropped =
+                    (left.store).retain_labelled(label, |v| super::resume::in_share(now, v));
                 for (namespace, name, uid) in dropped {
                     let key = ObjectKey {
                         kind: resource.kind.as_str().into(),
@@ -452,7 +454,7 @@ where
                         caches.deleted(&key, &uid);
                     }
                 }
-                let gained = super::resume::gained(*labels, &left.buckets, now);
+                let gained = super::resume::gained(label, &left.buckets, now);
                 tracing::info!(kind = %resource.kind, gained = gained.is_some(), rv,
                     "child watch going on from the store of the ring before");
                 let from = super::resume::From {

@@ -341,7 +341,10 @@ where
             controller = controller
                 .shard(move |k| mine.owns(k.meta(), ShardField::Uid))
                 .shard_cache(move |k| share.contains(shard_hash(k.meta(), ShardField::Uid)))
-                .resume(Labels::of::<R::Resource>(), shard.ranges().clone());
+                .resume(
+                    Labels::of::<R::Resource>().shard_bucket(),
+                    shard.ranges().clone(),
+                );
             owned = Some(Arc::new(move || {
                 (store.state().iter())
                     .filter(|k| {

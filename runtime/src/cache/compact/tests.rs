@@ -198,7 +198,7 @@ fn every_string_of_a_stub_is_capped() {
     let mut obj = claiming("forged", "theirs", 10);
     obj["metadata"]["ownerReferences"][1]["kind"] = json!("k".repeat(100_000));
     obj["metadata"]["labels"][MANAGED_BY_LABEL] = json!("m".repeat(100_000));
-    let stub = stub(&obj, "v1", "ConfigMap");
+    let stub = stub(&obj, "v1", "ConfigMap", None);
     assert!(stub.to_string().len() < 2_000, "{}", stub.to_string().len());
 }
 
@@ -211,14 +211,14 @@ fn a_stub_of_an_object_being_deleted_keeps_its_first_finalizers() {
     let many: Vec<String> = (0..1_000).map(|i| format!("example.com/{i}")).collect();
     obj["metadata"]["finalizers"] = json!(many);
     assert!(
-        stub(&obj, "v1", "ConfigMap")["metadata"]
+        stub(&obj, "v1", "ConfigMap", None)["metadata"]
             .get("finalizers")
             .is_none(),
         "not being deleted: nothing holds it"
     );
     obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     obj["metadata"]["finalizers"][0] = json!("f".repeat(100_000));
-    let stub = stub(&obj, "v1", "ConfigMap");
+    let stub = stub(&obj, "v1", "ConfigMap", None);
     let kept = stub["metadata"]["finalizers"].as_array().expect("kept");
     assert_eq!(kept.len(), STUB_FINALIZERS);
     assert_eq!(kept[0].as_str().map(str::len), Some(STUB_FIELD_BYTES));
@@ -598,4 +598,40 @@ fn a_kept_store_drops_the_objects_of_buckets_it_no_longer_holds_stubs_too() {
     assert!(s.init_done().is_empty());
     assert_eq!(s.len(), 2);
     assert!(s.get(Some("acme"), "listing").is_none());
+}
+
+#[test]
+fn a_stub_keeps_the_bucket_label_its_watch_selects_by_so_a_ring_change_judges_it() {
+    // A kind sharded on another field than its owner's uid selects its children by a label of
+    // the user's own: its stubs keep that label (and no other label of theirs).
+    const BY_NAMESPACE: &str = "example.com/namespace-bucket";
+    let trust = Arc::new(Trust::default());
+    trust.set_record(&ObjectKey::cluster("TenantApp", "web"), vec!["u1".into()]);
+    let s = trusting_store(&trust).with_bucket_label(BY_NAMESPACE);
+    let labelled = |name: &str, uid: &str, bucket: &str| {
+        let mut obj = claiming(name, uid, 10);
+        obj["metadata"]["labels"][BY_NAMESPACE] = json!(bucket);
+        obj
+    };
+    s.apply(labelled("kept-stub", "u2", "1"));
+    s.apply(labelled("moved-stub", "u3", "2"));
+    let (stub, is_stub) = s.get(Some("acme"), "kept-stub").unwrap();
+    assert!(is_stub);
+    assert_eq!(stub["metadata"]["labels"][BY_NAMESPACE], json!("1"));
+    assert!(stub["metadata"]["labels"].get("other").is_none());
+    let dropped = s.retain_labelled(BY_NAMESPACE, |v| v == Some("1"));
+    assert_eq!(
+        dropped,
+        vec![(Some("acme".into()), "moved-stub".into(), Some("u3".into()))]
+    );
+    assert!(s.get(Some("acme"), "kept-stub").is_some());
+    // Without it, a stub has no such label: the kept one would be dropped too.
+    let plain = trusting_store(&trust);
+    plain.apply(labelled("kept-stub", "u2", "1"));
+    assert_eq!(
+        plain
+            .retain_labelled(BY_NAMESPACE, |v| v == Some("1"))
+            .len(),
+        1
+    );
 }
