@@ -1,6 +1,7 @@
-//! The bench's figures as `docs/benchmarks.md` (the tables of one run) and
-//! `docs/benchmarks-fleet.md` (P2 at each fleet size recorded), with the commands and commits
-//! that produced them, so the figures a reader sees are the current ones.
+//! The bench's figures as `docs/benchmarks.md` (the tables of one run),
+//! `docs/benchmarks-fleet.md` (P2 at each fleet size recorded) and `docs/benchmarks-shards.md`
+//! (the `shards` scenario), with the commands and commits that produced them, so the figures a
+//! reader sees are the current ones.
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -198,6 +199,36 @@ pub fn merge_fleet(existing: Option<&str>, tenants: usize, section: &str) -> Str
     md
 }
 
+/// The file of the `shards` scenario's figures, beside `benchmarks.md`.
+pub const SHARDS_FILE: &str = "benchmarks-shards.md";
+
+/// The page of a `shards` run on `tenants` Tenants: what ran, how, and the `lines` it printed.
+pub fn shards_page(tenants: usize, lines: &[String], run: &Provenance) -> String {
+    let mut page = format!("{HEADER}\n# Benchmarks of sharded replicas\n\n");
+    let _ = write!(
+        page,
+        "The operator itself (`idem-operator run --shards=auto`, as deployed: the operator's \
+         ServiceAccount under the shipped manifests) on {} Tenants with 1 replica and with 3, \
+         each on a fresh local control plane: time to all Ready once the replicas work on a \
+         settled ring, ring changes during the fill, and per replica the Tenants it owns, the \
+         watch events and bytes it received and its RSS; with 3, a 4th replica joining (Tenants \
+         moved, written by two replicas, and the bytes each replica received for the ring \
+         change) and a replica killed with SIGKILL (its Tenants, changed meanwhile, Ready again; \
+         written by two; lost). Writers are judged by the server's record (the \
+         `reportingInstance` of the Events each write leaves). The other scenarios are in \
+         [benchmarks.md](benchmarks.md).\n\n",
+        thousands(tenants)
+    );
+    page.push_str(&run.to_markdown());
+    page.push_str("```text\n");
+    for line in lines {
+        page.push_str(line);
+        page.push('\n');
+    }
+    page.push_str("```\n");
+    page
+}
+
 /// `n` with a comma between thousands (10,000).
 fn thousands(n: usize) -> String {
     let digits = n.to_string();
@@ -323,6 +354,28 @@ mod tests {
             shown_command(args("bench --out=/tmp/x --quick")),
             "cargo xtask bench --quick"
         );
+    }
+
+    #[test]
+    fn the_shards_page_names_its_command_and_holds_every_line() {
+        let run = Provenance {
+            command: "cargo xtask bench --scenario shards --gate off --record".into(),
+            commit: "abc1234".into(),
+            machine: "2 cores".into(),
+            took: Duration::from_secs(60),
+        };
+        let lines = vec![
+            "shards, gate off, 3 replica(s): all 2000 Ready after 1.0s; 0 ring change(s)".into(),
+            "  replica-0: owns 700 tenants".into(),
+        ];
+        let page = shards_page(2000, &lines, &run);
+        assert!(page.starts_with(HEADER), "{page}");
+        assert!(page.contains("on 2,000 Tenants"), "{page}");
+        assert!(page.contains("`cargo xtask bench --scenario shards --gate off --record`"));
+        assert!(page.contains("- commit: `abc1234`"), "{page}");
+        for line in &lines {
+            assert!(page.contains(&format!("{line}\n")), "{line} in {page}");
+        }
     }
 
     #[test]

@@ -108,8 +108,8 @@ pub struct Args {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Also write the run's figures where the repository shows them: `docs/benchmarks.md`,
-    /// or for a run of P2 alone (`--scenario p2`) its fleet size's section of
-    /// `docs/benchmarks-fleet.md` (not with `shards`, whose figures are printed only).
+    /// for a run of P2 alone (`--scenario p2`) its fleet size's section of
+    /// `docs/benchmarks-fleet.md`, for `shards` `docs/benchmarks-shards.md`.
     #[arg(long)]
     pub record: bool,
 }
@@ -190,7 +190,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some("off") => &[false],
             _ => &[false, true],
         };
-        return shards::run(plan.tenants, plan.workers, gates, !args.debug, &out);
+        let lines = shards::run(plan.tenants, plan.workers, gates, !args.debug, &out)?;
+        if args.record {
+            let run = markdown::Provenance::of_this_run(args.build(), started.elapsed());
+            let path = crate::generated::repo_root()
+                .join("docs")
+                .join(markdown::SHARDS_FILE);
+            std::fs::write(&path, markdown::shards_page(plan.tenants, &lines, &run))
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("recorded: {}", path.display());
+        }
+        return Ok(());
     }
     let sides = args.sides();
     for side in &sides {

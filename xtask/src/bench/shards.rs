@@ -92,22 +92,40 @@ fn spawn(
     })
 }
 
-/// The operator's `/metrics` text (empty if it does not answer).
-async fn metrics(addr: SocketAddr) -> String {
+/// The operator's answer to a GET of `path`: its status line and body (empty if it does not
+/// answer).
+async fn get(addr: SocketAddr, path: &str) -> (String, String) {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
+        return Default::default();
     };
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let mut reply = String::new();
     if stream.write_all(request.as_bytes()).await.is_err()
         || stream.read_to_string(&mut reply).await.is_err()
     {
-        return String::new();
+        return Default::default();
     }
-    reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_default();
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    (status, body.to_owned())
+}
+
+/// The operator's `/metrics` text (empty if it does not answer).
+async fn metrics(addr: SocketAddr) -> String {
+    get(addr, "/metrics").await.1
+}
+
+/// Waits until every operator answers `/readyz` with 200: each works on its share and its
+/// caches are complete.
+async fn all_ready_replicas(ops: &[&Operator]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    for op in ops {
+        while !get(op.addr, "/readyz").await.0.contains(" 200 ") {
+            anyhow::ensure!(started.elapsed() < PHASE_TIMEOUT, "{} never Ready", op.name);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
 }
 
 fn metric(text: &str, name: &str) -> u64 {
@@ -250,7 +268,14 @@ async fn as_deployed(cp: &ControlPlane, out: &Path) -> anyhow::Result<(String, P
     Ok(("idem-system".to_owned(), kubeconfig))
 }
 
-/// Runs one configuration and prints its figures.
+/// Prints `line` and keeps it for the record.
+fn say(lines: &mut Vec<String>, line: String) {
+    println!("{line}");
+    lines.push(line);
+}
+
+/// Runs one configuration and prints its figures (kept in `lines`).
+#[allow(clippy::too_many_arguments)]
 async fn one(
     cp: &ControlPlane,
     bin: &Path,
@@ -259,6 +284,7 @@ async fn one(
     tenants: usize,
     workers: usize,
     out: &Path,
+    lines: &mut Vec<String>,
 ) -> anyhow::Result<Vec<Replica>> {
     let client = cp.client();
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
@@ -334,27 +360,50 @@ async fn one(
             owned: metric(&m, "idem_shard_owned_tenants"),
         });
     }
-    println!(
-        "shards, {label}: all {tenants} Ready after {:.1}s; {} ring change(s) during the fill",
-        ready_after.as_secs_f64(),
-        figures.iter().map(|f| f.handovers).max().unwrap_or(0)
+    say(
+        lines,
+        format!(
+            "shards, {label}: all {tenants} Ready after {:.1}s; {} ring change(s) during the fill",
+            ready_after.as_secs_f64(),
+            figures.iter().map(|f| f.handovers).max().unwrap_or(0)
+        ),
     );
     for f in &figures {
-        println!(
-            "  {}: owns {} tenants, {} watch events, {:.1} MiB received, RSS {:.1} MiB, stopped for {} new ring(s)",
-            f.name,
-            f.owned,
-            f.events,
-            f.bytes as f64 / 1048576.0,
-            f.rss_kib as f64 / 1024.0,
-            f.handovers
+        say(
+            lines,
+            format!(
+                "  {}: owns {} tenants, {} watch events, {:.1} MiB received, RSS {:.1} MiB, stopped for {} new ring(s)",
+                f.name,
+                f.owned,
+                f.events,
+                f.bytes as f64 / 1048576.0,
+                f.rss_kib as f64 / 1024.0,
+                f.handovers
+            ),
         );
     }
     if replicas == 3 {
         // A 4th replica joins: about a quarter of the tenants move, none written by two.
         let step = Step::start(format!("{label}: a 4th replica joins"));
+        let mut before_join = Vec::new();
+        for op in &ops {
+            before_join.push(metric(&metrics(op.addr).await, "idem_received_bytes_total"));
+        }
         ops.push(spawn(bin, &kubeconfig, &ns, &names[3], workers, out)?);
         members(&ops.iter().collect::<Vec<_>>(), 4).await?;
+        // What the ring change cost each earlier replica: the bytes it received until every
+        // replica's caches were complete again, before any tenant changes.
+        all_ready_replicas(&ops.iter().collect::<Vec<_>>()).await?;
+        let mut join_bytes = Vec::new();
+        for (op, before) in ops.iter().zip(&before_join) {
+            let now = metric(&metrics(op.addr).await, "idem_received_bytes_total");
+            join_bytes.push(format!(
+                "{} {:.2} MiB",
+                op.name,
+                now.saturating_sub(*before) as f64 / 1048576.0
+            ));
+        }
+        let fill_bytes: u64 = figures.iter().map(|f| f.bytes).sum();
         let before: Vec<&str> = names[..3].iter().map(String::as_str).collect();
         let now: Vec<&str> = names[..4].iter().map(String::as_str).collect();
         let since = Timestamp::now();
@@ -380,9 +429,20 @@ async fn one(
             })
             .count();
         step.done("");
-        println!(
-            "  a 4th replica joins: {moved}/{tenants} tenants moved ({:.0}%, ideal 25%); {twice} written by two replicas; {wrong} written by a non-owner",
-            100.0 * moved as f64 / tenants as f64
+        say(
+            lines,
+            format!(
+                "  a 4th replica joins: {moved}/{tenants} tenants moved ({:.0}%, ideal 25%); {twice} written by two replicas; {wrong} written by a non-owner",
+                100.0 * moved as f64 / tenants as f64
+            ),
+        );
+        say(
+            lines,
+            format!(
+                "  received at the join until every replica was Ready again: {} (the three received {:.1} MiB in all during the fill)",
+                join_bytes.join(", "),
+                fill_bytes as f64 / 1048576.0
+            ),
         );
         // SIGKILL replica-0; change its tenants meanwhile; the others must take them over.
         let victims: BTreeSet<String> = done
@@ -414,13 +474,16 @@ async fn one(
             })
             .count();
         step.done("");
-        println!(
-            "  kill -9 replica-0: survivors working on a ring of 3 after {:.1}s (lease 15 s); its {} tenants Ready again after {:.1}s; {} written by two replicas; {} lost",
-            ring_after.as_secs_f64(),
-            victims.len(),
-            after.as_secs_f64(),
-            twice,
-            victims.len() - back.len()
+        say(
+            lines,
+            format!(
+                "  kill -9 replica-0: survivors working on a ring of 3 after {:.1}s (lease 15 s); its {} tenants Ready again after {:.1}s; {} written by two replicas; {} lost",
+                ring_after.as_secs_f64(),
+                victims.len(),
+                after.as_secs_f64(),
+                twice,
+                victims.len() - back.len()
+            ),
         );
     }
     drop(ops);
@@ -429,7 +492,7 @@ async fn one(
 
 /// Runs the scenario: with the gate off and/or on (`gates`), 1 and 3 replicas, the operator
 /// built with the `release` profile when `release` is set (as every other scenario's
-/// controllers, unless `--debug`).
+/// controllers, unless `--debug`); returns the lines it printed.
 ///
 /// # Errors
 /// Build, control-plane, operator or API failures.
@@ -439,7 +502,8 @@ pub fn run(
     gates: &[bool],
     release: bool,
     out: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<String>> {
+    let mut lines = Vec::new();
     let profile = if release { "release" } else { "debug" };
     let step = Step::start(format!("building idem-operator ({profile})"));
     let bin: PathBuf = crate::dev::operator::build_bin_with(
@@ -465,18 +529,23 @@ pub fn run(
                 },
                 ..Options::default()
             })?;
-            let figures = rt.block_on(one(&cp, &bin, gate, replicas, tenants, workers, out))?;
+            let figures = rt.block_on(one(
+                &cp, &bin, gate, replicas, tenants, workers, out, &mut lines,
+            ))?;
             cp.stop();
             match (&single, figures.as_slice()) {
                 (None, [one]) => single = Some((one.events, one.bytes, one.rss_kib)),
                 (Some((e, b, r)), many) => {
                     for f in many {
-                        println!(
-                            "  {} ÷ the single replica: events {:.2}, bytes {:.2}, RSS {:.2}",
-                            f.name,
-                            f.events as f64 / (*e).max(1) as f64,
-                            f.bytes as f64 / (*b).max(1) as f64,
-                            f.rss_kib as f64 / (*r).max(1) as f64
+                        say(
+                            &mut lines,
+                            format!(
+                                "  {} ÷ the single replica: events {:.2}, bytes {:.2}, RSS {:.2}",
+                                f.name,
+                                f.events as f64 / (*e).max(1) as f64,
+                                f.bytes as f64 / (*b).max(1) as f64,
+                                f.rss_kib as f64 / (*r).max(1) as f64
+                            ),
                         );
                     }
                 }
@@ -484,5 +553,5 @@ pub fn run(
             }
         }
     }
-    Ok(())
+    Ok(lines)
 }
