@@ -587,3 +587,58 @@ async fn a_guard_whose_first_list_fails_still_finds_a_live_ring() {
         "the guard said {first:?} while ring-a works on the ring"
     );
 }
+
+/// A replica that joins beside the Lease of a member that died (its Lease never changes
+/// again) counts it dead by its first round: it watched the Lease unchanged for the lease
+/// duration it waits before joining. It never works on a ring with the dead member (which
+/// would keep every live member waiting for that member's acknowledgement for a lease
+/// duration more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_replica_counts_a_lease_unchanged_while_it_waited_as_dead() {
+    use idem_runtime::shard::membership::MEMBER_LABEL;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use kube::api::PostParams;
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("dead-ring");
+    // The Lease a member left when it was killed: renewed just now, never again.
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let dead = Lease {
+        metadata: ObjectMeta {
+            name: Some(lease_name(&ring, "ring-dead")),
+            labels: Some([(MEMBER_LABEL.to_owned(), ring.clone())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ring-dead".into()),
+            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases
+        .create(&PostParams::default(), &dead)
+        .await
+        .expect("creating the dead member's Lease");
+    let a = Member::start(plain(), &ring, &ns, "ring-a");
+    let mut most = 0;
+    let started = std::time::Instant::now();
+    loop {
+        most = most.max(a.metrics.members.get());
+        if a.working(1).is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < 4 * LEASE_DURATION,
+            "ring-a never worked alone: {:?}",
+            a.working(1)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        most, 1,
+        "ring-a counted the dead member's Lease, unchanged since before it started, as live"
+    );
+    a.manager.abort();
+}

@@ -418,6 +418,16 @@ impl Member {
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
+        // The member Leases as they are before the wait below: a Lease first seen counts as
+        // just changed, so one that does not change while this replica waits is a dead
+        // member's by its first round, not a live member's for a lease duration more.
+        let observed = tokio::select! {
+            observed = self.observe() => observed,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Err(e) = observed {
+            tracing::warn!(error = %e, "listing the member Leases failed");
+        }
         let checked = tokio::select! {
             checked = self.renewed_by_another() => checked,
             _ = stop.wait_for(|s| *s) => return,
@@ -508,6 +518,20 @@ impl Member {
     /// Whether the manager reports stopped every ring handed out so far.
     fn previous_ring_stopped(&self) -> bool {
         *self.stopped.borrow() >= self.assignment.borrow().seq
+    }
+
+    /// Lists the member Leases and notes when each changed ([`Member::live`]), before this
+    /// replica joins.
+    async fn observe(&mut self) -> Result<(), String> {
+        let sent = Instant::now();
+        let params = ListParams::default().labels(&format!("{MEMBER_LABEL}={}", self.ring));
+        let leases = match tokio::time::timeout(REQUEST_TIMEOUT, self.api.list(&params)).await {
+            Ok(Ok(list)) => list.items,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("timed out".into()),
+        };
+        self.live(&leases, sent).await;
+        Ok(())
     }
 
     /// One round; `Err(why)` when another process renews this replica's Lease.
