@@ -139,9 +139,8 @@ impl Controllers for Operator {
             }
             // Nothing else reads the apps' cache (the Tenants' is read by the apps' reconciles,
             // so it keeps every Tenant): another replica's TenantApps, each up to ~1.3 MB, are
-            // not kept here.
-            // Its children are selected by the bucket of their namespace, which they carry; a
-            // ring change lists only those of the buckets gained.
+            // not kept here. Their children are selected by the bucket of their namespace,
+            // which they carry; a ring change lists only those of the buckets gained.
             let share = shard.ranges().clone();
             apps = apps
                 .shard(move |a| by_ns.owns(a.meta(), ShardField::Namespace))

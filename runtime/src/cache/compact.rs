@@ -100,9 +100,9 @@ fn capped(s: &str) -> Value {
 
 /// What identifies `obj`, and nothing of its content: `apiVersion`, `kind`, and of its
 /// metadata `name`, `namespace`, `uid`, `resourceVersion`, `deletionTimestamp`, the labels in
-/// [`stub_labels`] and `bucket_label`, the controller ownerReference (`apiVersion`, `kind`, `name`, `uid`) and,
-/// of an object being deleted, the first [`STUB_FINALIZERS`] finalizers (what holds it), every
-/// string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the prune
+/// [`stub_labels`] and `bucket_label`, the controller ownerReference (`apiVersion`, `kind`,
+/// `name`, `uid`) and, of an object being deleted, the first [`STUB_FINALIZERS`] finalizers
+/// (what holds it), every string capped at [`STUB_FIELD_BYTES`]. Enough to list it as claiming an owner (the prune
 /// reports it, never deletes it: its uid is in no record; a recorded one whose deletion
 /// finalizers hold keeps its owner waiting), to map its events to that owner, and to know that
 /// the name is taken; the engine reads the whole object from the API server when it must
