@@ -642,3 +642,87 @@ async fn a_joining_replica_counts_a_lease_unchanged_while_it_waited_as_dead() {
     );
     a.manager.abort();
 }
+
+/// A replica whose member Lease writes the API server refuses (403: here RBAC lets it read
+/// Leases, not write them) says why in its assignment (`blocked`; the manager is not ready
+/// meanwhile) instead of counting as a standby, and joins once it may write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_may_not_write_its_lease_is_blocked_until_it_may() {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::api::PostParams;
+    let client = shared().client();
+    let ns = create_namespace(&client, "ring").await.unwrap();
+    let ring = unique_name("blocked-ring");
+    let user = unique_name("lease-reader");
+    let grant = |name: &str, verbs: &[&str]| {
+        let (client, ns, user, name) = (client.clone(), ns.clone(), user.clone(), name.to_owned());
+        let verbs: Vec<String> = verbs.iter().map(|v| v.to_string()).collect();
+        async move {
+            let meta = ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            };
+            let role = Role {
+                metadata: meta.clone(),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec!["coordination.k8s.io".into()]),
+                    resources: Some(vec!["leases".into()]),
+                    verbs,
+                    ..PolicyRule::default()
+                }]),
+            };
+            Api::<Role>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &role)
+                .await
+                .expect("creating the Role");
+            let binding = RoleBinding {
+                metadata: meta,
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name,
+                },
+                subjects: Some(vec![Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "User".into(),
+                    name: user,
+                    ..Subject::default()
+                }]),
+            };
+            Api::<RoleBinding>::namespaced(client, &ns)
+                .create(&PostParams::default(), &binding)
+                .await
+                .expect("creating the RoleBinding");
+        }
+    };
+    grant("lease-reader", &["get", "list", "watch"]).await;
+    let as_user = {
+        let (config, user) = (shared().config(), user.clone());
+        move || {
+            let mut config = config;
+            config.auth_info.impersonate = Some(user);
+            kube::Client::try_from(config).expect("a client")
+        }
+    };
+    let a = Member::start(as_user, &ring, &ns, "ring-a");
+    eventually("ring-a blocked by the refused Lease write", || async {
+        let assignment = a.membership.assignments().borrow().clone();
+        match &assignment.blocked {
+            Some(why) if why.contains("forbidden") && assignment.ring.is_none() => Ok(()),
+            _ => Err(format!("{assignment:?}")),
+        }
+    })
+    .await;
+    assert_eq!(a.metrics.working.get(), 0);
+    grant("lease-writer", &["create", "update", "patch", "delete"]).await;
+    eventually("ring-a working once it may write its Lease", || async {
+        a.working(1)?;
+        match a.membership.assignments().borrow().blocked.clone() {
+            None => Ok(()),
+            Some(why) => Err(format!("still blocked: {why}")),
+        }
+    })
+    .await;
+    a.manager.abort();
+}

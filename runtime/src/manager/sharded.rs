@@ -43,10 +43,11 @@ impl Sharded<'_> {
     /// write of the old one. The new controllers start, with new watches (and server-side
     /// selectors), once every member acknowledged it.
     ///
-    /// `/readyz`: ready while waiting for a ring (as a standby is); while working, ready
-    /// while every controller's caches are synced and their watches established (as a single
-    /// replica); not ready for good when the membership refuses (another process renews this
-    /// replica's Lease).
+    /// `/readyz`: ready while waiting for a ring (as a standby is), unless the API server
+    /// refuses its member Lease's writes ([`Assignment::blocked`](crate::shard::membership::Assignment::blocked));
+    /// while working, ready while every controller's caches are synced and their watches
+    /// established (as a single replica); not ready for good when the membership refuses
+    /// (another process renews this replica's Lease).
     pub(super) async fn run(
         &self,
         membership: &Membership,
@@ -62,7 +63,8 @@ impl Sharded<'_> {
             let Some(ring) = assignment.ring else {
                 // Nothing of an earlier ring runs or writes any more.
                 membership.stopped(assignment.seq);
-                let _ = self.ready.send(true);
+                // A standby is ready, unless it cannot join at all for now.
+                let _ = self.ready.send(assignment.blocked.is_none());
                 tokio::select! {
                     changed = assignments.changed() => if changed.is_err() { return Ok(()) },
                     () = shutdown.as_mut() => return Ok(()),

@@ -172,6 +172,11 @@ pub struct Assignment {
     /// Why this replica must not work at all (another process renews its Lease); then `ring`
     /// is `None` for good.
     pub refused: Option<String>,
+    /// Why this replica cannot join the ring for now: the API server refuses its member
+    /// Lease's writes (403 Forbidden: RBAC or an admission policy; e.g. it does not run as the
+    /// ServiceAccount the ring's policy admits). It retries each round and is not ready
+    /// meanwhile; `None` once a renewal is answered.
+    pub blocked: Option<String>,
 }
 
 /// This replica's place in the ring; dropping it stops the loop without deleting the Lease.
@@ -488,6 +493,23 @@ impl Member {
         });
     }
 
+    /// Notes whether the API server refuses this replica's member Lease writes, and why
+    /// ([`Assignment::blocked`]); says so once per reason, not every round.
+    fn block(&self, why: Option<String>) {
+        if self.assignment.borrow().blocked == why {
+            return;
+        }
+        match &why {
+            Some(why) => tracing::error!(identity = %self.identity, lease = %self.name,
+                problem = %why,
+                "the API server refuses this replica's member Lease: it cannot join the shard \
+                 ring and is not ready (run it as the ServiceAccount the operator's manifests \
+                 bind; it tries again every round)"),
+            None => tracing::info!(identity = %self.identity, "member Lease written again"),
+        }
+        self.assignment.send_modify(|a| a.blocked = why);
+    }
+
     /// Stops working: the fence closes before the controllers are told to stop.
     fn stop_working(&mut self, why: &str) {
         if self.running.take().is_some() {
@@ -560,8 +582,12 @@ impl Member {
             Ok(Ok(())) => {
                 self.last_renewal = Some(sent);
                 self.renewal_applied = carried;
+                self.block(None);
             }
             Ok(Err(Renewal::Taken(why))) => return Err(why),
+            Ok(Err(Renewal::Failed(kube::Error::Api(s)))) if s.code == 403 => {
+                self.block(Some(s.message));
+            }
             Ok(Err(Renewal::Failed(e))) => {
                 tracing::warn!(error = %e, "renewing the member Lease failed")
             }

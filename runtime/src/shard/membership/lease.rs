@@ -64,7 +64,15 @@ impl Member {
     pub(super) async fn renewed_by_another(&self) -> Result<Option<Lease>, String> {
         let get = || async {
             match tokio::time::timeout(REQUEST_TIMEOUT, self.api.get_opt(&self.name)).await {
-                Ok(Ok(lease)) => Ok(lease),
+                Ok(Ok(lease)) => {
+                    self.block(None);
+                    Ok(lease)
+                }
+                Ok(Err(kube::Error::Api(s))) if s.code == 403 => {
+                    let why = s.message.clone();
+                    self.block(Some(s.message));
+                    Err(why)
+                }
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err("timed out".to_string()),
             }
@@ -73,7 +81,10 @@ impl Member {
             match get().await {
                 Ok(lease) => break lease,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the member Lease failed");
+                    // A refusal is said once, by `block`.
+                    if self.assignment.borrow().blocked.is_none() {
+                        tracing::warn!(error = %e, "reading the member Lease failed");
+                    }
                     tokio::time::sleep(HANDSHAKE_POLL).await;
                 }
             }
