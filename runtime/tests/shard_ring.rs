@@ -643,9 +643,10 @@ async fn a_joining_replica_counts_a_lease_unchanged_while_it_waited_as_dead() {
     a.manager.abort();
 }
 
-/// A replica whose member Lease writes the API server refuses (403: here RBAC lets it read
-/// Leases, not write them) says why in its assignment (`blocked`; the manager is not ready
-/// meanwhile) instead of counting as a standby, and joins once it may write.
+/// A replica whose member Lease requests the API server refuses (403: here RBAC lets it do
+/// nothing, then read Leases, not write them) says why in its assignment (`blocked`; the
+/// manager is not ready meanwhile) instead of counting as a standby, and joins once it may
+/// write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_may_not_write_its_lease_is_blocked_until_it_may() {
     use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -696,7 +697,6 @@ async fn a_replica_that_may_not_write_its_lease_is_blocked_until_it_may() {
                 .expect("creating the RoleBinding");
         }
     };
-    grant("lease-reader", &["get", "list", "watch"]).await;
     let as_user = {
         let (config, user) = (shared().config(), user.clone());
         move || {
@@ -706,13 +706,26 @@ async fn a_replica_that_may_not_write_its_lease_is_blocked_until_it_may() {
         }
     };
     let a = Member::start(as_user, &ring, &ns, "ring-a");
-    eventually("ring-a blocked by the refused Lease write", || async {
-        let assignment = a.membership.assignments().borrow().clone();
-        match &assignment.blocked {
-            Some(why) if why.contains("forbidden") && assignment.ring.is_none() => Ok(()),
-            _ => Err(format!("{assignment:?}")),
+    let blocked = |verb: &'static str| {
+        let a = &a;
+        move || async move {
+            let assignment = a.membership.assignments().borrow().clone();
+            match &assignment.blocked {
+                Some(why) if why.contains(verb) && assignment.ring.is_none() => Ok(()),
+                _ => Err(format!("{assignment:?}")),
+            }
         }
-    })
+    };
+    eventually(
+        "ring-a blocked: it may not read its Lease",
+        blocked("cannot get"),
+    )
+    .await;
+    grant("lease-reader", &["get", "list", "watch"]).await;
+    eventually(
+        "ring-a blocked: it may not write its Lease",
+        blocked("cannot create"),
+    )
     .await;
     assert_eq!(a.metrics.working.get(), 0);
     grant("lease-writer", &["create", "update", "patch", "delete"]).await;

@@ -173,7 +173,7 @@ pub struct Assignment {
     /// is `None` for good.
     pub refused: Option<String>,
     /// Why this replica cannot join the ring for now: the API server refuses its member
-    /// Lease's writes (403 Forbidden: RBAC or an admission policy; e.g. it does not run as the
+    /// Lease requests (403 Forbidden: RBAC or an admission policy; e.g. it does not run as the
     /// ServiceAccount the ring's policy admits). It retries each round and is not ready
     /// meanwhile; `None` once a renewal is answered.
     pub blocked: Option<String>,
@@ -493,7 +493,7 @@ impl Member {
         });
     }
 
-    /// Notes whether the API server refuses this replica's member Lease writes, and why
+    /// Notes whether the API server refuses this replica's member Lease requests, and why
     /// ([`Assignment::blocked`]); says so once per reason, not every round.
     fn block(&self, why: Option<String>) {
         if self.assignment.borrow().blocked == why {
@@ -502,9 +502,9 @@ impl Member {
         match &why {
             Some(why) => tracing::error!(identity = %self.identity, lease = %self.name,
                 problem = %why,
-                "the API server refuses this replica's member Lease: it cannot join the shard \
-                 ring and is not ready (run it as the ServiceAccount the operator's manifests \
-                 bind; it tries again every round)"),
+                "the API server refuses this replica's member Lease requests: it cannot join \
+                 the shard ring and is not ready (does it run as the ServiceAccount its rbac \
+                 objects bind? it tries again every round)"),
             None => tracing::info!(identity = %self.identity, "member Lease written again"),
         }
         self.assignment.send_modify(|a| a.blocked = why);
@@ -578,28 +578,40 @@ impl Member {
             tokio::time::timeout(ROUND_TIMEOUT, self.renew()),
             tokio::time::timeout(ROUND_TIMEOUT, list),
         );
+        // Whether the server refuses this replica's Lease requests (403), when this round can
+        // tell: `Some(None)` once a renewal is answered.
+        let mut refused = None;
         match renewal {
             Ok(Ok(())) => {
                 self.last_renewal = Some(sent);
                 self.renewal_applied = carried;
-                self.block(None);
+                refused = Some(None);
             }
             Ok(Err(Renewal::Taken(why))) => return Err(why),
             Ok(Err(Renewal::Failed(kube::Error::Api(s)))) if s.code == 403 => {
-                self.block(Some(s.message));
+                refused = Some(Some(s.message));
             }
             Ok(Err(Renewal::Failed(e))) => {
                 tracing::warn!(error = %e, "renewing the member Lease failed")
             }
             Err(_) => tracing::warn!("renewing the member Lease timed out"),
         }
+        if let Ok(Err(kube::Error::Api(s))) = &listed
+            && s.code == 403
+        {
+            refused = Some(Some(s.message.clone()));
+        }
+        if let Some(refused) = refused {
+            self.block(refused);
+        }
         let leases = match listed {
             Ok(Ok(list)) => list.items,
             other => {
-                if let Ok(Err(e)) = other {
-                    tracing::warn!(error = %e, "listing the member Leases failed");
-                } else {
-                    tracing::warn!("listing the member Leases timed out");
+                match other {
+                    // Said once, by `block`.
+                    Ok(Err(kube::Error::Api(s))) if s.code == 403 => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "listing the member Leases failed"),
+                    _ => tracing::warn!("listing the member Leases timed out"),
                 }
                 // The fence runs out by itself (it was extended from an older renewal). The
                 // controllers keep running, their writes refused: restarting them would relist
