@@ -14,11 +14,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use base_tenant::BaseTenant;
 use idem_tests::ports::free_addr;
 use idem_tests::{create_namespace, shared, unique_name};
-use kube::api::{Api, Patch, PatchParams};
-use replicas::{all_ready, create_shared, eventually, gauge, get};
+use replicas::{all_ready, change_cpu, create_shared, eventually, gauge, get};
 
 /// The fewest BaseTenants reconciled by the two replicas.
 const TENANTS: usize = 6;
@@ -110,7 +108,6 @@ async fn a_killed_replicas_share_is_taken_over() {
     a.working(2).await;
     b.working(2).await;
 
-    let tenants = Api::<BaseTenant>::all(client.clone());
     let names = create_shared(&client, TENANTS, &["replica-a", "replica-b"]).await;
     let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
@@ -126,17 +123,7 @@ async fn a_killed_replicas_share_is_taken_over() {
     a.child.kill().expect("kill replica-a");
     a.child.wait().expect("reap replica-a");
     let killed = tokio::time::Instant::now();
-    let change = serde_json::json!({"spec": {"cpu": "2"}});
-    for name in &names {
-        (tenants
-            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
-            .await)
-            .unwrap();
-    }
-    eventually("every BaseTenant Ready after the change", || {
-        all_ready(&client, &names, "2")
-    })
-    .await;
+    change_cpu(&client, &names, "2").await;
     println!(
         "taken over and reconciled {:?} after the kill",
         killed.elapsed()

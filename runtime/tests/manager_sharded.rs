@@ -24,7 +24,7 @@ use idem_tests::{create_namespace, shared, unique_name};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use replicas::{all_ready, create_shared, eventually, gauge, get};
+use replicas::{all_ready, change_cpu, create_shared, eventually, gauge, get};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -181,7 +181,6 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     a.readyz(200).await;
     b.readyz(200).await;
 
-    let tenants = Api::<BaseTenant>::all(client.clone());
     let names = create_shared(&client, TENANTS, &["replica-a", "replica-b"]).await;
     let total = names.len() as i64;
     eventually("every BaseTenant Ready", || all_ready(&client, &names, "1")).await;
@@ -203,17 +202,7 @@ async fn two_sharded_replicas_share_the_base_tenants_and_one_takes_over_after_th
     );
     // The watch going on from b's store sees every change.
     deleted_quotas_come_back(&client, &in_share).await;
-    let change = serde_json::json!({"spec": {"cpu": "2"}});
-    for name in &names {
-        (tenants
-            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
-            .await)
-            .unwrap();
-    }
-    eventually("every BaseTenant Ready after the change", || {
-        all_ready(&client, &names, "2")
-    })
-    .await;
+    change_cpu(&client, &names, "2").await;
     eventually("replica-b owning every BaseTenant", || async {
         let n = b.owned().await;
         (n == total).then_some(()).ok_or(format!("b {n}"))

@@ -12,7 +12,7 @@ use crate::base_tenant::{BaseTenant, BaseTenantSpec};
 use idem_runtime::shard::{Ring, ShardField, shard_hash};
 use idem_tests::unique_name;
 use kube::ResourceExt;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 
 /// Polls a condition until it holds (the harness's own).
 pub use idem_tests::eventually;
@@ -54,6 +54,22 @@ pub async fn all_ready(client: &Client, names: &[String], cpu: &str) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Sets every BaseTenant in `names` to quota `cpu` and waits until each is Ready with it.
+pub async fn change_cpu(client: &Client, names: &[String], cpu: &str) {
+    let tenants = Api::<BaseTenant>::all(client.clone());
+    let change = serde_json::json!({"spec": {"cpu": cpu}});
+    for name in names {
+        (tenants
+            .patch(name, &PatchParams::default(), &Patch::Merge(&change))
+            .await)
+            .unwrap();
+    }
+    eventually("every BaseTenant Ready after the change", || {
+        all_ready(client, names, cpu)
+    })
+    .await;
 }
 
 /// Creates BaseTenants (cpu 1) until there are at least `at_least` and each of `members` owns
