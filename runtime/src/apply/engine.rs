@@ -153,7 +153,7 @@ impl Applier {
         let mut keep = BTreeSet::new();
         let mut keys = Vec::with_capacity(desired.children.len());
         for child in &desired.children {
-            let (key, _) = child.stamped(owner)?;
+            let key = child.placed(owner)?;
             if !keep.insert(key.clone()) {
                 return Err(ApplyError::Duplicate(key));
             }
@@ -241,7 +241,7 @@ impl Applier {
         if child.once.is_some() {
             return self.ensure_once_applied(owner, child).await;
         }
-        let (key, _) = child.stamped(owner)?;
+        let key = child.placed(owner)?;
         let live = self.read(&child.resource, &key).await?;
         self.apply_live(owner, child, live).await
     }

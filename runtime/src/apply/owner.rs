@@ -605,32 +605,8 @@ impl DesiredChild {
     /// # Errors
     /// [`ApplyError::InvalidScope`] when Kubernetes would not let `owner` own this child.
     pub(crate) fn stamped(&self, owner: &Owner) -> Result<(ObjectKey, Value), ApplyError> {
-        let mut key = self.key.clone();
+        let key = self.placed(owner)?;
         let mut body = self.body.clone();
-        let invalid = |key: &ObjectKey, reason| ApplyError::InvalidScope {
-            child: key.clone(),
-            owner: owner.key(),
-            reason,
-        };
-        match (self.namespaced, owner.namespace(), key.namespace.as_deref()) {
-            (true, Some(ns), None) => key.namespace = Some(ns.into()),
-            (true, Some(ns), Some(child_ns)) if ns != child_ns => {
-                return Err(invalid(
-                    &key,
-                    "a namespaced owner only owns children in its own namespace",
-                ));
-            }
-            (true, None, None) => {
-                return Err(invalid(&key, "a namespaced child needs metadata.namespace"));
-            }
-            (false, Some(_), _) => {
-                return Err(invalid(
-                    &key,
-                    "a namespaced owner cannot own cluster-scoped objects",
-                ));
-            }
-            _ => {}
-        }
         let meta = body
             .as_object_mut()
             .expect("checked to be an object in add()")
@@ -661,6 +637,40 @@ impl DesiredChild {
         }
         meta["annotations"][owner.label_names.fingerprint()] = json!(print);
         Ok((key, body))
+    }
+
+    /// The child's key once placed for `owner` (a namespaced child without a namespace goes in
+    /// its owner's): what [`DesiredChild::stamped`] names, without making the body.
+    ///
+    /// # Errors
+    /// [`ApplyError::InvalidScope`] when Kubernetes would not let `owner` own this child.
+    pub(crate) fn placed(&self, owner: &Owner) -> Result<ObjectKey, ApplyError> {
+        let mut key = self.key.clone();
+        let invalid = |key: &ObjectKey, reason| ApplyError::InvalidScope {
+            child: key.clone(),
+            owner: owner.key(),
+            reason,
+        };
+        match (self.namespaced, owner.namespace(), key.namespace.as_deref()) {
+            (true, Some(ns), None) => key.namespace = Some(ns.into()),
+            (true, Some(ns), Some(child_ns)) if ns != child_ns => {
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner only owns children in its own namespace",
+                ));
+            }
+            (true, None, None) => {
+                return Err(invalid(&key, "a namespaced child needs metadata.namespace"));
+            }
+            (false, Some(_), _) => {
+                return Err(invalid(
+                    &key,
+                    "a namespaced owner cannot own cluster-scoped objects",
+                ));
+            }
+            _ => {}
+        }
+        Ok(key)
     }
 }
 

@@ -453,7 +453,7 @@ impl<K: IdempotentResource> Pass<K> {
         self.check_declared(desired)?;
         let owner = self.owner().await?;
         let ensured = self.applier.ensure_once(&owner, child).await?;
-        let (key, _) = child.stamped(&owner)?;
+        let key = child.placed(&owner)?;
         let mut report = ApplyReport::default();
         if let Some(uid) = &ensured.created {
             report.created.push(CreatedChild::new(&key, uid));
