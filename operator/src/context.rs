@@ -1,5 +1,5 @@
-//! What the operator's reconcilers share: the child caches and a cache of the operator's
-//! namespaces (to find a TenantApp's tenant without an API call).
+//! What the operator's reconcilers share: the child caches and the tenant of each of the
+//! operator's namespaces (to find a TenantApp's tenant without an API call).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
+use idem_runtime::controller::NamespaceTenants;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::ObjectMeta;
@@ -21,8 +22,9 @@ pub struct Context {
     pub client: Client,
     /// The controllers' child caches (filled by their watches, read by the apply engine).
     pub caches: ChildCaches,
-    /// Namespaces managed by the operator (label `app.kubernetes.io/managed-by=idem-operator`).
-    pub namespaces: Store<Namespace>,
+    /// The tenants of the namespaces managed by the operator (label
+    /// `app.kubernetes.io/managed-by=idem-operator`).
+    namespaces: TenantNamespaces,
     /// Namespaces a read of the API server found not to be tenant namespaces, with when and
     /// why (see [`NOT_TENANT_RECHECK`]).
     not_tenant: Mutex<HashMap<String, (Instant, NotTenantNamespace)>>,
@@ -36,20 +38,40 @@ pub struct Context {
 /// once through the namespace cache).
 pub const NOT_TENANT_RECHECK: Duration = Duration::from_secs(25);
 
+/// Where a namespace's tenant is read.
+enum TenantNamespaces {
+    /// A cache of the namespaces themselves, judged with [`tenant_of`] at each read.
+    Objects(Store<Namespace>),
+    /// The TenantApp controller's map of namespace to tenant, which keeps only the namespaces
+    /// [`tenant_of_meta`] names a tenant of (the operator's controllers: one watch of the
+    /// namespaces, and per namespace only its name and tenant).
+    Tenants(NamespaceTenants),
+}
+
 impl Context {
     /// A context sharing `client`, with a new [`ChildCaches`] (give it to the reconcilers'
-    /// drivers with `Driver::with_caches`).
+    /// drivers with `Driver::with_caches`), reading namespaces' tenants from `namespaces`.
     pub fn new(client: Client, namespaces: Store<Namespace>) -> Arc<Self> {
-        Self::with_caches(client, namespaces, ChildCaches::new())
+        Self::build(
+            client,
+            TenantNamespaces::Objects(namespaces),
+            ChildCaches::new(),
+        )
     }
 
-    /// As [`Context::new`], reading children from `caches` (the manager's, kept from one
-    /// shard ring to the next: [`idem_runtime::manager::Start::caches`]).
-    pub fn with_caches(
+    /// A context reading namespaces' tenants from `namespaces` (the TenantApp controller's:
+    /// [`idem_runtime::controller::Controller::namespace_tenants`]) and children from `caches`
+    /// (the manager's, kept from one shard ring to the next:
+    /// [`idem_runtime::manager::Start::caches`]).
+    pub fn with_namespace_tenants(
         client: Client,
-        namespaces: Store<Namespace>,
+        namespaces: NamespaceTenants,
         caches: ChildCaches,
     ) -> Arc<Self> {
+        Self::build(client, TenantNamespaces::Tenants(namespaces), caches)
+    }
+
+    fn build(client: Client, namespaces: TenantNamespaces, caches: ChildCaches) -> Arc<Self> {
         Arc::new(Self {
             caches,
             client,
@@ -62,7 +84,10 @@ impl Context {
     /// The tenant that namespace `ns` belongs to, from the cache; `None` for a namespace that
     /// is not a tenant namespace. See [`tenant_of`].
     pub fn tenant_of_namespace(&self, ns: &str) -> Option<TenantKey> {
-        tenant_of(self.namespaces.get(&ObjectRef::new(ns))?.as_ref())
+        match &self.namespaces {
+            TenantNamespaces::Objects(store) => tenant_of(store.get(&ObjectRef::new(ns))?.as_ref()),
+            TenantNamespaces::Tenants(tenants) => tenants.get(ns),
+        }
     }
 
     /// The namespaces (full names, sorted) that exist and that tenant `tenant` controls, from
@@ -77,12 +102,18 @@ impl Context {
                 .flatten()
                 .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
         });
-        let mut names: Vec<String> = self
-            .namespaces
-            .state()
-            .iter()
-            .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
-            .filter_map(|ns| ns.metadata.name.clone())
+        let cached: Vec<String> = match &self.namespaces {
+            TenantNamespaces::Objects(store) => (store.state().iter())
+                .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
+                .filter_map(|ns| ns.metadata.name.clone())
+                .collect(),
+            TenantNamespaces::Tenants(tenants) => (tenants.all().into_iter())
+                .filter(|(_, t)| *t == key)
+                .map(|(ns, _)| ns)
+                .collect(),
+        };
+        let mut names: Vec<String> = cached
+            .into_iter()
             .chain(children.filter_map(|ns| ns.metadata.name))
             .collect();
         names.sort();
@@ -195,24 +226,6 @@ fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
-/// Strips a namespace to what the operator's namespace cache is read for (its name, labels
-/// and ownerReferences, see [`tenant_of`]), so that a namespace costs the cache a few hundred
-/// bytes however many annotations or field managers it carries.
-pub fn keep_what_is_read(ns: &mut Namespace) {
-    let meta = std::mem::take(&mut ns.metadata);
-    *ns = Namespace {
-        metadata: ObjectMeta {
-            name: meta.name,
-            uid: meta.uid,
-            resource_version: meta.resource_version,
-            labels: meta.labels,
-            owner_references: meta.owner_references,
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-}
-
 /// [`tenant_of`] a namespace by its metadata (all it reads).
 pub fn tenant_of_meta(meta: &ObjectMeta) -> Option<TenantKey> {
     let tenant = meta.labels.as_ref()?.get(TENANT_LABEL)?;
@@ -239,34 +252,6 @@ mod tests {
     fn owner(kind: &str, name: &str, controller: bool) -> serde_json::Value {
         serde_json::json!({"apiVersion": "tenancy.idem.dev/v1alpha1", "kind": kind, "name": name,
                            "uid": "u1", "controller": controller})
-    }
-
-    #[test]
-    fn the_namespace_cache_keeps_what_finds_the_tenant_and_nothing_else() {
-        let mut full: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "acme-dev", "uid": "u2", "resourceVersion": "7",
-                "labels": {TENANT_LABEL: "acme"},
-                "ownerReferences": [owner("Tenant", "acme", true)],
-                "annotations": {"big": "x".repeat(10_000)},
-                "managedFields": [{"manager": "kubectl", "operation": "Update",
-                                   "fieldsV1": {"f:metadata": {}}}]
-            },
-            "spec": {"finalizers": ["kubernetes"]},
-            "status": {"phase": "Active"}
-        }))
-        .unwrap();
-        keep_what_is_read(&mut full);
-        assert_eq!(tenant_of(&full), Some(TenantKey::new("acme")));
-        let kept = serde_json::to_value(&full).unwrap();
-        assert_eq!(
-            kept,
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-                "name": "acme-dev", "uid": "u2", "resourceVersion": "7",
-                "labels": {TENANT_LABEL: "acme"},
-                "ownerReferences": [owner("Tenant", "acme", true)]
-            }})
-        );
     }
 
     #[test]

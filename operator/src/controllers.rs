@@ -4,18 +4,16 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::manager::{Controllers, Running, Start};
 use idem_runtime::reconciler::Driver;
 use idem_runtime::schema::SchemaError;
 use idem_runtime::shard::{ShardField, shard_hash};
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::Resource as _;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
+use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use crate::context::Context;
@@ -70,8 +68,6 @@ impl Controllers for Operator {
     fn start(&self, start: Start<'_>) -> Running {
         let client: &Client = start.client;
         let shard = start.shard;
-        // The operator's namespaces, cached, to find a TenantApp's tenant without an API call.
-        let (store, writer) = reflector::store::<Namespace>();
         // Sharded: only the namespaces of this replica's TenantApps (see `crate::shard`).
         let ns_buckets = shard.and_then(|s| {
             (s.ranges().label_selector(NAMESPACE_BUCKET_LABEL)).map(|b| format!(",{b}"))
@@ -80,32 +76,6 @@ impl Controllers for Operator {
             "{MANAGED_BY_LABEL}={FIELD_MANAGER}{}",
             ns_buckets.unwrap_or_default()
         ));
-        let ns_watch = tokio::spawn(
-            watcher(Api::<Namespace>::all(client.clone()), ns_config.clone())
-                .default_backoff()
-                .modify(crate::context::keep_what_is_read)
-                .reflect(writer)
-                .for_each(|_| futures::future::ready(())),
-        );
-        let ctx = Context::with_caches(client.clone(), store, start.caches.clone());
-        let tenant_driver = Driver::new(
-            client.clone(),
-            tenant::reconcile::Tenants {
-                ctx: Arc::clone(&ctx),
-            },
-        )
-        .with_caches(ctx.caches.clone())
-        .with_drift_metrics(start.drift.clone())
-        .with_reporter(start.reporter.clone());
-        let app_driver = Driver::new(
-            client.clone(),
-            tenant_app::reconcile::TenantApps {
-                ctx: Arc::clone(&ctx),
-            },
-        )
-        .with_caches(ctx.caches.clone())
-        .with_drift_metrics(start.drift.clone())
-        .with_reporter(start.reporter.clone());
         let config = |name: &str| idem_runtime::controller::ControllerConfig {
             name: Some(name.into()),
             ..start.config.clone()
@@ -126,6 +96,30 @@ impl Controllers for Operator {
         )
         .with_metrics(start.metrics.clone())
         .with_synced_signal(app_synced);
+        // The apps' controller watches the operator's namespaces for their tenants; the
+        // reconciles read them from there too (one watch, and per namespace only its tenant).
+        let namespaces = apps
+            .namespace_tenants()
+            .expect("the TenantApp controller watches namespaces for their tenants");
+        let ctx = Context::with_namespace_tenants(client.clone(), namespaces, start.caches.clone());
+        let tenant_driver = Driver::new(
+            client.clone(),
+            tenant::reconcile::Tenants {
+                ctx: Arc::clone(&ctx),
+            },
+        )
+        .with_caches(ctx.caches.clone())
+        .with_drift_metrics(start.drift.clone())
+        .with_reporter(start.reporter.clone());
+        let app_driver = Driver::new(
+            client.clone(),
+            tenant_app::reconcile::TenantApps {
+                ctx: Arc::clone(&ctx),
+            },
+        )
+        .with_caches(ctx.caches.clone())
+        .with_drift_metrics(start.drift.clone())
+        .with_reporter(start.reporter.clone());
         let mut owned = None;
         if let Some(shard) = shard {
             let (by_uid, by_ns) = (shard.clone(), shard.clone());
@@ -172,7 +166,6 @@ impl Controllers for Operator {
             vec![("tenant".to_string(), t), ("tenantapp".to_string(), a)]
         };
         let mut running = Running::new(stopped, synced)
-            .with_task(ns_watch)
             .with_task(readiness)
             .with_caches(ctx.caches.clone());
         if let Some(owned) = owned {

@@ -49,6 +49,19 @@ pub fn writes(metrics_text: &str, group: &str, resource: &str) -> u64 {
         .sum()
 }
 
+/// Watches the API server holds open now on one resource (plural) of one group (`""` for the
+/// core group), whoever opened them: `apiserver_longrunning_requests` with verb `WATCH`.
+pub fn open_watches(metrics_text: &str, group: &str, resource: &str) -> u64 {
+    samples(metrics_text, "apiserver_longrunning_requests")
+        .filter(|s| {
+            s.label("verb") == Some("WATCH")
+                && s.label("group") == Some(group)
+                && s.label("resource") == Some(resource)
+        })
+        .map(|s| s.value as u64)
+        .sum()
+}
+
 /// Every `apiserver_request_total` sample's verb, group, resource and subresource with its
 /// value (summed over the other labels: code, scope, version, …), for callers that slice the
 /// counts their own way.
@@ -177,5 +190,17 @@ apiserver_request_total_other{group="",resource="configmaps",verb="POST"} 99
     fn writes_sum_every_write_verb_and_skip_reads() {
         assert_eq!(writes(TEXT, "", "configmaps"), 5);
         assert_eq!(writes(TEXT, "apps", "deployments"), 5);
+    }
+
+    #[test]
+    fn open_watches_count_the_open_watches_of_one_resource() {
+        let text = r#"apiserver_longrunning_requests{component="apiserver",group="",resource="namespaces",scope="cluster",subresource="",verb="WATCH",version="v1"} 3
+apiserver_longrunning_requests{component="apiserver",group="",resource="namespaces",scope="cluster",subresource="",verb="LIST",version="v1"} 7
+apiserver_longrunning_requests{component="apiserver",group="",resource="configmaps",scope="cluster",subresource="",verb="WATCH",version="v1"} 5
+apiserver_longrunning_requests{component="apiserver",group="",resource="namespaces",scope="resource",subresource="",verb="WATCH",version="v1"} 1
+"#;
+        assert_eq!(open_watches(text, "", "namespaces"), 4);
+        assert_eq!(open_watches(text, "", "configmaps"), 5);
+        assert_eq!(open_watches(text, "apps", "deployments"), 0);
     }
 }

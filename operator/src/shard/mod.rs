@@ -22,7 +22,7 @@ use idem_runtime::shard::{bucket_of, fnv1a64};
 /// Label of a tenant Namespace and of a TenantApp's children: the shard bucket (decimal
 /// `0..=255`) of the namespace's name, i.e. of the `metadata.namespace` of every object in it,
 /// by which TenantApps are sharded. Set by the Tenant that owns the namespace and by the app
-/// on its children; the operator's namespace cache and the apps' child watches select on it.
+/// on its children; the TenantApp controller's namespace-to-tenant watch and its child watches select on it.
 pub const NAMESPACE_BUCKET_LABEL: &str = "tenancy.idem.dev/namespace-bucket";
 
 /// The value of [`NAMESPACE_BUCKET_LABEL`] for namespace `name`.

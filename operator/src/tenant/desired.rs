@@ -71,7 +71,7 @@ pub fn namespaces(tenant: &Tenant) -> Result<DesiredChildren, ApplyError> {
         desired.release_undesired::<Namespace>();
     }
     for name in namespace_names(tenant) {
-        // The bucket of the namespace's name: the operator's namespace cache is sharded on it.
+        // The bucket of the namespace's name: the TenantApp controller's namespace-to-tenant watch is sharded on it.
         let bucket = crate::shard::namespace_bucket(&name);
         let mut metadata = meta(&name, None);
         // `spec.namespaceMetadata` first; its keys cannot be in idem's domain (refused at

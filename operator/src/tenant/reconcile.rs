@@ -72,7 +72,7 @@ impl Waits {
 /// The Tenant reconciler: namespaces first (their contents go only into namespaces the tenant
 /// owns), `spec.paused` stops everything, the finalizer runs [`super::finalize`].
 pub struct Tenants {
-    /// The operator's shared state (its namespace cache).
+    /// The operator's shared state (child caches, namespaces' tenants).
     pub ctx: Arc<Context>,
 }
 

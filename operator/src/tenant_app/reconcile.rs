@@ -22,7 +22,7 @@ pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duratio
 /// collector deletes them with the app; the finalizer only keeps them when the TenantApp CRD
 /// itself is being deleted ([`super::finalize`]).
 pub struct TenantApps {
-    /// The operator's shared state (its namespace cache).
+    /// The operator's shared state (child caches, namespaces' tenants).
     pub ctx: Arc<Context>,
 }
 
@@ -55,8 +55,9 @@ impl Reconciler for TenantApps {
         let resolved = match pass.tenant().cloned() {
             Some(tenant) => Ok(tenant),
             None => {
-                // Without the runtime's cache (a pass not run by a controller), the operator's
-                // own namespace cache answers first.
+                // Without the runtime's cache (a pass not run by a controller), the context's
+                // namespace cache answers first; with it (the same cache the context reads in
+                // the operator), a namespace it names no tenant for is read from the server.
                 let cached = pass.namespace_tenants().is_none();
                 self.ctx
                     .resolve_tenant_of_namespace(pass.client(), &namespace, cached)
