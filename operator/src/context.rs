@@ -125,8 +125,9 @@ impl Context {
     /// `cached`, else (or when it names none) read from the API server through `client`;
     /// when it is not a tenant namespace, says why ([`NotTenantNamespace`]), an answer kept
     /// for [`NOT_TENANT_RECHECK`] for every app in it. A pass run by a controller, whose
-    /// runtime cache of namespace tenants named none, asks with `cached` false: this cache
-    /// comes from another watch, which may not have seen yet the change that woke the app.
+    /// runtime cache of namespace tenants named none, asks with `cached` false: in the
+    /// operator this context reads that same cache, and elsewhere a watch of its own; neither
+    /// may have seen yet the change that woke the app.
     ///
     /// # Errors
     /// When reading the namespace fails.

@@ -2,8 +2,6 @@
 //! sharing a cache of the operator's namespaces, a Tenant sharded by its uid and a TenantApp by
 //! its namespace (see [`crate::shard`]).
 
-use std::sync::Arc;
-
 use idem_runtime::apply::{MANAGED_BY_LABEL, SHARD_BUCKET_LABEL};
 use idem_runtime::manager::{Controllers, Running, Start};
 use idem_runtime::reconciler::Driver;
@@ -102,24 +100,11 @@ impl Controllers for Operator {
             .namespace_tenants()
             .expect("the TenantApp controller watches namespaces for their tenants");
         let ctx = Context::with_namespace_tenants(client.clone(), namespaces, start.caches.clone());
-        let tenant_driver = Driver::new(
-            client.clone(),
-            tenant::reconcile::Tenants {
-                ctx: Arc::clone(&ctx),
-            },
-        )
-        .with_caches(ctx.caches.clone())
-        .with_drift_metrics(start.drift.clone())
-        .with_reporter(start.reporter.clone());
-        let app_driver = Driver::new(
-            client.clone(),
-            tenant_app::reconcile::TenantApps {
-                ctx: Arc::clone(&ctx),
-            },
-        )
-        .with_caches(ctx.caches.clone())
-        .with_drift_metrics(start.drift.clone())
-        .with_reporter(start.reporter.clone());
+        let tenant_driver = driver(&start, tenant::reconcile::Tenants { ctx: ctx.clone() });
+        let app_driver = driver(
+            &start,
+            tenant_app::reconcile::TenantApps { ctx: ctx.clone() },
+        );
         let mut owned = None;
         if let Some(shard) = shard {
             let (by_uid, by_ns) = (shard.clone(), shard.clone());
@@ -173,4 +158,17 @@ impl Controllers for Operator {
         }
         running
     }
+}
+
+/// A driver of `reconciler` as both of the operator's are made: the run's client, child caches,
+/// drift metrics and Event reporter.
+fn driver<R>(start: &Start<'_>, reconciler: R) -> Driver<R>
+where
+    R: idem_runtime::reconciler::Reconciler,
+    <R::Resource as kube::Resource>::Scope: idem_runtime::apply::ChildScope,
+{
+    Driver::new(start.client.clone(), reconciler)
+        .with_caches(start.caches.clone())
+        .with_drift_metrics(start.drift.clone())
+        .with_reporter(start.reporter.clone())
 }

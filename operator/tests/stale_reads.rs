@@ -34,7 +34,9 @@ async fn namespaces_flipped_while_watch_events_arrive_late_leak_nothing() {
     install_crds(&admin).await;
 
     // The Tenant controller as the manager builds it, on a client whose watch events the test
-    // delays (its other requests are answered at once).
+    // delays (its other requests are answered at once). Its context reads namespaces' tenants
+    // from a namespace watch of its own (the manager's reads the TenantApp controller's, which
+    // this test does not run).
     let faults = Faults::new();
     let client = faults
         .client(idem_tests::shared().config())
