@@ -3,7 +3,9 @@
 //! edit under the default budget, but no more Events than the burst under a small one; the
 //! next Event published once the budget refills says how many were held back, and those plus
 //! the ones published are every Event the passes had to tell; an Event published "always"
-//! (what only an administrator's action causes, once) goes out whatever the budget.
+//! (what only an administrator's action causes, once) goes out whatever the budget. A
+//! controller's driver that tells the same Event again counts up that Event's series (one
+//! object), and tells it anew once that object is gone.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -13,14 +15,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base_tenant::{BaseTenant, BaseTenantSpec, BaseTenants};
-use idem_runtime::controller::Action;
+use idem_runtime::controller::{Action, Attempt, Reason};
+use idem_runtime::queue::Priority;
 use idem_runtime::reconciler::{
     ChildKinds, Driver, DriverConfig, Outcome, Pass, ReconcileError, Reconciler,
 };
 use idem_runtime::status::Readiness;
+use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as Publish, EventType};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -249,4 +253,90 @@ async fn an_event_published_always_goes_out_whatever_the_budget() {
     let budgeted = told.iter().filter(|n| n.starts_with("Budgeted")).count();
     let always = told.iter().filter(|n| n.starts_with("Always")).count();
     assert_eq!((budgeted, always), (1, 3), "{told:#?}");
+}
+
+/// Tells the same Event at every pass (no budget: it is published always).
+struct Repeating;
+
+impl Reconciler for Repeating {
+    type Resource = BaseTenant;
+    fn children() -> ChildKinds<BaseTenant> {
+        ChildKinds::new()
+    }
+    async fn reconcile(
+        &self,
+        _: &BaseTenant,
+        pass: &mut Pass<BaseTenant>,
+    ) -> Result<Outcome<BaseTenant>, ReconcileError> {
+        pass.publish_always(Publish {
+            type_: EventType::Warning,
+            reason: "Again".into(),
+            note: Some("the same thing again".into()),
+            action: "Test".into(),
+            secondary: None,
+        })
+        .await;
+        Ok(Outcome::new(Readiness::Ready {
+            reason: "Told".into(),
+            message: "told".into(),
+        }))
+    }
+}
+
+/// The `Again` Events about the object of `uid`: each one's name and series count (1 without
+/// a series).
+async fn agains(client: &Client, uid: &str) -> Vec<(String, i32)> {
+    let mut out: Vec<(String, i32)> = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid))
+        .filter(|e| e.reason.as_deref() == Some("Again"))
+        .map(|e| (e.name_any(), e.series.as_ref().map_or(1, |s| s.count)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_controllers_repeated_event_counts_up_one_series_until_it_is_gone() {
+    let client = client().await;
+    // As a controller runs it: one driver, its passes through `Driver::reconcile`.
+    let driver = Arc::new(Driver::new(client.clone(), Repeating));
+    let tenant = create(&client, "bt-again").await;
+    let (name, uid) = (tenant.name_any(), tenant.uid().unwrap());
+    let run = || async {
+        let stored = Api::<BaseTenant>::all(client.clone())
+            .get(&name)
+            .await
+            .expect("get");
+        let attempt = Attempt {
+            key: ObjectKey::cluster("BaseTenant", &name),
+            tenant: TenantKey::new(&name),
+            failures: 0,
+            priority: Priority::Event,
+            reason: Reason::ObjectChanged,
+        };
+        Driver::reconcile(Arc::new(stored), Arc::clone(&driver), attempt)
+            .await
+            .expect("reconcile");
+    };
+    for _ in 0..3 {
+        run().await;
+    }
+    let told = agains(&client, &uid).await;
+    assert_eq!(told.len(), 1, "one Event object: {told:?}");
+    assert_eq!(told[0].1, 3, "its series counts the three: {told:?}");
+    // Gone (as the API server's Event TTL removes it): the next one is a new Event.
+    Api::<Event>::namespaced(client.clone(), "default")
+        .delete(&told[0].0, &DeleteParams::default())
+        .await
+        .expect("delete the Event");
+    run().await;
+    let again = agains(&client, &uid).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0].0, told[0].0, "a new Event: {again:?}");
+    assert_eq!(again[0].1, 1, "{again:?}");
 }

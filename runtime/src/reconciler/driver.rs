@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
+
+use super::recorder::Recorder;
 use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -280,7 +282,8 @@ where
         client: Client,
         obj: Arc<K<R>>,
     ) -> Result<Action, ReconcileError> {
-        // This client's recorder, with the driver's Event budget.
+        // This client's recorder (a memory of series of its own: Events of one call never
+        // count up those of another), with the driver's Event budget.
         let recorder =
             (self.recorder.as_ref())
                 .zip(self.reporter.clone())

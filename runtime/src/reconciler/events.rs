@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 
 use super::budget::EventBudget;
+use super::recorder::Recorder;
 use crate::apply::{ApplyReport, ChildOutcome};
 use crate::key::ObjectKey;
 use crate::status::{MAX_MESSAGE_BYTES, Readiness, shorten};

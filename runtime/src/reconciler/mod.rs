@@ -60,6 +60,7 @@ mod driver;
 pub(crate) mod events;
 pub(crate) mod kinds;
 mod pass;
+mod recorder;
 pub mod retention;
 mod seen;
 

@@ -1,0 +1,269 @@
+//! Publishes Kubernetes Events (`events.k8s.io/v1`) as kube-runtime's `Recorder` does, with a
+//! bounded memory of the series it may count up.
+//!
+//! An Event repeated (same type, action, reason, reporter, regarding and related objects)
+//! within [`SERIES_TTL`] of the last one counts up the first one's `series` instead of making
+//! another object, as client-go's and kube-runtime's recorders do. kube-runtime's keeps a
+//! whole copy of every Event it published for that long, with no bound, and scans all of them
+//! at each publish: a fleet being created (a few Events per tenant) cost the operator ~17 MB
+//! of its 28 MB of heap at 1,000 Tenants, and each publish time in the count of Events. This
+//! one keeps per repeatable Event an 8-byte digest of its key, its name and namespace, its
+//! count and when it was last seen, at most [`MOST_REMEMBERED`] of them, forgotten in the
+//! order they were last seen. An Event not remembered (past the bound) is published as a new
+//! object when it repeats: the per-object Event budget
+//! ([`EventBudget`](super::budget::EventBudget)) bounds how often that can be.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Reporter};
+
+/// How long after an Event was last published a repeat counts up its series (kube-runtime's
+/// and client-go's six minutes).
+pub(crate) const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+
+/// The most Events remembered for their series at once, whatever the fleet's size (~100 bytes
+/// each).
+pub(crate) const MOST_REMEMBERED: usize = 4_096;
+
+/// Publishes Events as one reporter; clones share the memory of series.
+#[derive(Clone)]
+pub(crate) struct Recorder {
+    client: Client,
+    reporter: Reporter,
+    series: Arc<Mutex<Series>>,
+}
+
+/// What is remembered of a published Event for its series.
+#[derive(Debug)]
+struct Seen {
+    name: String,
+    namespace: String,
+    count: i32,
+    at: Instant,
+}
+
+/// The Events remembered, by the digest of their key, and the order they were last seen in.
+#[derive(Debug, Default)]
+struct Series {
+    by_key: HashMap<u64, Seen>,
+    /// `(last seen, key)`, oldest first; an entry whose time is not its Event's last is stale.
+    order: VecDeque<(Instant, u64)>,
+}
+
+impl Series {
+    /// Forgets what was last seen [`SERIES_TTL`] before `now` or earlier, and the oldest
+    /// beyond [`MOST_REMEMBERED`] when one more is to be remembered.
+    fn forget(&mut self, now: Instant, room_for_one: bool) {
+        while let Some(&(at, key)) = self.order.front() {
+            let expired = at + SERIES_TTL <= now;
+            let full = room_for_one && self.by_key.len() >= MOST_REMEMBERED;
+            if !expired && !full {
+                break;
+            }
+            self.order.pop_front();
+            if self.by_key.get(&key).is_some_and(|s| s.at == at) {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    /// Remembers `seen` under `key`, as last seen at `seen.at`.
+    fn remember(&mut self, key: u64, seen: Seen) {
+        self.order.push_back((seen.at, key));
+        self.by_key.insert(key, seen);
+        // Stale order entries (Events seen again since) are dropped as they reach the front;
+        // compacted when they outnumber the live ones, so repeats cannot grow the queue.
+        if self.order.len() > 2 * self.by_key.len() + 64 {
+            let by_key = &self.by_key;
+            self.order
+                .retain(|(at, key)| by_key.get(key).is_some_and(|s| s.at == *at));
+        }
+    }
+}
+
+impl Recorder {
+    /// A recorder publishing through `client` as `reporter`.
+    pub(crate) fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            client,
+            reporter,
+            series: Arc::default(),
+        }
+    }
+
+    /// The digest of the key a repeat of `event` about `regarding` shares with it.
+    fn key(&self, event: &Event, regarding: &ObjectReference) -> u64 {
+        static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(rand::random);
+        let mut h = foldhash::fast::FixedState::with_seed(*SEED).build_hasher();
+        matches!(event.type_, EventType::Warning).hash(&mut h);
+        (&event.action, &event.reason).hash(&mut h);
+        (&self.reporter.controller, &self.reporter.instance).hash(&mut h);
+        for r in std::iter::once(Some(regarding)).chain([event.secondary.as_ref()]) {
+            r.map(|r| {
+                (
+                    &r.api_version,
+                    &r.kind,
+                    &r.namespace,
+                    &r.name,
+                    &r.uid,
+                    &r.field_path,
+                )
+            })
+            .hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// Publishes `event` about `regarding`: a new Event, or the next count of the series of
+    /// the same Event published less than [`SERIES_TTL`] ago. An Event about a cluster-scoped
+    /// object goes in namespace `default`.
+    ///
+    /// # Errors
+    /// When the API server refuses the Event.
+    pub(crate) async fn publish(
+        &self,
+        event: &Event,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let key = self.key(event, regarding);
+        let now = Instant::now();
+        let repeat = {
+            let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+            series.forget(now, false);
+            (series.by_key.get(&key)).map(|s| (s.name.clone(), s.namespace.clone(), s.count + 1))
+        };
+        if let Some((name, namespace, count)) = repeat {
+            let patch = serde_json::json!({"series": {
+                "count": count,
+                "lastObservedTime": MicroTime(Timestamp::now()),
+            }});
+            let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+            match events
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.note(key, name, namespace, count, now);
+                    return Ok(());
+                }
+                // Gone (the API server's Event TTL, or deleted): a new Event instead.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let created = self.event(event, regarding);
+        let namespace = created.metadata.namespace.clone().unwrap_or_default();
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let created = events.create(&PostParams::default(), &created).await?;
+        let name = created.metadata.name.unwrap_or_default();
+        self.note(key, name, namespace, 1, now);
+        Ok(())
+    }
+
+    /// Remembers the Event `name` in `namespace` as published `count` times, last at `at`.
+    fn note(&self, key: u64, name: String, namespace: String, count: i32, at: Instant) {
+        let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let new = !series.by_key.contains_key(&key);
+        series.forget(at, new);
+        series.remember(
+            key,
+            Seen {
+                name,
+                namespace,
+                count,
+                at,
+            },
+        );
+    }
+
+    /// The Event object `event` about `regarding` is published as, the first time.
+    fn event(&self, event: &Event, regarding: &ObjectReference) -> K8sEvent {
+        let now = Timestamp::now();
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let named = regarding.name.as_ref().unwrap_or(&self.reporter.controller);
+        K8sEvent {
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            related: event.secondary.clone(),
+            note: event.note.clone(),
+            metadata: ObjectMeta {
+                namespace: Some(namespace),
+                name: Some(format!("{named}.{:x}", now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                (self.reporter.instance.clone())
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            type_: Some(match event.type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            ..K8sEvent::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(at: Instant) -> Seen {
+        Seen {
+            name: "e".into(),
+            namespace: "default".into(),
+            count: 1,
+            at,
+        }
+    }
+
+    #[test]
+    fn series_are_forgotten_after_their_ttl_and_the_oldest_beyond_the_bound() {
+        let t0 = Instant::now();
+        let mut s = Series::default();
+        s.remember(1, seen(t0));
+        s.remember(2, seen(t0 + Duration::from_secs(60)));
+        s.forget(t0 + SERIES_TTL, false);
+        assert!(!s.by_key.contains_key(&1), "last seen six minutes ago");
+        assert!(s.by_key.contains_key(&2));
+        // Seen again: the earlier time no longer counts.
+        s.remember(2, seen(t0 + Duration::from_secs(300)));
+        s.forget(t0 + Duration::from_secs(60) + SERIES_TTL, false);
+        assert!(s.by_key.contains_key(&2), "seen again at 300 s");
+        let mut full = Series::default();
+        for key in 0..MOST_REMEMBERED as u64 {
+            full.remember(key, seen(t0 + Duration::from_millis(key)));
+        }
+        full.forget(t0, true);
+        full.remember(u64::MAX, seen(t0));
+        assert_eq!(full.by_key.len(), MOST_REMEMBERED);
+        assert!(!full.by_key.contains_key(&0), "the oldest made room");
+        assert!(full.by_key.contains_key(&u64::MAX));
+    }
+
+    #[test]
+    fn repeats_do_not_grow_the_order_without_bound() {
+        let t0 = Instant::now();
+        let mut s = Series::default();
+        for i in 0..10_000u64 {
+            s.remember(7, seen(t0 + Duration::from_millis(i)));
+        }
+        assert_eq!(s.by_key.len(), 1);
+        assert!(s.order.len() <= 2 + 64, "{} order entries", s.order.len());
+    }
+}
