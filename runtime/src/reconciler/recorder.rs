@@ -100,7 +100,9 @@ impl Recorder {
         }
     }
 
-    /// The digest of the key a repeat of `event` about `regarding` shares with it.
+    /// The digest of the key a repeat of `event` about `regarding` shares with it: every field
+    /// of both references, as kube-runtime's key (a child's reference carries the version it
+    /// was repaired at, so each repair of it is an Event of its own, naming who changed it).
     fn key(&self, event: &Event, regarding: &ObjectReference) -> u64 {
         static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(rand::random);
         let mut h = foldhash::fast::FixedState::with_seed(*SEED).build_hasher();
@@ -115,6 +117,7 @@ impl Recorder {
                     &r.namespace,
                     &r.name,
                     &r.uid,
+                    &r.resource_version,
                     &r.field_path,
                 )
             })
@@ -139,7 +142,11 @@ impl Recorder {
         let repeat = {
             let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
             series.forget(now, false);
-            (series.by_key.get(&key)).map(|s| (s.name.clone(), s.namespace.clone(), s.count + 1))
+            // Checked here too: `forget` stops at the first entry not expired, and publishes
+            // that overlap append out of time order.
+            (series.by_key.get(&key))
+                .filter(|s| s.at + SERIES_TTL > now)
+                .map(|s| (s.name.clone(), s.namespace.clone(), s.count + 1))
         };
         if let Some((name, namespace, count)) = repeat {
             let patch = serde_json::json!({"series": {
@@ -265,5 +272,42 @@ mod tests {
         }
         assert_eq!(s.by_key.len(), 1);
         assert!(s.order.len() <= 2 + 64, "{} order entries", s.order.len());
+    }
+
+    #[tokio::test]
+    async fn a_repeat_is_the_same_type_action_reason_and_objects_whatever_its_note() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a url"));
+        let client = Client::try_from(config).expect("a client");
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "idem".into(),
+                instance: None,
+            },
+        );
+        let regarding = ObjectReference {
+            kind: Some("Tenant".into()),
+            name: Some("acme".into()),
+            uid: Some("u1".into()),
+            ..ObjectReference::default()
+        };
+        let child = |rv: &str| ObjectReference {
+            kind: Some("RoleBinding".into()),
+            name: Some("owners".into()),
+            resource_version: Some(rv.into()),
+            ..ObjectReference::default()
+        };
+        let event = |reason: &str, note: &str, related| Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: "Repair".into(),
+            secondary: Some(related),
+        };
+        let key = |e: &Event| recorder.key(e, &regarding);
+        let first = key(&event("DriftRepaired", "by alice", child("7")));
+        assert_eq!(first, key(&event("DriftRepaired", "by bob", child("7"))));
+        assert_ne!(first, key(&event("DriftRepaired", "by alice", child("8"))));
+        assert_ne!(first, key(&event("Other", "by alice", child("7"))));
     }
 }
