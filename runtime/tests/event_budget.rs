@@ -193,8 +193,11 @@ async fn the_next_event_says_how_many_were_held_back() {
     assert_eq!(published + held, told, "every Event told or counted");
 }
 
-/// Each pass publishes one Event within the budget and one always, and makes no child.
-struct Telling;
+/// Each pass publishes one Event within the budget and one always (each with a note of its
+/// own), or with `repeat` the same Event always; it makes no child.
+struct Telling {
+    repeat: bool,
+}
 
 impl Reconciler for Telling {
     type Resource = BaseTenant;
@@ -206,15 +209,24 @@ impl Reconciler for Telling {
         _: &BaseTenant,
         pass: &mut Pass<BaseTenant>,
     ) -> Result<Outcome<BaseTenant>, ReconcileError> {
-        let event = |reason: &str| Publish {
-            type_: EventType::Normal,
+        let event = |type_, reason: &str, note: String| Publish {
+            type_,
             reason: reason.into(),
-            note: Some(format!("{reason} {}", next_number())),
+            note: Some(note),
             action: "Test".into(),
             secondary: None,
         };
-        pass.publish(event("Budgeted")).await;
-        pass.publish_always(event("Always")).await;
+        if self.repeat {
+            let again = "the same thing again".to_owned();
+            pass.publish_always(event(EventType::Warning, "Again", again))
+                .await;
+        } else {
+            let numbered = |reason: &str| format!("{reason} {}", next_number());
+            pass.publish(event(EventType::Normal, "Budgeted", numbered("Budgeted")))
+                .await;
+            pass.publish_always(event(EventType::Normal, "Always", numbered("Always")))
+                .await;
+        }
         Ok(Outcome::new(Readiness::Ready {
             reason: "Told".into(),
             message: "told".into(),
@@ -231,7 +243,7 @@ fn next_number() -> usize {
 #[tokio::test]
 async fn an_event_published_always_goes_out_whatever_the_budget() {
     let client = client().await;
-    let driver = Driver::new(client.clone(), Telling).with_config(DriverConfig {
+    let driver = Driver::new(client.clone(), Telling { repeat: false }).with_config(DriverConfig {
         events_burst: 1,
         events_every: Duration::from_secs(3600),
         ..DriverConfig::default()
@@ -255,34 +267,6 @@ async fn an_event_published_always_goes_out_whatever_the_budget() {
     assert_eq!((budgeted, always), (1, 3), "{told:#?}");
 }
 
-/// Tells the same Event at every pass (no budget: it is published always).
-struct Repeating;
-
-impl Reconciler for Repeating {
-    type Resource = BaseTenant;
-    fn children() -> ChildKinds<BaseTenant> {
-        ChildKinds::new()
-    }
-    async fn reconcile(
-        &self,
-        _: &BaseTenant,
-        pass: &mut Pass<BaseTenant>,
-    ) -> Result<Outcome<BaseTenant>, ReconcileError> {
-        pass.publish_always(Publish {
-            type_: EventType::Warning,
-            reason: "Again".into(),
-            note: Some("the same thing again".into()),
-            action: "Test".into(),
-            secondary: None,
-        })
-        .await;
-        Ok(Outcome::new(Readiness::Ready {
-            reason: "Told".into(),
-            message: "told".into(),
-        }))
-    }
-}
-
 /// The `Again` Events about the object of `uid`: each one's name and series count (1 without
 /// a series).
 async fn agains(client: &Client, uid: &str) -> Vec<(String, i32)> {
@@ -304,7 +288,7 @@ async fn agains(client: &Client, uid: &str) -> Vec<(String, i32)> {
 async fn a_controllers_repeated_event_counts_up_one_series_until_it_is_gone() {
     let client = client().await;
     // As a controller runs it: one driver, its passes through `Driver::reconcile`.
-    let driver = Arc::new(Driver::new(client.clone(), Repeating));
+    let driver = Arc::new(Driver::new(client.clone(), Telling { repeat: true }));
     let tenant = create(&client, "bt-again").await;
     let (name, uid) = (tenant.name_any(), tenant.uid().unwrap());
     let run = || async {
