@@ -6,7 +6,7 @@
 //! another object, as client-go's and kube-runtime's recorders do. kube-runtime's keeps a
 //! whole copy of every Event it published for that long, with no bound, and scans all of them
 //! at each publish: a fleet being created (a few Events per tenant) cost the operator ~17 MB
-//! of its 28 MB of heap at 1,000 Tenants, and each publish time in the count of Events. This
+//! of its 28 MB of heap at 1,000 Tenants, and each publish took time in proportion to them. This
 //! one keeps per repeatable Event an 8-byte digest of its key, its name and namespace, its
 //! count and when it was last seen, at most [`MOST_REMEMBERED`] of them, forgotten in the
 //! order they were last seen. An Event not remembered (past the bound) is published as a new
