@@ -5,7 +5,9 @@
 //! the ones published are every Event the passes had to tell; an Event published "always"
 //! (what only an administrator's action causes, once) goes out whatever the budget. A
 //! controller's driver that tells the same Event again counts up that Event's series (one
-//! object), and tells it anew once that object is gone.
+//! object), and tells it anew once that object is gone. A tenant's budget
+//! (`DriverConfig::tenant_events_burst`, `tenant_events_every`) bounds the Events about all its
+//! objects together.
 
 #[allow(dead_code)]
 #[path = "../examples/base_tenant.rs"]
@@ -149,6 +151,41 @@ async fn the_burst_bounds_the_events_an_owners_edits_cause() {
     let told = creation_and_edits(&client, &small, EDITS).await;
     assert_eq!(told.len(), 3, "{told:#?}");
     assert!(told.iter().all(|n| n.starts_with("created ")), "{told:#?}");
+}
+
+/// Creates two tenants' BaseTenants and makes each converge with one pass of `driver`, both
+/// passes as reconciles of one tenant `tenant`; the notes of the Events about both.
+async fn two_objects_of_one_tenant(
+    client: &Client,
+    driver: &Driver<BaseTenants>,
+    tenant: &str,
+) -> Vec<String> {
+    let mut told = Vec::new();
+    for _ in 0..2 {
+        let created = create(client, "bt-tenant-budget").await;
+        let name = created.name_any();
+        idem_runtime::inflight::scoped(TenantKey::new(tenant), pass(client, driver, &name)).await;
+        told.extend(notes(client, &created.uid().unwrap()).await);
+    }
+    told
+}
+
+#[tokio::test]
+async fn a_tenants_budget_bounds_the_events_of_all_its_objects() {
+    let client = client().await;
+    // The default budget tells each object's creation whole.
+    let default = Driver::new(client.clone(), BaseTenants);
+    let told = two_objects_of_one_tenant(&client, &default, &idem_tests::unique_name("t")).await;
+    assert_eq!(told.len(), 2 * CREATION_EVENTS, "{told:#?}");
+    // A tenant budget of 6, no refill within the test: the second object, whose own budget is
+    // untouched, gets only what its tenant has left.
+    let small = Driver::new(client.clone(), BaseTenants).with_config(DriverConfig {
+        tenant_events_burst: 6,
+        tenant_events_every: Duration::from_secs(3600),
+        ..DriverConfig::default()
+    });
+    let told = two_objects_of_one_tenant(&client, &small, &idem_tests::unique_name("t")).await;
+    assert_eq!(told.len(), 6, "{told:#?}");
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
-//! The Event budget of each object: a burst, then one Event per interval, so that what an
-//! object's owner does (edits, deletions, forged claimants) cannot have the controller write
-//! Events about it without bound.
+//! The Event budget of each object, and of each tenant: a burst, then one Event per interval,
+//! so that what an object's owner does (edits, deletions, forged claimants) cannot have the
+//! controller write Events about it without bound, nor a tenant with many objects.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -106,6 +106,17 @@ impl EventBudget {
         b.tokens >= self.burst && b.held == 0
     }
 
+    /// Gives back the token a [`take`](Self::take) about `object` took, when the Event was
+    /// held back after all (its tenant's budget was spent): the object's next Event counts it
+    /// among those held back, with the `held` that take returned.
+    pub(crate) fn give_back(&self, object: &str, held: u64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(object) {
+            bucket.tokens = (bucket.tokens + 1).min(self.burst);
+            bucket.held += held + 1;
+        }
+    }
+
     /// The objects whose budgets are remembered.
     #[cfg(test)]
     fn remembered(&self) -> usize {
@@ -155,6 +166,24 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(all.take("a", Instant::now()), Some(0));
         }
+    }
+
+    #[test]
+    fn a_token_given_back_is_taken_again_and_counted_as_held_back() {
+        let budget = EventBudget::new(1, EVERY);
+        let t0 = Instant::now();
+        assert_eq!(budget.take("a", t0), Some(0));
+        assert_eq!(budget.take("a", t0), None);
+        let later = t0 + EVERY;
+        let held = budget.take("a", later).expect("refilled");
+        assert_eq!(held, 1);
+        budget.give_back("a", held);
+        assert_eq!(
+            budget.take("a", later),
+            Some(2),
+            "the one given back and the one before"
+        );
+        assert_eq!(budget.take("a", later), None, "never more than the burst");
     }
 
     #[test]

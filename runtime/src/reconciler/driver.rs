@@ -11,7 +11,7 @@ use super::recorder::Recorder;
 use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::events::Publisher;
+use super::events::{Allowance, Publisher};
 use super::seen::{Freshness, Seen};
 use super::{
     ChildKinds, ChildWatches, Cleanup, Outcome, Pass, Reason, ReconcileError, Reconciler,
@@ -49,6 +49,14 @@ pub struct DriverConfig {
     /// After the burst, one more Event per object each `events_every`. Zero: no budget, every
     /// Event is published. Default 5 minutes.
     pub events_every: Duration,
+    /// Events about the objects of one tenant (the tenant of the reconcile that publishes
+    /// them) published at once before its budget holds more back, whatever each object's
+    /// budget has left: a tenant with many objects cannot have the controller write Events
+    /// without bound either. 0: none is published. Default 500.
+    pub tenant_events_burst: u32,
+    /// After the tenant's burst, one more Event of the tenant each `tenant_events_every`.
+    /// Zero: no tenant budget. Default 1 second.
+    pub tenant_events_every: Duration,
 }
 
 impl Default for DriverConfig {
@@ -58,6 +66,8 @@ impl Default for DriverConfig {
             timeout: Some(Duration::from_secs(120)),
             events_burst: 25,
             events_every: Duration::from_secs(300),
+            tenant_events_burst: 500,
+            tenant_events_every: Duration::from_secs(1),
         }
     }
 }
@@ -131,11 +141,15 @@ where
 
     /// A publisher with `client` as `reporter`, with the Event budget `config` sets.
     fn publisher(client: &Client, reporter: Reporter, config: &DriverConfig) -> Publisher {
-        Publisher::new(
-            Recorder::new(client.clone(), reporter),
-            config.events_burst,
-            config.events_every,
-        )
+        let object = Allowance {
+            burst: config.events_burst,
+            every: config.events_every,
+        };
+        let tenant = Allowance {
+            burst: config.tenant_events_burst,
+            every: config.tenant_events_every,
+        };
+        Publisher::new(Recorder::new(client.clone(), reporter), object, tenant)
     }
 
     /// Publish no Events.

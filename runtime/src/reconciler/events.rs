@@ -15,21 +15,31 @@ use crate::apply::{ApplyReport, ChildOutcome};
 use crate::key::ObjectKey;
 use crate::status::{MAX_MESSAGE_BYTES, Readiness, shorten};
 
-/// A recorder and the Event budget of the objects it publishes about (shared by every pass
-/// of a driver, see [`EventBudget`]).
+/// A recorder and the Event budgets of the objects it publishes about and of their tenants
+/// (shared by every pass of a driver, see [`EventBudget`]).
 #[derive(Clone)]
 pub(crate) struct Publisher {
     recorder: Recorder,
     budget: Arc<EventBudget>,
+    tenants: Arc<EventBudget>,
+}
+
+/// An Event budget: so many at once, then one per interval.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Allowance {
+    pub burst: u32,
+    pub every: Duration,
 }
 
 impl Publisher {
-    /// Publishes with `recorder`, at most `burst` Events per object at once, then one per
-    /// `every`.
-    pub(crate) fn new(recorder: Recorder, burst: u32, every: Duration) -> Self {
+    /// Publishes with `recorder`, at most `object.burst` Events per object at once, then one
+    /// per `object.every`, and within that `tenant.burst` per tenant, then one per
+    /// `tenant.every` (the tenant of the reconcile publishing, [`crate::inflight::current_tenant`]).
+    pub(crate) fn new(recorder: Recorder, object: Allowance, tenant: Allowance) -> Self {
         Self {
             recorder,
-            budget: Arc::new(EventBudget::new(burst, every)),
+            budget: Arc::new(EventBudget::new(object.burst, object.every)),
+            tenants: Arc::new(EventBudget::new(tenant.burst, tenant.every)),
         }
     }
 
@@ -71,7 +81,8 @@ async fn send(
             reference.name.as_deref().unwrap_or_default()
         )
     });
-    let held = match publisher.budget.take(&object, Instant::now()) {
+    let now = Instant::now();
+    let held = match publisher.budget.take(&object, now) {
         Some(held) => held,
         None if !budgeted => 0,
         None => {
@@ -79,6 +90,16 @@ async fn send(
             return;
         }
     };
+    // Within the object's budget, the tenant's: a tenant's many objects, each within its own
+    // budget, cannot have the controller write Events without bound either.
+    if let Some(tenant) = crate::inflight::current_tenant()
+        && publisher.tenants.take(tenant.as_str(), now).is_none()
+        && budgeted
+    {
+        publisher.budget.give_back(&object, held);
+        tracing::debug!(reason = %event.reason, %tenant, "an event held back: its tenant's Event budget is spent");
+        return;
+    }
     if let Some(note) = &event.note {
         event.note = Some(if held == 0 {
             shorten(note, MAX_MESSAGE_BYTES)
