@@ -27,9 +27,10 @@ enum Command {
     /// operator, apply `examples/`, wait until every example is Ready and print a table; keep
     /// running until Ctrl-C (which tears everything down) unless `--once`.
     Dev(dev::Args),
-    /// idem's side-by-side benchmark: the same BaseTenant controller on idem's runtime and on a
-    /// plain kube-runtime `Controller`, against one local control plane; prints ratios idem ÷
-    /// peer per scenario and writes `target/bench/report.html` (`--quick`: under 3 minutes).
+    /// idem's side-by-side benchmark: the same BaseTenant controller on idem's runtime, on a
+    /// plain kube-runtime `Controller` and on controller-runtime, against one local control
+    /// plane; prints ratios idem ÷ best peer per scenario and writes `target/bench/report.html`
+    /// (`--quick`: under 3 minutes).
     Bench(bench::Args),
     /// Write idem-operator's CRDs, `deploy/crds/*.yaml`, from its Rust types (`--check`: fail
     /// if they are stale); a binary of your own prints its kinds' CRDs with `crds`.
