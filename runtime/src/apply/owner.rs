@@ -646,6 +646,10 @@ impl DesiredChild {
     /// [`ApplyError::InvalidScope`] when Kubernetes would not let `owner` own this child.
     pub(crate) fn placed(&self, owner: &Owner) -> Result<ObjectKey, ApplyError> {
         let mut key = self.key.clone();
+        // An empty namespace is no namespace, as the API server reads it.
+        if key.namespace.as_deref() == Some("") {
+            key.namespace = None;
+        }
         let invalid = |key: &ObjectKey, reason| ApplyError::InvalidScope {
             child: key.clone(),
             owner: owner.key(),
@@ -666,6 +670,12 @@ impl DesiredChild {
                 return Err(invalid(
                     &key,
                     "a namespaced owner cannot own cluster-scoped objects",
+                ));
+            }
+            (false, None, Some(_)) => {
+                return Err(invalid(
+                    &key,
+                    "a cluster-scoped child has no metadata.namespace",
                 ));
             }
             _ => {}

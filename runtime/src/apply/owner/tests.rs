@@ -134,6 +134,34 @@ fn scope_rules_of_owner_references() {
         stamp(&cluster, &mut with_ns).is_ok(),
         "cluster owner, namespaced child: allowed"
     );
+    // A cluster-scoped child given a namespace would be sent to a namespaced path that does
+    // not exist (a 404 at every pass): refused; an empty namespace is none.
+    let role = |namespace: &str| ClusterRole {
+        metadata: ObjectMeta {
+            name: Some("r".into()),
+            namespace: Some(namespace.into()),
+            ..ObjectMeta::default()
+        },
+        ..ClusterRole::default()
+    };
+    let mut misplaced = DesiredChildren::new();
+    misplaced.add(&role("acme-dev")).expect("add");
+    assert!(matches!(
+        stamp(&cluster, &mut misplaced),
+        Err(ApplyError::InvalidScope { .. })
+    ));
+    let mut empty = DesiredChildren::new();
+    empty.add(&role("")).expect("add");
+    let key = empty.children()[0].placed(&cluster).expect("placed");
+    assert_eq!(key.namespace, None);
+    let mut empty_ns = DesiredChildren::new();
+    empty_ns.add(&cm("c", Some(""))).expect("add");
+    let key = empty_ns.children()[0].placed(&namespaced).expect("placed");
+    assert_eq!(
+        key.namespace.as_deref(),
+        Some("ns"),
+        "in its owner's namespace"
+    );
 }
 
 #[test]
