@@ -34,6 +34,9 @@ pub(crate) const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 /// each).
 pub(crate) const MOST_REMEMBERED: usize = 4_096;
 
+/// The longest name of an object, an Event's included (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
 /// Publishes Events as one reporter; clones share the memory of series.
 #[derive(Clone)]
 pub(crate) struct Recorder {
@@ -162,9 +165,12 @@ impl Recorder {
                     self.note(key, name, namespace, count, now);
                     return Ok(());
                 }
-                // Gone (the API server's Event TTL, or deleted): a new Event instead.
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e),
+                // Gone (the API server's Event TTL, or deleted), or refused (a tenant owner
+                // put an object of their own under its name): a new Event instead, which
+                // becomes the series' from now on.
+                Err(e) => {
+                    tracing::debug!(error = %e, event = %name, "an Event's series could not be counted up; publishing a new Event");
+                }
             }
         }
         let created = self.event(event, regarding);
@@ -200,6 +206,14 @@ impl Recorder {
             .clone()
             .unwrap_or_else(|| "default".to_owned());
         let named = regarding.name.as_ref().unwrap_or(&self.reporter.controller);
+        // An object name may be 253 characters long, an Event name too: the suffix (a dot and
+        // at most 16 hex digits) is kept whole, the object's name cut, at a character
+        // boundary and not after a dot or dash.
+        let mut cut = named.len().min(MAX_NAME - 17);
+        while !named.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let named = named[..cut].trim_end_matches(['.', '-']);
         K8sEvent {
             action: Some(event.action.clone()),
             reason: Some(event.reason.clone()),
@@ -309,5 +323,46 @@ mod tests {
         assert_eq!(first, key(&event("DriftRepaired", "by bob", child("7"))));
         assert_ne!(first, key(&event("DriftRepaired", "by alice", child("8"))));
         assert_ne!(first, key(&event("Other", "by alice", child("7"))));
+    }
+
+    #[tokio::test]
+    async fn an_event_about_an_object_with_the_longest_name_has_a_name_it_may_have() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a url"));
+        let client = Client::try_from(config).expect("a client");
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "idem".into(),
+                instance: None,
+            },
+        );
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "Created".into(),
+            note: None,
+            action: "Create".into(),
+            secondary: None,
+        };
+        let about = |name: String| ObjectReference {
+            kind: Some("ConfigMap".into()),
+            namespace: Some("ns".into()),
+            name: Some(name),
+            ..ObjectReference::default()
+        };
+        let short = recorder
+            .event(&event, &about("web".into()))
+            .metadata
+            .name
+            .unwrap();
+        assert!(short.starts_with("web."), "{short}");
+        let longest = format!("{}-{}", "a".repeat(235), "b".repeat(17));
+        let name = recorder
+            .event(&event, &about(longest))
+            .metadata
+            .name
+            .unwrap();
+        assert!(name.len() <= MAX_NAME, "{} characters", name.len());
+        assert!(name.starts_with(&"a".repeat(235)), "{name}");
+        assert!(!name.contains("-."), "no label ends with a dash: {name}");
     }
 }
