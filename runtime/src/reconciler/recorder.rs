@@ -244,6 +244,17 @@ impl Recorder {
 mod tests {
     use super::*;
 
+    /// A recorder whose client reaches no server (these tests send nothing).
+    fn recorder() -> Recorder {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a url"));
+        let client = Client::try_from(config).expect("a client");
+        let reporter = Reporter {
+            controller: "idem".into(),
+            instance: None,
+        };
+        Recorder::new(client, reporter)
+    }
+
     fn seen(at: Instant) -> Seen {
         Seen {
             name: "e".into(),
@@ -290,15 +301,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_repeat_is_the_same_type_action_reason_and_objects_whatever_its_note() {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a url"));
-        let client = Client::try_from(config).expect("a client");
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: "idem".into(),
-                instance: None,
-            },
-        );
+        let recorder = recorder();
         let regarding = ObjectReference {
             kind: Some("Tenant".into()),
             name: Some("acme".into()),
@@ -327,15 +330,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_event_about_an_object_with_the_longest_name_has_a_name_it_may_have() {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a url"));
-        let client = Client::try_from(config).expect("a client");
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: "idem".into(),
-                instance: None,
-            },
-        );
+        let recorder = recorder();
         let event = Event {
             type_: EventType::Normal,
             reason: "Created".into(),
