@@ -49,6 +49,11 @@ async fn remove_finalizers(tenants: &Api<Tenant>, name: &str, dry_run: bool) -> 
         .map(|_| ())
 }
 
+/// One test at a time: each stops its operator to act as an administrator while the operator
+/// is down, and another test's operator, running meanwhile on the same control plane, would
+/// reconcile this test's Tenants (put a removed finalizer back before the deletion it tries).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The operator as deployed (its ServiceAccount, under the shipped policies).
 fn deployed_operator() -> OperatorProcess {
     OperatorProcess::spawn_with(
@@ -100,6 +105,7 @@ async fn finalizer_back(tenants: &Api<Tenant>, name: &str) {
 
 #[tokio::test]
 async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_marked_done() {
+    let _serial = SERIAL.lock().await;
     install().await;
     let client = shared().client();
     let tenants = tenants::api(&client);
@@ -208,6 +214,7 @@ async fn a_tenants_finalizer_removed_by_hand_is_refused_until_its_cleanup_is_mar
 /// found by an adversarial trial). Deleted in the background, it keeps them.
 #[tokio::test]
 async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_keeps_its_data() {
+    let _serial = SERIAL.lock().await;
     install().await;
     let client = shared().client();
     let tenants = tenants::api(&client);
@@ -295,6 +302,7 @@ async fn a_tenant_deleted_in_the_foreground_is_refused_and_in_the_background_kee
 /// killed). Once it is back, the deletion keeps them.
 #[tokio::test]
 async fn a_tenant_that_lost_its_finalizer_is_not_deleted_until_its_operator_put_it_back() {
+    let _serial = SERIAL.lock().await;
     install().await;
     let client = shared().client();
     let tenants = tenants::api(&client);
