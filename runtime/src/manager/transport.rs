@@ -57,8 +57,10 @@ use tracing::Instrument;
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is dropped.
 pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
-/// Times a request refused unprocessed is sent again.
-const RESENDS: usize = 3;
+/// Times a request refused unprocessed is sent again. One `GOAWAY` refuses every stream the
+/// server had not started, and a request sent again at once may meet the same closing
+/// connection before the pool has seen it close: several resends in a row are normal.
+const RESENDS: usize = 10;
 
 /// The service [`builder`] returns (the same as kube's default stack).
 pub type Transport = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
@@ -320,6 +322,9 @@ impl Service<Request<Body>> for Route {
                         tracing::debug!(error = %e, "refused unprocessed; sending again");
                         resends += 1;
                         request = again.expect("checked");
+                        // Lets the connection's task read the `GOAWAY` first, so the pool
+                        // gives the resend a connection that is not closing.
+                        tokio::task::yield_now().await;
                     }
                     Err(e) => {
                         if !long && e.is_connect() {
