@@ -13,7 +13,7 @@ use kube::Client;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::resources::GROUP;
+use crate::resources::{GROUP, Tenant};
 use crate::tenant::quota_usage::UsageMemory;
 
 /// Shared state of the reconciles.
@@ -154,7 +154,12 @@ impl Context {
         let why = match live {
             None => NotTenantNamespace::Missing,
             Some(live) => {
-                if let Some(tenant) = tenant_of(&live) {
+                let tenant = match &self.namespaces {
+                    TenantNamespaces::Objects(_) => tenant_of(&live),
+                    // As the cache judges it: with the controller reference's uid too.
+                    TenantNamespaces::Tenants(tenants) => tenants.judge(&live.metadata),
+                };
+                if let Some(tenant) = tenant {
                     return Ok(Ok(tenant));
                 }
                 let label = live
@@ -198,7 +203,8 @@ pub enum NotTenantNamespace {
         controller: Option<String>,
     },
     /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
-    /// (no controller ownerReference to it): the label alone proves nothing.
+    /// (no controller ownerReference to it, or one whose uid is not that Tenant's): the label
+    /// alone proves nothing.
     NotControlled {
         /// The label's value.
         tenant: String,
@@ -225,6 +231,15 @@ fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
                 && r.api_version == format!("{GROUP}/v1alpha1")
         })
         .map(|r| r.name.clone())
+}
+
+/// Whether `uid` is that of Tenant `tenant` in `tenants`, or `tenants` does not know that
+/// Tenant (not listed yet, or another replica's: the garbage collector deletes a namespace
+/// whose controller reference names a Tenant that does not exist, or by a uid not its).
+pub fn is_tenants_uid(tenants: &Store<Tenant>, tenant: &str, uid: &str) -> bool {
+    tenants
+        .get(&ObjectRef::new(tenant))
+        .is_none_or(|t| t.metadata.uid.as_deref() == Some(uid))
 }
 
 /// [`tenant_of`] a namespace by its metadata (all it reads).

@@ -40,9 +40,17 @@ pub fn controller(
         watcher::Config::default(),
         sharded_children_config(shard, NAMESPACE_BUCKET_LABEL),
     )
-    // A namespace names a tenant only when that Tenant controls it.
+    // A namespace names a tenant only when that Tenant controls it: by the label and the
+    // controller reference's name, and at each read by its uid, which must be the Tenant's
+    // (a Tenant this replica does not know yet is the garbage collector's to judge).
     .namespace_tenants_with(namespaces, |meta| {
         crate::context::tenant_of_meta(meta).is_some()
+    })
+    .namespace_tenant_owner({
+        let tenants = tenants.clone();
+        move |tenant: &TenantKey, uid: &str| {
+            crate::context::is_tenants_uid(&tenants, tenant.as_str(), uid)
+        }
     })
     .tenant_weight(move |tenant: &TenantKey| {
         let t = tenants.get(&ObjectRef::new(tenant.as_str()))?;

@@ -8,7 +8,8 @@
 //! the controller's objects in it at once, past their backoff ([`Reason::NamespaceChanged`]):
 //! an object that failed for want of a tenant is not left to its backoff or resync. Memory: one
 //! short string per labelled namespace (the watch receives only metadata, and keeps none of it
-//! beyond the label's value).
+//! beyond the label's value, and the uid its controller ownerReference names when the controller
+//! checks it, [`OwnerFn`]).
 //!
 //! [`Reason::NamespaceChanged`]: super::Reason::NamespaceChanged
 
@@ -32,13 +33,27 @@ use crate::resource::TenantError;
 /// created by a tenant's own controller); see [`super::Controller::namespace_tenants_with`].
 pub type TrustFn = Arc<dyn Fn(&ObjectMeta) -> bool + Send + Sync>;
 
+/// Whether `uid`, the uid a namespace's controller ownerReference names, is tenant `tenant`'s
+/// object, asked each time the namespace's tenant is read; see
+/// [`super::Controller::namespace_tenant_owner`].
+pub type OwnerFn = Arc<dyn Fn(&TenantKey, &str) -> bool + Send + Sync>;
+
+/// What the cache keeps of a namespace that names a tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Named {
+    tenant: TenantKey,
+    /// The uid its controller ownerReference names (kept only when an [`OwnerFn`] reads it).
+    controller: Option<Box<str>>,
+}
+
 /// The tenant of each watched namespace that carries the label (and that the controller
 /// trusts): a cheap handle on the cache a controller fills.
 #[derive(Clone)]
 pub struct NamespaceTenants {
     label: &'static str,
-    tenants: Arc<RwLock<HashMap<String, TenantKey>>>,
+    tenants: Arc<RwLock<HashMap<String, Named>>>,
     trust: Option<TrustFn>,
+    owner: Option<OwnerFn>,
     synced: watch::Receiver<bool>,
     tx: Arc<watch::Sender<bool>>,
 }
@@ -62,6 +77,7 @@ impl NamespaceTenants {
             label,
             tenants: Arc::default(),
             trust: None,
+            owner: None,
             synced,
             tx: Arc::new(tx),
         }
@@ -73,23 +89,53 @@ impl NamespaceTenants {
         self
     }
 
+    /// A namespace names tenant `t` only while `owner` accepts (for `t`) the uid its controller
+    /// ownerReference names, judged at each read.
+    pub(crate) fn owned_by(mut self, owner: OwnerFn) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
     /// The label that names a namespace's tenant.
     pub fn label(&self) -> &'static str {
         self.label
     }
 
     /// The tenant namespace `namespace` belongs to: its label's value, when the namespace is
-    /// known, carries the label and is trusted; `None` otherwise.
+    /// known, carries the label, is trusted and (with an owner check) its controller
+    /// ownerReference names that tenant's object; `None` otherwise.
     pub fn get(&self, namespace: &str) -> Option<TenantKey> {
-        self.tenants.read().ok()?.get(namespace).cloned()
+        let tenants = self.tenants.read().ok()?;
+        let named = tenants.get(namespace)?;
+        self.owned(named).then(|| named.tenant.clone())
     }
 
-    /// Every known namespace with its tenant.
+    /// Every known namespace with its tenant (as [`NamespaceTenants::get`] says).
     pub fn all(&self) -> Vec<(String, TenantKey)> {
         self.tenants
             .read()
-            .map(|t| t.iter().map(|(n, k)| (n.clone(), k.clone())).collect())
+            .map(|t| {
+                (t.iter())
+                    .filter(|(_, named)| self.owned(named))
+                    .map(|(n, named)| (n.clone(), named.tenant.clone()))
+                    .collect()
+            })
             .unwrap_or_default()
+    }
+
+    /// The tenant a namespace with metadata `meta` names, judged as the cache judges it (the
+    /// label, the trust and the owner check), for a namespace read from the API server.
+    pub fn judge(&self, meta: &ObjectMeta) -> Option<TenantKey> {
+        (self.tenant_of(meta))
+            .filter(|named| self.owned(named))
+            .map(|named| named.tenant)
+    }
+
+    /// Whether `named` passes the owner check, if there is one.
+    fn owned(&self, named: &Named) -> bool {
+        self.owner.as_ref().is_none_or(|owner| {
+            (named.controller.as_deref()).is_some_and(|uid| owner(&named.tenant, uid))
+        })
     }
 
     /// Namespaces known to belong to a tenant.
@@ -111,17 +157,30 @@ impl NamespaceTenants {
     #[cfg(test)]
     pub(crate) fn insert_for_test(&self, namespace: &str, tenant: &str) {
         if let Ok(mut tenants) = self.tenants.write() {
-            tenants.insert(namespace.to_owned(), TenantKey::new(tenant));
+            let named = Named {
+                tenant: TenantKey::new(tenant),
+                controller: None,
+            };
+            tenants.insert(namespace.to_owned(), named);
         }
     }
 
-    /// The tenant of namespace `meta` by its label, if it has it and is trusted.
-    fn tenant_of(&self, meta: &ObjectMeta) -> Option<TenantKey> {
+    /// The tenant of namespace `meta` by its label, if it has it and is trusted (with, when
+    /// there is an owner check, the uid its controller ownerReference names).
+    fn tenant_of(&self, meta: &ObjectMeta) -> Option<Named> {
         let value = meta.labels.as_ref()?.get(self.label)?;
         if value.is_empty() || self.trust.as_ref().is_some_and(|trust| !trust(meta)) {
             return None;
         }
-        Some(TenantKey::new(value))
+        let controller = self.owner.as_ref().and_then(|_| {
+            let refs = meta.owner_references.iter().flatten();
+            let controller = refs.into_iter().find(|r| r.controller == Some(true))?;
+            Some(controller.uid.as_str().into())
+        });
+        Some(Named {
+            tenant: TenantKey::new(value),
+            controller,
+        })
     }
 
     /// The tenant of `namespace`: from the cache, or (a namespace the cache does not know as a
@@ -130,7 +189,7 @@ impl NamespaceTenants {
     ///
     /// # Errors
     /// [`TenantError::Api`] when the read fails, [`TenantError::MissingLabel`] when the
-    /// namespace lacks the label (or is not trusted to name a tenant).
+    /// namespace lacks the label (or is not trusted to name a tenant, or fails the owner check).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -149,7 +208,7 @@ impl NamespaceTenants {
                 namespace: namespace.to_owned(),
                 source: Box::new(source),
             })?;
-        self.tenant_of(&ns.metadata)
+        self.judge(&ns.metadata)
             .ok_or_else(|| TenantError::MissingLabel {
                 namespace: namespace.to_owned(),
                 label: self.label,
@@ -175,7 +234,7 @@ impl NamespaceTenants {
             let stream = watch_backoff(relisting(api, config));
             futures::pin_mut!(stream);
             // A relist's namespaces, swapped in at its end (one missing from it is gone).
-            let mut listing: Option<HashMap<String, TenantKey>> = None;
+            let mut listing: Option<HashMap<String, Named>> = None;
             // The first list tells nothing new: every object is queued by its own first list.
             let mut listed_once = false;
             while let Some(event) = stream.next().await {
@@ -251,7 +310,7 @@ impl NamespaceTenants {
 
 /// The namespaces whose tenant differs between `old` and `new` (in one and not the other, or
 /// another tenant), sorted.
-fn differing(old: &HashMap<String, TenantKey>, new: &HashMap<String, TenantKey>) -> Vec<String> {
+fn differing<T: PartialEq>(old: &HashMap<String, T>, new: &HashMap<String, T>) -> Vec<String> {
     let mut out: Vec<String> = old
         .iter()
         .filter(|(name, tenant)| new.get(*name) != Some(*tenant))
@@ -297,19 +356,55 @@ mod tests {
     }
 
     #[test]
+    fn with_an_owner_check_a_namespace_names_its_tenant_only_while_its_controller_is_the_tenants() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let is_owner = |t: &TenantKey, uid: &str| t.as_str() == "red" && uid == "u-red";
+        let tenants = NamespaceTenants::new("team").owned_by(Arc::new(is_owner));
+        let namespace = |uid: &str, controller: bool| ObjectMeta {
+            owner_references: Some(vec![OwnerReference {
+                uid: uid.into(),
+                controller: Some(controller),
+                ..OwnerReference::default()
+            }]),
+            ..meta(&[("team", "red")], false)
+        };
+        let cases = [
+            ("genuine", namespace("u-red", true)),
+            ("forged", namespace("u-forged", true)),
+            ("not-controller", namespace("u-red", false)),
+            ("no-reference", meta(&[("team", "red")], false)),
+        ];
+        for (name, meta) in cases {
+            let named = tenants.tenant_of(&meta).expect("labelled");
+            tenants.tenants.write().unwrap().insert(name.into(), named);
+        }
+        let red = TenantKey::new("red");
+        assert_eq!(tenants.get("genuine"), Some(red.clone()));
+        for name in ["forged", "not-controller", "no-reference"] {
+            assert_eq!(tenants.get(name), None, "{name}");
+        }
+        assert_eq!(tenants.all(), [("genuine".to_owned(), red)]);
+        // Without an owner check no uid is kept, and the label names the tenant.
+        let plain = NamespaceTenants::new("team").tenant_of(&namespace("u-forged", true));
+        assert_eq!(plain.and_then(|n| n.controller), None);
+    }
+
+    #[test]
     fn the_tenant_is_the_labels_value_of_a_trusted_namespace() {
         let plain = NamespaceTenants::new("team");
+        let tenant =
+            |of: &NamespaceTenants, meta: &ObjectMeta| of.tenant_of(meta).map(|n| n.tenant);
         assert_eq!(
-            plain.tenant_of(&meta(&[("team", "red")], false)),
+            tenant(&plain, &meta(&[("team", "red")], false)),
             Some(TenantKey::new("red"))
         );
-        assert_eq!(plain.tenant_of(&meta(&[("team", "")], false)), None);
-        assert_eq!(plain.tenant_of(&meta(&[("other", "red")], false)), None);
+        assert_eq!(tenant(&plain, &meta(&[("team", "")], false)), None);
+        assert_eq!(tenant(&plain, &meta(&[("other", "red")], false)), None);
         let strict = NamespaceTenants::new("team")
             .trusting(Arc::new(|m: &ObjectMeta| m.annotations.is_some()));
-        assert_eq!(strict.tenant_of(&meta(&[("team", "red")], false)), None);
+        assert_eq!(tenant(&strict, &meta(&[("team", "red")], false)), None);
         assert_eq!(
-            strict.tenant_of(&meta(&[("team", "red")], true)),
+            tenant(&strict, &meta(&[("team", "red")], true)),
             Some(TenantKey::new("red"))
         );
     }
