@@ -9,9 +9,9 @@ use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use idem_runtime::controller::NamespaceTenants;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Client;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
 
 use crate::resources::{GROUP, Tenant};
 use crate::tenant::quota_usage::UsageMemory;
@@ -90,17 +90,22 @@ impl Context {
         }
     }
 
-    /// The namespaces (full names, sorted) that exist and that tenant `tenant` controls, from
+    /// The namespaces (full names, sorted) that exist and that Tenant `tenant` controls, from
     /// the namespace cache and, for the names in `listed` (a sharded replica's namespace cache
     /// holds only its TenantApps' namespaces), the Tenant controller's Namespace child cache
-    /// (see [`tenant_of`]).
-    pub fn namespaces_of(&self, tenant: &str, listed: &[String]) -> Vec<String> {
-        let key = TenantKey::new(tenant);
+    /// (see [`tenant_of`]; there, by a controller ownerReference with the Tenant's uid).
+    pub fn namespaces_of(&self, tenant: &Tenant, listed: &[String]) -> Vec<String> {
+        let key = TenantKey::new(tenant.name_any());
+        let controlled = |ns: &Namespace| {
+            let refs = ns.metadata.owner_references.iter().flatten();
+            let controller = refs.into_iter().find(|r| r.controller == Some(true));
+            controller.is_some_and(|r| tenant.metadata.uid.as_ref() == Some(&r.uid))
+        };
         let children = listed.iter().filter_map(|name| {
             self.caches
                 .lookup::<Namespace>(None, name)
                 .flatten()
-                .filter(|ns| tenant_of(ns).as_ref() == Some(&key))
+                .filter(|ns| tenant_of(ns).as_ref() == Some(&key) && controlled(ns))
         });
         let cached: Vec<String> = match &self.namespaces {
             TenantNamespaces::Objects(store) => (store.state().iter())

@@ -93,7 +93,10 @@ impl Controllers for Operator {
             shard.map(|s| s.ranges()),
         )
         .with_metrics(start.metrics.clone())
-        .with_synced_signal(app_synced);
+        .with_synced_signal(app_synced)
+        // Its reconciles and the namespaces' owner check read the Tenants' cache: a namespace
+        // is judged by the Tenant it names only once the Tenants are listed.
+        .workers_after(tenant_ready.clone());
         // The apps' controller watches the operator's namespaces for their tenants; the
         // reconciles read them from there too (one watch, and per namespace only its tenant).
         let namespaces = apps

@@ -63,14 +63,17 @@ async fn a_namespace_whose_controller_reference_has_another_uid_names_no_tenant(
 
     let app =
         apps::wait_condition(&client, &forged, "web", "Stalled", "NotInTenantNamespace").await;
-    let conditions = app.status.unwrap_or_default().conditions;
-    let message = &conditions
-        .iter()
+    let status = app.status.unwrap_or_default();
+    let message = &(status.conditions.iter())
         .find(|c| c.type_ == "Stalled")
         .unwrap()
         .message;
     assert!(message.contains("no Tenant controls it"), "{message}");
-    assert!(message.contains("uid"), "{message}");
+    assert!(
+        status.created_children.is_empty(),
+        "the forged namespace's app made children: {:?}",
+        status.created_children
+    );
 
     // The same claim with the Tenant's own uid (what the garbage collector keeps) is the
     // tenant's: the app is judged and its children made, not stalled outside a tenant.

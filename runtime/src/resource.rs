@@ -30,6 +30,19 @@ pub enum TenantError {
         /// The label that was expected on it.
         label: &'static str,
     },
+    /// The object's namespace carries the tenant label but may not name a tenant: the
+    /// controller does not trust it, or its controller ownerReference is not the tenant
+    /// object's (see `Controller::namespace_tenants_with` and
+    /// `Controller::namespace_tenant_owner`).
+    #[error(
+        "namespace {namespace:?} is labelled {label:?} but may not name a tenant (not trusted, or its controller ownerReference is not the tenant's)"
+    )]
+    Untrusted {
+        /// The namespace that was looked at.
+        namespace: String,
+        /// The label it carries.
+        label: &'static str,
+    },
     /// The spec field named by `tenant = field(...)` is empty or unset.
     #[error("spec field {field:?} that names the tenant is empty")]
     EmptyField {

@@ -12,7 +12,6 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 
 use super::desired;
 use super::finalize::waiting_poll;
@@ -198,7 +197,7 @@ impl Reconciler for Tenants {
     fn failed_status(&self, tenant: &Tenant, status: &mut TenantStatus) {
         // The namespaces that exist, so that the count does not say 0 while they are there.
         let listed = super::desired::namespace_names(tenant);
-        set_namespaces(status, &self.ctx.namespaces_of(&tenant.name_any(), &listed));
+        set_namespaces(status, &self.ctx.namespaces_of(tenant, &listed));
     }
 }
 

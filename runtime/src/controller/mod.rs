@@ -192,6 +192,8 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     config: ControllerConfig,
     metrics: Option<Metrics>,
     synced: Option<tokio::sync::watch::Sender<bool>>,
+    /// Signals the workers also wait for ([`Controller::workers_after`]).
+    workers_after: Vec<tokio::sync::watch::Receiver<bool>>,
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
     caches: Option<crate::cache::ChildCaches>,
@@ -238,6 +240,7 @@ where
             config: ControllerConfig::default(),
             metrics: None,
             synced: None,
+            workers_after: Vec::new(),
             store,
             writer,
             caches: None,
@@ -533,6 +536,15 @@ where
         self
     }
 
+    /// Start the workers only once `ready` is also `true` (e.g. another controller's synced
+    /// signal, when the reconciles or the tenant lookup read that controller's cache), not
+    /// only once this controller's own caches are synced. Its readiness is unchanged.
+    #[must_use]
+    pub fn workers_after(mut self, ready: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.workers_after.push(ready);
+        self
+    }
+
     /// Run until `shutdown` resolves: start the watches, wait for every cache to sync, then
     /// reconcile with [`ControllerConfig::workers`] workers. On shutdown, stop the watches and
     /// the queue, wait up to [`ControllerConfig::shutdown_grace`] for running reconciles and
@@ -642,7 +654,7 @@ where
         }
         tokio::pin!(shutdown);
         let all_synced = async {
-            for mut rx in synced {
+            for mut rx in synced.into_iter().chain(self.workers_after) {
                 // An Err means the watch task ended; it cannot, short of a panic.
                 let _ = rx.wait_for(|s| *s).await;
             }

@@ -6,10 +6,11 @@
 //! read here, so a converged reconcile makes no request for them. A namespace whose tenant
 //! changes (it gains, loses or changes the label, its trust changes, or it is deleted) queues
 //! the controller's objects in it at once, past their backoff ([`Reason::NamespaceChanged`]):
-//! an object that failed for want of a tenant is not left to its backoff or resync. Memory: one
-//! short string per labelled namespace (the watch receives only metadata, and keeps none of it
-//! beyond the label's value, and the uid its controller ownerReference names when the controller
-//! checks it, [`OwnerFn`]).
+//! an object that failed for want of a tenant is not left to its backoff or resync (an owner
+//! check's verdict, [`OwnerFn`], is made at each read: a change of what it reads queues
+//! nothing). Memory: per labelled namespace its name, the label's value and, with an owner
+//! check, the uid its controller ownerReference names (the watch receives only metadata, and
+//! keeps nothing else of it).
 //!
 //! [`Reason::NamespaceChanged`]: super::Reason::NamespaceChanged
 
@@ -138,7 +139,7 @@ impl NamespaceTenants {
         })
     }
 
-    /// Namespaces known to belong to a tenant.
+    /// Namespaces known, labelled and trusted (before the owner check, which is made at reads).
     pub fn len(&self) -> usize {
         self.tenants.read().map(|t| t.len()).unwrap_or(0)
     }
@@ -189,7 +190,8 @@ impl NamespaceTenants {
     ///
     /// # Errors
     /// [`TenantError::Api`] when the read fails, [`TenantError::MissingLabel`] when the
-    /// namespace lacks the label (or is not trusted to name a tenant, or fails the owner check).
+    /// namespace lacks the label, [`TenantError::Untrusted`] when it has it but is not trusted
+    /// to name a tenant or fails the owner check.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -208,11 +210,16 @@ impl NamespaceTenants {
                 namespace: namespace.to_owned(),
                 source: Box::new(source),
             })?;
-        self.judge(&ns.metadata)
-            .ok_or_else(|| TenantError::MissingLabel {
-                namespace: namespace.to_owned(),
-                label: self.label,
-            })
+        let labelled = (ns.metadata.labels.as_ref())
+            .and_then(|l| l.get(self.label))
+            .is_some_and(|v| !v.is_empty());
+        let namespace = namespace.to_owned();
+        let label = self.label;
+        self.judge(&ns.metadata).ok_or(if labelled {
+            TenantError::Untrusted { namespace, label }
+        } else {
+            TenantError::MissingLabel { namespace, label }
+        })
     }
 
     /// The watch that fills the cache: every namespace `config` selects, metadata only.
