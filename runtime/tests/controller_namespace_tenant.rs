@@ -267,6 +267,22 @@ async fn label_namespace(admin: &kube::Client, ns: &str, tenant: Option<&str>) {
         .unwrap();
 }
 
+/// One worker, with resyncs and retries an hour apart: a pass that runs within a test's time
+/// was queued by a watch event (or is the first).
+fn an_hour_apart() -> ControllerConfig {
+    let hour = Duration::from_secs(3600);
+    ControllerConfig {
+        workers: 1,
+        resync_period: hour,
+        backoff: idem_runtime::backoff::BackoffConfig {
+            base: hour,
+            cap: hour,
+            ..idem_runtime::backoff::BackoffConfig::default()
+        },
+        ..ControllerConfig::default()
+    }
+}
+
 /// An object in a namespace that names no tenant fails its passes (its children cannot be
 /// labelled with a tenant); once the namespace gains the label, it is reconciled at once,
 /// not after its backoff or resync (both an hour here), and when the label names another
@@ -298,22 +314,7 @@ async fn a_namespace_that_gains_or_changes_its_tenant_wakes_its_objects() {
     notebooks.create(&PostParams::default(), &nb).await.unwrap();
 
     let mut registry = Registry::default();
-    let hour = Duration::from_secs(3600);
-    let controller = notebooks_controller(
-        &admin,
-        &ns,
-        &mut registry,
-        ControllerConfig {
-            workers: 1,
-            resync_period: hour,
-            backoff: idem_runtime::backoff::BackoffConfig {
-                base: hour,
-                cap: hour,
-                ..idem_runtime::backoff::BackoffConfig::default()
-            },
-            ..ControllerConfig::default()
-        },
-    );
+    let controller = notebooks_controller(&admin, &ns, &mut registry, an_hour_apart());
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(
         Driver::new(admin.clone(), Notebooks).run(controller, async {
@@ -406,28 +407,13 @@ async fn an_owner_check_judges_each_read_and_the_workers_wait_for_their_gate() {
     let (gate, gated) = tokio::sync::watch::channel(false);
     let (synced_tx, mut synced) = tokio::sync::watch::channel(false);
     let mut registry = Registry::default();
-    let hour = Duration::from_secs(3600);
     let check = known.clone();
-    let controller = notebooks_controller(
-        &admin,
-        &ok,
-        &mut registry,
-        ControllerConfig {
-            workers: 1,
-            resync_period: hour,
-            backoff: idem_runtime::backoff::BackoffConfig {
-                base: hour,
-                cap: hour,
-                ..idem_runtime::backoff::BackoffConfig::default()
-            },
-            ..ControllerConfig::default()
-        },
-    )
-    .namespace_tenant_owner(move |tenant, uid| {
-        tenant.as_str() == "team-red" && *check.lock().unwrap() == uid
-    })
-    .workers_after(gated)
-    .with_synced_signal(synced_tx);
+    let controller = notebooks_controller(&admin, &ok, &mut registry, an_hour_apart())
+        .namespace_tenant_owner(move |tenant, uid| {
+            tenant.as_str() == "team-red" && *check.lock().unwrap() == uid
+        })
+        .workers_after(gated)
+        .with_synced_signal(synced_tx);
     let tenants = controller
         .namespace_tenants()
         .expect("a namespace_label kind");
