@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 #[derive(Debug, Default, FromMeta)]
 pub struct ContainerOpts {
     /// `tenant = name | namespace | namespace_label("key") | field(path)`.
-    pub tenant: Option<syn::Expr>,
+    pub tenant: Option<Unquoted>,
     /// `field_manager = "idem-operator"`.
     pub field_manager: Option<SpannedValue<String>>,
     /// `label_prefix = "teams.example.com"`: the prefix of the labels and the annotation idem
@@ -19,12 +19,43 @@ pub struct ContainerOpts {
     /// `conditions(Ready, Reconciling, Stalled, "example.com/Custom")`.
     pub conditions: Option<SpannedValue<Conditions>>,
     /// `prune = owner_references`: no record of created children in the status.
-    pub prune: Option<syn::Expr>,
+    pub prune: Option<Unquoted>,
     /// `crate = "::idem_runtime"`: where the runtime is, for re-exports.
     #[darling(rename = "crate")]
     pub krate: Option<syn::Path>,
     /// `skip` belongs on fields; accepted here only to say so clearly.
     pub skip: Flag,
+}
+
+/// A `key = form` value written as an expression. darling would also read `key = "form"` (a
+/// string holding the expression); refused, so each form has one spelling.
+#[derive(Debug)]
+pub struct Unquoted(pub syn::Expr);
+
+impl FromMeta for Unquoted {
+    fn from_meta(item: &syn::Meta) -> darling::Result<Self> {
+        let syn::Meta::NameValue(nv) = item else {
+            return Err(darling::Error::unsupported_format("list or word").with_span(item));
+        };
+        match &nv.value {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => {
+                let key = nv
+                    .path
+                    .get_ident()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let value = s.value();
+                Err(darling::Error::custom(format!(
+                    "write `{key} = {value}` without quotes: `{key}` takes a form, not a string"
+                ))
+                .with_span(s))
+            }
+            value => Ok(Self(value.clone())),
+        }
+    }
 }
 
 /// `#[idempotent(...)]` on a field.

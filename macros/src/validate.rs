@@ -355,7 +355,7 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         }
         None => KSTATUS.iter().map(|s| (*s).to_owned()).collect(),
     };
-    let tenant = match &opts.tenant {
+    let tenant = match opts.tenant.as_ref().map(|u| &u.0) {
         Some(expr) => {
             let t = parse_tenant(expr, fields.as_deref(), errors);
             if kube.is_some() {
@@ -376,7 +376,7 @@ pub fn validate(input: Input<'_>, errors: &mut darling::error::Accumulator) -> M
         None if namespaced => Tenant::NamespaceLabel(None),
         None => Tenant::Name,
     };
-    let record = match &opts.prune {
+    let record = match opts.prune.as_ref().map(|u| &u.0) {
         None => true,
         Some(syn::Expr::Path(p)) if p.path.is_ident("owner_references") => false,
         Some(syn::Expr::Path(p)) if p.path.is_ident("record") => true,
