@@ -275,6 +275,26 @@ async fn convergence_limits_are_the_options() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_subject_left_stalled_by_a_quiet_pass_fails_without_waiting_out_the_settle_timeout() {
+    let options = Options {
+        settle_timeout: Duration::from_secs(600),
+        ..Options::default()
+    };
+    let started = std::time::Instant::now();
+    let report = Kit::new(idem_tests::shared(), setup(Flaw::StallsQuietly, 2).await)
+        .options(options)
+        .checks(&[Check::Repeat])
+        .run_all()
+        .await
+        .expect("the kit runs");
+    let cause = report.cause.clone().unwrap_or_default();
+    assert!(cause.contains("Stalled=True (CannotBeDone)"), "{report}");
+    assert!(cause.contains("left it Stalled"), "{report}");
+    // Well within the 600 s it would otherwise wait (the run is seconds).
+    assert!(started.elapsed() < Duration::from_secs(300), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn faults_allow_one_retry_per_fault_to_a_three_request_reconcile() {
     // Two children and a status: 3 requests clean. Under faults a write may be made again from
     // a cache that had not yet seen it after the expired watch, and a pass failed by a fault

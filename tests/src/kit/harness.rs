@@ -165,6 +165,26 @@ impl<'a, S: Subject> Harness<'a, S> {
             .map_err(|e| Error::Setup(format!("decoding the primary object: {e}")))
     }
 
+    /// Whether the primary's `Stalled` condition is true for its current generation (a
+    /// terminal condition, as idem's derived resources write it: bad input, a child kind not
+    /// declared).
+    async fn stalled(&self, instance: &Instance) -> bool {
+        let Ok(obj) = self
+            .api(instance.namespace.as_deref(), &self.primary)
+            .get(&instance.name)
+            .await
+        else {
+            return false;
+        };
+        let status = &obj.data["status"];
+        let current = status["observedGeneration"].as_i64() == obj.metadata.generation;
+        let conditions = status["conditions"].as_array().into_iter().flatten();
+        current
+            && conditions
+                .into_iter()
+                .any(|c| c["type"] == "Stalled" && c["status"] == "True")
+    }
+
     /// The primary's status conditions in one line (`type=status (reason): message`), for
     /// the evidence of a check that did not settle: a `Stalled` condition names the cause
     /// (such as a child name every instance shares in the one namespace of a run).
@@ -278,6 +298,14 @@ impl<'a, S: Subject> Harness<'a, S> {
                 if self.settle(session, probe, instance, &mut conv).await? {
                     return Ok(Ok(conv));
                 }
+                if self.stalled(instance).await {
+                    return Ok(Err(format!(
+                        "converged, but a pass that wrote nothing left it Stalled for its \
+                         generation (it will not settle by waiting); the primary's \
+                         conditions: {}",
+                        self.primary_conditions(instance).await
+                    )));
+                }
                 return Ok(Err(format!(
                     "converged but not settled (the subject's `settled`) within {} s; the \
                      last pass: {}; the primary's conditions: {}",
@@ -319,7 +347,8 @@ impl<'a, S: Subject> Harness<'a, S> {
     }
 
     /// Passes every 100 ms until the primary object is [`Subject::settled`] after a pass
-    /// without writes (`true`), or [`Options::settle_timeout`] passes (`false`).
+    /// without writes (`true`), or [`Options::settle_timeout`] passes or such a pass leaves it
+    /// `Stalled` for its generation (`false`).
     async fn settle(
         &self,
         session: &S::Session,
@@ -334,6 +363,10 @@ impl<'a, S: Subject> Harness<'a, S> {
         loop {
             if quiet && self.subject.settled(&self.read_primary(instance).await?) {
                 return Ok(true);
+            }
+            // A pass that wrote nothing left it Stalled: it will not settle by waiting.
+            if quiet && self.stalled(instance).await {
+                return Ok(false);
             }
             if start.elapsed() >= self.options.settle_timeout || probe.has_tripped() {
                 return Ok(false);

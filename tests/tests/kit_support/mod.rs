@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use idem_tests::kit::{BoxError, Children, Subject};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -65,6 +65,9 @@ pub struct WidgetStatus {
     /// The children it created ([`Flaw::StaleRecord`] only), by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<Vec<String>>,
+    /// `Stalled` ([`Flaw::StallsQuietly`] only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
 }
 
 /// What is wrong with a reconcile.
@@ -99,6 +102,9 @@ pub enum Flaw {
     ErrorInStatus,
     /// Never says it is done ([`Subject::settled`] is always false).
     NeverSettles,
+    /// Makes its children, then says `Stalled=True` for the generation (once) and is never
+    /// done: what a resource does with input it cannot act on.
+    StallsQuietly,
     /// Never returns from a reconcile.
     Hangs,
     /// Not a flaw: also a child `<widget>-secret` whose value is generated when it is created
@@ -234,6 +240,7 @@ impl Widgets {
                 Some(now())
             },
             created: record.or_else(|| old.created.clone()),
+            conditions: old.conditions.clone(),
         };
         if status == old && !always {
             return Ok(());
@@ -250,6 +257,27 @@ impl Widgets {
             &Patch::Merge(&patch),
         )
         .await?;
+        Ok(())
+    }
+
+    /// [`Flaw::StallsQuietly`]'s status: `Stalled=True` for the generation, written once.
+    async fn write_stalled(&self, c: &Cache, w: &Widget) -> Result<(), BoxError> {
+        let old = w.status.clone().unwrap_or_default();
+        if old.observed_generation == w.metadata.generation && old.conditions.is_some() {
+            return Ok(());
+        }
+        let stalled = serde_json::json!({"type": "Stalled", "status": "True",
+            "reason": "CannotBeDone", "message": "the widget asks for what cannot be",
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": w.metadata.generation});
+        let patch = serde_json::json!({"status": {"phase": "Stalled",
+            "observedGeneration": w.metadata.generation, "conditions": [stalled]}});
+        Api::<Widget>::namespaced(c.client.clone(), &self.ns)
+            .patch_status(
+                &w.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
         Ok(())
     }
 
@@ -536,7 +564,7 @@ impl Subject for Widgets {
     }
 
     fn settled(&self, _w: &Widget) -> bool {
-        self.flaw != Flaw::NeverSettles
+        !matches!(self.flaw, Flaw::NeverSettles | Flaw::StallsQuietly)
     }
 
     async fn reconcile(&self, c: &Cache, w: Arc<Widget>) -> Result<(), BoxError> {
@@ -571,6 +599,9 @@ impl Subject for Widgets {
             Flaw::StaleRecord => Some(self.prune_recorded(c, &w, made).await?),
             _ => None,
         };
+        if self.flaw == Flaw::StallsQuietly {
+            return self.write_stalled(c, &w).await;
+        }
         let always = self.flaw == Flaw::StatusEveryPass;
         self.write_status_recording(c, &w, "Ready", None, always, record)
             .await
