@@ -34,19 +34,34 @@ pub struct Unquoted(pub syn::Expr);
 
 impl FromMeta for Unquoted {
     fn from_meta(item: &syn::Meta) -> darling::Result<Self> {
-        let syn::Meta::NameValue(nv) = item else {
-            return Err(darling::Error::unsupported_format("list or word").with_span(item));
+        let key = item
+            .path()
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let forms = match key.as_str() {
+            "tenant" => {
+                "`tenant = name`, `tenant = namespace`, `tenant = namespace_label(\"key\")` or `tenant = field(path)`"
+            }
+            "prune" => "`prune = record` or `prune = owner_references`",
+            _ => "`key = form`",
         };
-        match &nv.value {
+        let syn::Meta::NameValue(nv) = item else {
+            return Err(darling::Error::custom(format!(
+                "`{key}` takes a form after `=`: write {forms}"
+            ))
+            .with_span(item));
+        };
+        // A `macro_rules!` substitution wraps the expression in an invisible group.
+        let mut value = &nv.value;
+        while let syn::Expr::Group(group) = value {
+            value = &group.expr;
+        }
+        match value {
             syn::Expr::Lit(syn::ExprLit {
                 lit: syn::Lit::Str(s),
                 ..
             }) => {
-                let key = nv
-                    .path
-                    .get_ident()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
                 let value = s.value();
                 Err(darling::Error::custom(format!(
                     "write `{key} = {value}` without quotes: `{key}` takes a form, not a string"

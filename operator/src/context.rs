@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use idem_runtime::controller::NamespaceTenants;
+use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -167,6 +167,12 @@ impl Context {
                 if let Some(tenant) = tenant {
                     return Ok(Ok(tenant));
                 }
+                // Labelled and controlled by the Tenant's name, not in its record (yet).
+                if let Some(tenant) = tenant_of(&live) {
+                    return Ok(Err(NotTenantNamespace::NotRecorded {
+                        tenant: tenant.as_str().to_owned(),
+                    }));
+                }
                 let label = live
                     .metadata
                     .labels
@@ -207,6 +213,14 @@ pub enum NotTenantNamespace {
         /// put the label back).
         controller: Option<String>,
     },
+    /// The namespace has the label (naming `tenant`) and a controller reference to that
+    /// Tenant, but the Tenant's record of what it created does not hold it: either it was
+    /// just created (the record is written at the end of the Tenant's reconcile, and may not
+    /// have reached this replica yet) or the Tenant did not make it. Retried with backoff.
+    NotRecorded {
+        /// The label's value.
+        tenant: String,
+    },
     /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
     /// (no controller ownerReference to it, or one whose uid is not that Tenant's): the label
     /// alone proves nothing.
@@ -238,13 +252,24 @@ fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
-/// Whether `uid` is that of Tenant `tenant` in `tenants`, or `tenants` does not know that
-/// Tenant (not listed yet, or another replica's: the garbage collector deletes a namespace
-/// whose controller reference names a Tenant that does not exist, or by a uid not its).
-pub fn is_tenants_uid(tenants: &Store<Tenant>, tenant: &str, uid: &str) -> bool {
-    tenants
-        .get(&ObjectRef::new(tenant))
-        .is_none_or(|t| t.metadata.uid.as_deref() == Some(uid))
+/// Whether namespace `namespace` with uid `uid` is Tenant `tenant`'s by what only idem writes:
+/// the Tenant's record of the children it created holds the uid (or this process created it
+/// and no record holds it yet; see `ChildCaches::made_by`). A Tenant that `tenants` does not
+/// hold (not listed yet, or another replica's when each keeps only its own) is not judged
+/// here: such a namespace is taken by its label and controller reference alone.
+pub fn is_tenants_namespace(
+    tenants: &Store<Tenant>,
+    caches: &ChildCaches,
+    tenant: &str,
+    namespace: &str,
+    uid: &str,
+) -> bool {
+    tenants.get(&ObjectRef::new(tenant)).is_none()
+        || caches.made_by(
+            &ObjectKey::cluster("Tenant", tenant),
+            &ObjectKey::cluster("Namespace", namespace),
+            uid,
+        )
 }
 
 /// [`tenant_of`] a namespace by its metadata (all it reads).

@@ -80,23 +80,26 @@ impl Controllers for Operator {
         };
         let (tenant_synced, tenant_ready) = watch::channel(false);
         let (app_synced, app_ready) = watch::channel(false);
+        let (tenants_listed_tx, tenants_listed) = watch::channel(false);
         let mut tenants =
             tenant::source::controller(client, config("tenant"), shard.map(|s| s.ranges()))
                 .with_metrics(start.metrics.clone())
-                .with_synced_signal(tenant_synced);
+                .with_synced_signal(tenant_synced)
+                .with_primary_synced_signal(tenants_listed_tx);
         let tenant_store = tenants.store();
         let mut apps = tenant_app::source::controller(
             client,
             ns_config,
             config("tenantapp"),
             tenants.store(),
+            start.caches.clone(),
             shard.map(|s| s.ranges()),
         )
         .with_metrics(start.metrics.clone())
         .with_synced_signal(app_synced)
-        // Its reconciles and the namespaces' owner check read the Tenants' cache: a namespace
-        // is judged by the Tenant it names only once the Tenants are listed.
-        .workers_after(tenant_ready.clone());
+        // Its reconciles and the namespaces' owner check read the Tenants' cache and records:
+        // a namespace is judged by the Tenant it names only once the Tenants are listed.
+        .workers_after(tenants_listed);
         // The apps' controller watches the operator's namespaces for their tenants; the
         // reconciles read them from there too (one watch, and per namespace only its tenant).
         let namespaces = apps

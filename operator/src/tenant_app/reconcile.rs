@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
 
 use super::{desired, status};
-use crate::context::Context;
+use crate::context::{Context, NotTenantNamespace};
 use crate::error::Error;
 use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 
@@ -66,6 +66,18 @@ impl Reconciler for TenantApps {
         };
         let tenant = match resolved {
             Ok(tenant) => tenant,
+            // Most likely a namespace its Tenant has just created: retried with backoff (and
+            // Stalled after a few failures in a row, if it never comes).
+            Err(NotTenantNamespace::NotRecorded { tenant }) => {
+                return Err(Error::Other(
+                    format!(
+                        "namespace {namespace} is labelled and controlled by Tenant {tenant}, but \
+                         that Tenant's record of the namespaces it created does not hold it \
+                         (yet): only a namespace the Tenant made is its"
+                    )
+                    .into(),
+                ));
+            }
             Err(why) => {
                 return Ok(
                     Outcome::new(status::not_in_tenant_namespace(&namespace, &why))

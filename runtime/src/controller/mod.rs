@@ -194,6 +194,8 @@ pub struct Controller<K: Resource<DynamicType = ()> + Clone + 'static> {
     synced: Option<tokio::sync::watch::Sender<bool>>,
     /// Signals the workers also wait for ([`Controller::workers_after`]).
     workers_after: Vec<tokio::sync::watch::Receiver<bool>>,
+    /// Told whether the primary watch alone is synced ([`Controller::with_primary_synced_signal`]).
+    primary_synced: Option<tokio::sync::watch::Sender<bool>>,
     store: reflector::Store<K>,
     writer: reflector::store::Writer<K>,
     caches: Option<crate::cache::ChildCaches>,
@@ -241,6 +243,7 @@ where
             metrics: None,
             synced: None,
             workers_after: Vec::new(),
+            primary_synced: None,
             store,
             writer,
             caches: None,
@@ -536,9 +539,19 @@ where
         self
     }
 
-    /// Start the workers only once `ready` is also `true` (e.g. another controller's synced
-    /// signal, when the reconciles or the tenant lookup read that controller's cache), not
-    /// only once this controller's own caches are synced. Its readiness is unchanged.
+    /// Keeps `synced` equal to whether the primary watch alone has listed and is established
+    /// (as [`Controller::with_synced_signal`], without the child watches): for another
+    /// controller whose reconciles read this one's primary cache ([`Controller::store`]).
+    #[must_use]
+    pub fn with_primary_synced_signal(mut self, synced: tokio::sync::watch::Sender<bool>) -> Self {
+        self.primary_synced = Some(synced);
+        self
+    }
+
+    /// Start the workers only once `ready` is also `true` (e.g. another controller's
+    /// [`Controller::with_primary_synced_signal`], when the reconciles or the tenant lookup
+    /// read that controller's cache), not only once this controller's own caches are synced;
+    /// never, should its sender go away before. Its readiness is unchanged.
     #[must_use]
     pub fn workers_after(mut self, ready: tokio::sync::watch::Receiver<bool>) -> Self {
         self.workers_after.push(ready);
@@ -653,10 +666,30 @@ where
             watches.spawn(all_ready(synced.clone(), out));
         }
         tokio::pin!(shutdown);
+        if let Some(out) = self.primary_synced.take() {
+            let mut rx = synced[0].clone();
+            watches.spawn(async move {
+                loop {
+                    out.send_replace(*rx.borrow_and_update());
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let after = self.workers_after;
         let all_synced = async {
-            for mut rx in synced.into_iter().chain(self.workers_after) {
+            for mut rx in synced {
                 // An Err means the watch task ended; it cannot, short of a panic.
                 let _ = rx.wait_for(|s| *s).await;
+            }
+            for mut rx in after {
+                if rx.wait_for(|s| *s).await.is_err() {
+                    // What it waited for stopped before it was ready: never start.
+                    tracing::error!(controller = %name, "a signal the workers wait for \
+                        (workers_after) ended before it was true: the workers do not start");
+                    std::future::pending::<()>().await;
+                }
             }
         };
         let mut workers = JoinSet::new();

@@ -74,6 +74,21 @@ pub(crate) struct Reference<S: Subject> {
 /// Equal end states after this many passes in a row that wrote count as converged.
 const STABLE_PASSES: usize = 3;
 
+/// How long passes that write nothing must leave the primary with the same `Stalled`
+/// condition before a convergence stops waiting for it to settle: a condition that clears by
+/// itself (a Deployment's `ReplicaFailure` once its quota's status is filled) clears sooner.
+pub(crate) const STALLED_GRACE: Duration = Duration::from_secs(10);
+
+/// Where a convergence's wait for [`Subject::settled`] ended.
+pub(crate) enum Settle {
+    /// Settled after a pass without writes.
+    Settled,
+    /// [`Options::settle_timeout`] passed (or the probe tripped).
+    TimedOut,
+    /// Passes without writes left it with the same `Stalled` condition for [`STALLED_GRACE`].
+    Stalled,
+}
+
 pub(crate) struct Harness<'a, S: Subject> {
     pub(crate) cp: &'a ControlPlane,
     pub(crate) subject: &'a S,
@@ -165,24 +180,23 @@ impl<'a, S: Subject> Harness<'a, S> {
             .map_err(|e| Error::Setup(format!("decoding the primary object: {e}")))
     }
 
-    /// Whether the primary's `Stalled` condition is true for its current generation (a
-    /// terminal condition, as idem's derived resources write it: bad input, a child kind not
-    /// declared).
-    async fn stalled(&self, instance: &Instance) -> bool {
-        let Ok(obj) = self
+    /// The primary's `Stalled` condition (`reason: message`) when it is true for its current
+    /// generation, as idem's derived resources write it for input they cannot act on.
+    async fn stalled(&self, instance: &Instance) -> Option<String> {
+        let obj = self
             .api(instance.namespace.as_deref(), &self.primary)
             .get(&instance.name)
             .await
-        else {
-            return false;
-        };
+            .ok()?;
         let status = &obj.data["status"];
-        let current = status["observedGeneration"].as_i64() == obj.metadata.generation;
-        let conditions = status["conditions"].as_array().into_iter().flatten();
-        current
-            && conditions
-                .into_iter()
-                .any(|c| c["type"] == "Stalled" && c["status"] == "True")
+        if status["observedGeneration"].as_i64() != obj.metadata.generation {
+            return None;
+        }
+        let conditions = status["conditions"].as_array()?;
+        let stalled = conditions
+            .iter()
+            .find(|c| c["type"] == "Stalled" && c["status"] == "True")?;
+        Some(format!("{}: {}", stalled["reason"], stalled["message"]))
     }
 
     /// The primary's status conditions in one line (`type=status (reason): message`), for
@@ -295,16 +309,18 @@ impl<'a, S: Subject> Harness<'a, S> {
                 return Ok(Err(ABORTED.to_owned()));
             }
             if ok && writes == 0 {
-                if self.settle(session, probe, instance, &mut conv).await? {
-                    return Ok(Ok(conv));
-                }
-                if self.stalled(instance).await {
-                    return Ok(Err(format!(
-                        "converged, but a pass that wrote nothing left it Stalled for its \
-                         generation (it will not settle by waiting); the primary's \
-                         conditions: {}",
-                        self.primary_conditions(instance).await
-                    )));
+                match self.settle(session, probe, instance, &mut conv).await? {
+                    Settle::Settled => return Ok(Ok(conv)),
+                    Settle::Stalled => {
+                        return Ok(Err(format!(
+                            "converged, but passes that wrote nothing left it Stalled for its \
+                             generation, unchanged for {} s (it will not settle by waiting); \
+                             the primary's conditions: {}",
+                            STALLED_GRACE.as_secs(),
+                            self.primary_conditions(instance).await
+                        )));
+                    }
+                    Settle::TimedOut => {}
                 }
                 return Ok(Err(format!(
                     "converged but not settled (the subject's `settled`) within {} s; the \
@@ -347,29 +363,42 @@ impl<'a, S: Subject> Harness<'a, S> {
     }
 
     /// Passes every 100 ms until the primary object is [`Subject::settled`] after a pass
-    /// without writes (`true`), or [`Options::settle_timeout`] passes or such a pass leaves it
-    /// `Stalled` for its generation (`false`).
+    /// without writes, [`Options::settle_timeout`] passes, or passes without writes have left
+    /// it with the same `Stalled` condition for [`STALLED_GRACE`].
     async fn settle(
         &self,
         session: &S::Session,
         probe: &Probe,
         instance: &Instance,
         conv: &mut Convergence,
-    ) -> Result<bool, Error> {
+    ) -> Result<Settle, Error> {
         let start = std::time::Instant::now();
         // The pass before this call wrote nothing; settle on a pass without writes only
         // (one that wrote, e.g. status on its children's progress, is not the end).
         let mut quiet = true;
+        // The Stalled condition quiet passes have left, and since when.
+        let mut stalled: Option<(String, std::time::Instant)> = None;
         loop {
             if quiet && self.subject.settled(&self.read_primary(instance).await?) {
-                return Ok(true);
+                return Ok(Settle::Settled);
             }
-            // A pass that wrote nothing left it Stalled: it will not settle by waiting.
-            if quiet && self.stalled(instance).await {
-                return Ok(false);
+            let now = if quiet {
+                self.stalled(instance).await
+            } else {
+                None
+            };
+            stalled = match (stalled, now) {
+                (Some((was, since)), Some(now)) if was == now => Some((was, since)),
+                (_, now) => now.map(|now| (now, std::time::Instant::now())),
+            };
+            if stalled
+                .as_ref()
+                .is_some_and(|(_, since)| since.elapsed() >= STALLED_GRACE)
+            {
+                return Ok(Settle::Stalled);
             }
             if start.elapsed() >= self.options.settle_timeout || probe.has_tripped() {
-                return Ok(false);
+                return Ok(Settle::TimedOut);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             let pass = self.pass(session, probe, instance).await?;

@@ -215,9 +215,9 @@ pub struct Options {
     pub fault_budget: f64,
     /// A check stops listing failures after this many (default 5).
     pub max_failures: usize,
-    /// How long a convergence may wait for [`Subject::settled`] (default 60 s); a pass that
-    /// writes nothing and leaves the primary `Stalled` for its generation ends the wait at
-    /// once (it fails, naming the condition).
+    /// How long a convergence may wait for [`Subject::settled`] (default 60 s); passes that
+    /// write nothing and leave the primary with the same `Stalled` condition for its
+    /// generation for 10 s end the wait sooner (it fails, naming the condition).
     pub settle_timeout: Duration,
 }
 
