@@ -161,7 +161,7 @@ impl Context {
             Some(live) => {
                 let tenant = match &self.namespaces {
                     TenantNamespaces::Objects(_) => tenant_of(&live),
-                    // As the cache judges it: with the controller reference's uid too.
+                    // As the cache judges it: with the owner check (the Tenant's record) too.
                     TenantNamespaces::Tenants(tenants) => tenants.judge(&live.metadata),
                 };
                 if let Some(tenant) = tenant {
@@ -169,22 +169,24 @@ impl Context {
                 }
                 // Labelled and controlled by the Tenant's name, not in its record (yet).
                 if let Some(tenant) = tenant_of(&live) {
-                    return Ok(Err(NotTenantNamespace::NotRecorded {
+                    NotTenantNamespace::NotRecorded {
                         tenant: tenant.as_str().to_owned(),
-                    }));
-                }
-                let label = live
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(TENANT_LABEL));
-                match label {
-                    None => NotTenantNamespace::Unlabelled {
-                        controller: controlling_tenant(&live.metadata),
-                    },
-                    Some(tenant) => NotTenantNamespace::NotControlled {
-                        tenant: tenant.clone(),
-                    },
+                        created: live.metadata.creation_timestamp.map(|t| t.0),
+                    }
+                } else {
+                    let label = live
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(TENANT_LABEL));
+                    match label {
+                        None => NotTenantNamespace::Unlabelled {
+                            controller: controlling_tenant(&live.metadata),
+                        },
+                        Some(tenant) => NotTenantNamespace::NotControlled {
+                            tenant: tenant.clone(),
+                        },
+                    }
                 }
             }
         };
@@ -216,10 +218,12 @@ pub enum NotTenantNamespace {
     /// The namespace has the label (naming `tenant`) and a controller reference to that
     /// Tenant, but the Tenant's record of what it created does not hold it: either it was
     /// just created (the record is written at the end of the Tenant's reconcile, and may not
-    /// have reached this replica yet) or the Tenant did not make it. Retried with backoff.
+    /// have reached this replica yet) or the Tenant did not make it.
     NotRecorded {
         /// The label's value.
         tenant: String,
+        /// When the namespace was created.
+        created: Option<k8s_openapi::jiff::Timestamp>,
     },
     /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
     /// (no controller ownerReference to it, or one whose uid is not that Tenant's): the label

@@ -3,7 +3,9 @@
 //! only the operator writes) must hold the namespace's uid. So neither a reference with another
 //! uid (which the garbage collector deletes soon after; it is stopped here to hold that window
 //! open) nor one with the Tenant's own uid (which it keeps: the uid is on every namespace of
-//! the Tenant) makes a namespace the Tenant's; the Tenant's own namespace is.
+//! the Tenant) makes a namespace the Tenant's; the Tenant's own namespace is. Such a namespace's
+//! apps wait for it in the Tenant's record for `RECORD_WAIT` (2 minutes) after its creation,
+//! which this test waits out.
 //!
 //! Run: `cargo test -p idem-operator --test forged_namespace`.
 
@@ -80,18 +82,21 @@ async fn a_namespace_its_tenant_did_not_create_names_no_tenant_whatever_its_refe
         apps::create(&client, ns, "web", apps::spec(1, "c")).await;
     }
 
-    // Retried (it may be a namespace the Tenant has just made), then Stalled; nothing made.
+    // Waited for (it may be a namespace the Tenant has just made, its record not here yet),
+    // then, once older than RECORD_WAIT, not in a tenant namespace; nothing made meanwhile.
     for ns in [&forged, &exact] {
-        let app = apps::wait_condition(&client, ns, "web", "Stalled", "ReconcileFailed").await;
+        let app = apps::wait_condition(&client, ns, "web", "Reconciling", "WaitingForTenant").await;
+        let status = app.status.unwrap_or_default();
+        assert!(status.created_children.is_empty(), "{ns}: {status:?}");
+    }
+    for ns in [&forged, &exact] {
+        let app = apps::wait_condition(&client, ns, "web", "Stalled", "NotInTenantNamespace").await;
         let status = app.status.unwrap_or_default();
         let message = &(status.conditions.iter())
             .find(|c| c.type_ == "Stalled")
             .unwrap()
             .message;
-        assert!(
-            message.contains("record of the namespaces it created does not hold it"),
-            "{ns}: {message}"
-        );
+        assert!(message.contains("did not create it"), "{ns}: {message}");
         assert!(
             status.created_children.is_empty(),
             "the app in {ns} made children: {:?}",

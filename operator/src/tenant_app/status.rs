@@ -150,7 +150,7 @@ pub fn not_in_tenant_namespace(namespace: &str, why: &NotTenantNamespace) -> Rea
         NotTenantNamespace::NotControlled { tenant } => format!(
             "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count); {ELSEWHERE}"
         ),
-        NotTenantNamespace::NotRecorded { tenant } => format!(
+        NotTenantNamespace::NotRecorded { tenant, .. } => format!(
             "is labelled {TENANT_LABEL}={tenant} and refers to Tenant {tenant}, but that Tenant did not create it (its record of what it created does not hold it; only namespaces a Tenant created count); {ELSEWHERE}"
         ),
     };
