@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem_runtime::TenantKey;
 use idem_runtime::apply::{ChildCaches, TENANT_LABEL};
 use idem_runtime::controller::NamespaceTenants;
-use idem_runtime::{ObjectKey, TenantKey};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -161,32 +161,24 @@ impl Context {
             Some(live) => {
                 let tenant = match &self.namespaces {
                     TenantNamespaces::Objects(_) => tenant_of(&live),
-                    // As the cache judges it: with the owner check (the Tenant's record) too.
+                    // As the cache judges it: with the controller reference's uid too.
                     TenantNamespaces::Tenants(tenants) => tenants.judge(&live.metadata),
                 };
                 if let Some(tenant) = tenant {
                     return Ok(Ok(tenant));
                 }
-                // Labelled and controlled by the Tenant's name, not in its record (yet).
-                if let Some(tenant) = tenant_of(&live) {
-                    NotTenantNamespace::NotRecorded {
-                        tenant: tenant.as_str().to_owned(),
-                        created: live.metadata.creation_timestamp.map(|t| t.0),
-                    }
-                } else {
-                    let label = live
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(TENANT_LABEL));
-                    match label {
-                        None => NotTenantNamespace::Unlabelled {
-                            controller: controlling_tenant(&live.metadata),
-                        },
-                        Some(tenant) => NotTenantNamespace::NotControlled {
-                            tenant: tenant.clone(),
-                        },
-                    }
+                let label = live
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(TENANT_LABEL));
+                match label {
+                    None => NotTenantNamespace::Unlabelled {
+                        controller: controlling_tenant(&live.metadata),
+                    },
+                    Some(tenant) => NotTenantNamespace::NotControlled {
+                        tenant: tenant.clone(),
+                    },
                 }
             }
         };
@@ -214,16 +206,6 @@ pub enum NotTenantNamespace {
         /// The Tenant its controller ownerReference names, if any (one that is paused does not
         /// put the label back).
         controller: Option<String>,
-    },
-    /// The namespace has the label (naming `tenant`) and a controller reference to that
-    /// Tenant, but the Tenant's record of what it created does not hold it: either it was
-    /// just created (the record is written at the end of the Tenant's reconcile, and may not
-    /// have reached this replica yet) or the Tenant did not make it.
-    NotRecorded {
-        /// The label's value.
-        tenant: String,
-        /// When the namespace was created.
-        created: Option<k8s_openapi::jiff::Timestamp>,
     },
     /// The namespace has the label (naming `tenant`) but no Tenant of that name controls it
     /// (no controller ownerReference to it, or one whose uid is not that Tenant's): the label
@@ -256,24 +238,13 @@ fn controlling_tenant(meta: &ObjectMeta) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
-/// Whether namespace `namespace` with uid `uid` is Tenant `tenant`'s by what only idem writes:
-/// the Tenant's record of the children it created holds the uid (or this process created it
-/// and no record holds it yet; see `ChildCaches::made_by`). A Tenant that `tenants` does not
-/// hold (not listed yet, or another replica's when each keeps only its own) is not judged
-/// here: such a namespace is taken by its label and controller reference alone.
-pub fn is_tenants_namespace(
-    tenants: &Store<Tenant>,
-    caches: &ChildCaches,
-    tenant: &str,
-    namespace: &str,
-    uid: &str,
-) -> bool {
-    tenants.get(&ObjectRef::new(tenant)).is_none()
-        || caches.made_by(
-            &ObjectKey::cluster("Tenant", tenant),
-            &ObjectKey::cluster("Namespace", namespace),
-            uid,
-        )
+/// Whether `uid` is that of Tenant `tenant` in `tenants`, or `tenants` does not know that
+/// Tenant (not listed yet, or another replica's: the garbage collector deletes a namespace
+/// whose controller reference names a Tenant that does not exist, or by a uid not its).
+pub fn is_tenants_uid(tenants: &Store<Tenant>, tenant: &str, uid: &str) -> bool {
+    tenants
+        .get(&ObjectRef::new(tenant))
+        .is_none_or(|t| t.metadata.uid.as_deref() == Some(uid))
 }
 
 /// [`tenant_of`] a namespace by its metadata (all it reads).

@@ -92,13 +92,12 @@ impl Controllers for Operator {
             ns_config,
             config("tenantapp"),
             tenants.store(),
-            start.caches.clone(),
             shard.map(|s| s.ranges()),
         )
         .with_metrics(start.metrics.clone())
         .with_synced_signal(app_synced)
-        // Its reconciles and the namespaces' owner check read the Tenants' cache and records:
-        // a namespace is judged by the Tenant it names only once the Tenants are listed.
+        // Its reconciles and the namespaces' owner check read the Tenants' cache: a namespace
+        // is judged by the Tenant it names only once the Tenants are listed.
         .workers_after(tenants_listed);
         // The apps' controller watches the operator's namespaces for their tenants; the
         // reconciles read them from there too (one watch, and per namespace only its tenant).

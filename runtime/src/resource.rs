@@ -31,10 +31,11 @@ pub enum TenantError {
         label: &'static str,
     },
     /// The object's namespace carries the tenant label but may not name a tenant: the
-    /// controller does not trust it, or does not take it for that tenant's (see
-    /// `Controller::namespace_tenants_with` and `Controller::namespace_tenant_owner`).
+    /// controller does not trust it, or its controller ownerReference is not the tenant
+    /// object's (see `Controller::namespace_tenants_with` and
+    /// `Controller::namespace_tenant_owner`).
     #[error(
-        "namespace {namespace:?} is labelled {label:?} but may not name a tenant (not trusted, or not that tenant's by the controller's owner check)"
+        "namespace {namespace:?} is labelled {label:?} but may not name a tenant (not trusted, or its controller ownerReference is not the tenant's)"
     )]
     Untrusted {
         /// The namespace that was looked at.

@@ -361,23 +361,29 @@ async fn a_namespace_that_gains_or_changes_its_tenant_wakes_its_objects() {
     running.await.unwrap().unwrap();
 }
 
-/// Creates namespace `ns` labelled as tenant `team-red`'s; returns its uid.
-async fn red_namespace(admin: &kube::Client, ns: &str) -> String {
-    let body = json!({"metadata": {"name": ns, "labels": {LABEL: "team-red"}}});
-    let created = Api::<Namespace>::all(admin.clone())
+/// Creates namespace `ns` labelled as tenant `team-red`'s, controlled (by ownerReference) by
+/// an object of a kind the garbage collector cannot resolve (so it keeps the namespace), with
+/// uid `uid`.
+async fn claimed_namespace(admin: &kube::Client, ns: &str, uid: &str) {
+    let body = json!({"metadata": {
+        "name": ns,
+        "labels": {LABEL: "team-red"},
+        "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "Widget",
+            "name": "red", "uid": uid, "controller": true}],
+    }});
+    Api::<Namespace>::all(admin.clone())
         .create(
             &PostParams::default(),
             &serde_json::from_value(body).unwrap(),
         )
         .await
         .unwrap();
-    created.uid().expect("a uid")
 }
 
 /// With an owner check, a labelled namespace names its tenant only while the check accepts
-/// its uid, judged at each read (here the uids the test says the tenant's record holds); with
-/// a gate on the workers, no pass runs before the gate opens, though the caches are synced,
-/// and the first pass after it finds the tenant. (With
+/// the uid its controller ownerReference carries, judged at each read (here a uid the test
+/// says is the tenant object's); with a gate on the workers, no pass runs before the gate
+/// opens, though the caches are synced, and the first pass after it finds the tenant. (With
 /// the gate taken out, the test still passes when the first pass happens to start after the
 /// check accepts the namespace, microseconds after the caches synced: what is certain is
 /// only that with the gate no pass can run before it opens.)
@@ -389,20 +395,21 @@ async fn an_owner_check_judges_each_read_and_the_workers_wait_for_their_gate() {
         idem_tests::unique_name("nb-owned"),
         idem_tests::unique_name("nb-forged"),
     );
-    let ok_uid = red_namespace(&admin, &ok).await;
-    red_namespace(&admin, &forged).await;
+    let red_uid = "6f1c1f0e-0000-4000-8000-00000000a11c";
+    claimed_namespace(&admin, &ok, red_uid).await;
+    claimed_namespace(&admin, &forged, "6f1c1f0e-0000-4000-8000-0000000bad00").await;
     let notebooks: Api<Notebook> = Api::namespaced(admin.clone(), &ok);
     let nb = Notebook::new("nb", NotebookSpec { text: "hi".into() });
     notebooks.create(&PostParams::default(), &nb).await.unwrap();
 
-    // The namespace uids the test says team-red made (its record): none yet.
+    // The uid the test says is team-red's object: none yet.
     let known = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let (gate, gated) = tokio::sync::watch::channel(false);
     let (synced_tx, mut synced) = tokio::sync::watch::channel(false);
     let mut registry = Registry::default();
     let check = known.clone();
     let controller = notebooks_controller(&admin, &ok, &mut registry, an_hour_apart())
-        .namespace_tenant_owner(move |tenant, _namespace, uid| {
+        .namespace_tenant_owner(move |tenant, uid| {
             tenant.as_str() == "team-red" && *check.lock().unwrap() == uid
         })
         .workers_after(gated)
@@ -431,18 +438,14 @@ async fn an_owner_check_judges_each_read_and_the_workers_wait_for_their_gate() {
         0.0,
         "a pass ran before the gate opened"
     );
-    // Labelled, but the check accepts neither yet: nobody's.
+    // Labelled, but the check accepts no uid yet: nobody's.
     assert_eq!(tenants.get(&ok), None);
     assert_eq!(tenants.get(&forged), None);
-    // Now the record holds one of them: judged again at the next read.
-    *known.lock().unwrap() = ok_uid;
+    // Now the tenant object's uid is known: judged again at the next read.
+    *known.lock().unwrap() = red_uid.to_owned();
     let red = idem_runtime::TenantKey::new("team-red");
     assert_eq!(tenants.get(&ok), Some(red.clone()));
-    assert_eq!(
-        tenants.get(&forged),
-        None,
-        "a namespace not in the record names no tenant"
-    );
+    assert_eq!(tenants.get(&forged), None, "another uid names no tenant");
     let all = tenants.all();
     assert!(all.contains(&(ok.clone(), red)), "{all:?}");
     assert!(!all.iter().any(|(ns, _)| *ns == forged), "{all:?}");

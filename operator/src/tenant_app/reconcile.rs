@@ -10,22 +10,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::ResourceExt;
 
 use super::{desired, status};
-use crate::context::{Context, NotTenantNamespace};
+use crate::context::Context;
 use crate::error::Error;
 use crate::resources::{FINALIZER, TenantApp, TenantAppStatus};
 
 /// How often an app outside a tenant namespace is looked at again, besides when its
 /// namespace's tenant changes (which wakes it at once).
 pub const NOT_IN_TENANT_NAMESPACE_POLL: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// How long after its creation a namespace that refers to a Tenant is waited for in that
-/// Tenant's record of the namespaces it made (written at the end of the Tenant's pass that
-/// made it, and read on another replica once its watch brings it): its apps are `Reconciling`
-/// meanwhile, looked at every [`RECORD_POLL`]; past it, the namespace is not the Tenant's.
-pub const RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// How often an app waits for its namespace in its Tenant's record ([`RECORD_WAIT`]).
-pub const RECORD_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The TenantApp reconciler. Children carry a controller ownerReference, so the garbage
 /// collector deletes them with the app; the finalizer only keeps them when the TenantApp CRD
@@ -75,24 +66,6 @@ impl Reconciler for TenantApps {
         };
         let tenant = match resolved {
             Ok(tenant) => tenant,
-            // A namespace its Tenant has just made, its record not on this replica yet: looked
-            // at again soon, without counting failures; one older than RECORD_WAIT is not
-            // the Tenant's (below).
-            Err(NotTenantNamespace::NotRecorded {
-                tenant,
-                created: Some(created),
-            }) if k8s_openapi::jiff::Timestamp::now().duration_since(created)
-                < k8s_openapi::jiff::SignedDuration::try_from(RECORD_WAIT).unwrap_or_default() =>
-            {
-                return Ok(Outcome::new(Readiness::Reconciling {
-                    reason: "WaitingForTenant".into(),
-                    message: format!(
-                        "namespace {namespace} refers to Tenant {tenant}, whose record of the \
-                         namespaces it made does not hold it yet"
-                    ),
-                })
-                .requeue(RECORD_POLL));
-            }
             Err(why) => {
                 return Ok(
                     Outcome::new(status::not_in_tenant_namespace(&namespace, &why))

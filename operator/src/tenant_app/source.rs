@@ -12,7 +12,6 @@
 //! (`idem_runtime::controller::blocked`).
 
 use idem_runtime::TenantKey;
-use idem_runtime::apply::ChildCaches;
 use idem_runtime::controller::{Controller, ControllerConfig};
 use idem_runtime::shard::Ranges;
 use kube::Client;
@@ -25,8 +24,7 @@ use crate::shard::NAMESPACE_BUCKET_LABEL;
 use crate::tenant::source::sharded_children_config;
 
 /// The TenantApp controller, not yet running; `tenants` is the Tenant controller's cache
-/// (see [`Controller::store`]), where each app's weight is read, and `caches` the child
-/// caches the Tenants' records are kept in (which namespaces each created); `namespaces` selects the
+/// (see [`Controller::store`]), where each app's weight is read; `namespaces` selects the
 /// namespaces whose tenants it watches (the operator's, of this replica's share); with
 /// `shard`, its child watches select only the children in the namespaces of this replica's
 /// buckets, by the label [`NAMESPACE_BUCKET_LABEL`] the apps put on them.
@@ -35,7 +33,6 @@ pub fn controller(
     namespaces: watcher::Config,
     config: ControllerConfig,
     tenants: Store<Tenant>,
-    caches: ChildCaches,
     shard: Option<&Ranges>,
 ) -> Controller<TenantApp> {
     Controller::for_reconciler_with::<TenantApps>(
@@ -44,15 +41,15 @@ pub fn controller(
         sharded_children_config(shard, NAMESPACE_BUCKET_LABEL),
     )
     // A namespace names a tenant only when that Tenant controls it: by the label and the
-    // controller reference's name, and at each read by the Tenant's record of what it
-    // created, which must hold the namespace's uid (see `context::is_tenants_namespace`).
+    // controller reference's name, and at each read by its uid, which must be the Tenant's
+    // (a Tenant this replica does not know yet is the garbage collector's to judge).
     .namespace_tenants_with(namespaces, |meta| {
         crate::context::tenant_of_meta(meta).is_some()
     })
     .namespace_tenant_owner({
         let tenants = tenants.clone();
-        move |tenant: &TenantKey, namespace: &str, uid: &str| {
-            crate::context::is_tenants_namespace(&tenants, &caches, tenant.as_str(), namespace, uid)
+        move |tenant: &TenantKey, uid: &str| {
+            crate::context::is_tenants_uid(&tenants, tenant.as_str(), uid)
         }
     })
     .tenant_weight(move |tenant: &TenantKey| {

@@ -148,10 +148,7 @@ pub fn not_in_tenant_namespace(namespace: &str, why: &NotTenantNamespace) -> Rea
             "is controlled by Tenant {tenant} but lacks the label {TENANT_LABEL}, which names its apps' tenant: the Tenant puts it back unless it is paused"
         ),
         NotTenantNamespace::NotControlled { tenant } => format!(
-            "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant}; only namespaces a Tenant created count); {ELSEWHERE}"
-        ),
-        NotTenantNamespace::NotRecorded { tenant, .. } => format!(
-            "is labelled {TENANT_LABEL}={tenant} and refers to Tenant {tenant}, but that Tenant did not create it (its record of what it created does not hold it; only namespaces a Tenant created count); {ELSEWHERE}"
+            "is labelled {TENANT_LABEL}={tenant} but no Tenant controls it (it has no controller ownerReference to Tenant {tenant} carrying that Tenant's uid; only namespaces a Tenant created count); {ELSEWHERE}"
         ),
     };
     Readiness::Stalled {

@@ -415,15 +415,6 @@ impl ChildCaches {
         self.answers.deleted(key, uid);
     }
 
-    /// Whether `owner`'s record of the children it created (in its status, which only idem
-    /// writes; see [`Controller::with_child_records`](crate::controller::Controller::with_child_records))
-    /// holds `uid`, the object at `child`, or the apply engine of this process created it
-    /// there and no record holds it yet: whether idem made that object for that owner, decided
-    /// by nothing the object says about itself.
-    pub fn made_by(&self, owner: &ObjectKey, child: &ObjectKey, uid: &str) -> bool {
-        self.trust.made_by(owner, child, uid)
-    }
-
     /// The server's answers, shared by the appliers that read from these caches.
     pub(crate) fn answers(&self) -> &Answers {
         &self.answers

@@ -137,16 +137,6 @@ impl Trust {
         })
     }
 
-    /// Whether `owner`'s record holds `uid`, or this process created (or judged its own) the
-    /// object `uid` at `child` and no record holds it yet.
-    pub(crate) fn made_by(&self, owner: &ObjectKey, child: &ObjectKey, uid: &str) -> bool {
-        self.inner.lock().is_ok_and(|inner| {
-            let recorded = (inner.records.get(owner))
-                .is_some_and(|r| r.binary_search_by(|u| (**u).cmp(uid)).is_ok());
-            recorded || (!inner.recorded.contains_key(uid) && inner.own.get(uid) == Some(child))
-        })
-    }
-
     /// Uids held (in records and process-local entries), for tests.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -163,32 +153,6 @@ mod tests {
 
     fn key(name: &str) -> ObjectKey {
         ObjectKey::namespaced("ConfigMap", "ns", name)
-    }
-
-    #[test]
-    fn made_by_is_the_owners_record_or_this_process_before_any_record() {
-        let trust = Trust::default();
-        let (a, b) = (
-            ObjectKey::cluster("Tenant", "a"),
-            ObjectKey::cluster("Tenant", "b"),
-        );
-        trust.set_record(&a, vec!["u2".into(), "u1".into()]);
-        assert!(trust.made_by(&a, &key("x"), "u1"));
-        assert!(
-            !trust.made_by(&b, &key("x"), "u1"),
-            "another owner's record"
-        );
-        assert!(!trust.made_by(&a, &key("x"), "u9"), "in no record");
-        // Created here: its own until a record holds it, then only that record's.
-        trust.own(&key("new"), "u3");
-        assert!(trust.made_by(&b, &key("new"), "u3"));
-        assert!(
-            !trust.made_by(&b, &key("other"), "u3"),
-            "the uid at another key"
-        );
-        trust.set_record(&a, vec!["u3".into()]);
-        assert!(trust.made_by(&a, &key("new"), "u3"));
-        assert!(!trust.made_by(&b, &key("new"), "u3"));
     }
 
     #[test]

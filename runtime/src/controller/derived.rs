@@ -100,18 +100,17 @@ where
         self
     }
 
-    /// For a `tenant = namespace_label("...")` kind whose namespaces your tenant objects
-    /// create: a namespace names tenant `t` only while `is_owner(t, name, uid)` accepts it,
-    /// asked at every read (so it may read caches that fill later than the namespaces'), e.g.
-    /// while `t`'s record of the children it created holds the namespace's uid
-    /// ([`ChildCaches::made_by`](crate::apply::ChildCaches::made_by)). The label and an
-    /// ownerReference can be written by whoever may create a namespace, the record only by
-    /// idem. A change of the verdict queues nothing by itself. A no-op for kinds with another
-    /// tenant rule.
+    /// For a `tenant = namespace_label("...")` kind whose namespaces a tenant object controls:
+    /// a namespace names tenant `t` only while `is_owner(t, uid)` accepts the uid its
+    /// controller ownerReference names, asked at every read (so it may read a cache that
+    /// fills later than the namespaces'). The label and the reference's name can be written
+    /// by whoever may create a namespace; the uid is what the garbage collector trusts (a
+    /// reference whose uid is not the named object's gets the namespace deleted), and until
+    /// then the namespace is nobody's. A no-op for kinds with another tenant rule.
     #[must_use]
     pub fn namespace_tenant_owner(
         mut self,
-        is_owner: impl Fn(&TenantKey, &str, &str) -> bool + Send + Sync + 'static,
+        is_owner: impl Fn(&TenantKey, &str) -> bool + Send + Sync + 'static,
     ) -> Self {
         if let Some((tenants, config)) = self.namespaces.take() {
             let tenants = tenants.owned_by(Arc::new(is_owner));

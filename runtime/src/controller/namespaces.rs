@@ -9,7 +9,8 @@
 //! an object that failed for want of a tenant is not left to its backoff or resync (an owner
 //! check's verdict, [`OwnerFn`], is made at each read: a change of what it reads queues
 //! nothing). Memory: per labelled namespace its name, the label's value and, with an owner
-//! check, its uid (the watch receives only metadata, and keeps nothing else of it).
+//! check, the uid its controller ownerReference names (the watch receives only metadata, and
+//! keeps nothing else of it).
 //!
 //! [`Reason::NamespaceChanged`]: super::Reason::NamespaceChanged
 
@@ -33,17 +34,17 @@ use crate::resource::TenantError;
 /// created by a tenant's own controller); see [`super::Controller::namespace_tenants_with`].
 pub type TrustFn = Arc<dyn Fn(&ObjectMeta) -> bool + Send + Sync>;
 
-/// Whether namespace `name` with uid `uid` is tenant `tenant`'s (e.g. its tenant object's
-/// record of what it created holds the uid), asked each time the namespace's tenant is read;
-/// see [`super::Controller::namespace_tenant_owner`].
-pub type OwnerFn = Arc<dyn Fn(&TenantKey, &str, &str) -> bool + Send + Sync>;
+/// Whether `uid`, the uid a namespace's controller ownerReference names, is tenant `tenant`'s
+/// object, asked each time the namespace's tenant is read; see
+/// [`super::Controller::namespace_tenant_owner`].
+pub type OwnerFn = Arc<dyn Fn(&TenantKey, &str) -> bool + Send + Sync>;
 
 /// What the cache keeps of a namespace that names a tenant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Named {
     tenant: TenantKey,
-    /// Its uid (kept only when an [`OwnerFn`] reads it).
-    uid: Option<Box<str>>,
+    /// The uid its controller ownerReference names (kept only when an [`OwnerFn`] reads it).
+    controller: Option<Box<str>>,
 }
 
 /// The tenant of each watched namespace that carries the label (and that the controller
@@ -89,7 +90,8 @@ impl NamespaceTenants {
         self
     }
 
-    /// A namespace names tenant `t` only while `owner` accepts it for `t`, judged at each read.
+    /// A namespace names tenant `t` only while `owner` accepts (for `t`) the uid its controller
+    /// ownerReference names, judged at each read.
     pub(crate) fn owned_by(mut self, owner: OwnerFn) -> Self {
         self.owner = Some(owner);
         self
@@ -101,12 +103,12 @@ impl NamespaceTenants {
     }
 
     /// The tenant namespace `namespace` belongs to: its label's value, when the namespace is
-    /// known, carries the label, is trusted and (with an owner check) is accepted as that
-    /// tenant's; `None` otherwise.
+    /// known, carries the label, is trusted and (with an owner check) its controller
+    /// ownerReference names that tenant's object; `None` otherwise.
     pub fn get(&self, namespace: &str) -> Option<TenantKey> {
         let tenants = self.tenants.read().ok()?;
         let named = tenants.get(namespace)?;
-        self.owned(namespace, named).then(|| named.tenant.clone())
+        self.owned(named).then(|| named.tenant.clone())
     }
 
     /// Every known namespace with its tenant (as [`NamespaceTenants::get`] says).
@@ -115,7 +117,7 @@ impl NamespaceTenants {
             .read()
             .map(|t| {
                 (t.iter())
-                    .filter(|(name, named)| self.owned(name, named))
+                    .filter(|(_, named)| self.owned(named))
                     .map(|(n, named)| (n.clone(), named.tenant.clone()))
                     .collect()
             })
@@ -125,16 +127,15 @@ impl NamespaceTenants {
     /// The tenant a namespace with metadata `meta` names, judged as the cache judges it (the
     /// label, the trust and the owner check), for a namespace read from the API server.
     pub fn judge(&self, meta: &ObjectMeta) -> Option<TenantKey> {
-        let name = meta.name.as_deref().unwrap_or_default();
         (self.tenant_of(meta))
-            .filter(|named| self.owned(name, named))
+            .filter(|named| self.owned(named))
             .map(|named| named.tenant)
     }
 
-    /// Whether namespace `name`, known as `named`, passes the owner check, if there is one.
-    fn owned(&self, name: &str, named: &Named) -> bool {
+    /// Whether `named` passes the owner check, if there is one.
+    fn owned(&self, named: &Named) -> bool {
         self.owner.as_ref().is_none_or(|owner| {
-            (named.uid.as_deref()).is_some_and(|uid| owner(&named.tenant, name, uid))
+            (named.controller.as_deref()).is_some_and(|uid| owner(&named.tenant, uid))
         })
     }
 
@@ -159,23 +160,27 @@ impl NamespaceTenants {
         if let Ok(mut tenants) = self.tenants.write() {
             let named = Named {
                 tenant: TenantKey::new(tenant),
-                uid: None,
+                controller: None,
             };
             tenants.insert(namespace.to_owned(), named);
         }
     }
 
     /// The tenant of namespace `meta` by its label, if it has it and is trusted (with, when
-    /// there is an owner check, its uid).
+    /// there is an owner check, the uid its controller ownerReference names).
     fn tenant_of(&self, meta: &ObjectMeta) -> Option<Named> {
         let value = meta.labels.as_ref()?.get(self.label)?;
         if value.is_empty() || self.trust.as_ref().is_some_and(|trust| !trust(meta)) {
             return None;
         }
-        let uid = (self.owner.as_ref()).and_then(|_| Some(meta.uid.as_deref()?.into()));
+        let controller = self.owner.as_ref().and_then(|_| {
+            let refs = meta.owner_references.iter().flatten();
+            let controller = refs.into_iter().find(|r| r.controller == Some(true))?;
+            Some(controller.uid.as_str().into())
+        });
         Some(Named {
             tenant: TenantKey::new(value),
-            uid,
+            controller,
         })
     }
 
@@ -358,40 +363,37 @@ mod tests {
     }
 
     #[test]
-    fn with_an_owner_check_a_namespace_names_its_tenant_only_while_the_check_accepts_it() {
-        let is_owner = |t: &TenantKey, ns: &str, uid: &str| {
-            t.as_str() == "red" && (ns, uid) == ("genuine", "u-genuine")
-        };
+    fn with_an_owner_check_a_namespace_names_its_tenant_only_while_its_controller_is_the_tenants() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let is_owner = |t: &TenantKey, uid: &str| t.as_str() == "red" && uid == "u-red";
         let tenants = NamespaceTenants::new("team").owned_by(Arc::new(is_owner));
-        let namespace = |name: &str, uid: Option<&str>| ObjectMeta {
-            name: Some(name.into()),
-            uid: uid.map(Into::into),
+        let namespace = |uid: &str, controller: bool| ObjectMeta {
+            owner_references: Some(vec![OwnerReference {
+                uid: uid.into(),
+                controller: Some(controller),
+                ..OwnerReference::default()
+            }]),
             ..meta(&[("team", "red")], false)
         };
         let cases = [
-            namespace("genuine", Some("u-genuine")),
-            namespace("forged", Some("u-forged")),
-            namespace("no-uid", None),
+            ("genuine", namespace("u-red", true)),
+            ("forged", namespace("u-forged", true)),
+            ("not-controller", namespace("u-red", false)),
+            ("no-reference", meta(&[("team", "red")], false)),
         ];
-        for meta in cases {
+        for (name, meta) in cases {
             let named = tenants.tenant_of(&meta).expect("labelled");
-            let name = meta.name.clone().unwrap();
-            tenants.tenants.write().unwrap().insert(name, named);
+            tenants.tenants.write().unwrap().insert(name.into(), named);
         }
         let red = TenantKey::new("red");
         assert_eq!(tenants.get("genuine"), Some(red.clone()));
-        for name in ["forged", "no-uid"] {
+        for name in ["forged", "not-controller", "no-reference"] {
             assert_eq!(tenants.get(name), None, "{name}");
         }
-        assert_eq!(tenants.all(), [("genuine".to_owned(), red.clone())]);
-        assert_eq!(
-            tenants.judge(&namespace("genuine", Some("u-genuine"))),
-            Some(red)
-        );
-        assert_eq!(tenants.judge(&namespace("forged", Some("u-genuine"))), None);
+        assert_eq!(tenants.all(), [("genuine".to_owned(), red)]);
         // Without an owner check no uid is kept, and the label names the tenant.
-        let plain = NamespaceTenants::new("team").tenant_of(&namespace("forged", Some("u")));
-        assert_eq!(plain.and_then(|n| n.uid), None);
+        let plain = NamespaceTenants::new("team").tenant_of(&namespace("u-forged", true));
+        assert_eq!(plain.and_then(|n| n.controller), None);
     }
 
     #[test]
