@@ -637,6 +637,7 @@ where
         // listed: a child that arrives before its owner's record would be kept as a stub.
         let after_primary =
             (self.record_of.is_some() && self.caches.is_some()).then(|| primary.synced.clone());
+        let primary_listed = primary.synced.clone();
         let mut tasks = vec![primary];
         if let Some((namespaces, config)) = self.namespaces.take() {
             let changed = watch::namespace_changed(Arc::clone(&shared));
@@ -667,7 +668,7 @@ where
         }
         tokio::pin!(shutdown);
         if let Some(out) = self.primary_synced.take() {
-            let mut rx = synced[0].clone();
+            let mut rx = primary_listed;
             watches.spawn(async move {
                 loop {
                     out.send_replace(*rx.borrow_and_update());
