@@ -20,6 +20,7 @@
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
 //! | `idem_blocked_object_watches` | gauge | `controller` | watches of objects that block a desired child's name, running now (see [`crate::controller::blocked`]) |
+//! | `idem_memory_releases_total` | counter | `controller` | times the controller's queue drained and it gave the allocator's free pages back to the operating system ([`ControllerConfig::release_memory_when_idle`](crate::controller::ControllerConfig::release_memory_when_idle)) |
 //!
 //! A tenant's `idem_tenant_*` series are removed when the queue forgets the tenant (no key
 //! refers to it any more), so the series do not grow with every tenant ever seen; a counter
@@ -71,6 +72,7 @@ pub struct Metrics {
     active_workers: Family<Labels, Gauge>,
     max_concurrent: Family<Labels, Gauge>,
     blocked_watches: Family<Labels, Gauge>,
+    memory_releases: Family<Labels, Counter>,
     in_flight: Arc<InFlightCollector>,
 }
 
@@ -93,8 +95,14 @@ impl Metrics {
             active_workers: Family::default(),
             max_concurrent: Family::default(),
             blocked_watches: Family::default(),
+            memory_releases: Family::default(),
             in_flight: Arc::default(),
         };
+        registry.register(
+            "idem_memory_releases",
+            "Times a controller's queue drained and it gave free memory back to the system",
+            m.memory_releases.clone(),
+        );
         registry.register(
             "idem_blocked_object_watches",
             "Watches of objects blocking a desired child's name, running now, per controller",
@@ -217,6 +225,7 @@ impl Metrics {
             panics: self.reconcile_panics.get_or_create(&labels).clone(),
             active_workers: self.active_workers.get_or_create(&labels).clone(),
             max_concurrent: self.max_concurrent.get_or_create(&labels).clone(),
+            memory_releases: self.memory_releases.get_or_create(&labels).clone(),
         }
     }
 }
@@ -233,6 +242,7 @@ pub struct ControllerMetrics {
     pub(crate) panics: Counter,
     pub(crate) active_workers: Gauge,
     pub(crate) max_concurrent: Gauge,
+    pub(crate) memory_releases: Counter,
 }
 
 /// Computes `workqueue_unfinished_work_seconds` and

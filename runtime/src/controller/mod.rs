@@ -33,6 +33,7 @@ mod action;
 pub mod blocked;
 mod child_change;
 mod derived;
+mod idle;
 mod kinds;
 pub(crate) mod mapping;
 mod namespaces;
@@ -154,6 +155,13 @@ pub struct ControllerConfig {
     /// How long shutdown waits for running reconciles. Default 30 s (controller-runtime's
     /// default graceful shutdown timeout).
     pub shutdown_grace: Duration,
+    /// Once the queue has had nothing ready and nothing in flight for this long after work was
+    /// finished, the controller gives the allocator's free pages back to the operating system
+    /// (glibc's `malloc_trim`; once per burst, counted by `idem_memory_releases_total`), so
+    /// the resident memory follows the present work, not the busiest moment. `None`: never (the allocator keeps them,
+    /// as in any process that does not ask). Default 1 s. No effect where the C library is not
+    /// glibc.
+    pub release_memory_when_idle: Option<Duration>,
 }
 
 impl Default for ControllerConfig {
@@ -168,6 +176,7 @@ impl Default for ControllerConfig {
             resync_max_wait: Duration::from_secs(60),
             backoff: BackoffConfig::default(),
             shutdown_grace: Duration::from_secs(30),
+            release_memory_when_idle: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -713,7 +722,20 @@ where
                     owns: self.shard.clone(),
                     tenant_of: Arc::clone(&shared.tenant_of),
                     reasons,
+                    idle: c.release_memory_when_idle.map(|_| Arc::default()),
                 });
+                if let (Some(quiet), Some(idle)) = (c.release_memory_when_idle, &worker.idle) {
+                    let (idle, queue) = (Arc::clone(idle), queue.clone());
+                    let releases = worker
+                        .metrics
+                        .as_ref()
+                        .map(|m| m.memory_releases.clone())
+                        .unwrap_or_default();
+                    watches.spawn(async move {
+                        idle.run(&queue, quiet, releases, idle::release_free_memory)
+                            .await;
+                    });
+                }
                 let reconcile = Arc::new(reconcile);
                 for _ in 0..c.workers {
                     workers.spawn(Arc::clone(&worker).run(Arc::clone(&reconcile)));

@@ -36,6 +36,8 @@ pub(crate) struct Worker<K: Resource<DynamicType = ()> + 'static, Ctx> {
     pub tenant_of: super::watch::TenantFn<K>,
     /// Why each key was queued.
     pub reasons: super::reason::Reasons,
+    /// Told of each finished key, when the controller releases memory once idle.
+    pub idle: Option<Arc<super::idle::Idle>>,
 }
 
 /// The wait before an object's next resync: `period` stretched by a random fraction of up to
@@ -69,7 +71,13 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Display + Debug + Send + 'static,
     {
-        while let Some(lease) = self.queue.get().await {
+        loop {
+            if let Some(idle) = &self.idle {
+                idle.work_done();
+            }
+            let Some(lease) = self.queue.get().await else {
+                break;
+            };
             let key = lease.key().clone();
             let tenant = lease.tenant().clone();
             let mut oref = ObjectRef::<K>::new(&key.name);

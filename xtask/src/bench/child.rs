@@ -211,6 +211,14 @@ impl Controller {
         self.status_bytes("RssAnon")
     }
 
+    /// The most RSS the process has had (`VmHWM`).
+    ///
+    /// # Errors
+    /// When the process is gone or the file has no `VmHWM`.
+    pub fn rss_peak_bytes(&self) -> anyhow::Result<u64> {
+        self.status_bytes("VmHWM")
+    }
+
     /// A `kB` field of `/proc/<pid>/status`, in bytes.
     fn status_bytes(&self, field: &str) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;

@@ -263,6 +263,30 @@ pub fn tables(plan: &Plan, raw: Option<Duration>, results: &[SideResult]) -> Vec
             1,
             "",
         );
+        t.row(
+            "p2-rss-rest",
+            format!(
+                "RSS {} s after all Ready, nothing new to do (MB)",
+                super::scenarios::AT_REST.as_secs()
+            ),
+            &all(&|r| mb(r.p2.rss_rest)),
+            1,
+            "",
+        );
+        t.row(
+            "p2-rss-anon-rest",
+            "of which anonymous (MB)",
+            &all(&|r| mb(r.p2.rss_anon_rest)),
+            1,
+            "",
+        );
+        t.row(
+            "p2-rss-peak",
+            "peak RSS of the process until then (VmHWM) (MB)",
+            &all(&|r| mb(r.p2.rss_peak)),
+            1,
+            "",
+        );
         if let Some(raw) = raw {
             t.row(
                 "p2-raw",

@@ -52,6 +52,9 @@ impl Plan {
 }
 
 /// P2's figures for one controller.
+/// How long after the fleet is Ready P2 reads the controller's memory again.
+pub const AT_REST: Duration = Duration::from_secs(3);
+
 #[derive(Clone, Debug, Default)]
 pub struct P2 {
     /// From the first create to the last tenant Ready.
@@ -66,6 +69,12 @@ pub struct P2 {
     pub rss: u64,
     /// Its anonymous part (heap, stacks), without the binary's and libraries' pages.
     pub rss_anon: u64,
+    /// RSS [`AT_REST`] after the fleet is Ready, nothing new to do meanwhile.
+    pub rss_rest: u64,
+    /// Its anonymous part.
+    pub rss_anon_rest: u64,
+    /// The most RSS the process ever had, measured at the same time (`VmHWM`).
+    pub rss_peak: u64,
     /// The controller's CPU time (user + system) from the first create to the last tenant
     /// Ready.
     pub cpu: Duration,
@@ -181,8 +190,19 @@ pub async fn run_side(
         ready_latencies,
         rss: ctrl.rss_bytes()?,
         rss_anon: ctrl.rss_anon_bytes()?,
+        rss_rest: 0,
+        rss_anon_rest: 0,
+        rss_peak: 0,
         cpu,
         server_cpu,
+    };
+    // The same process a moment later, with nothing new to do: what it keeps of the fill.
+    tokio::time::sleep(AT_REST).await;
+    let p2 = P2 {
+        rss_rest: ctrl.rss_bytes()?,
+        rss_anon_rest: ctrl.rss_anon_bytes()?,
+        rss_peak: ctrl.rss_peak_bytes()?,
+        ..p2
     };
     step.done(&format!(
         "{:.1}s, {:.1}s CPU, {}",
