@@ -20,7 +20,7 @@
 //! | `idem_tenant_queue_depth` | gauge | `name`, `tenant` | ready keys per tenant |
 //! | `idem_tenant_dispatches_total` | counter | `name`, `tenant` | keys handed to workers per tenant |
 //! | `idem_blocked_object_watches` | gauge | `controller` | watches of objects that block a desired child's name, running now (see [`crate::controller::blocked`]) |
-//! | `idem_memory_releases_total` | counter | `controller` | times the controller's queue drained and it gave the allocator's free pages back to the operating system ([`ControllerConfig::release_memory_when_idle`](crate::controller::ControllerConfig::release_memory_when_idle)) |
+//! | `idem_memory_releases_total` | counter | `controller` | times the controller's queue drained and it asked the allocator to give its free pages back to the operating system (Linux with glibc only) ([`ControllerConfig::release_memory_when_idle`](crate::controller::ControllerConfig::release_memory_when_idle)) |
 //!
 //! A tenant's `idem_tenant_*` series are removed when the queue forgets the tenant (no key
 //! refers to it any more), so the series do not grow with every tenant ever seen; a counter

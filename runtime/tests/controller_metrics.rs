@@ -4,9 +4,8 @@
 //! errors (as in controller-runtime) and is not retried;
 //! a hanging reconcile shows in `controller_runtime_active_workers`,
 //! `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`;
-//! `controller_runtime_max_concurrent_reconciles` is the worker count; a drained queue gives
-//! free memory back (`idem_memory_releases_total`) unless `release_memory_when_idle` is off.
-//! Plus the in-flight gauges' arithmetic on a bare queue with paused time.
+//! `controller_runtime_max_concurrent_reconciles` is the worker count. Plus the in-flight
+//! gauges' arithmetic on a bare queue with paused time.
 
 mod common;
 
@@ -177,80 +176,4 @@ async fn panics_errors_and_hanging_reconciles_show_in_the_metrics() {
     wait_until("no unfinished work", wait, || read(longest) == 0.0).await;
     stop.send(()).unwrap();
     run.await.unwrap().unwrap();
-}
-
-#[tokio::test]
-async fn a_drained_queue_releases_memory_unless_switched_off() {
-    let client = idem_tests::shared().client();
-    let ns = namespace(&client, "idle-memory").await;
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let start = |name: &str, release: Option<Duration>| {
-        let config = ControllerConfig {
-            name: Some(name.into()),
-            release_memory_when_idle: release,
-            ..ControllerConfig::default()
-        };
-        let controller =
-            Controller::new(api.clone(), watcher::Config::default().labels("idle=yes"))
-                .with_config(config)
-                .with_metrics(metrics.clone());
-        let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _: Attempt| async {
-            Ok::<_, String>(Action::await_change())
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(controller.run(reconcile, Arc::new(()), async {
-            let _ = stopped.await;
-        }));
-        (stop, run)
-    };
-    let off = start("off", None);
-    let on = start("on", Some(Duration::from_millis(200)));
-    let registry = Arc::new(registry);
-    let read = |series: &str| value(&scrape(&registry), series).unwrap_or(0.0);
-    let success = |c: &str| {
-        format!(r#"controller_runtime_reconcile_total{{controller="{c}",result="success"}}"#)
-    };
-    let releases = |c: &str| format!(r#"idem_memory_releases_total{{controller="{c}"}}"#);
-    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "one", "labels": {"idle": "yes"}}
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &cm).await.unwrap();
-    let wait = Duration::from_secs(60);
-    // The one that does not release has reconciled first; the other's release follows its
-    // own reconcile and 200 ms with nothing queued.
-    wait_until("off reconciled", wait, || read(&success("off")) >= 1.0).await;
-    wait_until("on reconciled", wait, || read(&success("on")) >= 1.0).await;
-    wait_until("on released memory", wait, || read(&releases("on")) >= 1.0).await;
-    assert_eq!(read(&releases("off")), 0.0, "{}", scrape(&registry));
-    // Each burst is followed by its own release.
-    let released = read(&releases("on"));
-    api.create(
-        &PostParams::default(),
-        &ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: Some("two".into()),
-                labels: Some([("idle".to_owned(), "yes".to_owned())].into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    wait_until("on reconciled the second", wait, || {
-        read(&success("on")) >= 2.0
-    })
-    .await;
-    wait_until("on released after the second burst", wait, || {
-        read(&releases("on")) >= released + 1.0
-    })
-    .await;
-    assert_eq!(read(&releases("off")), 0.0);
-    for (stop, run) in [off, on] {
-        stop.send(()).unwrap();
-        run.await.unwrap().unwrap();
-    }
 }

@@ -156,11 +156,12 @@ pub struct ControllerConfig {
     /// default graceful shutdown timeout).
     pub shutdown_grace: Duration,
     /// Once the queue has had nothing ready and nothing in flight for this long after work was
-    /// finished, the controller gives the allocator's free pages back to the operating system
-    /// (glibc's `malloc_trim`; once per burst, counted by `idem_memory_releases_total`), so
-    /// the resident memory follows the present work, not the busiest moment. `None`: never (the allocator keeps them,
-    /// as in any process that does not ask). Default 1 s. No effect where the C library is not
-    /// glibc.
+    /// finished, the controller asks the allocator to give its free pages back to the
+    /// operating system (glibc's `malloc_trim`, counted by `idem_memory_releases_total`), so
+    /// the resident memory follows the present work, not the busiest moment: once per burst,
+    /// once every releasing controller of the process is drained, at most once per 10 s.
+    /// `None`: never (the allocator keeps them, as in a process that does not ask). Default
+    /// 1 s. No effect where the C library is not glibc.
     pub release_memory_when_idle: Option<Duration>,
 }
 
@@ -722,8 +723,10 @@ where
                     owns: self.shard.clone(),
                     tenant_of: Arc::clone(&shared.tenant_of),
                     reasons,
-                    idle: c.release_memory_when_idle.map(|_| Arc::default()),
+                    idle: (idle::SUPPORTED && c.release_memory_when_idle.is_some())
+                        .then(Arc::default),
                 });
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
                 if let (Some(quiet), Some(idle)) = (c.release_memory_when_idle, &worker.idle) {
                     let (idle, queue) = (Arc::clone(idle), queue.clone());
                     let releases = worker
@@ -731,9 +734,12 @@ where
                         .as_ref()
                         .map(|m| m.memory_releases.clone())
                         .unwrap_or_default();
+                    let process = &*idle::PROCESS;
                     watches.spawn(async move {
-                        idle.run(&queue, quiet, releases, idle::release_free_memory)
-                            .await;
+                        // Counted among the process's releasing controllers while it runs.
+                        let _registered = process.register(queue.clone());
+                        let release = idle::release_free_memory;
+                        idle.run(process, &queue, quiet, releases, release).await;
                     });
                 }
                 let reconcile = Arc::new(reconcile);

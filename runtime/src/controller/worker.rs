@@ -71,10 +71,13 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Display + Debug + Send + 'static,
     {
+        let mut started = false;
         loop {
-            if let Some(idle) = &self.idle {
+            // Each key handled (the loop's start is not work).
+            if let Some(idle) = self.idle.as_ref().filter(|_| started) {
                 idle.work_done();
             }
+            started = true;
             let Some(lease) = self.queue.get().await else {
                 break;
             };

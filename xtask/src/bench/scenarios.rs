@@ -51,10 +51,10 @@ impl Plan {
     }
 }
 
-/// P2's figures for one controller.
 /// How long after the fleet is Ready P2 reads the controller's memory again.
 pub const AT_REST: Duration = Duration::from_secs(3);
 
+/// P2's figures for one controller.
 #[derive(Clone, Debug, Default)]
 pub struct P2 {
     /// From the first create to the last tenant Ready.
@@ -73,7 +73,8 @@ pub struct P2 {
     pub rss_rest: u64,
     /// Its anonymous part.
     pub rss_anon_rest: u64,
-    /// The most RSS the process ever had, measured at the same time (`VmHWM`).
+    /// The most RSS the process ever had, measured at the same time (`VmHWM`, or the sample
+    /// at Ready when the kernel had not counted it in yet).
     pub rss_peak: u64,
     /// The controller's CPU time (user + system) from the first create to the last tenant
     /// Ready.
@@ -201,7 +202,8 @@ pub async fn run_side(
     let p2 = P2 {
         rss_rest: ctrl.rss_bytes()?,
         rss_anon_rest: ctrl.rss_anon_bytes()?,
-        rss_peak: ctrl.rss_peak_bytes()?,
+        // The kernel folds a task's counts into VmHWM lazily: never below a sample taken.
+        rss_peak: ctrl.rss_peak_bytes()?.max(p2.rss),
         ..p2
     };
     step.done(&format!(
