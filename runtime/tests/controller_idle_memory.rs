@@ -40,27 +40,33 @@ async fn a_drained_queue_releases_memory_once_per_burst_unless_switched_off() {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let start = |name: &str, release: Option<Duration>| {
-        let config = ControllerConfig {
-            name: Some(name.into()),
-            release_memory_when_idle: release,
-            ..ControllerConfig::default()
+    let start =
+        |name: &str, release: Option<Duration>, synced: tokio::sync::watch::Sender<bool>| {
+            let config = ControllerConfig {
+                name: Some(name.into()),
+                release_memory_when_idle: release,
+                ..ControllerConfig::default()
+            };
+            let controller =
+                Controller::new(api.clone(), watcher::Config::default().labels("idle=yes"))
+                    .with_config(config)
+                    .with_metrics(metrics.clone())
+                    .with_synced_signal(synced);
+            let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _: Attempt| async {
+                Ok::<_, String>(Action::await_change())
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let run = tokio::spawn(controller.run(reconcile, Arc::new(()), async {
+                let _ = stopped.await;
+            }));
+            (stop, run)
         };
-        let controller =
-            Controller::new(api.clone(), watcher::Config::default().labels("idle=yes"))
-                .with_config(config)
-                .with_metrics(metrics.clone());
-        let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _: Attempt| async {
-            Ok::<_, String>(Action::await_change())
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(controller.run(reconcile, Arc::new(()), async {
-            let _ = stopped.await;
-        }));
-        (stop, run)
-    };
-    let off = start("off", None);
-    let on = start("on", Some(Duration::from_millis(200)));
+    let (off_synced, mut off_listed) = tokio::sync::watch::channel(false);
+    let (on_synced, mut on_listed) = tokio::sync::watch::channel(false);
+    let off = start("off", None, off_synced);
+    let on = start("on", Some(Duration::from_millis(200)), on_synced);
+    off_listed.wait_for(|s| *s).await.unwrap();
+    on_listed.wait_for(|s| *s).await.unwrap();
     let registry = Arc::new(registry);
     let success = |c: &str| {
         read(
@@ -79,11 +85,19 @@ async fn a_drained_queue_releases_memory_once_per_burst_unless_switched_off() {
         .await
         .unwrap();
     // The one that does not release reconciles first; the other's release follows its own
-    // reconcile and 200 ms with nothing queued (a start with nothing done releases nothing).
+    // reconcile and 200 ms with nothing queued.
     wait_until("off reconciled", wait, || success("off") >= 1.0).await;
     wait_until("on reconciled", wait, || success("on") >= 1.0).await;
+    let reconciled = std::time::Instant::now();
     wait_until("on released memory", wait, || releases("on") >= 1.0).await;
     assert_eq!(releases("on"), 1.0, "one release for one burst");
+    // Soon after the burst (its 200 ms of quiet), not held back by an earlier release's 10 s
+    // (that a worker's start is not work is the worker's unit test).
+    let after = reconciled.elapsed();
+    assert!(
+        after < Duration::from_secs(5),
+        "released {after:?} after the reconcile"
+    );
     assert_eq!(releases("off"), 0.0, "switched off");
     // A second burst: its own release, once the 10 s between two releases have passed.
     api.create(&PostParams::default(), &config_map("two"))

@@ -12,6 +12,14 @@
 //! most once per [`MIN_GAP`]. Elsewhere than on Linux with glibc there is nothing to ask, and
 //! no controller asks.
 
+#![cfg_attr(
+    not(all(target_os = "linux", target_env = "gnu")),
+    allow(
+        dead_code,
+        reason = "only Linux with glibc can release; elsewhere nothing runs"
+    )
+)]
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
@@ -25,7 +33,11 @@ use crate::queue::WorkQueue;
 
 /// The least time between two releases of one process: each walks every arena under its lock
 /// and the pages it returns are faulted in again by the next allocations, so a controller that
-/// polls (a hold re-checked every 2 s, resyncs spread by jitter) must not trim at each poll.
+/// polls (a hold re-checked every 2 s, resyncs spread by jitter) asks once per gap, not at each
+/// poll.
+///
+/// The releases' clock is tokio's: a process whose controllers run on a runtime with paused
+/// time shares [`PROCESS`] with that clock.
 pub(crate) const MIN_GAP: Duration = Duration::from_secs(10);
 
 /// The process's releasing controllers and its last release: the memory is the process's, so
@@ -41,11 +53,16 @@ pub(crate) struct Releaser {
 /// This process's [`Releaser`].
 pub(crate) static PROCESS: LazyLock<Releaser> = LazyLock::new(|| Releaser::new(MIN_GAP));
 
+/// How long a controller's release waits for the process's other releasing controllers to
+/// drain before it asks anyway (one that never drains, say with a reconcile that hangs, must not
+/// keep every other's memory).
+pub(crate) const BUSY_LIMIT: Duration = Duration::from_secs(30);
+
 /// Why the process did not release now.
 enum NotNow {
     /// It released after the work was finished: that work's memory is back already.
     Done,
-    /// Another releasing controller has work ready or in flight: it releases when it drains.
+    /// Another releasing controller has work ready or in flight.
     Busy,
     /// The last release was less than the gap ago: not before this.
     Until(Instant),
@@ -73,13 +90,14 @@ impl Releaser {
     }
 
     /// Takes the turn to release now for work finished before `finished`: when no release
-    /// followed that work yet, every registered queue is drained and the gap has passed.
-    fn begin(&self, finished: Instant) -> Result<(), NotNow> {
+    /// followed that work yet, every registered queue is drained (unless `busy_ok`) and the gap
+    /// has passed.
+    fn begin(&self, finished: Instant, busy_ok: bool) -> Result<(), NotNow> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_some_and(|at| at >= finished) {
             return Err(NotNow::Done);
         }
-        if !self.lock_queues().iter().all(|(_, q)| drained(q)) {
+        if !busy_ok && !self.lock_queues().iter().all(|(_, q)| drained(q)) {
             return Err(NotNow::Busy);
         }
         let now = Instant::now();
@@ -124,9 +142,18 @@ impl Idle {
         self.notify.notify_one();
     }
 
+    /// The keys finished so far.
+    #[cfg(test)]
+    pub(crate) fn finished_for_test(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
+    }
+
     /// Each time `queue` has had nothing ready and nothing in flight for `quiet` after work
-    /// was finished, and `releaser` agrees (every releasing controller drained, the gap past;
-    /// else once it has), calls `release`, counted in `releases`. Once per burst: no call without work finished since the last. Runs until dropped.
+    /// was finished, calls `release` (counted in `releases`) once `releaser` agrees: not before
+    /// the gap since the process's last release has passed; not while another releasing
+    /// controller is busy, for up to [`BUSY_LIMIT`]; never when a release after the work
+    /// covered it. Once per burst: no call without work finished since the last. Runs until
+    /// dropped.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock across an await.
@@ -144,6 +171,7 @@ impl Idle {
         let mut handled = None;
         loop {
             self.notify.notified().await;
+            let mut busy_since = None;
             loop {
                 let seen = self.finished.load(Ordering::Relaxed);
                 if handled == Some(seen) {
@@ -159,17 +187,22 @@ impl Idle {
                 if self.finished.load(Ordering::Relaxed) != seen {
                     continue;
                 }
-                match releaser.begin(finished) {
+                let busy_ok = busy_since.is_some_and(|at: Instant| at.elapsed() >= BUSY_LIMIT);
+                match releaser.begin(finished, busy_ok) {
                     Ok(()) => {
                         release().await;
                         releases.inc();
                         handled = Some(seen);
                         break;
                     }
-                    // Released already, or the busy one releases when it drains.
-                    Err(NotNow::Done | NotNow::Busy) => {
+                    Err(NotNow::Done) => {
                         handled = Some(seen);
                         break;
+                    }
+                    // The busy one asks when it drains (then this one finds it `Done`).
+                    Err(NotNow::Busy) => {
+                        busy_since.get_or_insert_with(Instant::now);
+                        tokio::time::sleep(releaser.min_gap).await;
                     }
                     Err(NotNow::Until(at)) => tokio::time::sleep_until(at).await,
                 }
@@ -326,6 +359,21 @@ mod tests {
         settle(GAP * 2).await;
         assert_eq!(calls(), 2, "the other's burst was released with it");
 
+        // One that stays busy holds the others back for BUSY_LIMIT, not for good.
+        b.add(
+            &ObjectKey::cluster("Thing", "d"),
+            &TenantKey::new("t"),
+            Priority::Event,
+        );
+        let stuck = b.try_get().unwrap();
+        settle(GAP).await;
+        idle_a.work_done();
+        settle(QUIET * 2).await;
+        assert_eq!(calls(), 2, "b is busy");
+        settle(BUSY_LIMIT + GAP).await;
+        assert_eq!(calls(), 3, "b busy for longer than the limit");
+        stuck.done();
+
         // A controller that stopped no longer holds the others back.
         b.add(
             &ObjectKey::cluster("Thing", "c"),
@@ -337,6 +385,6 @@ mod tests {
         settle(GAP).await;
         idle_a.work_done();
         settle(QUIET * 2).await;
-        assert_eq!(calls(), 3, "the stopped controller's queue is forgotten");
+        assert_eq!(calls(), 4, "the stopped controller's queue is forgotten");
     }
 }

@@ -159,9 +159,10 @@ pub struct ControllerConfig {
     /// finished, the controller asks the allocator to give its free pages back to the
     /// operating system (glibc's `malloc_trim`, counted by `idem_memory_releases_total`), so
     /// the resident memory follows the present work, not the busiest moment: once per burst,
-    /// once every releasing controller of the process is drained, at most once per 10 s.
-    /// `None`: never (the allocator keeps them, as in a process that does not ask). Default
-    /// 1 s. No effect where the C library is not glibc.
+    /// once the process's other releasing controllers are drained too (or after 30 s), at most
+    /// once per 10 s in the process. `None`: this controller never asks and holds no other
+    /// back (another may still ask while it works). Default 1 s. No effect where the C library
+    /// is not glibc.
     pub release_memory_when_idle: Option<Duration>,
 }
 
@@ -727,8 +728,8 @@ where
                         .then(Arc::default),
                 });
                 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                if let (Some(quiet), Some(idle)) = (c.release_memory_when_idle, &worker.idle) {
-                    let (idle, queue) = (Arc::clone(idle), queue.clone());
+                if let (Some(quiet), Some(notes)) = (c.release_memory_when_idle, &worker.idle) {
+                    let (notes, queue) = (Arc::clone(notes), queue.clone());
                     let releases = worker
                         .metrics
                         .as_ref()
@@ -739,7 +740,7 @@ where
                         // Counted among the process's releasing controllers while it runs.
                         let _registered = process.register(queue.clone());
                         let release = idle::release_free_memory;
-                        idle.run(process, &queue, quiet, releases, release).await;
+                        notes.run(process, &queue, quiet, releases, release).await;
                     });
                 }
                 let reconcile = Arc::new(reconcile);

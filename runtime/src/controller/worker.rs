@@ -71,13 +71,13 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Display + Debug + Send + 'static,
     {
-        let mut started = false;
+        let mut after_first = false;
         loop {
             // Each key handled (the loop's start is not work).
-            if let Some(idle) = self.idle.as_ref().filter(|_| started) {
+            if let Some(idle) = self.idle.as_ref().filter(|_| after_first) {
                 idle.work_done();
             }
-            started = true;
+            after_first = true;
             let Some(lease) = self.queue.get().await else {
                 break;
             };
@@ -236,6 +236,64 @@ mod tests {
         assert!(
             *max - *min > Duration::from_secs(5),
             "spread over the fraction: {min:?}..{max:?}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector;
+
+    use super::*;
+    use crate::backoff::BackoffConfig;
+    use crate::controller::idle::Idle;
+    use crate::queue::QueueConfig;
+    use crate::{ObjectKey, TenantKey};
+
+    #[tokio::test]
+    async fn a_worker_tells_the_idle_task_of_each_key_it_handled_and_not_of_its_start() {
+        let queue = WorkQueue::new(QueueConfig::default()).unwrap();
+        let (store, _writer) = reflector::store::<ConfigMap>();
+        let idle = Arc::new(Idle::default());
+        let worker = Arc::new(Worker {
+            queue: queue.clone(),
+            store,
+            backoff: Arc::new(Mutex::new(Backoff::new(BackoffConfig::default()).unwrap())),
+            ctx: Arc::new(()),
+            metrics: None,
+            resync_period: Duration::ZERO,
+            resync_jitter: 0.0,
+            owns: None,
+            tenant_of: Arc::new(|_: &ConfigMap| TenantKey::new("t")),
+            reasons: super::super::reason::Reasons::default(),
+            idle: Some(Arc::clone(&idle)),
+        });
+        let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _: Attempt| async {
+            Ok::<_, String>(Action::await_change())
+        };
+        let run = tokio::spawn(Arc::clone(&worker).run(Arc::new(reconcile)));
+        // The worker runs until it waits for a key: it has handled none.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(idle.finished_for_test(), 0, "a start is not work");
+        // A key whose object is not cached (gone): handled, and counted once the worker is
+        // back for the next.
+        queue.add(
+            &ObjectKey::namespaced("ConfigMap", "ns", "gone"),
+            &TenantKey::new("t"),
+            Priority::Event,
+        );
+        while idle.finished_for_test() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(idle.finished_for_test(), 1);
+        queue.shutdown(Duration::from_secs(1)).await;
+        run.await.unwrap();
+        assert!(
+            idle.finished_for_test() <= 2,
+            "the last pass ends at the shutdown"
         );
     }
 }

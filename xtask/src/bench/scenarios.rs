@@ -51,8 +51,9 @@ impl Plan {
     }
 }
 
-/// How long after the fleet is Ready P2 reads the controller's memory again.
-pub const AT_REST: Duration = Duration::from_secs(3);
+/// How long after the fleet is Ready P2 reads the controller's memory again: longer than
+/// idem's wait before it gives free memory back (1 s quiet, at most one release per 10 s).
+pub const AT_REST: Duration = Duration::from_secs(12);
 
 /// P2's figures for one controller.
 #[derive(Clone, Debug, Default)]
