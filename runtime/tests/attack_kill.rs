@@ -11,7 +11,7 @@ mod base_tenant;
 mod replicas;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use idem_tests::ports::free_addr;
@@ -29,8 +29,11 @@ struct Process {
 
 impl Process {
     fn start(name: &str, namespace: &str, identity: &str) -> Self {
-        let binary =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/examples/base_tenant");
+        // Beside this test's binary (`<target>/debug/deps/`), wherever the target directory is.
+        let exe = std::env::current_exe().unwrap();
+        let binary = (exe.parent().and_then(Path::parent))
+            .unwrap_or_else(|| Path::new("."))
+            .join("examples/base_tenant");
         assert!(
             binary.exists(),
             "{}: run `cargo build -p idem-runtime --example base_tenant` first",
