@@ -172,13 +172,17 @@ impl Idle {
         loop {
             self.notify.notified().await;
             let mut busy_since = None;
+            // The count last seen and when: the work it counts was finished before then.
+            let mut counted: Option<(u64, Instant)> = None;
             loop {
                 let seen = self.finished.load(Ordering::Relaxed);
                 if handled == Some(seen) {
                     break;
                 }
-                // The work counted in `seen` was finished before now.
-                let finished = Instant::now();
+                let finished = match counted {
+                    Some((n, at)) if n == seen => at,
+                    _ => counted.insert((seen, Instant::now())).1,
+                };
                 tokio::time::sleep(quiet).await;
                 if !drained(queue) {
                     // Busy: the next finished key wakes this task again.
@@ -349,6 +353,8 @@ mod tests {
         settle(QUIET * 2).await;
         assert_eq!(calls_b.load(Ordering::SeqCst), 1);
         assert_eq!(calls(), 1);
+        settle(GAP * 2).await;
+        assert_eq!(calls(), 1, "a's work was finished before b's release");
 
         // Both finish work together, past the gap: one release, not two.
         settle(GAP).await;
