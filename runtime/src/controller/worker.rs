@@ -219,7 +219,14 @@ impl Drop for Active {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector;
+
     use super::*;
+    use crate::backoff::BackoffConfig;
+    use crate::controller::idle::Idle;
+    use crate::queue::QueueConfig;
+    use crate::{ObjectKey, TenantKey};
 
     #[test]
     fn the_resync_jitter_spreads_the_delay_over_its_fraction_of_the_period() {
@@ -238,18 +245,6 @@ mod tests {
             "spread over the fraction: {min:?}..{max:?}"
         );
     }
-}
-
-#[cfg(test)]
-mod idle_tests {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::runtime::reflector;
-
-    use super::*;
-    use crate::backoff::BackoffConfig;
-    use crate::controller::idle::Idle;
-    use crate::queue::QueueConfig;
-    use crate::{ObjectKey, TenantKey};
 
     #[tokio::test]
     async fn a_worker_tells_the_idle_task_of_each_key_it_handled_and_not_of_its_start() {
