@@ -131,6 +131,20 @@ pub fn quota_hard(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// `status.quotaSplit`: per namespace (at most 64, the most `namespaces` holds), at most
+/// [`MAX_QUOTA_ENTRIES`] quantities. Only the operator writes status, so no rule is checked.
+pub fn quota_split(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 64,
+        "additionalProperties": {
+            "type": "object",
+            "maxProperties": MAX_QUOTA_ENTRIES,
+            "additionalProperties": {"x-kubernetes-int-or-string": true},
+        },
+    })
+}
+
 /// `limits.default` / `limits.defaultRequest`: at most [`MAX_LIMIT_ENTRIES`] quantities ≥ 0,
 /// keyed by a container resource (`cpu`, `memory`, `ephemeral-storage`, `hugepages-<size>`,
 /// or an extended resource `<domain>/<name>`).

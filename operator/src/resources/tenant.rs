@@ -309,6 +309,13 @@ pub struct TenantStatus {
     /// TenantPolicies (a paused tenant keeps what was enforced before).
     #[serde(default)]
     pub cordoned: bool,
+    /// Per namespace (full name), its share of each `quota.tenantHard` key as the operator
+    /// last split it: the split it keeps while usage leaves every namespace enough room, so
+    /// an `idem-quota` edited or deleted by anyone else is put back to its share without
+    /// moving another namespace's (see "A tenant-wide quota" in the README).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::quota_split")]
+    pub quota_split: BTreeMap<String, BTreeMap<String, Quantity>>,
 }
 
 impl Tenant {

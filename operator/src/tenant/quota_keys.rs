@@ -108,6 +108,7 @@ mod tests {
                         "example.com/gpu",
                     ]),
                     used: map(&["count/configmaps", "pods"]),
+                    recorded: None,
                 },
             ),
             // Not synced yet: nothing is judged from it.

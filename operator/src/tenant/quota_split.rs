@@ -26,10 +26,17 @@
 //!   `QuotaMoving`. A pass reads its own writes (the runtime's cache overlay), so a pass never
 //!   works from quotas older than the ones it wrote.
 //! - **Churn**: the split is redone only when it must be: a key's current split is kept while
-//!   every namespace has a spec value between its usage and the per-namespace `hard`, the sum
-//!   is what a fresh split gives, and every namespace's room (spec − used) is at least half
-//!   the room a fresh split would give it. Usage changes that leave the rooms large enough
-//!   write nothing.
+//!   every namespace has a value between its usage and the per-namespace `hard`, the sum is
+//!   what a fresh split gives, and every namespace's room (value − used) is at least half the
+//!   room a fresh split would give it. Usage changes that leave the rooms large enough write
+//!   nothing.
+//! - **The current split is the one recorded**, in the Tenant's `status.quotaSplit` (only the
+//!   operator writes status), not the quotas' live `spec.hard`: which split a pass keeps
+//!   depends on the history of usage, so a split judged from live values would take an
+//!   administrator's edit of one quota as a new current split and answer it by moving another
+//!   namespace's quota. Judged from the record, the edited quota is put back and no other
+//!   moves. Without a record (a Tenant last written by an older operator) the live values
+//!   stand for it.
 //! - **Arithmetic** is exact, in whole units of each key (object counts, extended resources,
 //!   bytes) or milli-units for CPU keys: the total and per-namespace limits rounded down,
 //!   usage and enforced limits rounded up; results are written as canonical quantities. The
@@ -90,6 +97,11 @@ pub struct Observed {
     pub enforced: BTreeMap<String, Quantity>,
     /// `status.used` (a key missing counts as 0).
     pub used: BTreeMap<String, Quantity>,
+    /// The namespace's share of each `tenantHard` key as the operator last decided it (the
+    /// Tenant's `status.quotaSplit`); `None` when none is recorded (then the live `spec.hard`
+    /// stands for it). The split keeps it while it is good enough: a quota edited by anyone
+    /// else is put back to it, and no other namespace's quota moves for that edit.
+    pub recorded: Option<BTreeMap<String, Quantity>>,
 }
 
 /// The quotas to write, in two steps.
@@ -112,6 +124,10 @@ pub struct Plan {
     /// [`Plan::hard`] with no increase at all: what the contents get when a decrease of
     /// [`Plan::first`] could not be written.
     pub no_increase: BTreeMap<String, BTreeMap<String, Quantity>>,
+    /// Per namespace, the share of each `tenantHard` key this plan decided (whether or not its
+    /// increases wait): what the Tenant's status records for the next pass
+    /// ([`Observed::recorded`]).
+    pub decided: BTreeMap<String, BTreeMap<String, Quantity>>,
 }
 
 impl Plan {
@@ -361,9 +377,11 @@ pub fn plan(
         for ns in namespaces {
             let o = obs(ns);
             used.push(o.used.get(key).map_or(0, |q| live_units(key, q)));
+            // What the split keeps if it is still good enough: the share recorded, not the
+            // live quota, which an administrator may have edited.
+            let kept_from = o.recorded.as_ref().or(o.spec.as_ref());
             current.push(
-                o.spec
-                    .as_ref()
+                kept_from
                     .and_then(|s| s.get(key))
                     .map(|q| live_units(key, q)),
             );
@@ -378,9 +396,14 @@ pub fn plan(
             ));
         }
         for (ns, t) in namespaces.iter().zip(targets(total, cap, &used, &current)) {
+            let t = format(t, scale(key));
             if let Some(hard) = finals.get_mut(ns) {
-                hard.insert(key.clone(), format(t, scale(key)));
+                hard.insert(key.clone(), t.clone());
             }
+            plan.decided
+                .entry(ns.clone())
+                .or_default()
+                .insert(key.clone(), t);
         }
         keys.push((key.clone(), total, used, enforced));
     }
@@ -517,6 +540,7 @@ pub(super) async fn observe(
                     spec: Some(q.spec.and_then(|s| s.hard).unwrap_or_default()),
                     enforced: status.hard.unwrap_or_default(),
                     used: status.used.unwrap_or_default(),
+                    recorded: None,
                 },
             );
         }
@@ -555,6 +579,13 @@ pub async fn settle(
     }
     let invalid = |e: SplitError| ReconcileError::terminal("QuotaInvalid", e.to_string());
     let mut observed = observe(tenant, pass, namespaces).await?;
+    let recorded = tenant.status.as_ref().map(|s| &s.quota_split);
+    for ns in namespaces {
+        if let Some(share) = recorded.and_then(|r| r.get(ns)) {
+            // A quota deleted (by an administrator) is made again with its recorded share.
+            observed.entry(ns.clone()).or_default().recorded = Some(share.clone());
+        }
+    }
     let uid = tenant.metadata.uid.clone().unwrap_or_default();
     let used = observed.iter_mut().map(|(ns, o)| (ns, &mut o.used));
     let settling = usage
@@ -817,6 +848,7 @@ mod tests {
             spec: Some(map(&[("pods", spec)])),
             enforced: enforced.map(|e| map(&[("pods", e)])).unwrap_or_default(),
             used: map(&[("pods", used)]),
+            recorded: None,
         }
     }
 
@@ -873,6 +905,62 @@ mod tests {
         assert_eq!(plan.over.len(), 1, "{plan:?}");
         let hard: Vec<&str> = plan.hard.values().map(pods).collect();
         assert_eq!(hard, ["3", "1"], "nothing grows: b held at its usage");
+    }
+
+    /// Found by the kit's tamper check in CI: 40 configmaps over dev and prod, split 20/20
+    /// while neither used any; then dev's `kube-root-ca.crt` was counted, not yet prod's (a
+    /// split kept, rooms large enough). An administrator set dev's quota to 21: judged from
+    /// the live quotas, the split was no longer kept, and the fresh split of 39 free over usage
+    /// 1/0 gave dev 21 and prod 19. The edit stayed and prod, untouched, lost one.
+    #[test]
+    fn an_edited_quota_is_put_back_to_the_recorded_split_and_no_other_moves() {
+        let quota = quota(&[("pods", "40")], &[]);
+        let ns: Vec<String> = vec!["t-dev".into(), "t-prod".into()];
+        let mut obs: BTreeMap<String, Observed> = [
+            ("t-dev".into(), observed("21", Some("21"), "1")),
+            ("t-prod".into(), observed("20", Some("20"), "0")),
+        ]
+        .into();
+        let from_live = plan(&quota, &ns, &obs).unwrap();
+        let hard: Vec<&str> = from_live.hard.values().map(pods).collect();
+        assert_eq!(hard, ["21", "19"], "the defect, without a record");
+
+        for o in obs.values_mut() {
+            o.recorded = Some(map(&[("pods", "20")]));
+        }
+        let plan = plan(&quota, &ns, &obs).unwrap();
+        let hard: Vec<&str> = plan.hard.values().map(pods).collect();
+        assert_eq!(hard, ["20", "20"], "{plan:?}");
+        assert_eq!(
+            plan.shrinking,
+            ["t-dev"],
+            "only the edited quota is written"
+        );
+        assert!(plan.held.is_empty(), "{plan:?}");
+        assert_eq!(plan.decided, plan.hard, "the record stays");
+
+        // A quota deleted is made again with its share; the other keeps its own.
+        obs.insert(
+            "t-dev".into(),
+            Observed {
+                recorded: Some(map(&[("pods", "20")])),
+                ..Observed::default()
+            },
+        );
+        let plan = super::plan(&quota, &ns, &obs).unwrap();
+        let hard: Vec<&str> = plan.hard.values().map(pods).collect();
+        assert_eq!(hard, ["20", "20"], "{plan:?}");
+        assert_eq!(plan.shrinking, ["t-dev"], "created, nothing else written");
+
+        // A record that is no longer good enough (prod now uses 19 of its 20) is split anew.
+        obs.insert("t-dev".into(), observed("20", Some("20"), "1"));
+        obs.insert("t-prod".into(), observed("20", Some("20"), "19"));
+        for o in obs.values_mut() {
+            o.recorded = Some(map(&[("pods", "20")]));
+        }
+        let plan = super::plan(&quota, &ns, &obs).unwrap();
+        assert_eq!(plan.decided["t-dev"]["pods"].0, "11", "{plan:?}");
+        assert_eq!(plan.decided["t-prod"]["pods"].0, "29", "{plan:?}");
     }
 
     #[test]

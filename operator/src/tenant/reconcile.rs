@@ -169,10 +169,12 @@ impl Reconciler for Tenants {
         }
         let owned = ns.owned.clone();
         let cordoned = tenant.spec.cordoned;
+        let quota_split = split.map(|p| p.decided).unwrap_or_default();
         let readiness = super::policy::readiness(tenant, readiness);
         Ok(Outcome::new(readiness).requeue(requeue).status(move |s| {
             set_namespaces(s, &owned);
             s.cordoned = cordoned;
+            s.quota_split.clone_from(&quota_split);
         }))
     }
 
