@@ -14,6 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use crate::resources::{GROUP, Tenant};
+use crate::tenant::quota_record::SplitMemory;
 use crate::tenant::quota_usage::UsageMemory;
 
 /// Shared state of the reconciles.
@@ -30,6 +31,8 @@ pub struct Context {
     not_tenant: Mutex<HashMap<String, (Instant, NotTenantNamespace)>>,
     /// The usages the Tenants' quota splits have seen ([`UsageMemory`]).
     pub usage: UsageMemory,
+    /// The quota splits this process decided ([`SplitMemory`]).
+    pub splits: SplitMemory,
 }
 
 /// How long a read that found a namespace not to be a tenant namespace is taken as the answer
@@ -78,6 +81,7 @@ impl Context {
             namespaces,
             not_tenant: Mutex::new(HashMap::new()),
             usage: UsageMemory::default(),
+            splits: SplitMemory::default(),
         })
     }
 

@@ -920,6 +920,20 @@ async fn an_edited_quota_is_put_back_and_no_other_quota_moves() {
         .expect("b's quota");
     watch.abort();
     assert_eq!(configmaps_of(&now_b), Some(20), "b's quota moved");
+    let record = tenants::api(&client)
+        .get(&tenant)
+        .await
+        .expect("the Tenant")
+        .status
+        .map(|s| s.quota_split)
+        .unwrap_or_default();
+    for ns in [&a, &b] {
+        assert_eq!(
+            record.get(ns).and_then(|r| r.get("configmaps")),
+            Some(&Quantity("20".into())),
+            "the record still says 20 for {ns}: {record:?}"
+        );
+    }
     let seen_b = seen_b.lock().unwrap().clone();
     assert!(
         !seen_b.is_empty() && seen_b.iter().all(|v| *v == Some(20)),

@@ -132,7 +132,8 @@ pub fn quota_hard(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// `status.quotaSplit`: per namespace (at most 64, the most `namespaces` holds), at most
-/// [`MAX_QUOTA_ENTRIES`] quantities. Only the operator writes status, so no rule is checked.
+/// [`MAX_QUOTA_ENTRIES`] quantities. No rule is checked: the operator writes it, and a value
+/// an administrator writes that does not parse only makes the split be made anew.
 pub fn quota_split(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",

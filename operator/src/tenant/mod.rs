@@ -6,6 +6,7 @@ pub mod finalize;
 pub mod policy;
 pub mod quota_gate;
 pub mod quota_keys;
+pub mod quota_record;
 pub mod quota_split;
 pub mod quota_usage;
 pub mod reconcile;

@@ -30,13 +30,15 @@
 //!   what a fresh split gives, and every namespace's room (value − used) is at least half the
 //!   room a fresh split would give it. Usage changes that leave the rooms large enough write
 //!   nothing.
-//! - **The current split is the one recorded**, in the Tenant's `status.quotaSplit` (only the
-//!   operator writes status), not the quotas' live `spec.hard`: which split a pass keeps
+//! - **The current split is the one recorded**, in the Tenant's `status.quotaSplit` (which tenant
+//!   owners cannot write), not the quotas' live `spec.hard`: which split a pass keeps
 //!   depends on the history of usage, so a split judged from live values would take an
 //!   administrator's edit of one quota as a new current split and answer it by moving another
 //!   namespace's quota. Judged from the record, the edited quota is put back and no other
 //!   moves. Without a record (a Tenant last written by an older operator) the live values
-//!   stand for it.
+//!   stand for it. A decision the status does not hold yet (a cached Tenant older than the
+//!   last status write, a pass that failed after writing its quotas) is this process's
+//!   ([`super::quota_record`]).
 //! - **Arithmetic** is exact, in whole units of each key (object counts, extended resources,
 //!   bytes) or milli-units for CPU keys: the total and per-namespace limits rounded down,
 //!   usage and enforced limits rounded up; results are written as canonical quantities. The
@@ -65,6 +67,7 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::desired::{QUOTA, quota_with};
+use super::quota_record::SplitMemory;
 use super::quota_usage::UsageMemory;
 use crate::resources::Tenant;
 use crate::resources::tenant::Quota;
@@ -570,6 +573,7 @@ pub async fn settle(
     leaving: &[String],
     released: &[String],
     usage: &UsageMemory,
+    splits: &SplitMemory,
 ) -> Result<Option<Plan>, ReconcileError> {
     let Some(quota) = tenant.spec.quota.as_ref() else {
         return Ok(None);
@@ -579,14 +583,17 @@ pub async fn settle(
     }
     let invalid = |e: SplitError| ReconcileError::terminal("QuotaInvalid", e.to_string());
     let mut observed = observe(tenant, pass, namespaces).await?;
-    let recorded = tenant.status.as_ref().map(|s| &s.quota_split);
+    let uid = tenant.metadata.uid.clone().unwrap_or_default();
+    let status_record = (tenant.status.as_ref())
+        .map(|s| s.quota_split.clone())
+        .unwrap_or_default();
+    let recorded = splits.current(&uid, &status_record);
     for ns in namespaces {
-        if let Some(share) = recorded.and_then(|r| r.get(ns)) {
+        if let Some(share) = recorded.get(ns) {
             // A quota deleted (by an administrator) is made again with its recorded share.
             observed.entry(ns.clone()).or_default().recorded = Some(share.clone());
         }
     }
-    let uid = tenant.metadata.uid.clone().unwrap_or_default();
     let used = observed.iter_mut().map(|(ns, o)| (ns, &mut o.used));
     let settling = usage
         .settle(&uid, used, usage_units, Instant::now())
@@ -605,6 +612,7 @@ pub async fn settle(
         plan.hard = plan.no_increase.clone();
     }
     plan.settling = settling;
+    splits.decided(&uid, status_record, plan.decided.clone());
     if !plan.shrinking.is_empty() {
         let mut first = DesiredChildren::new();
         first.prune_kind::<ResourceQuota>();

@@ -126,6 +126,7 @@ impl Reconciler for Tenants {
             &leaving,
             &not_ours,
             &self.ctx.usage,
+            &self.ctx.splits,
         )
         .await?;
         let quotas = split.as_ref().map(|p| p.hard.clone()).unwrap_or_default();
@@ -185,9 +186,9 @@ impl Reconciler for Tenants {
     ) -> Result<Cleanup<Tenant>, Error> {
         let done = super::finalize::finalize(tenant, pass).await;
         if matches!(done, Ok(Cleanup::Done)) {
-            self.ctx
-                .usage
-                .forget(tenant.metadata.uid.as_deref().unwrap_or_default());
+            let uid = tenant.metadata.uid.as_deref().unwrap_or_default();
+            self.ctx.usage.forget(uid);
+            self.ctx.splits.forget(uid);
         }
         done
     }
