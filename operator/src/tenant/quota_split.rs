@@ -575,12 +575,15 @@ pub async fn settle(
     usage: &UsageMemory,
     splits: &SplitMemory,
 ) -> Result<Option<Plan>, ReconcileError> {
-    let Some(quota) = tenant.spec.quota.as_ref() else {
+    let tenant_hard = tenant
+        .spec
+        .quota
+        .as_ref()
+        .filter(|q| !q.tenant_hard.is_empty());
+    let Some(quota) = tenant_hard else {
+        splits.forget(tenant.metadata.uid.as_deref().unwrap_or_default());
         return Ok(None);
     };
-    if quota.tenant_hard.is_empty() {
-        return Ok(None);
-    }
     let invalid = |e: SplitError| ReconcileError::terminal("QuotaInvalid", e.to_string());
     let mut observed = observe(tenant, pass, namespaces).await?;
     let uid = tenant.metadata.uid.clone().unwrap_or_default();

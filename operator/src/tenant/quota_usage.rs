@@ -6,9 +6,10 @@
 //! admitted object writes a usage lower than the truth; the next recount (its own write
 //! triggers one) normally puts it back. Room the split gave away on such a dip would let a
 //! namespace admit past the tenant's total. So a usage lower than the highest seen is taken
-//! only once it has been seen for [`USAGE_SETTLE`]; until then the split works with the
-//! highest, and the Tenant looks again after [`super::quota_split::HELD_POLL`]. A higher usage
-//! is taken at once (it gives nothing away).
+//! only once lower usages have been seen for [`USAGE_SETTLE`], and then only down to the
+//! highest of them (one seen a moment ago waits its own time); until then the split works
+//! with the highest, and the Tenant looks again after [`super::quota_split::HELD_POLL`]. A
+//! higher usage is taken at once (it gives nothing away).
 //!
 //! The memory is this process's (a restarted operator takes the first usage it sees), one
 //! entry per namespace and key of a Tenant's quota, dropped with the namespace and with the
@@ -23,13 +24,25 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 /// How long a lower usage must be seen before the split believes it.
 pub const USAGE_SETTLE: Duration = Duration::from_secs(2);
 
-/// The highest usage seen of one key of one namespace's quota, and since when a lower one has
-/// been seen.
+/// The highest usage seen of one key of one namespace's quota; since when lower ones have
+/// been seen, and the highest of those.
 #[derive(Clone, Debug)]
 struct Seen {
     high: Quantity,
     units: i128,
     lower_since: Option<Instant>,
+    lower_high: Option<(Quantity, i128)>,
+}
+
+impl Seen {
+    fn new(high: Quantity, units: i128) -> Self {
+        Self {
+            high,
+            units,
+            lower_since: None,
+            lower_high: None,
+        }
+    }
 }
 
 /// One Tenant's memory: per namespace, per key.
@@ -44,7 +57,8 @@ pub struct UsageMemory {
 impl UsageMemory {
     /// Replaces in `used` (per namespace of Tenant `tenant`, its quota's `status.used`; read
     /// in units with `units`) each usage lower than the highest seen with that highest, until
-    /// the lower one has been seen for [`USAGE_SETTLE`]; returns whether one is still waiting.
+    /// lower ones have been seen for [`USAGE_SETTLE`] (then the highest of those is the highest
+    /// seen); returns whether one is still waiting.
     /// Namespaces not in `used` are forgotten.
     ///
     /// # Errors
@@ -72,25 +86,25 @@ impl UsageMemory {
                 match keys.get_mut(key) {
                     Some(s) if units < s.units => {
                         let since = *s.lower_since.get_or_insert(now);
+                        if s.lower_high.as_ref().is_none_or(|(_, u)| units > *u) {
+                            s.lower_high = Some((q.clone(), units));
+                        }
                         if now.duration_since(since) < USAGE_SETTLE {
                             waiting = true;
-                        } else {
-                            *s = Seen {
-                                high: q.clone(),
-                                units,
-                                lower_since: None,
-                            };
+                        } else if let Some((high, high_units)) = s.lower_high.take() {
+                            // Believed: the highest of the lower usages seen since, not the
+                            // last one (itself maybe a dip seen a moment ago), which starts a
+                            // wait of its own when it is lower still.
+                            *s = Seen::new(high, high_units);
+                            if units < high_units {
+                                s.lower_since = Some(now);
+                                s.lower_high = Some((q.clone(), units));
+                                waiting = true;
+                            }
                         }
                     }
                     _ => {
-                        keys.insert(
-                            key.clone(),
-                            Seen {
-                                high: q.clone(),
-                                units,
-                                lower_since: None,
-                            },
-                        );
+                        keys.insert(key.clone(), Seen::new(q.clone(), units));
                     }
                 }
             }
@@ -180,13 +194,21 @@ mod tests {
         assert!(settle(&memory, "t", &mut o, at(2_900)).unwrap());
         assert_eq!(used(&o, "a"), "3");
 
-        // Held for the whole settle time (since the first lower value): believed.
+        // Lower for the whole settle time: the highest of the lower values is believed, not
+        // the 1 first seen 100 ms ago (a tenant owner could time a create so that a recount's
+        // dip comes then, found by review); the 1 waits its own settle time.
         let mut o = observed(&[("a", "1"), ("b", "2")]);
-        assert!(!settle(&memory, "t", &mut o, at(3_000)).unwrap());
+        assert!(settle(&memory, "t", &mut o, at(3_000)).unwrap());
+        assert_eq!(used(&o, "a"), "2");
+        let mut o = observed(&[("a", "1"), ("b", "2")]);
+        assert!(settle(&memory, "t", &mut o, at(4_900)).unwrap());
+        assert_eq!(used(&o, "a"), "2");
+        let mut o = observed(&[("a", "1"), ("b", "2")]);
+        assert!(!settle(&memory, "t", &mut o, at(5_000)).unwrap());
         assert_eq!(used(&o, "a"), "1");
         // A rise is taken at once.
         let mut o = observed(&[("a", "4"), ("b", "2")]);
-        assert!(!settle(&memory, "t", &mut o, at(3_001)).unwrap());
+        assert!(!settle(&memory, "t", &mut o, at(5_001)).unwrap());
         assert_eq!(used(&o, "a"), "4");
     }
 
