@@ -818,9 +818,9 @@ fn configmaps_used(q: &ResourceQuota) -> Option<i128> {
 /// An administrator (the quota guard lets `system:masters` through) raises one namespace's
 /// share by one. The operator puts it back to the share it recorded in the Tenant's status,
 /// and no other namespace's quota moves. Judged from the live quotas, the split was redone:
-/// 40 over usage 2 and 1 gave the edited namespace the odd unit, so the edit stayed and the
-/// other namespace lost one (found by the kit's tamper check, where usage was uneven because
-/// the quota controller had counted one namespace's `kube-root-ca.crt` and not yet the other's).
+/// 40 over usage 3 and 1 gives 21 and 19, so the edit stayed and the other namespace lost one
+/// (found by the kit's tamper check, where usage was uneven because the quota controller had
+/// counted one namespace's `kube-root-ca.crt` and not yet the other's).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_edited_quota_is_put_back_and_no_other_quota_moves() {
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -837,13 +837,15 @@ async fn an_edited_quota_is_put_back_and_no_other_quota_moves() {
     tenants::create(&client, &tenant, spec).await;
     tenants::wait_ready(&client, &tenant).await;
     let (a, b) = (format!("{tenant}-a"), format!("{tenant}-b"));
-    // Uneven usage: `a` holds a ConfigMap besides each namespace's `kube-root-ca.crt`.
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "extra"}})).unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), &a)
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("a ConfigMap");
-    let settled = eventually("usage 2 and 1, quotas 20 and 20", TIMEOUT, || async {
+    // Uneven usage: `a` holds two ConfigMaps besides each namespace's `kube-root-ca.crt`.
+    for name in ["extra-1", "extra-2"] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        Api::<ConfigMap>::namespaced(client.clone(), &a)
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("a ConfigMap");
+    }
+    let settled = eventually("usage 3 and 1, quotas 20 and 20", TIMEOUT, || async {
         let q = quotas(&tenant).await;
         let state: Vec<_> = [&a, &b]
             .iter()
@@ -860,7 +862,7 @@ async fn an_edited_quota_is_put_back_and_no_other_quota_moves() {
                 .and_then(|r| r.get("configmaps"))
                 .is_some_and(|v| v.0 == "20")
         };
-        if state == [Some((Some(2), Some(20))), Some((Some(1), Some(20)))]
+        if state == [Some((Some(3), Some(20))), Some((Some(1), Some(20)))]
             && twenty(&a)
             && twenty(&b)
         {

@@ -42,8 +42,10 @@
 //! - **Arithmetic** is exact, in whole units of each key (object counts, extended resources,
 //!   bytes) or milli-units for CPU keys: the total and per-namespace limits rounded down,
 //!   usage and enforced limits rounded up; results are written as canonical quantities. The
-//!   headroom's remainder (when it does not divide evenly) goes one unit each to the
-//!   namespaces in name order.
+//!   headroom's remainder (when it does not divide evenly) goes one unit each, first to the
+//!   namespaces whose current limit already leaves them more than the share, then to those
+//!   using least (the quotas as even as they can be: usage 1 and 0 of a total of 40 is split
+//!   20/20, as it was before the 1 was counted, not 21/19), then in name order.
 //! - **Per-namespace `hard`**: where `hard` names a key too, a namespace gets at most that;
 //!   headroom a capped namespace cannot take goes to the others.
 //! - **Usage above the total** (`tenantHard` lowered below what is used): every namespace is
@@ -279,7 +281,9 @@ pub fn targets(
 /// Usage plus an even share of `headroom`, each at most `cap` (what a capped namespace cannot
 /// take goes to the others); the remainder one unit each, first to the namespaces whose
 /// `current` limit already leaves them more than the share (so using a unit does not move
-/// another namespace's, and fewer quotas are rewritten), then in order.
+/// another namespace's, and fewer quotas are rewritten), then to those using least (so the
+/// quotas are as even as they can be, and a split made before or after a unit of usage is
+/// counted is the same), then in order.
 fn fresh_split(
     headroom: i128,
     cap: Option<i128>,
@@ -306,7 +310,7 @@ fn fresh_split(
                     .is_some_and(|c| c - used[i] > share)
             };
             let mut order = open.clone();
-            order.sort_by_key(|&i| (!holds(i), i));
+            order.sort_by_key(|&i| (!holds(i), used[i], i));
             for (n, &i) in order.iter().enumerate() {
                 target[i] = used[i] + share + i128::from((n as i128) < extra);
             }
@@ -709,7 +713,10 @@ mod tests {
     #[test]
     fn headroom_is_shared_evenly_on_top_of_usage() {
         assert_eq!(targets(6, None, &[0, 0, 0], &[None, None, None]), [2, 2, 2]);
-        assert_eq!(targets(6, None, &[2, 0, 0], &[None, None, None]), [4, 1, 1]);
+        // The remainder to the one using least: the quotas as even as they can be.
+        assert_eq!(targets(6, None, &[2, 0, 0], &[None, None, None]), [3, 2, 1]);
+        assert_eq!(targets(40, None, &[1, 0], &[None, None]), [20, 20]);
+        assert_eq!(targets(40, None, &[1, 0], &[Some(20), None]), [20, 20]);
         // Remainder in order.
         assert_eq!(targets(7, None, &[0, 0, 0], &[None, None, None]), [3, 2, 2]);
         // Capped namespaces leave their share to the others.
@@ -922,13 +929,15 @@ mod tests {
     /// while neither used any; then dev's `kube-root-ca.crt` was counted, not yet prod's (a
     /// split kept, rooms large enough). An administrator set dev's quota to 21: judged from
     /// the live quotas, the split was no longer kept, and the fresh split of 39 free over usage
-    /// 1/0 gave dev 21 and prod 19. The edit stayed and prod, untouched, lost one.
+    /// 1/0 gave dev 21 and prod 19. The edit stayed and prod, untouched, lost one. (The
+    /// remainder now goes to the namespace using least, so usage 1/0 splits 20/20 anyway;
+    /// usage 2/0 shows what only the record mends.)
     #[test]
     fn an_edited_quota_is_put_back_to_the_recorded_split_and_no_other_moves() {
         let quota = quota(&[("pods", "40")], &[]);
         let ns: Vec<String> = vec!["t-dev".into(), "t-prod".into()];
         let mut obs: BTreeMap<String, Observed> = [
-            ("t-dev".into(), observed("21", Some("21"), "1")),
+            ("t-dev".into(), observed("21", Some("21"), "2")),
             ("t-prod".into(), observed("20", Some("20"), "0")),
         ]
         .into();
