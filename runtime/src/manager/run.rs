@@ -41,7 +41,7 @@ async fn install(
         .await?;
         let established = await_condition(api.clone(), &crd_name, conditions::is_crd_established());
         match tokio::time::timeout(Duration::from_secs(60), established).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => tracing::info!(crd = %crd_name, "CRD applied and established"),
             Ok(Err(e)) => {
                 return Err(ManagerError::Crd {
                     name: crd_name,
