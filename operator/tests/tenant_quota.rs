@@ -57,8 +57,13 @@ fn spec() -> TenantSpec {
     spec
 }
 
+/// `key` of a quota's `hard` or `used` map, in whole units.
+fn count_of(map: Option<&BTreeMap<String, Quantity>>, key: &str) -> Option<i128> {
+    Exact::parse(&map?.get(key)?.0)?.units(0, true)
+}
+
 fn pods_of(hard: Option<&BTreeMap<String, Quantity>>) -> Option<i128> {
-    Exact::parse(&hard?.get("pods")?.0)?.units(0, true)
+    count_of(hard, "pods")
 }
 
 /// The tenant's quotas by namespace.
@@ -544,8 +549,7 @@ async fn a_new_namespaces_role_bindings_wait_until_its_quota_is_enforced() {
 
 /// `spec.hard.configmaps` of a quota.
 fn configmaps_of(q: &ResourceQuota) -> Option<i128> {
-    let hard = q.spec.as_ref()?.hard.as_ref()?;
-    Exact::parse(&hard.get("configmaps")?.0)?.units(0, true)
+    count_of(q.spec.as_ref()?.hard.as_ref(), "configmaps")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -569,10 +573,7 @@ async fn a_namespace_leaving_the_tenant_keeps_its_share_until_it_is_gone() {
             .await
             .map_err(why)?;
         let status = q.status.clone().unwrap_or_default();
-        let count = |m: Option<BTreeMap<String, Quantity>>| {
-            m.and_then(|m| m.get("configmaps").cloned())
-                .and_then(|v| Exact::parse(&v.0)?.units(0, true))
-        };
+        let count = |m: Option<BTreeMap<String, Quantity>>| count_of(m.as_ref(), "configmaps");
         match (configmaps_of(&q), count(status.hard), count(status.used)) {
             (Some(spec), Some(hard), Some(used)) if spec == hard && hard - used >= 2 => Ok(()),
             other => Err(format!("{other:?}")),
@@ -811,8 +812,7 @@ async fn a_count_key_that_counts_nothing_is_named_until_it_is_corrected() {
 
 /// `configmaps` of a quota's `status.used`.
 fn configmaps_used(q: &ResourceQuota) -> Option<i128> {
-    let used = q.status.as_ref()?.used.as_ref()?;
-    Exact::parse(&used.get("configmaps")?.0)?.units(0, true)
+    count_of(q.status.as_ref()?.used.as_ref(), "configmaps")
 }
 
 /// An administrator (the quota guard lets `system:masters` through) raises one namespace's
