@@ -46,6 +46,11 @@ fn spread(h: u32) -> u64 {
 
 /// The entries of one kind by name, and by the owner uids their labels carry.
 ///
+/// The entries lie side by side in `slots`, and the name table holds only their positions
+/// (4 bytes a bucket): a hash table keeps between an eighth and over half of its buckets free,
+/// and an entry inline in each (about 100 bytes) would cost that much again per child. The
+/// slots grow by an eighth at a time (`grow`) and give back room once half of it is free.
+///
 /// The owner index holds one pair of 32-bit hashes, the owner uid's and the name's, per owner
 /// uid of an entry (8 bytes, not a copy of the name): [`Objects::owned`] goes from a uid to
 /// the pairs hashed alike, and from each name hash to the entries whose names hash alike, so
@@ -59,29 +64,52 @@ fn spread(h: u32) -> u64 {
 /// when the entry was made) keeps those uids in `apart`.
 #[derive(Default)]
 pub(super) struct Objects {
-    by_name: HashTable<(Name, Entry)>,
+    /// Positions in `slots`, hashed by the entry's name.
+    by_name: HashTable<u32>,
+    slots: Vec<(Name, Entry)>,
     /// `(h32(owner uid), h32(name))`, hashed by the first.
     by_owner: HashTable<(u32, u32)>,
     /// The owner uids of the entries that have some not among their template's values.
     apart: HashMap<Name, Box<[Arc<str>]>>,
 }
 
+/// The table hash of the entry at `at`.
+fn hash_at(slots: &[(Name, Entry)], at: u32) -> u64 {
+    spread(h32(&slots[at as usize].0))
+}
+
 impl Objects {
+    /// The position of the entry named `name`.
+    fn position(&self, name: &str) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_name
+            .find(spread(h32(name)), |&at| &*slots[at as usize].0 == name)
+            .copied()
+    }
+
     /// The entry named `name`.
     pub(super) fn get(&self, name: &str) -> Option<&Entry> {
-        self.by_name
-            .find(spread(h32(name)), |(n, _)| &**n == name)
-            .map(|(_, e)| e)
+        self.position(name).map(|at| &self.slots[at as usize].1)
     }
 
     /// Entries held.
     pub(super) fn len(&self) -> usize {
-        self.by_name.len()
+        self.slots.len()
+    }
+
+    /// Room for one more slot: an eighth more at a time (at least 4), not twice as many.
+    fn grow(&mut self) {
+        if self.slots.len() == self.slots.capacity() {
+            self.slots.reserve_exact((self.slots.len() / 8).max(4));
+        }
     }
 
     /// Stores `entry` at `name`, in place of the one there (returned); `owners` are its owner
     /// uids ([`owner_uids`] of the object it was made from), interned in `interner` when they
     /// are not among its template's values.
+    ///
+    /// # Panics
+    /// With 2^32 entries (positions are 32-bit).
     pub(super) fn insert(
         &mut self,
         name: Name,
@@ -103,18 +131,39 @@ impl Objects {
         if !apart.is_empty() {
             self.apart.insert(name.clone(), apart.into_boxed_slice());
         }
+        self.grow();
+        let at = u32::try_from(self.slots.len()).expect("fewer than 2^32 entries of a kind");
+        self.slots.push((name, entry));
+        let slots = &self.slots;
         self.by_name
-            .insert_unique(spread(nh), (name, entry), |(n, _)| spread(h32(n)));
+            .insert_unique(spread(nh), at, |&i| hash_at(slots, i));
         old
     }
 
     /// Removes the entry at `name` and returns it.
     pub(super) fn remove(&mut self, name: &str) -> Option<Entry> {
         let nh = h32(name);
-        let Ok(found) = self.by_name.find_entry(spread(nh), |(n, _)| &**n == name) else {
+        let slots = &self.slots;
+        let Ok(found) = self
+            .by_name
+            .find_entry(spread(nh), |&at| &*slots[at as usize].0 == name)
+        else {
             return None;
         };
-        let ((_, old), _) = found.remove();
+        let (at, _) = found.remove();
+        // The last slot moves into the freed one: its position in the table follows.
+        let last = u32::try_from(self.slots.len() - 1).expect("positions are 32-bit");
+        if at != last {
+            let moved = hash_at(&self.slots, last);
+            if let Some(p) = self.by_name.find_mut(moved, |&i| i == last) {
+                *p = at;
+            }
+        }
+        let (_, old) = self.slots.swap_remove(at as usize);
+        if self.slots.capacity() > 8 && self.slots.len() < self.slots.capacity() / 2 {
+            let keep = self.slots.len() + self.slots.len() / 8;
+            self.slots.shrink_to(keep);
+        }
         let apart = self.apart.remove(name);
         // Its pairs: one per owner uid, each among its template's values or kept apart.
         let mut owners: Vec<&str> = old.text.values.iter().map(|v| &**v).collect();
@@ -130,7 +179,7 @@ impl Objects {
 
     /// Every entry, with its name.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&Name, &Entry)> {
-        self.by_name.iter().map(|(n, e)| (n, e))
+        self.slots.iter().map(|(n, e)| (n, e))
     }
 
     /// The entries that may carry an owner-uid label (of any owner kind) with value `uid`:
@@ -148,6 +197,7 @@ impl Objects {
         names.into_iter().flat_map(move |nh| {
             self.by_name
                 .iter_hash(spread(nh))
+                .map(|&at| &self.slots[at as usize])
                 .filter(move |(n, _)| h32(n) == nh)
                 .map(|(n, e)| (n, e))
         })
@@ -256,5 +306,56 @@ mod tests {
         objects.remove("odd");
         objects.remove("plain");
         assert!(objects.apart.is_empty() && objects.by_owner.is_empty());
+    }
+
+    #[test]
+    fn entries_stay_found_as_others_move_into_freed_slots() {
+        let interner = Interner::default();
+        let mut objects = Objects::default();
+        let names: Vec<String> = (0..200).map(|i| format!("ns-{i}/child")).collect();
+        for (i, name) in names.iter().enumerate() {
+            let uid = format!("u{}", i % 7);
+            let (e, owners) = entry(&obj(&[(OWNER_UID_LABEL, &uid)]), &interner);
+            objects.insert(name.as_str().into(), e, &owners, &interner);
+        }
+        // Room grows by an eighth, not by doubling.
+        assert!(objects.slots.capacity() < 200 + 200 / 8 + 4);
+        // Removing from the front, the middle and the end moves the last entry each time.
+        for name in names.iter().step_by(3) {
+            assert!(objects.remove(name).is_some());
+        }
+        assert_eq!(objects.len(), 200 - 67);
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(objects.get(name).is_some(), i % 3 != 0, "{name}");
+        }
+        let listed: std::collections::BTreeSet<String> =
+            objects.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(listed.len(), objects.len());
+        let u3: Vec<String> = owned(&objects, "u3");
+        let expected: Vec<String> = {
+            let mut v: Vec<String> = (0..200)
+                .filter(|i| i % 7 == 3 && i % 3 != 0)
+                .map(|i| names[i].clone())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(u3, expected);
+        // Once most are gone, the room left goes back.
+        for name in names
+            .iter()
+            .skip(1)
+            .step_by(3)
+            .chain(names.iter().skip(2).step_by(3))
+        {
+            objects.remove(name);
+        }
+        assert_eq!(objects.len(), 0);
+        assert!(
+            objects.slots.capacity() <= 8,
+            "{}",
+            objects.slots.capacity()
+        );
+        assert!(objects.by_owner.is_empty());
     }
 }
