@@ -214,15 +214,20 @@ impl Fence {
                 Err(_) => match *self.lock() {
                     Some(later) if later > until => until = later,
                     _ => {
-                        *self
-                            .abandoned
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                        self.note_abandoned();
                         return Err(Box::new(expired()));
                     }
                 },
             }
         }
+    }
+
+    /// Notes that a write let through was abandoned now.
+    fn note_abandoned(&self) {
+        *self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
     /// A layer that lets this fence's writes through only while it is valid.
@@ -354,6 +359,14 @@ where
                     FenceError::Expired { method, path }
                 })
                 .await;
+            // A fence inside this one (a ring's gate around the membership's fence) that
+            // abandoned the write: it may still be on the wire, so this fence's `drained`
+            // waits the margin too.
+            if let Err(e) = &result
+                && matches!(e.downcast_ref(), Some(FenceError::Expired { .. }))
+            {
+                fence.note_abandoned();
+            }
             drop(in_flight);
             result
         });
@@ -511,6 +524,30 @@ mod tests {
                 .await
                 .is_err(),
             "drained at once after an abandoned write"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_an_inner_fence_abandoned_holds_the_outer_fences_drain_too() {
+        // A ring's gate (open) around the membership's fence, as the sharded manager stacks
+        // them: the gate's drain is what a ring change waits for.
+        let gate = Fence::open();
+        let membership = Fence::new(FenceMode::ShardMembership);
+        membership.extend(Instant::now() + Duration::from_millis(200));
+        let inner = Slow::default();
+        let mut svc = gate.layer().layer(membership.layer().layer(inner.clone()));
+        let err = svc.call(request(Method::PATCH)).await.unwrap_err();
+        assert!(
+            matches!(err.downcast_ref(), Some(FenceError::Expired { .. })),
+            "{err:?}"
+        );
+        assert_eq!(gate.writes_in_flight(), 0, "no longer in flight");
+        gate.revoke();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), gate.drained())
+                .await
+                .is_err(),
+            "the gate drained at once after a write the membership's fence abandoned"
         );
     }
 
