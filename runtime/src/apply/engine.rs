@@ -187,11 +187,14 @@ impl Applier {
             }
         }
         let mut first_error = None;
+        // The kinds with a child not applied: not pruned in this pass (see below).
+        let mut failed_kinds: BTreeSet<String> = BTreeSet::new();
         for (key, result) in keys.into_iter().zip(results) {
             let applied = match result.expect("every child is in one wave") {
                 Ok(applied) => applied,
                 Err(e) => {
                     tracing::warn!(child = %key, error = %e, "child not applied; applying the others");
+                    failed_kinds.insert(key.kind.to_string());
                     first_error.get_or_insert(e);
                     continue;
                 }
@@ -220,10 +223,16 @@ impl Applier {
             }
             report.children.push((key, applied.outcome));
         }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+        // A child that failed does not stop the prune of the other kinds either: a tenant owner
+        // who can make one child fail (inflate it until the server refuses it) must not keep a
+        // RoleBinding the owner no longer desires. Its own kind is not pruned in this pass:
+        // the child that replaces an undesired one of that kind (a renamed ConfigMap, a
+        // Namespace) is not there yet.
         for (resource, namespaced) in &desired.kinds {
+            if failed_kinds.contains(&resource.kind) {
+                tracing::debug!(kind = %resource.kind, "not pruned: a child of the kind was not applied");
+                continue;
+            }
             let kind = PruneKind {
                 resource,
                 namespaced: *namespaced,
@@ -231,9 +240,14 @@ impl Applier {
                 release_undesired: desired.release_undesired.contains(resource),
                 release_in: &desired.release_in,
             };
-            self.prune_kind(owner, &kind, &keep, report).await?;
+            if let Err(e) = self.prune_kind(owner, &kind, &keep, report).await {
+                return Err(first_error.unwrap_or(e));
+            }
         }
-        Ok(())
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Reads and applies one desired child (ensures it, when it is created once).

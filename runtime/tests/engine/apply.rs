@@ -530,6 +530,52 @@ async fn a_child_the_server_rejects_does_not_keep_its_siblings_from_being_applie
 }
 
 #[tokio::test]
+async fn a_child_the_server_rejects_does_not_keep_another_kinds_undesired_child() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "prune-past-invalid").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    reconcile(&client, &w).await.expect("first reconcile");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    assert!(services.get_opt("w").await.expect("get").is_some());
+    let before = configs.get("w-config").await.expect("the ConfigMap");
+    // The Service no longer desired, and the ConfigMap made invalid in the same change (in
+    // the operator: a RoleBinding removed while a tenant owner makes another child fail).
+    let api: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    let w = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"service": false, "config": {"not a valid key": "x"}}})),
+        )
+        .await
+        .expect("edit spec");
+    let err = reconcile(&client, &w)
+        .await
+        .expect_err("the invalid ConfigMap fails the reconcile");
+    assert!(err.contains("ConfigMap") && err.contains("422"), "{err}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match services.get_opt("w").await.expect("get") {
+            None => break,
+            Some(s) if s.metadata.deletion_timestamp.is_some() => break,
+            Some(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the undesired Service was not pruned past the failed ConfigMap"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The failed child's own kind is left as it was: the ConfigMap is still there, unchanged.
+    let after = configs.get("w-config").await.expect("the ConfigMap");
+    assert_eq!(after.metadata.uid, before.metadata.uid);
+    assert_eq!(after.data, before.data);
+}
+
+#[tokio::test]
 async fn an_undesired_child_held_by_a_finalizer_keeps_the_owner_reconciling_until_it_is_gone() {
     let client = client();
     ensure_crd(&client).await;
