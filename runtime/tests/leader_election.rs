@@ -207,3 +207,47 @@ async fn a_crashed_leader_is_replaced_after_its_fence_closed_and_a_stolen_lease_
         "a lost leadership is final"
     );
 }
+
+/// An administrator edits the held Lease's `leaseDurationSeconds` down to 1: the standby
+/// still waits the lease duration it was configured with before it takes the Lease, so it
+/// never leads while the leader renews (here every 2.5 s: the edited record stands unchanged
+/// for over 2 s, four of the standby's rounds).
+#[tokio::test]
+async fn a_lease_edited_to_a_short_duration_does_not_let_the_standby_take_over() {
+    let client = idem_tests::shared().client();
+    let ns = namespace(&client, "elect-edit").await;
+    let mut slow = election(&ns, "replica-a");
+    slow.retry_period = Duration::from_millis(2500);
+    slow.renew_deadline = Duration::from_millis(3500);
+    let leader = slow.start(client.clone()).unwrap();
+    within("a leader", leader.acquired()).await.unwrap();
+    let standby = election(&ns, "replica-b").start(client.clone()).unwrap();
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let until = Instant::now() + Duration::from_secs(6);
+    let mut edits = 0;
+    while Instant::now() < until {
+        // After each renewal (the holder's, with its duration), the duration cut to 1 s.
+        let mut l = lease(&client, &ns).await;
+        let spec = l.spec.get_or_insert_with(Default::default);
+        if spec.lease_duration_seconds != Some(1) {
+            spec.lease_duration_seconds = Some(1);
+            if leases
+                .replace(LEASE, &PostParams::default(), &l)
+                .await
+                .is_ok()
+            {
+                edits += 1;
+            }
+        }
+        assert!(!standby.is_leader(), "the standby took an edited Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(edits >= 2, "edited {edits} times");
+    assert!(leader.is_leader() && !standby.is_leader());
+    assert_eq!(
+        holder(&lease(&client, &ns).await).as_deref(),
+        Some(leader.identity())
+    );
+    leader.release().await;
+    standby.release().await;
+}

@@ -4,11 +4,14 @@
 //! Every [`LeaderElection::retry_period`] a replica runs one round of client-go's
 //! `tryAcquireOrRenew`: it reads the Lease; a standby takes it over (a replace guarded by
 //! `resourceVersion`) once the record has not changed for the holder's
-//! `leaseDurationSeconds` *as measured on the standby's clock* (no cross-node clock
-//! comparison, as in client-go); the holder renews it. After each successful renewal sent at
-//! `t` the holder's fence is open until `t + lease_duration − clock_skew`; it is closed at
-//! once when the Lease names another holder, when a renewal is refused, or when no renewal
-//! succeeded within [`LeaderElection::renew_deadline`] — then leadership is lost for good
+//! `leaseDurationSeconds`, never less than its own [`LeaderElection::lease_duration`] (a record
+//! edited to a short one does not shorten the wait), *as measured on the standby's clock* (no
+//! cross-node clock comparison, as in client-go); the holder renews it. After each successful
+//! renewal sent at `t` the holder's fence is open until `t + lease_duration − clock_skew`; it
+//! is closed at once when the Lease names another holder, or when no renewal succeeded within
+//! [`LeaderElection::renew_deadline`] (a renewal that meets 409 Conflict, the Lease changed
+//! since it was read — perhaps by its own earlier renewal that timed out here but reached the
+//! server — reads it again at the next round) — then leadership is lost for good
 //! (client-go's `OnStoppedLeading`; controller-runtime's manager exits), and a new
 //! [`Leadership`] must be started to compete again.
 //!
@@ -423,16 +426,20 @@ async fn elect(
                     let _ = role.send(Role::Leader);
                 }
             }
-            Err(Attempt::HeldBy(holder)) if leading => {
+            Err(Attempt::HeldBy(_) | Attempt::Conflict) if !leading => {}
+            Err(Attempt::HeldBy(holder)) => {
                 fence.revoke();
                 config.status.set(0);
                 tracing::error!(%identity, %holder, "the leader Lease is held by another replica");
                 let _ = role.send(Role::Lost);
                 return;
             }
-            Err(Attempt::HeldBy(_)) => {}
-            Err(Attempt::Failed(e)) => {
-                tracing::warn!(%identity, error = %e, "leader election attempt failed");
+            Err(attempt) => {
+                if let Attempt::Failed(e) = &attempt {
+                    tracing::warn!(%identity, error = %e, "leader election attempt failed");
+                } else {
+                    tracing::info!(%identity, "the leader Lease changed since it was read: reading it again");
+                }
                 if leading && last_renewal.is_none_or(|t| t.elapsed() >= config.renew_deadline) {
                     fence.revoke();
                     config.status.set(0);
@@ -455,6 +462,8 @@ enum Attempt {
     HeldBy(String),
     /// The API call failed.
     Failed(String),
+    /// The write met 409 Conflict: the Lease changed since this round read it.
+    Conflict,
 }
 
 /// One round of client-go's `tryAcquireOrRenew`.
@@ -499,7 +508,10 @@ async fn try_acquire_or_renew(
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
     let mine = holder.as_deref() == Some(identity);
     if let Some(other) = holder.as_ref().filter(|_| !mine) {
-        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+        // Never shorter than our own lease duration: a record edited by hand to a short one
+        // (or 0) must not let a standby take over while the holder's fence may still be open.
+        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64)
+            .max(config.lease_duration);
         let since = observed.as_ref().map_or(Duration::ZERO, |o| o.at.elapsed());
         if since < duration {
             return Err(Attempt::HeldBy(other.clone()));
@@ -513,9 +525,10 @@ async fn try_acquire_or_renew(
     });
     match api.replace(name, &PostParams::default(), &lease).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Attempt::HeldBy(
-            "another replica (the Lease changed since it was read)".into(),
-        )),
+        // The Lease changed since it was read: by another replica, or by this one's own
+        // renewal that timed out here but reached the server late. The next round reads whose
+        // it is.
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Attempt::Conflict),
         Err(e) => Err(failed(e)),
     }
 }
