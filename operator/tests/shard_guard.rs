@@ -4,7 +4,8 @@
 //! running ring already does refuses to work — not ready, no reconcile, an error in its log
 //! naming the problem: one started without `--shards` beside a live ring (until the ring is
 //! gone) or that works when a ring comes alive (it watches the ring's Leases: idle, it lists
-//! none; it exits with an error), and a second one with the identity of a running member. One test at a time: one deletes a CRD, and each
+//! none; it exits with an error), and a second one with the identity of a running member (it exits
+//! with an error). One test at a time: one deletes a CRD, and each
 //! runs a ring of its own (in a namespace of its own).
 
 mod common;
@@ -268,7 +269,7 @@ async fn a_second_replica_with_a_members_identity_refuses_to_work() {
     let before = unique_name("guard");
     tenants::create(&client, &before, tenants::full_spec(&["x"])).await;
     tenants::wait_ready(&client, &before).await;
-    let second = replica(&ns, "dup-second", "dup", true);
+    let mut second = replica(&ns, "dup-second", "dup", true);
     let log = refusal_or_work(&second).await;
     assert_refused(
         &client,
@@ -277,6 +278,13 @@ async fn a_second_replica_with_a_members_identity_refuses_to_work() {
         "two replicas have the same identity",
     )
     .await;
+    // It exits with an error (restarted, it would look again), rather than stay up idle.
+    let status = eventually("the refusing replica to exit", TIMEOUT, || {
+        let status = second.exited();
+        async move { status.ok_or_else(|| "still running".to_string()) }
+    })
+    .await;
+    assert!(!status.success(), "{status:?}\n{}", second.log_tail());
     // The first keeps its Lease and its work.
     wait_working(&mut first).await;
     assert!(first.exited().is_none(), "{}", first.log_tail());

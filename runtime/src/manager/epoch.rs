@@ -11,7 +11,6 @@ use super::controllers::{Controllers, Shard, Start, Stopped};
 use super::{ManagerError, ManagerOptions};
 use crate::apply::{ChildCaches, DriftMetrics};
 use crate::controller::ControllerConfig;
-use crate::leader::Leadership;
 use crate::metrics::Metrics;
 
 /// What every run of the controllers needs.
@@ -136,20 +135,4 @@ pub(super) fn reported(stopped: Vec<Stopped>) -> Result<(), ManagerError> {
         }
     }
     Ok(())
-}
-
-/// Refuses to work (another replica set reconciles the same objects): not ready, nothing
-/// reconciled, until `shutdown`.
-pub(super) async fn refuse(
-    why: &str,
-    ready: &watch::Sender<bool>,
-    leadership: Option<Leadership>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let _ = ready.send(false);
-    tracing::error!(problem = %why, "refusing to run: this replica reconciles nothing and is not ready");
-    if let Some(lease) = leadership {
-        lease.release().await;
-    }
-    shutdown.await;
 }

@@ -34,6 +34,10 @@ pub enum ManagerError {
     /// reconcile and exits (restarted, it waits, not ready, while the ring is live).
     #[error("refusing to run on: {0}")]
     RingLive(String),
+    /// Another process renews this shard member's Lease (two replicas with one identity): it
+    /// reconciled nothing and exits (restarted, it looks at the Lease again).
+    #[error("refusing to run: {0}")]
+    Refused(String),
     /// A controller's configuration is invalid.
     #[error("controller {name}: {source}")]
     Controller {

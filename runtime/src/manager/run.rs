@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::epoch::{Epoch, Parts, refuse, reported};
+use super::epoch::{Epoch, Parts, reported};
 use super::sharded::Sharded;
 use super::{Manager, ManagerError, client};
 use crate::apply::DriftMetrics;
@@ -342,9 +342,15 @@ pub(super) async fn run(
                 tracing::info!(%identity, "became leader");
             }
             why = &mut ring_live => {
-                refuse(&why, &ready_tx, leadership.take(), shutdown.as_mut()).await;
+                // As a leader does (below): the process exits, and its restart waits, not
+                // ready, while the ring is live, and competes again once it is gone.
+                tracing::error!(problem = %why, "refusing to run on: exiting");
+                let _ = ready_tx.send(false);
+                if let Some(lease) = leadership.take() {
+                    lease.release().await;
+                }
                 stop_servers(stop_tx, servers).await;
-                return Ok(());
+                return Err(ManagerError::RingLive(why));
             }
             () = &mut shutdown => {
                 if let Some(lease) = leadership.take() {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use super::ManagerError;
 use super::client;
 use super::controllers::Shard;
-use super::epoch::{Epoch, Parts, refuse, reported};
+use super::epoch::{Epoch, Parts, reported};
 use crate::leader::{Fence, FenceMode};
 use crate::shard::membership::Membership;
 use crate::shard::selector::Selectors;
@@ -46,8 +46,8 @@ impl Sharded<'_> {
     /// `/readyz`: ready while waiting for a ring (as a standby is), unless the API server
     /// refuses its member Lease's writes ([`Assignment::blocked`](crate::shard::membership::Assignment::blocked));
     /// while working, ready while every controller's caches are synced and their watches
-    /// established (as a single replica); not ready for good when the membership refuses
-    /// (another process renews this replica's Lease).
+    /// established (as a single replica). When the membership refuses (another process renews
+    /// this replica's Lease) it fails with [`ManagerError::Refused`] and the process exits.
     pub(super) async fn run(
         &self,
         membership: &Membership,
@@ -57,8 +57,13 @@ impl Sharded<'_> {
         loop {
             let assignment = assignments.borrow_and_update().clone();
             if let Some(why) = assignment.refused {
-                refuse(&why, self.ready, None, shutdown.as_mut()).await;
-                return Ok(());
+                // Another process renews this replica's Lease. The process exits: restarted,
+                // it looks again for a lease duration, and works once the Lease is its own
+                // (the other was a passing writer) or refuses again, visibly (two replicas
+                // with one identity restart in turn rather than stay up doing nothing).
+                let _ = self.ready.send(false);
+                tracing::error!(problem = %why, "refusing to run: this replica reconciles nothing; exiting");
+                return Err(ManagerError::Refused(why));
             }
             let Some(ring) = assignment.ring else {
                 // Nothing of an earlier ring runs or writes any more.
