@@ -150,6 +150,7 @@ impl Applier {
         desired: &super::DesiredChildren,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
+        desired.same_kind_names()?;
         let mut keep = BTreeSet::new();
         let mut keys = Vec::with_capacity(desired.children.len());
         for child in &desired.children {

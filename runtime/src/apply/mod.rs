@@ -113,6 +113,20 @@ pub enum ApplyError {
     /// Two desired children have the same kind, namespace and name.
     #[error("desired child {0} is listed twice")]
     Duplicate(ObjectKey),
+    /// Two kinds of one name in different API groups among the desired children's kinds
+    /// (e.g. a `Gateway` of two projects): children are recorded and keyed by kind name, so
+    /// the prune of one would read the other's records. A terminal error.
+    #[error(
+        "desired children have two kinds named {kind}, {first} and {second}: children are recorded by kind name, so an owner's children must not have two kinds of one name"
+    )]
+    SameKindName {
+        /// The kind's name.
+        kind: String,
+        /// The first kind's `apiVersion`.
+        first: String,
+        /// The second kind's `apiVersion`.
+        second: String,
+    },
     /// A request to the API server failed with an error that retrying will not fix. Displayed
     /// as `{action} {child}: {code} {reason}: {message}` for an API status error.
     #[error("{action} {child}: {}", describe(source))]

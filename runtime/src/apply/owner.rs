@@ -557,6 +557,26 @@ impl DesiredChildren {
         Some(all)
     }
 
+    /// Checks that no two of the kinds have one name in different API groups.
+    ///
+    /// # Errors
+    /// [`ApplyError::SameKindName`] naming the first two such kinds.
+    pub(crate) fn same_kind_names(&self) -> Result<(), ApplyError> {
+        for (i, (a, _)) in self.kinds.iter().enumerate() {
+            if let Some((b, _)) = self.kinds[i + 1..]
+                .iter()
+                .find(|(b, _)| b.kind == a.kind && b.group != a.group)
+            {
+                return Err(ApplyError::SameKindName {
+                    kind: a.kind.clone(),
+                    first: a.api_version.clone(),
+                    second: b.api_version.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn register_kind<K>(&mut self)
     where
         K: Resource<DynamicType = ()>,

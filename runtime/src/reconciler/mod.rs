@@ -139,6 +139,7 @@ impl ReconcileError {
             Self::Terminal { .. }
             | Self::Apply(
                 ApplyError::Duplicate(_)
+                | ApplyError::SameKindName { .. }
                 | ApplyError::MissingName { .. }
                 | ApplyError::Serialize { .. }
                 | ApplyError::InvalidScope { .. }

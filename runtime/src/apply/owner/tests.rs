@@ -260,3 +260,22 @@ fn a_secrets_string_data_is_folded_into_its_data() {
     desired.add(&cm).unwrap();
     assert!(desired.children()[0].body.get("data").is_some());
 }
+
+#[test]
+fn two_kinds_of_one_name_in_different_groups_are_refused() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let mut d = DesiredChildren::new();
+    d.prune_kind::<CoreEvent>();
+    assert!(d.same_kind_names().is_ok());
+    d.prune_kind::<CoreEvent>().prune_kind::<ConfigMap>();
+    assert!(d.same_kind_names().is_ok(), "one kind twice is one kind");
+    d.prune_kind::<Event>();
+    let err = d.same_kind_names().unwrap_err();
+    assert!(
+        matches!(&err, ApplyError::SameKindName { kind, first, second }
+            if kind == "Event" && first == "v1" && second == "events.k8s.io/v1"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("two kinds named Event"), "{err}");
+}
