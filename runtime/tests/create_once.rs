@@ -11,7 +11,8 @@
 //! - deleted: `Stalled`, reason `ChildDeleted`, a Warning Event, no new Secret;
 //! - deleted with `regenerate_deleted`: a new value, a Warning Event `Regenerated`;
 //! - idem-tests' kit passes it, and fails a Vault that reads its Secret from the cache first
-//!   and generates a password when it finds none (racing reconciles overwrite each other).
+//!   and generates a password when it finds none (racing reconciles overwrite each other);
+//! - a pass cut off by the driver's timeout after it created the Secret still records it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -923,4 +924,64 @@ async fn a_replaced_secret_copying_the_owner_reference_is_child_deleted() {
         url_before, url_after,
         "the URL was rebuilt from the forged password"
     );
+}
+
+/// A Vault reconciler that makes its Secret and then never finishes (a stuck request, a slow
+/// webhook after it).
+struct StuckVaults;
+
+impl Reconciler for StuckVaults {
+    type Resource = Vault;
+
+    fn children() -> ChildKinds<Vault> {
+        Vaults::children()
+    }
+
+    async fn reconcile(
+        &self,
+        v: &Vault,
+        pass: &mut Pass<Vault>,
+    ) -> Result<Outcome<Vault>, ReconcileError> {
+        let mut children = DesiredChildren::new();
+        children.create_once::<Secret, _>(&secret_name(v), generated);
+        pass.ensure_once::<Secret>(&children, &secret_name(v))
+            .await?;
+        std::future::pending().await
+    }
+
+    fn child_record(status: &mut VaultStatus) -> Option<&mut Vec<CreatedChild>> {
+        Vaults::child_record(status)
+    }
+}
+
+/// A pass cut off by the driver's timeout after it created a child still records it: the
+/// next pass takes that Secret as the one created once (not a `ChildDeleted` if it were
+/// gone, not an unrecorded object never pruned).
+#[tokio::test]
+async fn a_pass_cut_off_by_the_timeout_records_the_child_it_created() {
+    let (client, ns) = setup("once-timeout").await;
+    let v = create_vault(&client, &ns, false).await;
+    let driver = Driver::new(client.clone(), StuckVaults).with_config(
+        idem_runtime::reconciler::DriverConfig {
+            timeout: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    );
+    let result = driver.reconcile_once(client.clone(), Arc::clone(&v)).await;
+    assert!(
+        matches!(result, Err(ReconcileError::Timeout(_))),
+        "{result:?}"
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret = secrets
+        .get(&secret_name(&v))
+        .await
+        .expect("the Secret made");
+    let stored = get_vault(&client, &v).await;
+    let recorded: Vec<String> = stored
+        .status
+        .as_ref()
+        .map(|s| s.created_children.iter().map(|c| c.uid.clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(recorded, vec![secret.uid().unwrap()], "{:?}", stored.status);
 }

@@ -29,6 +29,23 @@ use crate::resource::IdempotentResource;
 use crate::status::{MAX_MESSAGE_BYTES, Readiness, StatusOutcome, StatusWriter, shorten};
 use kube::core::ApiResource;
 
+/// How long after [`DriverConfig::timeout`] a pass may still take to record the children its
+/// cut-off reconcile created or pruned and to write its status, before it is cancelled whole.
+pub const RECORD_GRACE: Duration = Duration::from_secs(10);
+
+/// `work`, ended with [`ReconcileError::Timeout`] at `deadline` when it has one.
+async fn until<T>(
+    deadline: Option<(tokio::time::Instant, Duration)>,
+    work: impl Future<Output = Result<T, ReconcileError>>,
+) -> Result<T, ReconcileError> {
+    match deadline {
+        Some((at, limit)) => tokio::time::timeout_at(at, work)
+            .await
+            .unwrap_or(Err(ReconcileError::Timeout(limit))),
+        None => work.await,
+    }
+}
+
 /// Tunables of a [`Driver`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DriverConfig {
@@ -36,9 +53,11 @@ pub struct DriverConfig {
     /// `ReconcileFailed` (retries go on at the backoff cap; kstatus: Stalled means it needs
     /// help). Default 5.
     pub stalled_after: u32,
-    /// Bound on one reconcile pass (apply, status, cleanup); past it the pass is cancelled
-    /// (every write is idempotent, the next pass completes the work) and counts as a failure
-    /// with [`ReconcileError::Timeout`]. `None`: unbounded. Default 2 minutes.
+    /// Bound on one reconcile pass's reconcile or cleanup; past it that is cancelled (every
+    /// write is idempotent, the next pass completes the work) and the pass counts as a
+    /// failure with [`ReconcileError::Timeout`], once it has recorded the children the cut-off
+    /// part created or pruned ([`RECORD_GRACE`] more at most for that and the status).
+    /// `None`: unbounded. Default 2 minutes.
     pub timeout: Option<Duration>,
     /// Events about one object published at once before its budget holds more back (a token
     /// bucket per object, as client-go's Event spam filter): what an owner does to its children
@@ -339,15 +358,23 @@ where
                     None => return Ok(Action::await_change()),
                 },
             };
+            // The reconciler's part of the pass ends at the deadline; what follows it (the
+            // record of the children it created or pruned, the status) gets
+            // `RECORD_GRACE` more, so a pass cut off still records what it did.
+            let deadline = self
+                .config
+                .timeout
+                .map(|limit| (tokio::time::Instant::now() + limit, limit));
             let pass = self.pass(
                 client.clone(),
                 recorder.clone(),
                 Arc::clone(&obj),
                 reason,
                 &tenant,
+                deadline,
             );
-            let result = match self.config.timeout {
-                Some(limit) => tokio::time::timeout(limit, pass)
+            let result = match deadline {
+                Some((at, limit)) => tokio::time::timeout_at(at + RECORD_GRACE, pass)
                     .await
                     .unwrap_or(Err(ReconcileError::Timeout(limit))),
                 None => pass.await,
@@ -462,6 +489,7 @@ where
         obj: Arc<K<R>>,
         reason: Reason,
         tenant: &str,
+        deadline: Option<(tokio::time::Instant, Duration)>,
     ) -> Result<Action, ReconcileError> {
         let mut applier = Applier::new(client.clone()).with_caches(self.caches.clone());
         if let Some(drift) = &self.drift {
@@ -488,7 +516,7 @@ where
             )
             .with_namespaces(self.namespaces.clone())
             .declaring(&self.kinds);
-            let cleanup = self.reconciler.cleanup(&obj, &mut pass).await;
+            let cleanup = until(deadline, self.reconciler.cleanup(&obj, &mut pass)).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
                 .await?;
@@ -531,7 +559,7 @@ where
         )
         .with_namespaces(self.namespaces.clone())
         .declaring(&self.kinds);
-        let outcome = self.reconciler.reconcile(&obj, &mut pass).await;
+        let outcome = until(deadline, self.reconciler.reconcile(&obj, &mut pass)).await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)
             .await?;

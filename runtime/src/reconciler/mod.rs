@@ -68,7 +68,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use self::children::{Children, STATUS_NOT_DECLARED};
-pub use self::driver::{Driver, DriverConfig};
+pub use self::driver::{Driver, DriverConfig, RECORD_GRACE};
 pub use self::kinds::{
     ChildKinds, ChildWatches, KIND_NOT_DECLARED, WatchChildrenError, children_config,
     primary_config,
