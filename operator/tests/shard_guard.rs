@@ -1,9 +1,9 @@
 //! Sharded replicas on the real control plane, beyond the ring itself (`sharding.rs`):
 //! `/readyz` of a sharded replica follows its controllers' watches (not ready while the Tenant
 //! CRD is deleted, ready again once it is back), and a replica that would reconcile what a
-//! running ring already does refuses to work — not ready, no reconcile, an error in its log
-//! naming the problem: one started without `--shards` beside a live ring (until the ring is
-//! gone) or that works when a ring comes alive (it watches the ring's Leases: idle, it lists
+//! running ring already does refuses to work — no reconcile, an error in its log naming the
+//! problem: one started without `--shards` beside a live ring (until the ring is gone; ready
+//! meanwhile, as a standby) or that works when a ring comes alive (it watches the ring's Leases: idle, it lists
 //! none; it exits with an error), and a second one with the identity of a running member (it exits
 //! with an error). One test at a time: one deletes a CRD, and each
 //! runs a ring of its own (in a namespace of its own).
@@ -80,9 +80,16 @@ async fn refusal_or_work(r: &OperatorProcess) -> String {
     .await
 }
 
-/// `r` refused: the error names the problem, it is not ready and reconciled nothing, even
-/// after a new Tenant was reconciled by the ring beside it.
-async fn assert_refused(client: &kube::Client, r: &OperatorProcess, log: &str, problem: &str) {
+/// `r` refused: the error names the problem, its readiness is `ready` (a replica waiting for
+/// a ring to go is ready, as a standby is, so that a rolling update goes on) and it reconciled
+/// nothing, even after a new Tenant was reconciled by the ring beside it.
+async fn assert_refused(
+    client: &kube::Client,
+    r: &OperatorProcess,
+    log: &str,
+    problem: &str,
+    ready: bool,
+) {
     assert!(
         log.contains("refusing") && log.contains(problem),
         "{} did not refuse naming {problem:?}:\n{}",
@@ -97,7 +104,7 @@ async fn assert_refused(client: &kube::Client, r: &OperatorProcess, log: &str, p
     let name = unique_name("guard");
     tenants::create(client, &name, tenants::full_spec(&["x"])).await;
     tenants::wait_ready(client, &name).await;
-    assert!(!r.ready().await, "{} is ready", r.name);
+    assert_eq!(r.ready().await, ready, "{} readiness", r.name);
     assert_eq!(r.reconciles("tenant").await, 0, "{} reconciled", r.name);
     assert_eq!(r.reconciles("tenantapp").await, 0, "{} reconciled", r.name);
 }
@@ -176,6 +183,7 @@ async fn a_replica_without_shards_waits_while_a_ring_is_live() {
         &single,
         &log,
         "without --shards beside a running ring",
+        true,
     )
     .await;
     assert!(member.ready().await, "the ring's member stays ready");
@@ -276,6 +284,7 @@ async fn a_second_replica_with_a_members_identity_refuses_to_work() {
         &second,
         &log,
         "two replicas have the same identity",
+        false,
     )
     .await;
     // It exits with an error (restarted, it would look again), rather than stay up idle.

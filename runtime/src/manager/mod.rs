@@ -217,8 +217,9 @@ impl Manager {
     /// `/readyz` does not depend on leadership: a standby is ready once it takes part in the
     /// election; while it works, a replica is ready while every controller's caches are
     /// synced and their watches established. A replica waiting for a shard ring is ready as
-    /// a standby is. A replica outside the ring that finds a live ring at start waits (not
-    /// ready) until it is gone; one that finds it while it works or stands by exits with
+    /// a standby is. A replica outside the ring that finds a live ring at start waits until it
+    /// is gone (ready meanwhile, as a standby, so that the rolling update replacing the ring's
+    /// replicas goes on); one that finds it while it works or stands by exits with
     /// [`ManagerError::RingLive`] (see [`crate::shard::guard`]), and a shard member whose Lease
     /// another process renews exits with [`ManagerError::Refused`].
     ///

@@ -294,8 +294,10 @@ pub(super) async fn run(
     // Not a member of the shard ring: not beside a live one (it would reconcile everything
     // a second time).
     let mut guard = guard::start(lease_client.clone(), &namespace, &name);
-    // At start, beside a live ring: not ready, nothing reconciled, until the ring is gone
-    // (e.g. the replicas of a Deployment switched away from `--shards` being replaced).
+    // At start, beside a live ring: nothing reconciled until the ring is gone (e.g. the
+    // replicas of a Deployment switched away from `--shards` being replaced). Ready meanwhile,
+    // as a standby is: the rolling update that replaces the ring's replicas waits for this
+    // one to be ready, and the ring goes only once they are replaced.
     let clear = async {
         let mut said = false;
         loop {
@@ -304,7 +306,8 @@ pub(super) async fn run(
                 Ring::None => return,
                 Ring::Live(why) if !said => {
                     said = true;
-                    tracing::error!(problem = %why, "refusing to run while the shard ring is live: this replica reconciles nothing and is not ready");
+                    let _ = ready_tx.send(true);
+                    tracing::error!(problem = %why, "refusing to run while the shard ring is live: this replica reconciles nothing until it is gone (ready meanwhile, as a standby, so that a rolling update goes on)");
                 }
                 _ => {}
             }
@@ -314,7 +317,10 @@ pub(super) async fn run(
         }
     };
     tokio::select! {
-        () = clear => {}
+        () = clear => {
+            // Ready again once its caches are (or as a standby, below).
+            let _ = ready_tx.send(false);
+        }
         () = &mut shutdown => {
             if let Some(lease) = leadership.take() {
                 lease.release().await;

@@ -5,10 +5,11 @@
 //! member Lease renewed (its `resourceVersion` changed, or it appeared) while it looks. A ring
 //! whose replicas are all gone leaves Leases nobody renews: they do not count.
 //!
-//! A replica that finds a live ring at start waits, not ready, until no member Lease has been
-//! renewed for a lease duration (say, the replicas of a Deployment switched from `--shards`
-//! being replaced by rolling update); one that finds a live ring while it works stops every
-//! reconcile and exits (restarted, it waits as at start).
+//! A replica that finds a live ring at start waits until no member Lease has been renewed for
+//! a lease duration (say, the replicas of a Deployment switched from `--shards` being replaced
+//! by rolling update: it is ready meanwhile, as a standby is, or the update would wait for it
+//! forever while the ring it waits on is never replaced); one that finds a live ring while it
+//! works or stands by stops every reconcile and exits (restarted, it waits as at start).
 //!
 //! At start it lists the Leases once; when one was renewed within a lease duration (by its
 //! `renewTime`), it looks again for two rounds to see whether it is still renewed. Then, with
