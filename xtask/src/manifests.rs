@@ -385,7 +385,12 @@ pub fn files() -> anyhow::Result<Vec<File>> {
                     "metadata": {"labels": labels},
                     "spec": {
                         "serviceAccountName": NAME,
-                        "terminationGracePeriodSeconds": 30,
+                        // SIGKILL comes this long after SIGTERM: the manager's shutdown grace
+                        // for in-flight reconciles, then time to drain their writes (up to the
+                        // fence's margin for an abandoned one) and to write that it left the
+                        // shard ring, so the others take its share at once rather than after
+                        // its Lease expires.
+                        "terminationGracePeriodSeconds": termination_grace_seconds(),
                         "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
                         "containers": [{
                             "name": "operator",
@@ -438,6 +443,16 @@ pub fn files() -> anyhow::Result<Vec<File>> {
         .into_iter()
         .map(|(name, objs)| generated::yaml_file(&format!("{DIR}/{name}.yaml"), "manifests", &objs))
         .collect()
+}
+
+/// The Deployment's `terminationGracePeriodSeconds`: the manager's default shutdown grace and
+/// 15 s more (the fence's abandoned-write margin, a Lease round to write that it left).
+fn termination_grace_seconds() -> u64 {
+    idem_runtime::manager::ManagerOptions::default()
+        .shutdown_grace
+        .as_secs()
+        + idem_runtime::leader::fence::ABANDONED_MARGIN.as_secs()
+        + 10
 }
 
 /// Writes the manifests, or checks them.
