@@ -1,8 +1,7 @@
 //! Against the real control plane: what a controller's child caches keep of a child — no
 //! `status` unless the kind is owned with `OwnsOptions::reading_status`, no
-//! `kubectl.kubernetes.io/last-applied-configuration` copy, no `managedFields` timestamps, only
-//! a stub of a child someone inflated past the bound — and that everything the apply engine
-//! reads is still there; and that a primary is kept (and
+//! `kubectl.kubernetes.io/last-applied-configuration` copy, no `managedFields` timestamps —
+//! and that everything the apply engine reads is still there; and that a primary is kept (and
 //! given to the reconcile) without its `managedFields`.
 
 mod common;
@@ -121,46 +120,6 @@ async fn child_caches_drop_what_the_engine_never_reads_and_keep_read_status() {
     );
     assert_eq!(cached.spec, live.spec, "spec kept as the server has it");
     assert_eq!(cached.metadata.uid, live.metadata.uid);
-
-    // Someone who may write the child adds 64 KiB of annotations of their own: the cache keeps
-    // only a stub of it (the engine reads such a child from the API server), and the whole
-    // child again once they are gone.
-    let padding: serde_json::Map<String, serde_json::Value> = (0..64)
-        .map(|i| (format!("pad-{i}"), json!("x".repeat(1000))))
-        .collect();
-    let inflated = quotas
-        .patch(
-            "q",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": padding}})),
-        )
-        .await
-        .unwrap();
-    let before = caches.lookup::<ResourceQuota>(Some(&ns), "q");
-    assert!(
-        matches!(&before, Some(Some(q)) if q.resource_version() != inflated.resource_version()),
-        "the cache showed the inflated child before its watch event: {before:?}"
-    );
-    wait_until("the inflated quota cached as a stub", WAIT, || {
-        caches.lookup::<ResourceQuota>(Some(&ns), "q").is_none()
-    })
-    .await;
-    let nulls: serde_json::Map<String, serde_json::Value> = (0..64)
-        .map(|i| (format!("pad-{i}"), serde_json::Value::Null))
-        .collect();
-    let slim = quotas
-        .patch(
-            "q",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": nulls}})),
-        )
-        .await
-        .unwrap();
-    let rv = slim.resource_version().unwrap();
-    wait_until("the quota cached whole again", WAIT, || {
-        cached_at::<ResourceQuota>(&caches, &ns, "q", &rv).is_some()
-    })
-    .await;
 
     // A kind whose status the reconcile reads keeps it.
     echoes

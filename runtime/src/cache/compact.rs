@@ -70,32 +70,6 @@ pub(crate) fn strip(obj: &mut Value, keep_status: bool) {
     }
 }
 
-/// The most JSON text a child is cached whole with, once stripped; a larger one is cached as
-/// its [`stub`] and read from the API server when the engine judges it (one GET per pass that
-/// judges it). Children are made from desired bodies, but anyone who may write one (a tenant
-/// owner, in their namespace) may add labels, annotations and fields of their own up to the
-/// API server's limit on an object (about 1.5 MiB): the cache's cost of a child stays bounded
-/// whatever is added to it.
-pub(crate) const WHOLE_BYTES: usize = 64 * 1024;
-
-/// The length of `v`'s JSON text, counted without building it.
-fn json_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing a `Value` to a sink that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut count, v);
-    count.0
-}
-
 /// The labels a [`stub`] keeps: those idem selects children by or lists them by —
 /// [`MANAGED_BY_LABEL`] and the owner-uid, tenant and shard-bucket labels of every owner kind's
 /// [`Labels`] (bounded by the kinds compiled in, never by the object).
@@ -536,16 +510,12 @@ impl CompactStore {
         trust.is_ours(&key, uid)
     }
 
-    /// The entry of `obj`: stripped when `whole` and at most [`WHOLE_BYTES`] once stripped,
-    /// else its [`stub`]; with its owner uids.
+    /// The entry of `obj`: stripped when `whole`, else its [`stub`]; with its owner uids.
     fn entry(&self, mut obj: Value, whole: bool, seen: Seen) -> Option<(Name, Entry, Vec<String>)> {
         let name = name_of(&obj)?;
-        let mut whole = whole;
         if whole {
             strip(&mut obj, self.keep_status);
-            whole = json_len(&obj) <= WHOLE_BYTES;
-        }
-        if !whole {
+        } else {
             obj = stub(&obj, &self.api_version, &self.kind, self.bucket_label);
         }
         let owners = owner_uids(&obj);

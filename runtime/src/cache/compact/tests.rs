@@ -70,38 +70,6 @@ fn stripped_fields_are_absent_and_the_rest_is_kept() {
 }
 
 #[test]
-fn a_child_someone_inflated_past_the_bound_is_cached_as_a_stub() {
-    let s = store(false);
-    // A tenant owner's annotations on our child, up to what the API server takes: the cache keeps
-    // only the stub, so the engine reads the child from the API server when it judges it.
-    let mut big = child(false);
-    for i in 0..64 {
-        big["metadata"]["annotations"][format!("pad-{i}")] = json!("x".repeat(1024));
-    }
-    s.apply(big);
-    let (got, stub) = s.get(Some("acme"), "idem-owners").expect("cached");
-    assert!(stub, "{got}");
-    assert!(
-        got.to_string().len() < 2048,
-        "{} bytes",
-        got.to_string().len()
-    );
-    assert_eq!(got["metadata"]["uid"], json!("c1"));
-    assert_eq!(got["metadata"]["labels"][OWNER_UID_LABEL], json!("owner-1"));
-    // The engine's own copy of it is no smaller: a stub still.
-    let mut answer = child(false);
-    answer["metadata"]["resourceVersion"] = json!("8");
-    for i in 0..64 {
-        answer["metadata"]["annotations"][format!("pad-{i}")] = json!("x".repeat(1024));
-    }
-    s.upgrade(&answer);
-    assert!(s.get(Some("acme"), "idem-owners").expect("cached").1);
-    // Back under the bound, it is cached whole again.
-    s.apply(child(false));
-    assert!(!s.get(Some("acme"), "idem-owners").expect("cached").1);
-}
-
-#[test]
 fn a_status_reading_kind_keeps_its_status() {
     let (got, _) = store(true)
         .get(Some("acme"), "idem-owners")
