@@ -188,14 +188,26 @@ impl Applier {
             }
         }
         let mut first_error = None;
-        // The kinds with a child not applied: not pruned in this pass (see below).
+        // The kinds with a child not made: not pruned in this pass (see below).
         let mut failed_kinds: BTreeSet<String> = BTreeSet::new();
         for (key, result) in keys.into_iter().zip(results) {
             let applied = match result.expect("every child is in one wave") {
                 Ok(applied) => applied,
                 Err(e) => {
                     tracing::warn!(child = %key, error = %e, "child not applied; applying the others");
-                    failed_kinds.insert(key.kind.to_string());
+                    // A child that exists and could not be updated (its write refused, or
+                    // contended) replaces nothing: its kind is pruned all the same. One that
+                    // could not be made (or read) may be what replaces an undesired one.
+                    let exists = matches!(
+                        e,
+                        ApplyError::Api {
+                            action: "apply",
+                            ..
+                        } | ApplyError::ConflictsExhausted { .. }
+                    );
+                    if !exists {
+                        failed_kinds.insert(key.kind.to_string());
+                    }
                     first_error.get_or_insert(e);
                     continue;
                 }
@@ -224,11 +236,11 @@ impl Applier {
             }
             report.children.push((key, applied.outcome));
         }
-        // A child that failed does not stop the prune of the other kinds either: a tenant owner
-        // who can make one child fail (inflate it until the server refuses it) must not keep a
-        // RoleBinding the owner no longer desires. Its own kind is not pruned in this pass:
-        // the child that replaces an undesired one of that kind (a renamed ConfigMap, a
-        // Namespace) is not there yet.
+        // A child that failed does not stop the prune either: a tenant owner who can make one
+        // child fail (inflate it until the server refuses it; `idem-owners` is itself a
+        // RoleBinding) must not keep a RoleBinding the owner no longer desires. Only the kind
+        // of a child that could not be made is not pruned in this pass: that child may be
+        // what replaces an undesired one of its kind (a renamed ConfigMap, a Namespace).
         for (resource, namespaced) in &desired.kinds {
             if failed_kinds.contains(&resource.kind) {
                 tracing::debug!(kind = %resource.kind, "not pruned: a child of the kind was not applied");

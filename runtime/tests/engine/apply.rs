@@ -575,6 +575,91 @@ async fn a_child_the_server_rejects_does_not_keep_another_kinds_undesired_child(
     assert_eq!(after.data, before.data);
 }
 
+/// Applies ConfigMaps `cms` (name, data) as `w`'s children, pruning ConfigMaps.
+async fn apply_config_maps(
+    client: &kube::Client,
+    w: &Widget,
+    cms: &[(&str, &str)],
+) -> Result<idem_runtime::apply::ApplyReport, String> {
+    use idem_runtime::resource::IdempotentResource as _;
+    let tenant = w.tenant().map_err(|e| e.to_string())?;
+    let tenant = tenant.resolve(client).await.map_err(|e| e.to_string())?;
+    let owner = idem_runtime::apply::Owner::new(w, Widget::FIELD_MANAGER, Some(tenant))
+        .map_err(|e| e.to_string())?;
+    let mut d = idem_runtime::apply::DesiredChildren::new();
+    d.prune_kind::<ConfigMap>();
+    for (name, key) in cms {
+        d.add(&ConfigMap {
+            metadata: ObjectMeta {
+                name: Some((*name).to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some([((*key).to_owned(), "x".to_owned())].into()),
+            ..ConfigMap::default()
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    idem_runtime::apply::Applier::new(client.clone())
+        .reconcile(&owner, &d)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn a_refused_update_does_not_hold_its_kinds_prune_and_a_refused_create_does() {
+    let client = client();
+    ensure_crd(&client).await;
+    let _guard = METRICS_LOCK.read().await;
+    let ns = namespace(&client, "prune-same-kind").await;
+    let w = create_widget(&client, &ns, "w", widget_spec()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let gone = |name: &'static str| {
+        let cms = cms.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                match cms.get_opt(name).await.expect("get") {
+                    None => return,
+                    Some(c) if c.metadata.deletion_timestamp.is_some() => return,
+                    Some(_) => {}
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{name} was not pruned"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    apply_config_maps(&client, &w, &[("a", "k"), ("b", "k"), ("c", "k")])
+        .await
+        .expect("first apply");
+    // `a` exists and its update is refused (a key the server rejects): it replaces nothing,
+    // so `b`, no longer desired, is pruned all the same (in the operator: `idem-owners`
+    // padded until refused must not keep a removed `idem-rb-*` RoleBinding).
+    let err = apply_config_maps(&client, &w, &[("a", "not a valid key"), ("c", "k")])
+        .await
+        .expect_err("a is refused");
+    assert!(err.contains("422"), "{err}");
+    gone("b").await;
+    // `d` is new and its create is refused: it may be what replaces `c`, so `c` stays.
+    let err = apply_config_maps(&client, &w, &[("a", "k"), ("d", "not a valid key")])
+        .await
+        .expect_err("d is refused");
+    assert!(err.contains("422"), "{err}");
+    assert!(cms.get_opt("d").await.expect("get").is_none());
+    let c = cms.get_opt("c").await.expect("get").expect("c kept");
+    assert!(
+        c.metadata.deletion_timestamp.is_none(),
+        "c is being deleted"
+    );
+    // Once `d` is made, `c` goes.
+    apply_config_maps(&client, &w, &[("a", "k"), ("d", "k")])
+        .await
+        .expect("d made");
+    gone("c").await;
+}
+
 #[tokio::test]
 async fn an_undesired_child_held_by_a_finalizer_keeps_the_owner_reconciling_until_it_is_gone() {
     let client = client();
