@@ -12,7 +12,8 @@
 //! - deleted with `regenerate_deleted`: a new value, a Warning Event `Regenerated`;
 //! - idem-tests' kit passes it, and fails a Vault that reads its Secret from the cache first
 //!   and generates a password when it finds none (racing reconciles overwrite each other);
-//! - a pass cut off by the driver's timeout after it created the Secret still records it.
+//! - a pass cut off by the driver's timeout after it created the Secret (before an apply, or in
+//!   the middle of one) still records it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -977,6 +978,103 @@ async fn a_pass_cut_off_by_the_timeout_records_the_child_it_created() {
         .get(&secret_name(&v))
         .await
         .expect("the Secret made");
+    let stored = get_vault(&client, &v).await;
+    let recorded: Vec<String> = stored
+        .status
+        .as_ref()
+        .map(|s| s.created_children.iter().map(|c| c.uid.clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(recorded, vec![secret.uid().unwrap()], "{:?}", stored.status);
+}
+
+/// A client whose ConfigMap creates never get an answer (a request stuck on the wire); every
+/// other request goes through.
+#[derive(Clone)]
+struct StallConfigMapCreates(Client);
+
+impl tower::Service<http::Request<kube::client::Body>> for StallConfigMapCreates {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, kube::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), kube::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move {
+            if request.method() == http::Method::POST
+                && request.uri().path().ends_with("/configmaps")
+            {
+                std::future::pending::<()>().await;
+            }
+            client.send(request).await
+        })
+    }
+}
+
+/// A Vault reconciler applying a plain Secret and its URL ConfigMap in one apply.
+struct OneApplyVaults;
+
+impl Reconciler for OneApplyVaults {
+    type Resource = Vault;
+
+    fn children() -> ChildKinds<Vault> {
+        Vaults::children()
+    }
+
+    async fn reconcile(
+        &self,
+        v: &Vault,
+        pass: &mut Pass<Vault>,
+    ) -> Result<Outcome<Vault>, ReconcileError> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name(v)),
+                ..ObjectMeta::default()
+            },
+            ..generated()
+        };
+        let mut children = DesiredChildren::new();
+        children.add(&secret)?.add(&url_config(v, &secret))?;
+        let report = pass.apply(&children).await?;
+        Ok(Outcome::new(report.readiness()))
+    }
+
+    fn child_record(status: &mut VaultStatus) -> Option<&mut Vec<CreatedChild>> {
+        Vaults::child_record(status)
+    }
+}
+
+/// A pass cut off by the timeout in the middle of an apply (its ConfigMap's create never
+/// answered) still records the Secret that apply had created.
+#[tokio::test]
+async fn a_pass_cut_off_in_the_middle_of_an_apply_records_what_it_created() {
+    let (client, ns) = setup("once-timeout-apply").await;
+    let v = create_vault(&client, &ns, false).await;
+    let stalling = Client::new(StallConfigMapCreates(client.clone()), ns.clone());
+    let driver = Driver::new(stalling.clone(), OneApplyVaults).with_config(
+        idem_runtime::reconciler::DriverConfig {
+            timeout: Some(Duration::from_secs(3)),
+            ..Default::default()
+        },
+    );
+    let result = driver.reconcile_once(stalling, Arc::clone(&v)).await;
+    assert!(
+        matches!(result, Err(ReconcileError::Timeout(_))),
+        "{result:?}"
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret = secrets
+        .get(&secret_name(&v))
+        .await
+        .expect("the Secret made");
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    assert!(configs.get_opt(&url_name(&v)).await.unwrap().is_none());
     let stored = get_vault(&client, &v).await;
     let recorded: Vec<String> = stored
         .status

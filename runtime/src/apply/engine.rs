@@ -184,9 +184,20 @@ impl Applier {
             });
             let mut answers = futures::stream::iter(wave).buffer_unordered(CHILDREN_IN_FLIGHT);
             while let Some((i, result)) = answers.next().await {
+                // Told at once: a pass cut off before the end still records what it created.
+                if let Ok(Applied {
+                    created: Some(uid), ..
+                }) = &result
+                {
+                    report.created.push(super::CreatedChild::new(&keys[i], uid));
+                }
                 results[i] = Some(result);
             }
         }
+        // In the desired order, whatever order the answers came in.
+        report
+            .created
+            .sort_by_key(|c| keys.iter().position(|k| *k == c.key()));
         let mut first_error = None;
         // The kinds with a child not made: not pruned in this pass (see below).
         let mut failed_kinds: BTreeSet<String> = BTreeSet::new();
@@ -218,9 +229,6 @@ impl Applier {
                 && owner.recorded_of_kind(&key.kind).any(|(_, k)| *k == key)
             {
                 report.remade.push(key.clone());
-            }
-            if let Some(uid) = &applied.created {
-                report.created.push(super::CreatedChild::new(&key, uid));
             }
             if let Some(uid) = applied.released {
                 report.released.push(key.clone());

@@ -31,7 +31,7 @@ pub enum ManagerError {
     #[error("lost leadership")]
     LostLeadership,
     /// A shard ring came alive beside this replica, which runs outside it: it stopped every
-    /// reconcile and exits (restarted, it waits, not ready, while the ring is live).
+    /// reconcile and exits (restarted, it waits while the ring is live, ready as a standby).
     #[error("refusing to run on: {0}")]
     RingLive(String),
     /// Another process renews this shard member's Lease (two replicas with one identity): it

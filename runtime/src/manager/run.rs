@@ -402,8 +402,8 @@ pub(super) async fn run(
         }
         why = &mut ring_live => {
             // Cancelled at once, as on lost leadership, and the process exits: its restart
-            // (the kubelet's) waits, not ready, while the ring is live and works once it is
-            // gone, where staying up refused would answer /healthz and never work again.
+            // (the kubelet's) waits, ready as a standby, while the ring is live and works once
+            // it is gone, where staying up refused would answer /healthz and never work again.
             tracing::error!(problem = %why, "refusing to run on: cancelling every reconcile and exiting");
             let _ = ready_tx.send(false);
             drop(controllers);

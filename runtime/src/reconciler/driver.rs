@@ -636,11 +636,15 @@ where
         pass: &Pass<K<R>>,
         result: Result<T, ReconcileError>,
     ) -> Result<T, ReconcileError> {
-        let delta = pass.record_delta();
-        if result.is_ok() || delta.is_empty() {
+        if result.is_ok() {
             return result;
         }
-        self.write_record(writer, obj, delta).await;
+        // With what an apply cut off by the timeout had done.
+        let delta = pass.unfinished_delta();
+        if delta.is_empty() {
+            return result;
+        }
+        self.write_record(writer, obj, &delta).await;
         result
     }
 

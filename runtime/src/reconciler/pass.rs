@@ -41,6 +41,9 @@ pub struct Pass<K: IdempotentResource> {
     record: Option<Vec<CreatedChild>>,
     /// What this pass's applies change in the record.
     delta: RecordDelta,
+    /// The report of the apply under way: what it did so far is still there when the pass is
+    /// cut off mid-apply ([`Pass::unfinished_delta`]).
+    applying: ApplyReport,
     /// What was last reported as `NotPruned`, per owner (the driver's).
     noticed: Arc<super::events::Noticed>,
     /// Objects found in a desired child's way (`ChildNotOwned`), with their kinds' resources.
@@ -86,6 +89,7 @@ impl<K: IdempotentResource> Pass<K> {
             reason,
             record,
             delta: RecordDelta::default(),
+            applying: ApplyReport::default(),
             noticed,
             blocking: Vec::new(),
             unrepaired: false,
@@ -181,6 +185,14 @@ impl<K: IdempotentResource> Pass<K> {
     /// What this pass's applies change in the record so far (also after a failed apply).
     pub fn record_delta(&self) -> &RecordDelta {
         &self.delta
+    }
+
+    /// [`Pass::record_delta`] with what an apply cut off mid-way (the pass's timeout) had done
+    /// before it was cut: the children it had created, those it had pruned.
+    pub(crate) fn unfinished_delta(&self) -> RecordDelta {
+        let mut delta = self.delta.clone();
+        delta.add(&self.applying, false);
+        delta
     }
 
     /// The client of this pass: every request of the pass goes through it.
@@ -314,11 +326,12 @@ impl<K: IdempotentResource> Pass<K> {
         desired: &DesiredChildren,
     ) -> Result<ApplyReport, ReconcileError> {
         let owner = self.owner().await?;
-        let mut report = ApplyReport::default();
+        self.applying = ApplyReport::default();
         let result = self
             .applier
-            .reconcile_into(&owner, desired, &mut report)
+            .reconcile_into(&owner, desired, &mut self.applying)
             .await;
+        let report = std::mem::take(&mut self.applying);
         if self.record.is_some() {
             self.delta.add(&report, result.is_ok());
         }

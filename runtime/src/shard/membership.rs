@@ -485,7 +485,7 @@ impl Member {
         self.running = None;
         self.metrics.working.set(0);
         tracing::error!(identity = %self.identity, problem = %why,
-            "refusing to work on the shard ring: this replica reconciles nothing and is not ready");
+            "refusing to work on the shard ring: this replica reconciles nothing and exits");
         self.assignment.send_modify(|a| {
             a.ring = None;
             a.seq += 1;
