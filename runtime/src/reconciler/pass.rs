@@ -144,6 +144,15 @@ impl<K: IdempotentResource> Pass<K> {
         let Some(declared) = &self.declared else {
             return Ok(());
         };
+        // Across every part of the pass, not only this apply's kinds.
+        if let Some((a, b)) = declared.same_name() {
+            return Err(crate::apply::ApplyError::SameKindName {
+                kind: a.kind.clone(),
+                first: a.api_version.clone(),
+                second: b.api_version.clone(),
+            }
+            .into());
+        }
         let kinds = (desired.children.iter().map(|c| &c.resource))
             .chain(desired.kinds.iter().map(|(r, _)| r));
         match kinds.into_iter().find(|r| !declared.has(r)) {
