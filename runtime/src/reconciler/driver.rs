@@ -39,6 +39,10 @@ async fn until<T>(
     work: impl Future<Output = Result<T, ReconcileError>>,
 ) -> Result<T, ReconcileError> {
     match deadline {
+        // Past already (a zero timeout): not started at all, as a whole pass cut at once was.
+        Some((at, limit)) if tokio::time::Instant::now() >= at => {
+            Err(ReconcileError::Timeout(limit))
+        }
         Some((at, limit)) => tokio::time::timeout_at(at, work)
             .await
             .unwrap_or(Err(ReconcileError::Timeout(limit))),
