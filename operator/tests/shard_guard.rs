@@ -3,7 +3,7 @@
 //! CRD is deleted, ready again once it is back), and a replica that would reconcile what a
 //! running ring already does refuses to work — no reconcile, an error in its log naming the
 //! problem: one started without `--shards` beside a live ring (until the ring is gone; ready
-//! meanwhile, as a standby) or that works when a ring comes alive (it watches the ring's Leases: idle, it lists
+//! meanwhile, as a standby) or that works or stands by (`--leader-elect`) when a ring comes alive (it watches the ring's Leases: idle, it lists
 //! none; it exits with an error), and a second one with the identity of a running member (it exits
 //! with an error). One test at a time: one deletes a CRD, and each
 //! runs a ring of its own (in a namespace of its own).
@@ -297,4 +297,78 @@ async fn a_second_replica_with_a_members_identity_refuses_to_work() {
     // The first keeps its Lease and its work.
     wait_working(&mut first).await;
     assert!(first.exited().is_none(), "{}", first.log_tail());
+}
+
+/// A replica with `--leader-elect` (no `--shards`) and `--identity=identity`.
+fn elected(ns: &str, log_name: &str, identity: &str) -> OperatorProcess {
+    let identity = identity.to_string();
+    OperatorProcess::spawn_with(shared().kubeconfig_path(), ns, log_name, move |args| {
+        args.into_iter()
+            .filter(|a| a != "--leader-elect" && !a.starts_with("--shards"))
+            .chain([
+                "--leader-elect".to_string(),
+                format!("--identity={identity}"),
+                "--workers=2".into(),
+            ])
+            .collect()
+    })
+}
+
+/// Waits until `r` exits, and returns its log; it must have failed, naming a live ring.
+async fn exits_naming_the_ring(r: &mut OperatorProcess) -> String {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = r.exited() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} did not exit once a ring was live:\n{}",
+            r.name,
+            r.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        !status.success(),
+        "{} exited successfully:\n{}",
+        r.name,
+        r.log_tail()
+    );
+    let log = std::fs::read_to_string(&r.log).unwrap_or_default();
+    assert!(
+        log.contains("refusing to run on") && log.contains("beside a running ring"),
+        "{}",
+        r.log_tail()
+    );
+    log
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_and_its_standby_both_exit_when_a_ring_comes_alive() {
+    let _serial = SERIAL.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let ns = create_namespace(&client, "ring-elect").await.unwrap();
+    let mut a = elected(&ns, "elect-a", "elect-a");
+    let mut b = elected(&ns, "elect-b", "elect-b");
+    eventually("one leader and one ready standby", TIMEOUT, || async {
+        let (la, lb) = (a.is_leader().await, b.is_leader().await);
+        let (ra, rb) = (a.ready().await, b.ready().await);
+        (ra && rb
+            && matches!(
+                (la, lb),
+                (Some(true), Some(false)) | (Some(false), Some(true))
+            ))
+        .then_some(())
+        .ok_or(format!("leaders {la:?} {lb:?}, ready {ra} {rb}"))
+    })
+    .await;
+    let member = replica(&ns, "elect-member", "elect-member", true);
+    // The standby, not only the leader, leaves: restarted, it would wait for the ring to go
+    // (staying up, it would never work again).
+    exits_naming_the_ring(&mut a).await;
+    exits_naming_the_ring(&mut b).await;
+    let mut member = member;
+    wait_working(&mut member).await;
 }
