@@ -520,7 +520,8 @@ where
             )
             .with_namespaces(self.namespaces.clone())
             .declaring(&self.kinds);
-            let cleanup = until(deadline, self.reconciler.cleanup(&obj, &mut pass)).await;
+            // Boxed: a reconciler's future is large, and the driver's would hold it inline.
+            let cleanup = until(deadline, Box::pin(self.reconciler.cleanup(&obj, &mut pass))).await;
             let cleanup = self
                 .keep_record_on_error(&writer, &obj, &pass, cleanup)
                 .await?;
@@ -563,7 +564,12 @@ where
         )
         .with_namespaces(self.namespaces.clone())
         .declaring(&self.kinds);
-        let outcome = until(deadline, self.reconciler.reconcile(&obj, &mut pass)).await;
+        // Boxed: a reconciler's future is large, and the driver's would hold it inline.
+        let outcome = until(
+            deadline,
+            Box::pin(self.reconciler.reconcile(&obj, &mut pass)),
+        )
+        .await;
         let outcome = self
             .keep_record_on_error(&writer, &obj, &pass, outcome)
             .await?;
