@@ -57,6 +57,7 @@ mod takeover;
 
 pub use engine::Applier;
 pub use metrics::DriftMetrics;
+pub(crate) use owner::distinct_kind_names;
 pub use owner::{ChildScope, DesiredChild, DesiredChildren, Owner};
 pub use record::{CreatedChild, RecordDelta};
 pub use release::{refers_to, release};

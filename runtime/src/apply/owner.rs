@@ -562,19 +562,7 @@ impl DesiredChildren {
     /// # Errors
     /// [`ApplyError::SameKindName`] naming the first two such kinds.
     pub(crate) fn same_kind_names(&self) -> Result<(), ApplyError> {
-        for (i, (a, _)) in self.kinds.iter().enumerate() {
-            if let Some((b, _)) = self.kinds[i + 1..]
-                .iter()
-                .find(|(b, _)| b.kind == a.kind && b.group != a.group)
-            {
-                return Err(ApplyError::SameKindName {
-                    kind: a.kind.clone(),
-                    first: a.api_version.clone(),
-                    second: b.api_version.clone(),
-                });
-            }
-        }
-        Ok(())
+        distinct_kind_names(self.kinds.iter().map(|(r, _)| r))
     }
 
     fn register_kind<K>(&mut self)
@@ -738,6 +726,30 @@ impl CreateOnce {
         }
         Ok(body)
     }
+}
+
+/// Checks that no two of `kinds` have one name in different API groups: children are recorded
+/// and keyed by kind name, so one kind's prune would read the other's records.
+///
+/// # Errors
+/// [`ApplyError::SameKindName`] naming the first two such kinds.
+pub(crate) fn distinct_kind_names<'a>(
+    kinds: impl Iterator<Item = &'a ApiResource> + Clone,
+) -> Result<(), ApplyError> {
+    let mut rest = kinds;
+    while let Some(a) = rest.next() {
+        if let Some(b) = rest
+            .clone()
+            .find(|b| b.kind == a.kind && b.group != a.group)
+        {
+            return Err(ApplyError::SameKindName {
+                kind: a.kind.clone(),
+                first: a.api_version.clone(),
+                second: b.api_version.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

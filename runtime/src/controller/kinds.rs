@@ -31,16 +31,6 @@ impl KindSet {
             .any(|r| r.api_version == api_version && r.kind == kind)
     }
 
-    /// Two of these kinds with one name in different API groups, if any.
-    pub(crate) fn same_name(&self) -> Option<(&ApiResource, &ApiResource)> {
-        self.0.iter().enumerate().find_map(|(i, a)| {
-            self.0[i + 1..]
-                .iter()
-                .find(|b| b.kind == a.kind && b.group != a.group)
-                .map(|b| (a, b))
-        })
-    }
-
     /// The kinds.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &ApiResource> {
         self.0.iter()
@@ -50,30 +40,5 @@ impl KindSet {
     #[cfg(test)]
     pub(crate) fn of<C: Resource<DynamicType = ()>>() -> Self {
         Self(vec![ApiResource::erase::<C>(&())])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn two_kinds_of_one_name_in_different_groups_are_found() {
-        use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent};
-        use k8s_openapi::api::events::v1::Event;
-        let core = ApiResource::erase::<CoreEvent>(&());
-        let events = ApiResource::erase::<Event>(&());
-        let cm = ApiResource::erase::<ConfigMap>(&());
-        assert!(
-            KindSet(vec![core.clone(), cm.clone()])
-                .same_name()
-                .is_none()
-        );
-        let set = KindSet(vec![core, cm, events]);
-        let (a, b) = set.same_name().expect("found");
-        assert_eq!(
-            (a.api_version.as_str(), b.api_version.as_str()),
-            ("v1", "events.k8s.io/v1")
-        );
     }
 }

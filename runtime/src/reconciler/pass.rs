@@ -145,14 +145,7 @@ impl<K: IdempotentResource> Pass<K> {
             return Ok(());
         };
         // Across every part of the pass, not only this apply's kinds.
-        if let Some((a, b)) = declared.same_name() {
-            return Err(crate::apply::ApplyError::SameKindName {
-                kind: a.kind.clone(),
-                first: a.api_version.clone(),
-                second: b.api_version.clone(),
-            }
-            .into());
-        }
+        crate::apply::distinct_kind_names(declared.0.iter())?;
         let kinds = (desired.children.iter().map(|c| &c.resource))
             .chain(desired.kinds.iter().map(|(r, _)| r));
         match kinds.into_iter().find(|r| !declared.has(r)) {

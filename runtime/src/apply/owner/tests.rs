@@ -278,4 +278,15 @@ fn two_kinds_of_one_name_in_different_groups_are_refused() {
         "{err:?}"
     );
     assert!(err.to_string().contains("two kinds named Event"), "{err}");
+    // The same check over a pass's declared kinds (a plain list of them).
+    let (core, events, cm) = (
+        ApiResource::erase::<CoreEvent>(&()),
+        ApiResource::erase::<Event>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+    );
+    assert!(distinct_kind_names([&core, &cm].into_iter()).is_ok());
+    assert!(matches!(
+        distinct_kind_names([&core, &cm, &events].into_iter()),
+        Err(ApplyError::SameKindName { .. })
+    ));
 }
