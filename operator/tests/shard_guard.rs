@@ -238,30 +238,7 @@ async fn a_working_replica_without_shards_watches_for_a_ring_and_stops_when_one_
     // error naming the problem (restarted, it would wait as at start).
     let mut single = single;
     let member = replica(&ns, "watch-member", "watch-member", true);
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(status) = single.exited() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replica did not exit once a ring was live:\n{}",
-            single.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert!(
-        !status.success(),
-        "exited successfully:\n{}",
-        single.log_tail()
-    );
-    let log = std::fs::read_to_string(&single.log).unwrap_or_default();
-    assert!(
-        log.contains("refusing to run on")
-            && log.contains("without --shards beside a running ring"),
-        "{}",
-        single.log_tail()
-    );
+    exits_naming_the_ring(&mut single).await;
     let mut member = member;
     wait_working(&mut member).await;
 }
@@ -288,12 +265,7 @@ async fn a_second_replica_with_a_members_identity_refuses_to_work() {
     )
     .await;
     // It exits with an error (restarted, it would look again), rather than stay up idle.
-    let status = eventually("the refusing replica to exit", TIMEOUT, || {
-        let status = second.exited();
-        async move { status.ok_or_else(|| "still running".to_string()) }
-    })
-    .await;
-    assert!(!status.success(), "{status:?}\n{}", second.log_tail());
+    exited_with_error(&mut second).await;
     // The first keeps its Lease and its work.
     wait_working(&mut first).await;
     assert!(first.exited().is_none(), "{}", first.log_tail());
@@ -314,34 +286,33 @@ fn elected(ns: &str, log_name: &str, identity: &str) -> OperatorProcess {
     })
 }
 
-/// Waits until `r` exits, and returns its log; it must have failed, naming a live ring.
-async fn exits_naming_the_ring(r: &mut OperatorProcess) -> String {
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(status) = r.exited() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} did not exit once a ring was live:\n{}",
-            r.name,
-            r.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+/// Waits until `r` exits; it must have failed. Returns its log.
+async fn exited_with_error(r: &mut OperatorProcess) -> String {
+    let what = format!("{} to exit", r.name);
+    let status = eventually(&what, TIMEOUT, || {
+        let status = r.exited();
+        let tail = r.log_tail();
+        async move { status.ok_or(tail) }
+    })
+    .await;
     assert!(
         !status.success(),
         "{} exited successfully:\n{}",
         r.name,
         r.log_tail()
     );
-    let log = std::fs::read_to_string(&r.log).unwrap_or_default();
+    std::fs::read_to_string(&r.log).unwrap_or_default()
+}
+
+/// Waits until `r` exits with an error naming the live ring beside it.
+async fn exits_naming_the_ring(r: &mut OperatorProcess) {
+    let log = exited_with_error(r).await;
     assert!(
-        log.contains("refusing to run on") && log.contains("beside a running ring"),
+        log.contains("refusing to run on")
+            && log.contains("without --shards beside a running ring"),
         "{}",
         r.log_tail()
     );
-    log
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -556,23 +556,31 @@ async fn a_child_the_server_rejects_does_not_keep_another_kinds_undesired_child(
         .await
         .expect_err("the invalid ConfigMap fails the reconcile");
     assert!(err.contains("ConfigMap") && err.contains("422"), "{err}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match services.get_opt("w").await.expect("get") {
-            None => break,
-            Some(s) if s.metadata.deletion_timestamp.is_some() => break,
-            Some(_) => {}
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the undesired Service was not pruned past the failed ConfigMap"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    pruned(&services, "w").await;
     // The failed child's own kind is left as it was: the ConfigMap is still there, unchanged.
     let after = configs.get("w-config").await.expect("the ConfigMap");
     assert_eq!(after.metadata.uid, before.metadata.uid);
     assert_eq!(after.data, before.data);
+}
+
+/// Waits (30 s at most) until `name` is gone or being deleted: pruned.
+async fn pruned<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.get_opt(name).await.expect("get") {
+            None => return,
+            Some(o) if o.meta().deletion_timestamp.is_some() => return,
+            Some(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} was not pruned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Applies ConfigMaps `cms` (name, data) as `w`'s children, pruning ConfigMaps.
@@ -613,24 +621,6 @@ async fn a_refused_update_does_not_hold_its_kinds_prune_and_a_refused_create_doe
     let ns = namespace(&client, "prune-same-kind").await;
     let w = create_widget(&client, &ns, "w", widget_spec()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let gone = |name: &'static str| {
-        let cms = cms.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            loop {
-                match cms.get_opt(name).await.expect("get") {
-                    None => return,
-                    Some(c) if c.metadata.deletion_timestamp.is_some() => return,
-                    Some(_) => {}
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{name} was not pruned"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
     apply_config_maps(&client, &w, &[("a", "k"), ("b", "k"), ("c", "k")])
         .await
         .expect("first apply");
@@ -641,7 +631,7 @@ async fn a_refused_update_does_not_hold_its_kinds_prune_and_a_refused_create_doe
         .await
         .expect_err("a is refused");
     assert!(err.contains("422"), "{err}");
-    gone("b").await;
+    pruned(&cms, "b").await;
     // `d` is new and its create is refused: it may be what replaces `c`, so `c` stays.
     let err = apply_config_maps(&client, &w, &[("a", "k"), ("d", "not a valid key")])
         .await
@@ -657,7 +647,7 @@ async fn a_refused_update_does_not_hold_its_kinds_prune_and_a_refused_create_doe
     apply_config_maps(&client, &w, &[("a", "k"), ("d", "k")])
         .await
         .expect("d made");
-    gone("c").await;
+    pruned(&cms, "c").await;
 }
 
 #[tokio::test]
