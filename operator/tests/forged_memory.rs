@@ -112,6 +112,33 @@ async fn both_converge(client: &kube::Client, tenant: &str, ns: &str, app: &str,
     apps::wait_ready(client, ns, app).await;
 }
 
+/// Converges the tenant and app on a change (round `round`, see [`both_converge`]), waits for
+/// the operator's allocator release after that work (`idem_memory_releases_total`, once per
+/// burst), and returns its resident memory then: what it keeps, not what the burst held.
+async fn rss_after_work(
+    op: &OperatorProcess,
+    client: &kube::Client,
+    (tenant, ns, app): (&str, &str, &str),
+    round: i32,
+) -> u64 {
+    let releases = || async {
+        let text = op.metrics().await.ok_or("no /metrics")?;
+        Ok::<f64, String>(metric(&text, "idem_memory_releases_total"))
+    };
+    let before = eventually("the operator's /metrics", TIMEOUT, releases).await;
+    both_converge(client, tenant, ns, app, round).await;
+    eventually("a memory release after the work", TIMEOUT, || async {
+        let now = releases().await?;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("{now} releases"))
+        }
+    })
+    .await;
+    op.rss_kib()
+}
+
 /// Creates the forged objects as the tenant owner `alice`; returns their bytes of payload.
 async fn forge(tenant: &Tenant, app: &TenantApp, ns: &str) -> usize {
     let owner = client_as("alice");
@@ -241,6 +268,137 @@ async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
         "{}",
         op.log_tail()
     );
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+}
+
+/// Apps whose children a tenant owner pads in [`padded_own_children_cost_a_bounded_amount`].
+const PADDED_APPS: usize = 10;
+/// What the owner adds to each app's ConfigMap (a `data` key; a ConfigMap holds up to 1 MiB), and
+/// to other children (an annotation; the API server takes 256 kB of annotations).
+const PAD_DATA_BYTES: usize = 1_000_000;
+const PAD_ANNOTATION_BYTES: usize = 200_000;
+
+/// Adds `body` to `name` of kind `K` in `ns` as the tenant owner `alice`, under a field manager
+/// of her own; returns the bytes added.
+async fn pad<K>(ns: &str, name: &str, body: Value) -> usize
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client_as("alice"), ns);
+    let pp = PatchParams {
+        field_manager: Some("alice-pad".into()),
+        ..PatchParams::default()
+    };
+    api.patch(name, &pp, &Patch::Merge(&body))
+        .await
+        .unwrap_or_else(|e| panic!("alice pads {} {ns}/{name}: {e}", K::kind(&())));
+    serde_json::to_vec(&body).unwrap().len()
+}
+
+/// What a tenant owner adds to idem's own children (a large key in an app's ConfigMap,
+/// annotations on its Deployment and Service, on the namespace's `idem-owners` RoleBinding and
+/// `idem-isolation` NetworkPolicy) is theirs: idem leaves it in place, and its caches keep such
+/// a child as a stub, so the operator's memory stays bounded while every app and the tenant
+/// keep converging (each pass reads a padded child from the API server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn padded_own_children_cost_a_bounded_amount() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, "padlease").await.unwrap();
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-pad");
+
+    let name = unique_name("pad");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    let apps: Vec<String> = (0..PADDED_APPS).map(|i| format!("web-{i}")).collect();
+    for app in &apps {
+        apps::create(&client, &ns, app, apps::spec(1, "x = 1")).await;
+    }
+    for app in &apps {
+        apps::wait_ready(&client, &ns, app).await;
+    }
+    // The tenant's five children and each app's three.
+    let genuine = (5 + 3 * PADDED_APPS) as f64;
+    let before = cached_at_least(&op, genuine).await;
+    let received_before = metric(&before, "idem_received_bytes_total");
+    let rss_before = rss_after_work(&op, &client, (&name, &ns, &apps[0]), 1).await;
+
+    let note =
+        |n: usize| json!({"metadata": {"annotations": {"alice.example/pad": "p".repeat(n)}}});
+    let mut payload = 0;
+    for app in &apps {
+        let data = json!({"data": {"pad": "d".repeat(PAD_DATA_BYTES)}});
+        payload += pad::<ConfigMap>(&ns, &format!("{app}-config"), data).await;
+        payload += pad::<Deployment>(&ns, app, note(PAD_ANNOTATION_BYTES)).await;
+        payload += pad::<Service>(&ns, app, note(PAD_ANNOTATION_BYTES)).await;
+    }
+    payload += pad::<RoleBinding>(&ns, "idem-owners", note(PAD_ANNOTATION_BYTES)).await;
+    payload += pad::<NetworkPolicy>(&ns, "idem-isolation", note(PAD_ANNOTATION_BYTES)).await;
+    let received = eventually(
+        "the operator receives the padded children",
+        TIMEOUT,
+        || async {
+            let text = op.metrics().await.ok_or("no /metrics")?;
+            let received = metric(&text, "idem_received_bytes_total") - received_before;
+            if received >= payload as f64 {
+                Ok(received)
+            } else {
+                Err(format!("{received} B of {payload} B"))
+            }
+        },
+    )
+    .await;
+    let rss_after = rss_after_work(&op, &client, (&name, &ns, &apps[0]), 2).await;
+    println!(
+        "padded {} of idem's children with {:.1} MB ({:.1} MB received): operator RSS {rss_before} KiB → {rss_after} KiB ({:+} KiB)",
+        3 * PADDED_APPS + 2,
+        payload as f64 / 1e6,
+        received / 1e6,
+        rss_after as i64 - rss_before as i64,
+    );
+    assert!(
+        rss_after < rss_before + BOUND_KIB,
+        "{:.1} MB added to idem's own children grew the operator's RSS from {rss_before} KiB to {rss_after} KiB",
+        payload as f64 / 1e6
+    );
+    // Every app converges on a change (its padded children read from the API server), and
+    // what alice added is hers: still there.
+    for (i, app) in apps.iter().enumerate() {
+        let patch = json!({"spec": {"config": {"app.toml": format!("x = {}", i + 2)}}});
+        Api::<TenantApp>::namespaced(client.clone(), &ns)
+            .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patching an app");
+    }
+    for (i, app) in apps.iter().enumerate() {
+        apps::wait_ready(&client, &ns, app).await;
+        let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get(&format!("{app}-config"))
+            .await
+            .expect("reading the app's ConfigMap");
+        let data = cm.data.unwrap_or_default();
+        assert_eq!(data.get("pad").map(String::len), Some(PAD_DATA_BYTES));
+        assert_eq!(
+            data.get("app.toml").map(String::as_str),
+            Some(format!("x = {}", i + 2).as_str())
+        );
+    }
+    let rb = Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .get("idem-owners")
+        .await
+        .expect("reading idem-owners");
+    assert!(rb.annotations().contains_key("alice.example/pad"));
     tenants::api(&client)
         .delete(&name, &Default::default())
         .await

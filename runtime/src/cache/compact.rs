@@ -510,12 +510,17 @@ impl CompactStore {
         trust.is_ours(&key, uid)
     }
 
-    /// The entry of `obj`: stripped when `whole`, else its [`stub`]; with its owner uids.
+    /// The entry of `obj`: stripped when `whole` and, in a store given a [`Trust`], within its
+    /// bound of bytes no idem field manager owns ([`Trust::within_bound`]: a tenant owner's
+    /// additions to one of idem's children); else its [`stub`]. With its owner uids.
     fn entry(&self, mut obj: Value, whole: bool, seen: Seen) -> Option<(Name, Entry, Vec<String>)> {
         let name = name_of(&obj)?;
+        let mut whole = whole;
         if whole {
             strip(&mut obj, self.keep_status);
-        } else {
+            whole = self.trust.as_ref().is_none_or(|t| t.within_bound(&obj));
+        }
+        if !whole {
             obj = stub(&obj, &self.api_version, &self.kind, self.bucket_label);
         }
         let owners = owner_uids(&obj);

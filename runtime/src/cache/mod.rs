@@ -22,6 +22,7 @@ use crate::labels::Labels;
 
 mod answers;
 mod compact;
+mod foreign;
 mod own_writes;
 mod resume;
 mod template;
@@ -495,13 +496,14 @@ impl ChildCaches {
 
     /// Remembers that the engine writes children as field manager `manager`.
     pub(crate) fn note_manager(&self, manager: &str) {
-        self.own.note_manager(manager);
+        self.trust.note_manager(manager);
     }
 
-    /// The field managers the engine has written or checked children as (empty until its first
-    /// reconcile).
+    /// The field managers the engine writes children as (noted by a
+    /// [`Driver`](crate::reconciler::Driver) before its controller starts, else at the engine's
+    /// first reconcile).
     pub(crate) fn managers(&self) -> std::collections::BTreeSet<String> {
-        self.own.managers()
+        self.trust.managers()
     }
 
     /// Serves kind `(api_version, kind)` from the API server again (until its watch registers

@@ -2,7 +2,7 @@
 //! tell the events of our writes from changes made by others (controller-runtime's
 //! "expectations": a controller does not reconcile what it just wrote itself).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,8 +39,6 @@ struct Inner {
     written: HashMap<ObjectKey, Vec<u64>>,
     /// Writes in flight, per child.
     pending: HashMap<ObjectKey, usize>,
-    /// The field managers the engine wrote or checked children as.
-    managers: BTreeSet<String>,
 }
 
 /// The record of our writes; shared by the [`ChildCaches`](super::ChildCaches) clones.
@@ -158,23 +156,6 @@ impl OwnWrites {
         if let Ok(mut inner) = self.inner.lock() {
             inner.written.remove(key);
         }
-    }
-
-    /// Remembers that the engine works as field manager `manager`.
-    pub(crate) fn note_manager(&self, manager: &str) {
-        if let Ok(mut inner) = self.inner.lock()
-            && !inner.managers.contains(manager)
-        {
-            inner.managers.insert(manager.to_owned());
-        }
-    }
-
-    /// The field managers the engine has worked as so far.
-    pub(crate) fn managers(&self) -> BTreeSet<String> {
-        self.inner
-            .lock()
-            .map(|i| i.managers.clone())
-            .unwrap_or_default()
     }
 }
 

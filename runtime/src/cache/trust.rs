@@ -10,8 +10,8 @@
 //! controller's primary cache, or when the engine created it (or judged it its own at a
 //! desired name, where it applies to it and records it) in this process.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::key::ObjectKey;
 
@@ -25,6 +25,9 @@ const OWN_CAP: usize = 10_000;
 #[derive(Debug, Default)]
 pub(crate) struct Trust {
     inner: Mutex<Inner>,
+    /// The field managers the engine writes children as: what their entries own is idem's
+    /// (see [`super::foreign`]).
+    managers: RwLock<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +131,28 @@ impl Trust {
         {
             inner.own.remove(uid);
         }
+    }
+
+    /// The engine writes children as field manager `manager`.
+    pub(crate) fn note_manager(&self, manager: &str) {
+        let known = self.managers.read().is_ok_and(|m| m.contains(manager));
+        if !known && let Ok(mut m) = self.managers.write() {
+            m.insert(manager.to_owned());
+        }
+    }
+
+    /// The field managers the engine writes children as, so far.
+    pub(crate) fn managers(&self) -> BTreeSet<String> {
+        self.managers.read().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Whether `obj`, one of idem's children, holds few enough bytes that none of idem's field
+    /// managers owns to be cached whole ([`super::foreign::within_bound`]).
+    pub(crate) fn within_bound(&self, obj: &serde_json::Value) -> bool {
+        let Ok(managers) = self.managers.read() else {
+            return false;
+        };
+        super::foreign::within_bound(obj, |m| managers.contains(m))
     }
 
     /// Whether the object `uid` at `child` is one of idem's children.

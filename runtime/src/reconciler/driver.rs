@@ -261,6 +261,9 @@ where
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<ShutdownReport, ControllerError> {
         let caches = self.caches.clone();
+        // Known before the child watches start: what this manager owns of a child is idem's
+        // (the bound on what a child may cost the caches, the changes worth a reconcile).
+        caches.note_manager(K::<R>::FIELD_MANAGER);
         self.blocked = Some(controller.blocked_watches());
         self.namespaces = controller.namespace_tenants();
         let mut controller = controller

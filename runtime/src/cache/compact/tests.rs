@@ -193,6 +193,54 @@ fn an_object_no_record_holds_is_kept_as_a_small_stub_whatever_it_claims() {
     assert_eq!(whole["data"]["blob"].as_str().map(str::len), Some(1_000));
 }
 
+/// What a tenant owner adds to one of idem's own children (fields no idem field manager owns)
+/// is bounded: above the bound the child is kept as a stub (the engine reads it when it judges
+/// it), however large idem's own fields may be.
+#[test]
+fn a_recorded_child_someone_padded_is_kept_as_a_stub_and_idems_own_bytes_do_not_count() {
+    let trust = Arc::new(Trust::default());
+    trust.note_manager("idem-operator");
+    trust.set_record(
+        &ObjectKey::cluster("TenantApp", "web"),
+        vec!["large".into(), "padded".into(), "small".into()],
+    );
+    let s = trusting_store(&trust);
+    // `claiming` puts `data` in idem's entry; its annotation and the unrelated ownerReference
+    // are nobody's.
+    let mut large = claiming("large", "large", 800_000);
+    large["metadata"]["annotations"] = json!({});
+    large["metadata"]["ownerReferences"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    let mut padded = large.clone();
+    padded["metadata"]["uid"] = json!("padded");
+    padded["metadata"]["name"] = json!("padded");
+    padded["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000)});
+    padded["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"manager": "kubectl-annotate", "operation": "Update",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:pad": {}}}}}));
+    let mut small = padded.clone();
+    small["metadata"]["uid"] = json!("small");
+    small["metadata"]["name"] = json!("small");
+    small["metadata"]["annotations"] = json!({"pad": "p".repeat(1_000)});
+    for obj in [large, padded.clone(), small] {
+        s.apply(obj);
+    }
+    let whole = |name: &str| !s.get(Some("acme"), name).expect("stored").1;
+    assert!(whole("large"), "idem's own 800 kB of data");
+    assert!(whole("small"), "1 kB added by another writer");
+    assert!(!whole("padded"), "200 kB added by another writer");
+    // The engine's copy of it (read from the API server) does not make it whole either.
+    s.upgrade(&padded);
+    assert!(!whole("padded"));
+    // Still listed as the owner's.
+    let claims = s.owned_by(Some("acme"), Labels::operator(), "owner-1");
+    assert_eq!(claims.len(), 3);
+}
+
 #[test]
 fn every_string_of_a_stub_is_capped() {
     let mut obj = claiming("forged", "theirs", 10);
