@@ -657,6 +657,14 @@ impl CompactStore {
         if !in_live && !in_relist {
             return; // the common case: nothing to replace, no write lock taken
         }
+        if let Some(trust) = &self.trust {
+            // Outside the locks: a child beyond the bound stays a stub (and may be large).
+            let mut stripped = obj.clone();
+            strip(&mut stripped, self.keep_status);
+            if !trust.within_bound(&stripped) {
+                return;
+            }
+        }
         // The relist's lock first and held across both, in the order `init_done` takes them:
         // a relist that ends meanwhile cannot swap in its stub between the two updates.
         let Ok(mut relist) = self.relist.lock() else {
@@ -836,6 +844,12 @@ impl KindView for CompactStore {
 
     fn len(&self) -> usize {
         self.live.read().map(|l| l.len()).unwrap_or(0)
+    }
+
+    fn stubs(&self) -> usize {
+        (self.live.read())
+            .map(|l| l.iter().filter(|(_, e)| e.stub()).count())
+            .unwrap_or(0)
     }
 }
 

@@ -6,60 +6,75 @@
 //! size limit (about 1.5 MB). Such fields belong to the writer that set them by the child's
 //! `managedFields`; the convergence check never reads their values. What idem's own entries
 //! own (the desired body, however large) is not counted, and neither are fields someone writes
-//! under idem's name: the next apply removes those (a field set other than the desired one is
-//! judged never applied and applied again).
+//! under idem's name in the entry the convergence check judges (idem's `Apply` entry, or the
+//! `Update` entry of its create while it never applied): a field set other than the desired
+//! one is judged never applied, and the next apply removes them. `status` is not counted
+//! (written through the status subresource, by controllers, not by the tenant's owners).
 
 use std::io::Write;
 
 use serde_json::{Map, Value};
 
-/// The most bytes of a child idem's entries do not own (other writers' fields, their
-/// `managedFields` entries, server-set metadata, a `status` the cache keeps) with which the
-/// caches keep it whole; above it they keep only a stub and the engine reads the child from
-/// the API server when it judges it. Server-set content of a child is a few kilobytes at most
-/// (a Deployment's defaults and status); a tenant owner's additions are what exceeds it.
+/// The most bytes of a child idem's entries do not own (other writers' fields and their
+/// `managedFields` entries, server-set metadata and defaults) with which the caches keep it
+/// whole; above it they keep only a stub and the engine reads the child from the API server
+/// when it judges it. Server-set content of a child is a few kilobytes at most (a Deployment's
+/// defaults); a tenant owner's additions are what exceeds it.
 pub(crate) const FOREIGN_BYTES_MAX: usize = 16 * 1024;
 
-/// Whether `obj` (a child as JSON) holds at most [`FOREIGN_BYTES_MAX`] bytes at fields that no
-/// main-resource `managedFields` entry of a manager in `ours` owns.
+/// Whether `obj` (a child as JSON) holds at most [`FOREIGN_BYTES_MAX`] bytes at fields that
+/// idem's field managers (those `ours` accepts) do not own.
 pub(crate) fn within_bound(obj: &Value, ours: impl Fn(&str) -> bool) -> bool {
     // The common case, a child smaller than the bound, costs one count of its text.
     json_len(obj) <= FOREIGN_BYTES_MAX
         || foreign_bytes(obj, ours, FOREIGN_BYTES_MAX) <= FOREIGN_BYTES_MAX
 }
 
-/// The bytes of `obj`'s JSON text at fields no main-resource `managedFields` entry of a
-/// manager in `ours` owns (a member name counts with its value), counting the other entries
-/// whole; the count stops once above `stop`.
+/// The bytes of `obj`'s JSON text (without `status`) at fields idem's main-resource
+/// `managedFields` entries do not own: its `Apply` entries once it has one, else its `Update`
+/// entries (a child created and never applied to). Every other main-resource entry counts
+/// whole, and below a member idem owns whole, what another entry lists counts (a struct idem
+/// created empty, into which someone wrote). The count stops once above `stop`.
 fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize {
     let Some(top) = obj.as_object() else {
         return json_len(obj);
     };
-    let mut owned = Value::Null;
-    let mut count = 0;
-    let entries = top
+    let entries: Vec<&Value> = top
         .get("metadata")
         .and_then(|m| m.get("managedFields"))
-        .and_then(Value::as_array);
-    for e in entries.into_iter().flatten() {
-        let mine = e.get("manager").and_then(Value::as_str).is_some_and(&ours)
-            && e.get("subresource")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e.get("subresource")
                 .and_then(Value::as_str)
-                .is_none_or(str::is_empty);
-        match e.get("fieldsV1") {
-            Some(fields) if mine => crate::compare::unite_fields(&mut owned, fields),
-            _ if mine => {}
-            _ => count += json_len(e),
+                .is_none_or(str::is_empty)
+        })
+        .collect();
+    let field = |e: &Value, f: &str| e.get(f).and_then(Value::as_str).map(str::to_owned);
+    let idem = |e: &Value| field(e, "manager").is_some_and(|m| ours(&m));
+    let apply = |e: &Value| field(e, "operation").as_deref() == Some("Apply");
+    let applied = entries.iter().any(|e| idem(e) && apply(e));
+    let (mut owned, mut theirs) = (Value::Null, Value::Null);
+    let mut walk = Walk { count: 0, stop };
+    for e in entries {
+        let fields = e.get("fieldsV1").unwrap_or(&Value::Null);
+        if idem(e) && (!applied || apply(e)) {
+            crate::compare::unite_fields(&mut owned, fields);
+        } else {
+            walk.add(json_len(e));
+            crate::compare::unite_fields(&mut theirs, fields);
         }
     }
-    let mut walk = Walk { count, stop };
-    let owned = owned.as_object();
+    let (owned, theirs) = (owned.as_object(), theirs.as_object());
     for (k, v) in top {
-        walk.add(k.len() + 3);
-        match v.as_object() {
-            // Its `managedFields` were counted above.
-            Some(meta) if k == "metadata" => walk.map(meta, member(owned, k), true),
-            _ => walk.value(v, member(owned, k)),
+        match (k.as_str(), v.as_object()) {
+            ("status", _) => {}
+            ("metadata", Some(meta)) => {
+                walk.add(k.len() + 3);
+                walk.map(meta, member(owned, k), member(theirs, k), "managedFields");
+            }
+            _ => walk.member(k, v, member(owned, k), member(theirs, k)),
         }
     }
     walk.count
@@ -71,6 +86,9 @@ struct Walk {
     stop: usize,
 }
 
+/// A `fieldsV1` node: the fields owned at and below a value.
+type Fields<'a> = Option<&'a Map<String, Value>>;
+
 impl Walk {
     fn add(&mut self, n: usize) {
         self.count = self.count.saturating_add(n);
@@ -80,60 +98,116 @@ impl Walk {
         self.count > self.stop
     }
 
-    /// Counts `v`, whose owned fields are `fields` (a `fieldsV1` node; `None`: none).
-    fn value(&mut self, v: &Value, fields: Option<&Map<String, Value>>) {
-        let Some(fields) = fields else {
-            self.add(json_len(v));
+    /// Counts member `k` of a map, `v`, whose fields idem owns are `ours` and others list
+    /// `theirs`: whole (with its name) when idem owns nothing at or below it.
+    fn member(&mut self, k: &str, v: &Value, ours: Fields, theirs: Fields) {
+        match ours {
+            None => self.add(k.len() + 3 + json_len(v)),
+            Some(ours) => self.value(v, ours, theirs),
+        }
+    }
+
+    /// Counts `v`, at or below which idem owns `ours`.
+    fn value(&mut self, v: &Value, ours: &Map<String, Value>, theirs: Fields) {
+        if ours.is_empty() {
+            // Owned whole (a scalar, an atomic list, map or struct, or a struct idem wrote
+            // empty): only what another entry lists below it is theirs.
+            self.listed(v, theirs);
             return;
-        };
-        if fields.is_empty() {
-            return; // owned whole: a scalar, or an atomic list, map or struct
         }
         match v {
-            Value::Object(m) => self.map(m, Some(fields), false),
-            Value::Array(items) => self.list(items, fields),
+            Value::Object(m) => self.map(m, Some(ours), theirs, ""),
+            Value::Array(items) => self.list(items, ours, theirs),
             _ => {}
         }
     }
 
-    /// Counts the members of map `m` (without `managedFields` when `meta`: the entries are
-    /// counted apart).
-    fn map(&mut self, m: &Map<String, Value>, fields: Option<&Map<String, Value>>, meta: bool) {
+    /// Counts the members of map `m` (but member `skip`).
+    fn map(&mut self, m: &Map<String, Value>, ours: Fields, theirs: Fields, skip: &str) {
         for (k, v) in m {
             if self.done() {
                 return;
             }
-            if meta && k == "managedFields" {
-                continue;
+            if k != skip {
+                self.member(k, v, member(ours, k), member(theirs, k));
             }
-            self.add(k.len() + 3);
-            self.value(v, member(fields, k));
         }
     }
 
-    /// Counts the items of a list whose owned items are keyed in `fields` (`k:`, `v:`, `i:`).
-    fn list(&mut self, items: &[Value], fields: &Map<String, Value>) {
-        let keys: Vec<(Item, &Map<String, Value>)> = fields
-            .iter()
-            .filter_map(|(k, f)| Some((Item::parse(k)?, f.as_object()?)))
+    /// Counts the items of a list whose items idem owns are keyed in `ours` (`k:`, `v:`, `i:`;
+    /// each key owns the first item it matches, as the server keeps one item per key).
+    fn list(&mut self, items: &[Value], ours: &Map<String, Value>, theirs: Fields) {
+        let mut keys: Vec<(Item, &Map<String, Value>, bool)> = keyed(Some(ours))
+            .map(|(item, f)| (item, f, false))
             .collect();
+        let their_keys: Vec<(Item, &Map<String, Value>)> = keyed(theirs).collect();
         for (i, item) in items.iter().enumerate() {
             if self.done() {
                 return;
             }
-            let owned = keys.iter().find(|(key, _)| key.matches(i, item));
-            self.add(1);
-            self.value(item, owned.map(|(_, f)| *f));
+            let owned = keys
+                .iter_mut()
+                .find(|(key, _, used)| !*used && key.matches(i, item));
+            match owned {
+                Some((_, f, used)) => {
+                    *used = true;
+                    let f = *f;
+                    let t = their_keys
+                        .iter()
+                        .find(|(key, _)| key.matches(i, item))
+                        .map(|(_, t)| *t);
+                    self.value(item, f, t);
+                }
+                None => self.add(1 + json_len(item)),
+            }
+        }
+    }
+
+    /// Counts what `theirs` lists in `v` (below a member idem owns whole).
+    fn listed(&mut self, v: &Value, theirs: Fields) {
+        let Some(theirs) = theirs.filter(|t| t.keys().any(|k| k != ".")) else {
+            return;
+        };
+        let count = |walk: &mut Self, extra: usize, v: &Value, t: &Map<String, Value>| {
+            if t.keys().all(|k| k == ".") {
+                walk.add(extra + json_len(v));
+            } else {
+                walk.add(extra);
+                walk.listed(v, Some(t));
+            }
+        };
+        match v {
+            Value::Object(m) => {
+                for (k, c) in m {
+                    if let Some(t) = member(Some(theirs), k) {
+                        count(self, k.len() + 3, c, t);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                let keys: Vec<(Item, &Map<String, Value>)> = keyed(Some(theirs)).collect();
+                for (i, item) in items.iter().enumerate() {
+                    if let Some((_, t)) = keys.iter().find(|(key, _)| key.matches(i, item)) {
+                        count(self, 1, item, t);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }
 
 /// The owned fields of member `name` of a map whose owned fields are `fields`.
-fn member<'a>(
-    fields: Option<&'a Map<String, Value>>,
-    name: &str,
-) -> Option<&'a Map<String, Value>> {
+fn member<'a>(fields: Fields<'a>, name: &str) -> Fields<'a> {
     fields?.get(&format!("f:{name}"))?.as_object()
+}
+
+/// The list item keys of `fields`, with the fields below each.
+fn keyed(fields: Fields<'_>) -> impl Iterator<Item = (Item, &Map<String, Value>)> {
+    fields
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, f)| Some((Item::parse(k)?, f.as_object()?)))
 }
 
 /// A list item's key in a `fieldsV1` set.
@@ -246,14 +320,73 @@ mod tests {
     }
 
     #[test]
-    fn a_field_written_under_idems_name_is_not_counted() {
-        // The next apply removes it (see the module's doc); a status entry under idem's name is
-        // not idem's (idem never writes a child's status).
+    fn what_the_judged_entry_under_idems_name_holds_is_not_counted_and_the_rest_is() {
+        // Beside idem's Apply entry, an Update entry under its name is not judged (the next
+        // apply would not remove its fields): it counts. In the Apply entry it would be judged.
         let obj = config_map(10, &[("pad", 100_000)], IDEM);
-        assert!(within_bound(&obj, ours));
-        let mut status = obj.clone();
-        status["metadata"]["managedFields"][1]["subresource"] = json!("status");
-        assert!(!within_bound(&status, ours));
+        assert!(!within_bound(&obj, ours));
+        let mut applied = obj.clone();
+        applied["metadata"]["managedFields"][1]["operation"] = json!("Apply");
+        assert!(within_bound(&applied, ours));
+        // Never applied (created by POST): its create's Update entry is the judged one.
+        let mut created = obj.clone();
+        created["metadata"]["managedFields"]
+            .as_array_mut()
+            .unwrap()
+            .remove(0);
+        assert!(within_bound(&created, ours));
+    }
+
+    #[test]
+    fn status_is_not_counted() {
+        let mut obj = config_map(10, &[], "kubectl");
+        let base = bytes(&obj);
+        obj["status"] = json!({"used": "u".repeat(50_000)});
+        obj["metadata"]["managedFields"]
+            .as_array_mut()
+            .unwrap()
+            .push(
+                json!({"manager": "kube-controller-manager", "operation": "Update",
+                         "subresource": "status",
+                         "fieldsV1": {"f:status": {"f:used": {}}}}),
+            );
+        assert_eq!(bytes(&obj), base);
+    }
+
+    #[test]
+    fn what_others_write_inside_a_struct_idem_made_empty_counts() {
+        // A create's entry owns `securityContext: {}` as a leaf; someone writes into it.
+        let obj = |groups: usize| {
+            json!({
+                "metadata": {"managedFields": [
+                    {"manager": IDEM, "operation": "Update", "fieldsV1": {
+                        "f:spec": {"f:securityContext": {}, "f:image": {}}}},
+                    {"manager": "kubectl-patch", "operation": "Update", "fieldsV1": {
+                        "f:spec": {"f:securityContext": {"f:supplementalGroups": {}}}}},
+                ]},
+                "spec": {"image": "x".repeat(30_000),
+                         "securityContext": {"supplementalGroups": vec![12_345; groups]}},
+            })
+        };
+        assert!(bytes(&obj(0)) < 1_000, "{}", bytes(&obj(0)));
+        assert!(bytes(&obj(10_000)) > 60_000, "{}", bytes(&obj(10_000)));
+        assert!(within_bound(&obj(0), ours));
+        assert!(!within_bound(&obj(10_000), ours));
+    }
+
+    #[test]
+    fn a_key_owns_one_item() {
+        let obj = |copies: usize| {
+            json!({
+                "metadata": {"managedFields": [
+                    {"manager": IDEM, "operation": "Apply", "fieldsV1": {
+                        "f:env": {"k:{\"name\":\"A\"}": {".": {}, "f:name": {}, "f:value": {}}}}},
+                ]},
+                "env": vec![json!({"name": "A", "value": "v".repeat(10_000)}); copies],
+            })
+        };
+        assert!(bytes(&obj(1)) < 1_000);
+        assert!(bytes(&obj(3)) > 20_000);
     }
 
     #[test]

@@ -59,6 +59,10 @@ trait KindView: Send + Sync {
     fn resource_version(&self, namespace: Option<&str>, name: &str) -> Option<u64>;
     /// Objects stored.
     fn len(&self) -> usize;
+    /// Objects stored as stubs only.
+    fn stubs(&self) -> usize {
+        0
+    }
     /// Whether the objects keep their `status` (a kind watched to read it).
     fn keeps_status(&self) -> bool {
         true
@@ -266,6 +270,15 @@ impl ChildCaches {
             .unwrap_or(0)
     }
 
+    /// Objects held in all stores as stubs only: not idem's (whatever they claim), or idem's
+    /// holding more that idem does not own than the caches keep whole.
+    pub fn stubs(&self) -> usize {
+        self.kinds
+            .read()
+            .map(|k| k.values().map(|v| v.stubs()).sum())
+            .unwrap_or(0)
+    }
+
     fn view(&self, resource: &ApiResource) -> Option<Arc<dyn KindView>> {
         self.kinds.read().ok()?.get(&kind_key(resource)).cloned()
     }
@@ -319,6 +332,14 @@ impl ChildCaches {
             // Unreadable (never: it is our own serialisation), it is not taken for absent.
             _ => ours.object().map(Some),
         }
+    }
+
+    /// Whether the cache holds only a stub of the child `key` of kind `resource` (its
+    /// identity: read the object from the API server before acting on the rest of it).
+    pub(crate) fn is_stub(&self, resource: &ApiResource, key: &ObjectKey) -> bool {
+        self.view(resource)
+            .and_then(|view| view.get(key.namespace.as_deref(), &key.name))
+            .is_some_and(|(_, stub)| stub)
     }
 
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):

@@ -152,6 +152,7 @@ pub(super) async fn run(
     }
     let owned = Gauge::default();
     let cached_children = Gauge::default();
+    let cached_stubs = Gauge::default();
     let server_side: Gauge = Gauge::default();
     if membership.is_some() {
         match crate::shard::probe_server_side(&lease_client, &namespace).await {
@@ -193,6 +194,13 @@ pub(super) async fn run(
             "idem_shard_child_cache_objects",
             "Objects in this replica's child caches (the children of its share of the owners)",
             cached_children.clone(),
+        );
+        registry.register(
+            "idem_shard_child_cache_stubs",
+            "Of the objects in this replica's child caches, those kept as stubs: not idem's \
+             children (whatever they claim), or idem's holding more than 16 KiB that idem does \
+             not own",
+            cached_stubs.clone(),
         );
     }
     registry.register(
@@ -277,6 +285,7 @@ pub(super) async fn run(
             selectors: &selectors,
             owned: &owned,
             cached_children: &cached_children,
+            cached_stubs: &cached_stubs,
         };
         let result = sharded.run(&membership, &mut shutdown).await;
         membership.leave().await;

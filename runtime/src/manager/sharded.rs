@@ -29,6 +29,8 @@ pub(super) struct Sharded<'a> {
     pub(super) selectors: &'a Arc<Selectors>,
     pub(super) owned: &'a Gauge,
     pub(super) cached_children: &'a Gauge,
+    /// Of which stubs.
+    pub(super) cached_stubs: &'a Gauge,
 }
 
 impl Sharded<'_> {
@@ -113,13 +115,17 @@ impl Sharded<'_> {
             } = epoch;
             let mut controllers = tokio::spawn(stopped);
             let counter = tokio::spawn({
-                let (owned_gauge, cached_children) =
-                    (self.owned.clone(), self.cached_children.clone());
+                let (owned_gauge, cached_children, cached_stubs) = (
+                    self.owned.clone(),
+                    self.cached_children.clone(),
+                    self.cached_stubs.clone(),
+                );
                 async move {
                     loop {
                         owned_gauge.set(owned.iter().map(|f| f()).sum::<usize>() as i64);
                         cached_children
                             .set(caches.iter().map(|c| c.objects()).sum::<usize>() as i64);
+                        cached_stubs.set(caches.iter().map(|c| c.stubs()).sum::<usize>() as i64);
                         tokio::time::sleep(Duration::from_secs(2)).await;
                     }
                 }
@@ -163,6 +169,7 @@ impl Sharded<'_> {
             tracing::info!("the controllers of the previous ring stopped");
             self.owned.set(0);
             self.cached_children.set(0);
+            self.cached_stubs.set(0);
             self.selectors.set(None);
             if done {
                 return match reports {

@@ -188,6 +188,10 @@ impl Applier {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let uid = meta.uid.clone().unwrap_or_default();
+        let stub = self
+            .caches
+            .as_ref()
+            .is_some_and(|c| c.is_stub(kind.resource, &key));
         self.answers.forget(&key);
         if let Some(c) = &self.caches {
             c.forget(&key);
@@ -198,6 +202,26 @@ impl Applier {
                 .as_ref()
                 .is_some_and(|ns| kind.release_in.contains(ns))
         {
+            // A stub keeps the controller ownerReference only: the release keeps the others,
+            // so it works from the object's metadata as the API server has it.
+            let read;
+            let meta = if stub {
+                let api = self.api(kind.resource, meta.namespace.as_deref());
+                read = api
+                    .get_metadata_opt(&key.name)
+                    .await
+                    .map_err(|source| ApplyError::Api {
+                        child: key.clone(),
+                        action: "get",
+                        source: Box::new(source),
+                    })?;
+                match &read {
+                    Some(now) if now.metadata.uid == meta.uid => &now.metadata,
+                    _ => meta,
+                }
+            } else {
+                meta
+            };
             let _in_flight = self.begin_write(&key);
             crate::apply::release(
                 &self.client,
