@@ -422,3 +422,89 @@ async fn padded_own_children_cost_a_bounded_amount() {
         .await
         .expect("deleting the tenant");
 }
+
+/// A child kept as a stub keeps only its controller ownerReference; released (its namespace
+/// taken out of the spec under `deletionPolicy: Retain`) it keeps every other ownerReference
+/// on it: the release works from the object as the API server has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_padded_child_released_keeps_its_other_owner_references() {
+    use idem_operator::resources::tenant::DeletionPolicy;
+    use idem_operator::tenant::desired::OWNERS;
+
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, "padrelease").await.unwrap();
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-padrelease");
+    let name = unique_name("padrel");
+    let mut spec = tenants::full_spec(&["a", "b"]);
+    spec.deletion_policy = DeletionPolicy::Retain;
+    let tenant = tenants::create(&client, &name, spec).await;
+    tenants::wait_ready(&client, &name).await;
+    let before = cached_at_least(&op, 9.0).await;
+    let stubs_before = metric(&before, "idem_shard_child_cache_stubs");
+
+    // Alice's own ConfigMap becomes a second owner of `idem-owners`, which she pads.
+    let kept = format!("{name}-b");
+    let data: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "data"}, "data": {"k": "v"}})).unwrap();
+    let data = Api::<ConfigMap>::namespaced(client_as("alice"), &kept)
+        .create(&PostParams::default(), &data)
+        .await
+        .expect("alice's ConfigMap");
+    let reference = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "data",
+                           "uid": data.uid().unwrap()});
+    Api::<RoleBinding>::namespaced(client_as("alice"), &kept)
+        .patch(
+            OWNERS,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {
+                "ownerReferences": [reference],
+                "annotations": {"alice.example/pad": "p".repeat(PAD_ANNOTATION_BYTES)},
+            }})),
+        )
+        .await
+        .expect("alice pads idem-owners");
+    eventually("the padded binding kept as a stub", TIMEOUT, || async {
+        let text = op.metrics().await.ok_or("no /metrics")?;
+        let stubs = metric(&text, "idem_shard_child_cache_stubs") - stubs_before;
+        if stubs >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{stubs} stubs\n{}", op.log_tail()))
+        }
+    })
+    .await;
+
+    tenants::api(&client)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"namespaces": ["a"]}})),
+        )
+        .await
+        .expect("taking namespace b out of the spec");
+    let uid = tenant.uid().unwrap();
+    let owners = eventually("idem-owners released from the Tenant", TIMEOUT, || async {
+        let rb = Api::<RoleBinding>::namespaced(client.clone(), &kept)
+            .get(OWNERS)
+            .await
+            .map_err(why)?;
+        let refs = rb.metadata.owner_references.clone().unwrap_or_default();
+        if refs.iter().any(|r| r.uid == uid) {
+            Err(format!("{refs:?}"))
+        } else {
+            Ok(rb)
+        }
+    })
+    .await;
+    let refs = owners.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        refs.iter().any(|r| Some(&r.uid) == data.uid().as_ref()),
+        "alice's ownerReference is kept: {refs:?}"
+    );
+    assert!(owners.annotations().contains_key("alice.example/pad"));
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+}
