@@ -359,3 +359,112 @@ async fn a_key_added_under_our_manager_name_is_removed_and_reported() {
         "a key someone else added was removed without a drift report"
     );
 }
+
+/// A child created by our POST holds our `Update` entry; once the desired body changes, the
+/// apply folds that entry into our `Apply` entry first, by a write of the whole `managedFields`
+/// list. The cached child keeps no timestamps, so that write starts from the object as the API
+/// server has it: every other writer's entry keeps its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folding_our_create_entry_keeps_other_writers_timestamps() {
+    let client = idem_tests::shared().client();
+    common::install_crd(&client, Vault::crd()).await;
+    let ns = common::namespace(&client, "answers-fold").await;
+    let vaults: Api<Vault> = Api::namespaced(client.clone(), &ns);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let controller = Controller::for_derived(vaults.clone(), watcher::Config::default())
+        .owns(sets.clone(), Driver::<Vaults>::children_config());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(Driver::new(client.clone(), Vaults).run(controller, async {
+        let _ = stopped.await;
+    }));
+    vaults
+        .create(
+            &PostParams::default(),
+            &Vault::new("v", VaultSpec { value: "a".into() }),
+        )
+        .await
+        .unwrap();
+    let wait_ready = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !vaults.get("v").await.map(|v| ready(&v)).unwrap_or(false) {
+            assert!(tokio::time::Instant::now() < deadline, "Vault not Ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    wait_ready().await;
+    // Another writer's entry, with the time of its write.
+    let pp = PatchParams {
+        field_manager: Some("other-writer".into()),
+        ..PatchParams::default()
+    };
+    sets.patch(
+        "v",
+        &pp,
+        &Patch::Merge(&json!({"metadata": {"labels": {"other": "x"}}})),
+    )
+    .await
+    .unwrap();
+    let times = |s: &StatefulSet| -> Vec<(String, Option<String>, bool)> {
+        (s.metadata.managed_fields.iter().flatten())
+            .map(|e| {
+                (
+                    e.manager.clone().unwrap_or_default(),
+                    e.operation.clone(),
+                    e.time.is_some(),
+                )
+            })
+            .collect()
+    };
+    let before = sets.get("v").await.unwrap();
+    assert!(
+        times(&before).iter().all(|(_, _, timed)| *timed),
+        "{:?}",
+        times(&before)
+    );
+    let other_time = |s: &StatefulSet| {
+        (s.metadata.managed_fields.iter().flatten())
+            .find(|e| e.manager.as_deref() == Some("other-writer"))
+            .and_then(|e| e.time.clone())
+    };
+    assert!(other_time(&before).is_some());
+
+    vaults
+        .patch(
+            "v",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"value": "b"}})),
+        )
+        .await
+        .unwrap();
+    wait_ready().await;
+    let after = sets.get("v").await.unwrap();
+    let annotation = after
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get("test.idem.dev/value").cloned());
+    assert_eq!(
+        annotation.as_deref(),
+        Some("b"),
+        "the new desired body applied"
+    );
+    let ours: Vec<_> = times(&after)
+        .into_iter()
+        .filter(|(m, _, _)| m == Vault::FIELD_MANAGER)
+        .map(|(_, op, _)| op.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ours,
+        ["Apply"],
+        "our create's entry folded into our Apply entry"
+    );
+    assert!(
+        times(&after).iter().all(|(_, _, timed)| *timed),
+        "every entry keeps its time: {:?}",
+        times(&after)
+    );
+    assert_eq!(other_time(&after), other_time(&before));
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}

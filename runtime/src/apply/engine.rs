@@ -826,7 +826,21 @@ impl Applier {
         live: &Value,
     ) -> Result<Value, kube::Error> {
         let _in_flight = self.begin_write(key);
-        if let Some(patch) = fold_patch(live, owner.label_names(), owner.field_manager(), body) {
+        let fold =
+            |live: &Value| fold_patch(live, owner.label_names(), owner.field_manager(), body);
+        let mut folding = fold(live);
+        if folding.is_some() && !timed(live) {
+            // The fold writes the whole `managedFields` list, and a cached child has none of
+            // its entries' times: it starts from the object as the API server has it, so every
+            // other writer's entry keeps its time. Another object at the name is left alone
+            // (the apply's uid guard refuses it).
+            let read = wire::get(&self.client, api, &key.name).await?;
+            let uid = |v: &Value| v.pointer("/metadata/uid").cloned();
+            folding = read
+                .filter(|now| uid(now) == uid(live))
+                .and_then(|now| fold(&now));
+        }
+        if let Some(patch) = folding {
             let merge = Patch::Merge(&patch);
             let folded = wire::patch(
                 &self.client,
@@ -934,6 +948,15 @@ fn unclaim_patch(live: &Value, owner_uid: &str) -> Option<Value> {
         "resourceVersion": live.pointer("/metadata/resourceVersion"),
         "ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) },
     }}))
+}
+
+/// Whether every `managedFields` entry of `live` has its `time` (the caches drop them).
+fn timed(live: &Value) -> bool {
+    live.pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .all(|e| e.get("time").is_some_and(|t| !t.is_null()))
 }
 
 /// `body` with the live object's `metadata.uid`: a write of it never reaches an object that
