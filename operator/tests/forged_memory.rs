@@ -391,8 +391,12 @@ async fn padded_own_children_cost_a_bounded_amount() {
             .await
             .expect("patching an app");
     }
-    for (i, app) in apps.iter().enumerate() {
+    for app in &apps {
         apps::wait_ready(&client, &ns, app).await;
+    }
+    // Counted before this test's own reads of the ConfigMaps below.
+    let [configmaps_now, services_now] = child_gets().await;
+    for (i, app) in apps.iter().enumerate() {
         let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
             .get(&format!("{app}-config"))
             .await
@@ -404,7 +408,6 @@ async fn padded_own_children_cost_a_bounded_amount() {
             Some(format!("x = {}", i + 2).as_str())
         );
     }
-    let [configmaps_now, services_now] = child_gets().await;
     assert!(
         configmaps_now >= configmaps + PADDED_APPS as u64
             && services_now >= services + PADDED_APPS as u64,

@@ -643,9 +643,11 @@ impl CompactStore {
                 stub_uid.as_deref() == uid && uid.is_some() && stub_rv <= rv
             })
         };
-        // The watch's judgement of the stub stays with the object that replaces it.
-        let whole = |seen: Seen| {
-            self.entry(obj.clone(), true, seen)
+        // Built outside the locks (a child may be large); `None` beyond the bound (it stays a
+        // stub).
+        let build = || {
+            self.entry(obj.clone(), true, Seen::default())
+                .filter(|(_, e, _)| !e.stub())
                 .map(|(_, e, owners)| (e, owners))
         };
         let stubbed = |map: &Objects| map.get(&name).is_some_and(|e| e.stub());
@@ -657,16 +659,13 @@ impl CompactStore {
         if !in_live && !in_relist {
             return; // the common case: nothing to replace, no write lock taken
         }
-        if let Some(trust) = &self.trust {
-            // Outside the locks: a child beyond the bound stays a stub (and may be large).
-            let mut stripped = obj.clone();
-            strip(&mut stripped, self.keep_status);
-            if !trust.within_bound(&stripped) {
-                return;
-            }
-        }
+        let Some(built) = build() else {
+            return;
+        };
+        let mut built = Some(built);
         // The relist's lock first and held across both, in the order `init_done` takes them:
-        // a relist that ends meanwhile cannot swap in its stub between the two updates.
+        // a relist that ends meanwhile cannot swap in its stub between the two updates. The
+        // watch's judgement of the stub stays with the object that replaces it.
         let Ok(mut relist) = self.relist.lock() else {
             return;
         };
@@ -675,8 +674,9 @@ impl CompactStore {
                 .get(&name)
                 .filter(|e| replaces(e))
                 .map(|e| e.seen.clone())
-            && let Some((e, owners)) = whole(seen)
+            && let Some((mut e, owners)) = built.take()
         {
+            e.seen = seen;
             live.insert(name.clone(), e, &owners, &self.interner);
         }
         if let Some(listed) = relist.as_mut()
@@ -684,8 +684,9 @@ impl CompactStore {
                 .get(&name)
                 .filter(|e| replaces(e))
                 .map(|e| e.seen.clone())
-            && let Some((e, owners)) = whole(seen)
+            && let Some((mut e, owners)) = built.take().or_else(build)
         {
+            e.seen = seen;
             listed.insert(name, e, &owners, &self.interner);
         }
     }

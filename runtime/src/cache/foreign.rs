@@ -62,7 +62,11 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
         if idem(e) && (!applied || apply(e)) {
             crate::compare::unite_fields(&mut owned, fields);
         } else {
-            walk.add(json_len(e));
+            if !idem(e) {
+                // idem's create entry beside its Apply entry lists idem's own fields, mostly:
+                // the values at fields it alone lists count, not its size.
+                walk.add(json_len(e));
+            }
             crate::compare::unite_fields(&mut theirs, fields);
         }
     }
@@ -322,7 +326,8 @@ mod tests {
     #[test]
     fn what_the_judged_entry_under_idems_name_holds_is_not_counted_and_the_rest_is() {
         // Beside idem's Apply entry, an Update entry under its name is not judged (the next
-        // apply would not remove its fields): it counts. In the Apply entry it would be judged.
+        // apply would not remove its fields): what it alone lists counts. In the Apply entry
+        // it would be judged.
         let obj = config_map(10, &[("pad", 100_000)], IDEM);
         assert!(!within_bound(&obj, ours));
         let mut applied = obj.clone();
@@ -335,6 +340,24 @@ mod tests {
             .unwrap()
             .remove(0);
         assert!(within_bound(&created, ours));
+    }
+
+    #[test]
+    fn idems_create_entry_beside_its_apply_entry_costs_nothing_for_what_both_list() {
+        // A large field set (1,000 keys) that both idem's create entry and its Apply entry
+        // list: the Update entry's size does not count.
+        let keys: Map<String, Value> = (0..1_000)
+            .map(|i| (format!("f:key-{i:04}"), json!({})))
+            .collect();
+        let data: Map<String, Value> = (0..1_000)
+            .map(|i| (format!("key-{i:04}"), json!("v")))
+            .collect();
+        let entry = |op: &str| json!({"manager": IDEM, "operation": op, "fieldsV1": {"f:data": keys.clone()}});
+        let obj = json!({
+            "metadata": {"managedFields": [entry("Update"), entry("Apply")]},
+            "data": data,
+        });
+        assert!(bytes(&obj) < 100, "{}", bytes(&obj));
     }
 
     #[test]
