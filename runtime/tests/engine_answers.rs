@@ -373,10 +373,15 @@ async fn folding_our_create_entry_keeps_other_writers_timestamps() {
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let controller = Controller::for_derived(vaults.clone(), watcher::Config::default())
         .owns(sets.clone(), Driver::<Vaults>::children_config());
+    let caches = idem_runtime::apply::ChildCaches::new();
     let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn(Driver::new(client.clone(), Vaults).run(controller, async {
-        let _ = stopped.await;
-    }));
+    let running = tokio::spawn(
+        Driver::new(client.clone(), Vaults)
+            .with_caches(caches.clone())
+            .run(controller, async {
+                let _ = stopped.await;
+            }),
+    );
     vaults
         .create(
             &PostParams::default(),
@@ -397,13 +402,29 @@ async fn folding_our_create_entry_keeps_other_writers_timestamps() {
         field_manager: Some("other-writer".into()),
         ..PatchParams::default()
     };
-    sets.patch(
-        "v",
-        &pp,
-        &Patch::Merge(&json!({"metadata": {"labels": {"other": "x"}}})),
+    let patched = sets
+        .patch(
+            "v",
+            &pp,
+            &Patch::Merge(&json!({"metadata": {"labels": {"other": "x"}}})),
+        )
+        .await
+        .unwrap();
+    // The pass below judges the cached copy (without times), not a stale one whose write
+    // would meet a conflict and read the object again.
+    let number = |rv: Option<String>| rv.and_then(|v| v.parse::<u64>().ok());
+    let rv = number(patched.resource_version());
+    common::wait_until(
+        "the other writer's change in the cache",
+        Duration::from_secs(60),
+        || {
+            caches
+                .lookup::<StatefulSet>(Some(&ns), "v")
+                .flatten()
+                .is_some_and(|s| number(s.resource_version()) >= rv)
+        },
     )
-    .await
-    .unwrap();
+    .await;
     let times = |s: &StatefulSet| -> Vec<(String, Option<String>, bool)> {
         (s.metadata.managed_fields.iter().flatten())
             .map(|e| {
