@@ -21,6 +21,10 @@ use kube::api::{DeleteParams, PostParams};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Held by each test for its whole run: a manager reconciles every BaseTenant of the cluster,
+/// so one test's manager would make the other's BaseTenant Ready (or Stalled) meanwhile.
+static ONE_MANAGER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Longest wait for any condition (two cores, other builds beside the tests).
 const TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -105,6 +109,7 @@ impl Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_configure_sets_on_the_controller_config_is_what_the_controller_runs_with() {
+    let _alone = ONE_MANAGER.lock().await;
     let options = ManagerOptions {
         workers: 2,
         tenant_concurrency: 2,
@@ -160,6 +165,7 @@ async fn what_configure_sets_on_the_controller_config_is_what_the_controller_run
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_config_given_is_the_one_the_manager_runs() {
+    let _alone = ONE_MANAGER.lock().await;
     // No pass can finish within a zero timeout, and one failure stalls: the default (two
     // minutes, five failures) would make the tenant Ready instead.
     let reconciles = Reconciles::new(BaseTenants).with_driver_config(DriverConfig {
