@@ -277,6 +277,8 @@ async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
         .delete(&name, &Default::default())
         .await
         .expect("deleting the tenant");
+    // Gone before the next test: their stubs would leave its count of stubs meanwhile.
+    tenants::wait_gone(&client, &name).await;
 }
 
 /// Apps whose children a tenant owner pads in [`padded_own_children_cost_a_bounded_amount`].
@@ -432,6 +434,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
         .delete(&name, &Default::default())
         .await
         .expect("deleting the tenant");
+    tenants::wait_gone(&client, &name).await;
 }
 
 /// A child kept as a stub keeps only its controller ownerReference; released (its namespace
@@ -519,4 +522,27 @@ async fn a_padded_child_released_keeps_its_other_owner_references() {
         .delete(&name, &Default::default())
         .await
         .expect("deleting the tenant");
+    tenants::wait_tenant_object_gone(&client, &name).await;
+    // Both namespaces are kept (Retain): removed here, and gone before the next test.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    for short in ["a", "b"] {
+        let _ = namespaces
+            .delete(&format!("{name}-{short}"), &Default::default())
+            .await;
+    }
+    eventually("the kept namespaces gone", TIMEOUT, || async {
+        let mut left = Vec::new();
+        for short in ["a", "b"] {
+            let ns = format!("{name}-{short}");
+            if namespaces.get_opt(&ns).await.map_err(why)?.is_some() {
+                left.push(ns);
+            }
+        }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
 }
