@@ -188,10 +188,6 @@ impl Applier {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let uid = meta.uid.clone().unwrap_or_default();
-        let stub = self
-            .caches
-            .as_ref()
-            .is_some_and(|c| c.is_stub(kind.resource, &key));
         self.answers.forget(&key);
         if let Some(c) = &self.caches {
             c.forget(&key);
@@ -204,6 +200,7 @@ impl Applier {
         {
             // A stub keeps the controller ownerReference only: the release keeps the others,
             // so it works from the object's metadata as the API server has it.
+            let stub = (self.caches.as_ref()).is_some_and(|c| c.is_stub(kind.resource, &key));
             let read;
             let meta = if stub {
                 let api = self.api(kind.resource, meta.namespace.as_deref());
