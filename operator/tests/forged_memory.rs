@@ -88,6 +88,25 @@ async fn cached_at_least(op: &OperatorProcess, objects: f64) -> String {
     .await
 }
 
+/// Waits until `op`'s child caches hold at least `more` stubs more than `before`
+/// (`idem_shard_child_cache_stubs`, refreshed every 2 s).
+async fn stubs_at_least(op: &OperatorProcess, before: f64, more: f64) {
+    eventually(
+        &format!("{more} more children kept as stubs"),
+        TIMEOUT,
+        || async {
+            let text = op.metrics().await.ok_or("no /metrics")?;
+            let stubs = metric(&text, "idem_shard_child_cache_stubs") - before;
+            if stubs >= more {
+                Ok(())
+            } else {
+                Err(format!("{stubs} stubs of {more}\n{}", op.log_tail()))
+            }
+        },
+    )
+    .await;
+}
+
 /// GET requests (reads of one object; lists and watches are counted apart) the API server
 /// served on ConfigMaps and Services, two of the TenantApp's child kinds. RoleBindings are left
 /// out: their counter also grows by reads that are not the operator's (seen while the forged
@@ -368,16 +387,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
     payload += pad::<RoleBinding>(&ns, "idem-owners", note(PAD_ANNOTATION_BYTES)).await;
     payload += pad::<NetworkPolicy>(&ns, "idem-isolation", note(PAD_ANNOTATION_BYTES)).await;
     let padded = (3 * PADDED_APPS + 2) as f64;
-    eventually("every padded child kept as a stub", TIMEOUT, || async {
-        let text = op.metrics().await.ok_or("no /metrics")?;
-        let stubs = metric(&text, "idem_shard_child_cache_stubs") - stubs_before;
-        if stubs >= padded {
-            Ok(())
-        } else {
-            Err(format!("{stubs} stubs of {padded}\n{}", op.log_tail()))
-        }
-    })
-    .await;
+    stubs_at_least(&op, stubs_before, padded).await;
     let rss_after = rss_after_work(&op, &client, (&name, &ns, &apps[0]), 2).await;
     println!(
         "padded {padded} of idem's children with {:.1} MB: operator RSS {rss_before} KiB → {rss_after} KiB ({:+} KiB)",
@@ -479,16 +489,7 @@ async fn a_padded_child_released_keeps_its_other_owner_references() {
         )
         .await
         .expect("alice pads idem-owners");
-    eventually("the padded binding kept as a stub", TIMEOUT, || async {
-        let text = op.metrics().await.ok_or("no /metrics")?;
-        let stubs = metric(&text, "idem_shard_child_cache_stubs") - stubs_before;
-        if stubs >= 1.0 {
-            Ok(())
-        } else {
-            Err(format!("{stubs} stubs\n{}", op.log_tail()))
-        }
-    })
-    .await;
+    stubs_at_least(&op, stubs_before, 1.0).await;
 
     tenants::api(&client)
         .patch(
