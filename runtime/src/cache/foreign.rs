@@ -9,7 +9,8 @@
 //! under idem's name in the entry the convergence check judges (idem's `Apply` entry, or the
 //! `Update` entry of its create while it never applied): a field set other than the desired
 //! one is judged never applied, and the next apply removes them. `status` is not counted
-//! (written through the status subresource, by controllers, not by the tenant's owners).
+//! (written through the status subresource, by controllers, not by the tenant's owners); the
+//! entries of a subresource count by their size.
 
 use std::io::Write;
 
@@ -39,24 +40,29 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
     let Some(top) = obj.as_object() else {
         return json_len(obj);
     };
-    let entries: Vec<&Value> = top
+    let mut walk = Walk { count: 0, stop };
+    let all = top
         .get("metadata")
         .and_then(|m| m.get("managedFields"))
         .and_then(Value::as_array)
         .into_iter()
-        .flatten()
-        .filter(|e| {
-            e.get("subresource")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-        })
-        .collect();
+        .flatten();
+    let main = |e: &&Value| {
+        e.get("subresource")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    };
+    // An entry of a subresource (status) owns nothing counted below, but is kept in the
+    // cached text: its size counts.
+    for e in all.clone().filter(|e| !main(e)) {
+        walk.add(json_len(e));
+    }
+    let entries: Vec<&Value> = all.filter(main).collect();
     let field = |e: &Value, f: &str| e.get(f).and_then(Value::as_str).map(str::to_owned);
     let idem = |e: &Value| field(e, "manager").is_some_and(|m| ours(&m));
     let apply = |e: &Value| field(e, "operation").as_deref() == Some("Apply");
     let applied = entries.iter().any(|e| idem(e) && apply(e));
     let (mut owned, mut theirs) = (Value::Null, Value::Null);
-    let mut walk = Walk { count: 0, stop };
     for e in entries {
         let fields = e.get("fieldsV1").unwrap_or(&Value::Null);
         if idem(e) && (!applied || apply(e)) {
@@ -373,7 +379,30 @@ mod tests {
                          "subresource": "status",
                          "fieldsV1": {"f:status": {"f:used": {}}}}),
             );
-        assert_eq!(bytes(&obj), base);
+        // The status entry counts by its size, the status itself not at all.
+        let entry_len = json_len(
+            obj["metadata"]["managedFields"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap(),
+        );
+        assert_eq!(bytes(&obj), base + entry_len);
+    }
+
+    #[test]
+    fn subresource_entries_count_by_their_size() {
+        let mut obj = config_map(10, &[], "kubectl");
+        let key = "k".repeat(14_000);
+        for i in 0..3 {
+            obj["metadata"]["managedFields"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"manager": format!("m{i}"), "operation": "Apply",
+                             "subresource": "status",
+                             "fieldsV1": {format!("f:{key}"): {}}}));
+        }
+        assert!(!within_bound(&obj, ours));
     }
 
     #[test]
