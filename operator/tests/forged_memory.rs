@@ -336,8 +336,8 @@ where
 /// `idem-isolation` NetworkPolicy, supplemental groups inside one Deployment's pod security
 /// context, which idem's create left empty) is theirs: idem leaves it in place, and its caches
 /// keep each such child as a stub (`idem_shard_child_cache_stubs`), so the operator's memory
-/// stays bounded while every app and the tenant keep converging, each pass reading its padded
-/// children from the API server.
+/// stays bounded while every app and the tenant keep converging, a pass reading a padded child
+/// from the API server only once it or its desired body changed since it was judged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn padded_own_children_cost_a_bounded_amount() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -412,9 +412,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
     for app in &apps {
         apps::wait_ready(&client, &ns, app).await;
     }
-    // Counted before this test's own reads of the ConfigMaps below. The Services tell: an app's
-    // config change leaves its Service as it is, so a pass reads it only when it is a stub (a
-    // ConfigMap made by POST is read once for its first change's fold anyway).
+    // Counted before this test's own reads of the ConfigMaps below.
     let [configmaps_now, services_now] = child_gets().await;
     for (i, app) in apps.iter().enumerate() {
         let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
@@ -429,9 +427,29 @@ async fn padded_own_children_cost_a_bounded_amount() {
         );
     }
     assert!(
-        configmaps_now >= configmaps + PADDED_APPS as u64
-            && services_now >= services + PADDED_APPS as u64,
-        "each app's padded ConfigMap and Service read by GET: {} and {} GETs",
+        configmaps_now >= configmaps + PADDED_APPS as u64,
+        "each app's padded ConfigMap read by GET: {} GETs ({} of Services)",
+        configmaps_now - configmaps,
+        services_now - services
+    );
+    // Once judged converged at a version, a stub is not read again while it and its desired
+    // body stay as they are: a second change of every app reads each padded ConfigMap (its
+    // desired body changed) and none of the Services (unchanged, judged since the padding).
+    let [configmaps, services] = child_gets().await;
+    for (i, app) in apps.iter().enumerate() {
+        let patch = json!({"spec": {"config": {"app.toml": format!("x = {}", i + 100)}}});
+        Api::<TenantApp>::namespaced(client.clone(), &ns)
+            .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patching an app");
+    }
+    for app in &apps {
+        apps::wait_ready(&client, &ns, app).await;
+    }
+    let [configmaps_now, services_now] = child_gets().await;
+    assert!(
+        configmaps_now >= configmaps + PADDED_APPS as u64 && services_now == services,
+        "a changed app's padded ConfigMap read, its unchanged padded Service not: {} and {} GETs",
         configmaps_now - configmaps,
         services_now - services
     );
@@ -546,4 +564,63 @@ async fn a_padded_child_released_keeps_its_other_owner_references() {
         }
     })
     .await;
+}
+
+/// A write under idem's field manager name into a child idem created and never applied to (a
+/// merge patch with `fieldManager=idem-operator` merges into the create's `Update` entry) is
+/// not kept for good: more than the server's defaults beyond the desired body in that entry
+/// is judged never applied, and the fold and apply that follow remove it. Kept, the caches
+/// would hold it whole (they count that entry as idem's) and no pass would see it as drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_under_idems_name_into_its_create_record_is_removed() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, "padname").await.unwrap();
+    let _op = OperatorProcess::spawn(&lease_ns, "idem-operator-padname");
+    let name = unique_name("padname");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    apps::create(&client, &ns, "web", apps::spec(1, "x = 1")).await;
+    apps::wait_ready(&client, &ns, "web").await;
+
+    let configmaps = Api::<ConfigMap>::namespaced(client_as("alice"), &ns);
+    let under_our_name = PatchParams {
+        field_manager: Some("idem-operator".into()),
+        ..PatchParams::default()
+    };
+    let padded = configmaps
+        .patch(
+            "web-config",
+            &under_our_name,
+            &Patch::Merge(&json!({"data": {"pad": "d".repeat(PAD_ANNOTATION_BYTES)}})),
+        )
+        .await
+        .expect("alice writes under idem's name");
+    let entries = padded.metadata.managed_fields.clone().unwrap_or_default();
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.operation.as_deref() == Some("Update")),
+        "the write merged into the create's record, never applied to: {entries:?}"
+    );
+    eventually("the write under idem's name removed", TIMEOUT, || async {
+        let cm = configmaps.get("web-config").await.map_err(why)?;
+        let data = cm.data.unwrap_or_default();
+        match (data.get("pad"), data.get("app.toml")) {
+            (None, Some(config)) if config == "x = 1" => Ok(()),
+            (pad, config) => Err(format!(
+                "pad: {:?} bytes, app.toml: {config:?}",
+                pad.map(String::len)
+            )),
+        }
+    })
+    .await;
+    apps::wait_ready(&client, &ns, "web").await;
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+    tenants::wait_gone(&client, &name).await;
 }

@@ -15,7 +15,7 @@ use super::takeover::fold_patch;
 use super::{ApplyError, Labels, Owner, RetryPolicy, is_already_exists, is_conflict, is_not_found};
 use crate::api_error::{is_forbidden, is_invalid, is_not_found_named, uid_mismatch};
 use crate::cache::{Answers, ChildCaches, InFlight};
-use crate::compare::{Drift, DriftKind, differences, fingerprint, settled};
+use crate::compare::{Drift, DriftKind, differences, fingerprint, keyed_fingerprint, settled};
 use crate::key::ObjectKey;
 
 mod once;
@@ -277,8 +277,39 @@ impl Applier {
             return self.ensure_once_applied(owner, child).await;
         }
         let key = child.placed(owner)?;
+        if self.unchanged_stub(owner, child, &key)? {
+            return Ok(Applied {
+                outcome: ChildOutcome::Unchanged,
+                repaired: None,
+                created: None,
+                released: None,
+                regenerated: false,
+            });
+        }
         let live = self.read(&child.resource, &key).await?;
         self.apply_live(owner, child, live).await
+    }
+
+    /// Whether the child at `key` is one the caches hold as a stub (a tenant owner added more
+    /// to it than they keep whole), recorded by `owner`, that a pass judged converged with
+    /// this desired body at the version the stub shows: judged again, it would be unchanged,
+    /// so it is not read from the API server (a stub is read once per change, not once per
+    /// pass).
+    fn unchanged_stub(
+        &self,
+        owner: &Owner,
+        child: &DesiredChild,
+        key: &ObjectKey,
+    ) -> Result<bool, ApplyError> {
+        let Some(c) = &self.caches else {
+            return Ok(false);
+        };
+        if !c.is_stub(&child.resource, key) {
+            return Ok(false);
+        }
+        let (_, body) = child.stamped(owner)?;
+        let uid = c.converged_stub(&child.resource, key, keyed_fingerprint(&body));
+        Ok(uid.is_some_and(|uid| owner.recorded(&uid)))
     }
 
     /// The child from the cache when its kind is cached, else from the API server.
@@ -534,7 +565,17 @@ impl Applier {
                     regenerated: false,
                 })
             };
+            // Judged converged: a stub of it need not be read again until it changes.
+            let converged = || {
+                if let Some(c) = &self.caches
+                    && record.is_none()
+                    && terminating.is_none()
+                {
+                    c.judged_converged(&child.resource, &key, &live, keyed_fingerprint(&body));
+                }
+            };
             if drift.is_empty() {
+                converged();
                 return unchanged(record);
             }
             // What the check cannot judge alone (a default inside a value we own whole, a
@@ -565,6 +606,7 @@ impl Applier {
                     && answer.is_some()
                     && answer == settled(&live, owner.field_manager())
                 {
+                    converged();
                     return unchanged(record);
                 }
             }

@@ -226,36 +226,26 @@ fn applied_entries(
     if record.is_empty() {
         return None;
     }
-    // What an apply of `desired` records (list items are keyed by the field sets on record).
-    let mut all = Value::Null;
-    for e in entries
-        .iter()
-        .filter(|e| e.subresource.as_deref().unwrap_or("").is_empty())
-    {
-        if let Some(f) = &e.fields_v1 {
-            crate::compare::unite_fields(&mut all, &f.0);
-        }
-    }
-    let recorded = crate::compare::restrict_to_desired(desired, &all, Some(live));
+    let (all, recorded) = recorded_by_apply(&entries, desired, live);
     let ours: Vec<ManagedFieldsEntry> = match entries_of(&entries, manager, "Apply").next() {
         None if create_record_of(labels, live, &entries, manager, desired) => {
             // Of what the apply records, what our create's record still holds: a field another
             // manager took since is not ours, as it would not be in an Apply entry.
-            let mut mine = Value::Null;
-            for e in &record {
-                if let Some(f) = &e.fields_v1 {
-                    crate::compare::unite_fields(&mut mine, &f.0);
-                }
+            let mine = fields_of(&record);
+            if written_beyond(live, &mine, &recorded) {
+                // Judged never applied: the fold and the apply remove what was written.
+                Vec::new()
+            } else {
+                let mut moved = record[0].clone();
+                moved.operation = Some("Apply".to_owned());
+                moved.time = None;
+                moved.fields_v1 = Some(FieldsV1(Value::Object(members_in_both(
+                    recorded.as_object()?,
+                    mine.as_object()?,
+                    all.as_object()?,
+                ))));
+                vec![moved]
             }
-            let mut moved = record[0].clone();
-            moved.operation = Some("Apply".to_owned());
-            moved.time = None;
-            moved.fields_v1 = Some(FieldsV1(Value::Object(members_in_both(
-                recorded.as_object()?,
-                mine.as_object()?,
-                all.as_object()?,
-            ))));
-            vec![moved]
         }
         None => return None,
         Some(apply) if apply.fields_v1.as_ref().map(|f| &f.0) == Some(&recorded) => return None,
@@ -268,6 +258,46 @@ fn applied_entries(
         .chain(ours.iter())
         .map(|e| serde_json::to_value(e).ok())
         .collect()
+}
+
+/// The union of the field sets of every main-resource entry of `entries`, and of it what an
+/// apply of `desired` records (list items are keyed by the field sets on record).
+fn recorded_by_apply(
+    entries: &[ManagedFieldsEntry],
+    desired: &Value,
+    live: &Value,
+) -> (Value, Value) {
+    let main: Vec<&ManagedFieldsEntry> = entries
+        .iter()
+        .filter(|e| e.subresource.as_deref().unwrap_or("").is_empty())
+        .collect();
+    let all = fields_of(&main);
+    let recorded = crate::compare::restrict_to_desired(desired, &all, Some(live));
+    (all, recorded)
+}
+
+/// The union of the field sets of `entries`.
+fn fields_of(entries: &[&ManagedFieldsEntry]) -> Value {
+    let mut all = Value::Null;
+    for e in entries {
+        if let Some(f) = &e.fields_v1 {
+            crate::compare::unite_fields(&mut all, &f.0);
+        }
+    }
+    all
+}
+
+/// Whether our create's record (its field set `mine`) owns more than
+/// [`FOREIGN_BYTES_MAX`](crate::cache::FOREIGN_BYTES_MAX) bytes of `live` beyond what an apply
+/// of the desired body records (`recorded`). Beyond it, a create's record holds only the
+/// server's defaults, a few hundred bytes; more was written under our field manager's name
+/// since (an `Update` with our name merges into the create's entry). Judged as applied, such a
+/// child would keep it: the check never reads it, no apply removes it, and the caches, which
+/// count that entry as ours, would keep all of it. Judged never applied, it is folded into our
+/// `Apply` entry and the apply that follows removes it, as from an `Apply` entry of ours.
+fn written_beyond(live: &Value, mine: &Value, recorded: &Value) -> bool {
+    let max = crate::cache::FOREIGN_BYTES_MAX;
+    crate::cache::bytes_beyond(live, mine, recorded, max) > max
 }
 
 /// The `fieldsV1` set of the members of `recorded` that are also members of `mine`, or that no
@@ -309,9 +339,10 @@ fn members_in_both(
 /// (everything the `Update` recorded: the fields of an older desired body must be ours for
 /// the apply to remove them; server defaults among them are defaulted again by the API
 /// server), guarded by `live`'s `resourceVersion`. `None` when there is nothing to fold, and
-/// when the `Update` entry is the record of a create of `desired` itself: the apply records
-/// the whole body in our `Apply` entry, and the create's record beside it removes nothing
-/// until the desired body changes (then this folds it).
+/// when the `Update` entry is the record of a create of `desired` itself holding no more than
+/// the server's defaults beyond it: the apply records the whole body in our `Apply` entry, and
+/// the create's record beside it removes nothing until the desired body changes (then this
+/// folds it).
 pub(crate) fn fold_patch(
     live: &Value,
     labels: Labels,
@@ -319,8 +350,19 @@ pub(crate) fn fold_patch(
     desired: &Value,
 ) -> Option<Value> {
     let entries = managed_fields(live)?;
-    entries_of(&entries, manager, "Update").next()?;
-    if create_record_of(labels, live, &entries, manager, desired) {
+    let record: Vec<&ManagedFieldsEntry> = entries_of(&entries, manager, "Update").collect();
+    if record.is_empty() {
+        return None;
+    }
+    // Beyond the desired body, a record holding more than the server's defaults is folded: the
+    // apply that follows removes what was written under our name (see `written_beyond`).
+    if create_record_of(labels, live, &entries, manager, desired)
+        && !written_beyond(
+            live,
+            &fields_of(&record),
+            &recorded_by_apply(&entries, desired, live).1,
+        )
+    {
         return None;
     }
     let moved = fold_update_into_apply(&entries, manager, None);
@@ -453,6 +495,33 @@ mod tests {
         let mut folded = live.clone();
         folded["metadata"]["managedFields"] = json!([entry("idem", "Apply", json!({}))]);
         assert!(as_applied(&folded, Labels::operator(), "idem", &same).is_none());
+    }
+
+    #[test]
+    fn a_create_record_written_into_under_our_name_is_judged_never_applied_and_folded() {
+        // A merge patch with our field manager's name merged `pad` into the create's entry.
+        let padded = |n: usize| {
+            let mut live = created();
+            live["data"]["pad"] = json!("p".repeat(n));
+            live["metadata"]["managedFields"][0]["fieldsV1"]["f:data"]["f:pad"] = json!({});
+            live
+        };
+        let same = desired("p1", json!({"a": "x"}));
+        // Small, as the server's defaults are: still the create's record, nothing to fold.
+        let small = padded(100);
+        let judged = as_applied(&small, Labels::operator(), "idem", &same).unwrap();
+        assert!(crate::compare::check(&same, &judged, "idem").is_empty());
+        assert!(fold_patch(&small, Labels::operator(), "idem", &same).is_none());
+        // More than defaults ever are: never applied, and the fold moves the pad into our Apply
+        // entry (the apply that follows removes it).
+        let large = padded(crate::cache::FOREIGN_BYTES_MAX + 1);
+        let judged = as_applied(&large, Labels::operator(), "idem", &same).unwrap();
+        assert_eq!(judged["metadata"]["managedFields"], json!([]));
+        assert!(!crate::compare::check(&same, &judged, "idem").is_empty());
+        let patch = fold_patch(&large, Labels::operator(), "idem", &same).expect("folded");
+        let moved = &patch["metadata"]["managedFields"][0];
+        assert_eq!(moved["operation"], "Apply");
+        assert_eq!(moved["fieldsV1"]["f:data"]["f:pad"], json!({}));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! own (the desired body, however large) is not counted, and neither are fields someone writes
 //! under idem's name in the entry the convergence check judges (idem's `Apply` entry, or the
 //! `Update` entry of its create while it never applied): a field set other than the desired
-//! one is judged never applied, and the next apply removes them. `status` is not counted
+//! one is judged never applied, and the next apply removes them (a create's entry, which also
+//! records the server's defaults, is judged so once it holds more than [`FOREIGN_BYTES_MAX`]
+//! bytes beyond the desired body: [`bytes_beyond`]). `status` is not counted
 //! (written through the status subresource, by controllers, not by the tenant's owners); the
 //! entries of a subresource count by their size.
 
@@ -86,6 +88,20 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
             }
             _ => walk.member(k, v, member(owned, k), member(theirs, k)),
         }
+    }
+    walk.count
+}
+
+/// The bytes of `obj`'s JSON text at the fields of set `owned` (a `fieldsV1` set) that set
+/// `judged` does not hold, counted until above `stop`: what an entry owns beyond what the
+/// convergence check judges of it. Of idem's create entry, those are the server's defaults
+/// (a few hundred bytes) and whatever was written under idem's name since (see
+/// [`crate::apply::as_applied`]); a member `judged` holds whole (`{}`) counts what `owned`
+/// lists below it.
+pub(crate) fn bytes_beyond(obj: &Value, owned: &Value, judged: &Value, stop: usize) -> usize {
+    let mut walk = Walk { count: 0, stop };
+    if let Some(owned) = owned.as_object() {
+        walk.beyond(obj, owned, judged.as_object());
     }
     walk.count
 }
@@ -169,6 +185,33 @@ impl Walk {
                     self.value(item, f, t);
                 }
                 None => self.add(1 + json_len(item)),
+            }
+        }
+    }
+
+    /// Counts the values in `v` at the fields of `owned` that `judged` does not hold.
+    fn beyond(&mut self, v: &Value, owned: &Map<String, Value>, judged: Fields) {
+        for (k, below) in owned {
+            if self.done() {
+                return;
+            }
+            let Some(below) = below.as_object().filter(|_| k != ".") else {
+                continue;
+            };
+            let judged_below = judged.and_then(|j| j.get(k)).and_then(Value::as_object);
+            let at = |walk: &mut Self, extra: usize, value: &Value| match judged_below {
+                None => walk.add(extra + json_len(value)),
+                Some(j) => walk.beyond(value, below, Some(j)),
+            };
+            if let Some(name) = k.strip_prefix("f:") {
+                if let Some(value) = v.get(name) {
+                    at(self, name.len() + 3, value);
+                }
+            } else if let (Some(item), Some(items)) = (Item::parse(k), v.as_array())
+                && let Some((_, value)) =
+                    (items.iter().enumerate()).find(|(i, value)| item.matches(*i, value))
+            {
+                at(self, 1, value);
             }
         }
     }
@@ -485,6 +528,31 @@ mod tests {
             .collect();
         obj["metadata"]["managedFields"][1]["fieldsV1"] = json!({"f:data": fields});
         assert!(bytes(&obj) > base + 2_000 * 10);
+    }
+
+    #[test]
+    fn bytes_beyond_count_what_one_set_owns_and_the_other_does_not_hold() {
+        let obj = json!({
+            "data": {"a": "x", "pad": "p".repeat(1_000)},
+            "spec": {"containers": [{"name": "app", "image": "i", "args": ["q".repeat(500)]}],
+                     "securityContext": {"runAsUser": 1}},
+        });
+        let owned = json!({
+            "f:data": {".": {}, "f:a": {}, "f:pad": {}},
+            "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {
+                ".": {}, "f:name": {}, "f:image": {}, "f:args": {}}},
+                "f:securityContext": {"f:runAsUser": {}}},
+        });
+        let judged = json!({
+            "f:data": {"f:a": {}},
+            "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {"f:name": {}, "f:image": {}}},
+                       "f:securityContext": {}},
+        });
+        let n = bytes_beyond(&obj, &owned, &judged, usize::MAX);
+        // `pad` (1,000), `args` (500) and `runAsUser` below a struct judged whole.
+        assert!((1_500..1_600).contains(&n), "{n}");
+        assert_eq!(bytes_beyond(&obj, &owned, &owned, usize::MAX), 0);
+        assert!(bytes_beyond(&obj, &owned, &judged, 100) < 1_100);
     }
 
     #[test]

@@ -23,12 +23,14 @@ use crate::labels::Labels;
 mod answers;
 mod compact;
 mod foreign;
+mod judged;
 mod own_writes;
 mod resume;
 mod template;
 mod trust;
 pub(crate) use answers::Answers;
 pub(crate) use compact::{CompactStore, LAST_APPLIED, Seen};
+pub(crate) use foreign::{FOREIGN_BYTES_MAX, bytes_beyond};
 pub(crate) use own_writes::{InFlight, Origin};
 pub(crate) use resume::Resume;
 pub(crate) use trust::Trust;
@@ -164,6 +166,8 @@ pub struct ChildCaches {
     /// The server's answers for children the convergence check cannot judge alone, shared by
     /// every pass's applier, dropped with the child.
     answers: Answers,
+    /// The stubs of idem's children last judged converged (read again only once changed).
+    judged: Arc<judged::JudgedStubs>,
     /// The texts the child stores' entries share (an owner's uid and name are in each of its
     /// children, whatever their kind).
     interner: Arc<template::Interner>,
@@ -334,6 +338,54 @@ impl ChildCaches {
         }
     }
 
+    /// The uid of the child `key` of kind `resource` when the cache holds a stub of it that a
+    /// pass judged converged with the desired body `desired` ([`keyed_fingerprint`]) at the
+    /// version the stub shows, and no write of ours to it is pending: a pass desiring the same
+    /// body would judge it the same way without reading it. `None` otherwise (read it).
+    ///
+    /// [`keyed_fingerprint`]: crate::compare::keyed_fingerprint
+    pub(crate) fn converged_stub(
+        &self,
+        resource: &ApiResource,
+        key: &ObjectKey,
+        desired: crate::compare::Fingerprint,
+    ) -> Option<String> {
+        let (stub, true) = self
+            .view(resource)?
+            .get(key.namespace.as_deref(), &key.name)?
+        else {
+            return None;
+        };
+        if self.overlay.lock().ok()?.contains_key(key)
+            || stub.pointer("/metadata/deletionTimestamp").is_some()
+        {
+            return None;
+        }
+        let uid = stub.pointer("/metadata/uid")?.as_str()?;
+        self.judged
+            .still_converged(key, uid, rv_of(&stub)?, desired)
+            .then(|| uid.to_owned())
+    }
+
+    /// A pass judged `live`, the child `key` of kind `resource`, converged with the desired
+    /// body `desired`: remembered when the cache holds it as a stub (see
+    /// [`ChildCaches::converged_stub`]).
+    pub(crate) fn judged_converged(
+        &self,
+        resource: &ApiResource,
+        key: &ObjectKey,
+        live: &Value,
+        desired: crate::compare::Fingerprint,
+    ) {
+        if !self.is_stub(resource, key) {
+            return;
+        }
+        let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
+        if let (Some(uid), Some(rv)) = (uid, rv_of(live)) {
+            self.judged.converged(key, uid, rv, desired);
+        }
+    }
+
     /// Whether the cache holds only a stub of the child `key` of kind `resource` (its
     /// identity: read the object from the API server before acting on the rest of it).
     pub(crate) fn is_stub(&self, resource: &ApiResource, key: &ObjectKey) -> bool {
@@ -384,6 +436,7 @@ impl ChildCaches {
     /// store is looked at under the overlay's lock, which `stored` takes after the store has
     /// the event: either this sees the version, or `stored` sees the answer.
     pub(crate) fn wrote(&self, key: &ObjectKey, obj: &Value) {
+        self.judged.forget(key);
         let rv = rv_of(obj);
         if let Some(rv) = rv {
             self.own.wrote(key, rv);

@@ -81,6 +81,7 @@ pub use fields::{Drift, DriftKind};
 /// The convergence check, public for the oracle test only (feature `testing`).
 #[cfg(feature = "testing")]
 pub use fields::{check, is_converged};
+pub(crate) use fingerprint::keyed_fingerprint;
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use quantity::Quantity;
 pub(crate) use restrict::restrict_to_desired;

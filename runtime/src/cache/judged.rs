@@ -1,0 +1,112 @@
+//! The stubs of idem's children last judged converged, so that a pass reads such a child from
+//! the API server only once it or its desired body changed.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::compare::Fingerprint;
+use crate::key::ObjectKey;
+
+/// The most children remembered; past it the memory starts afresh (each forgotten stub is read
+/// once more).
+const JUDGED_CAP: usize = 10_000;
+
+/// What a pass judged of a child the caches keep as a stub (a tenant owner added more to it than
+/// the caches keep whole): converged at this `resourceVersion` and uid, for this desired body.
+/// While the store's stub shows the same version, nothing of the object changed, and a pass
+/// desiring the same body would judge it the same way: it need not read it again. Each
+/// remembered child is one of idem's desired children, so the memory is bounded by what the
+/// owners desire.
+#[derive(Default)]
+pub(crate) struct JudgedStubs {
+    converged: Mutex<HashMap<ObjectKey, Judged>>,
+}
+
+#[derive(PartialEq, Eq)]
+struct Judged {
+    uid: Box<str>,
+    resource_version: u64,
+    desired: Fingerprint,
+}
+
+impl JudgedStubs {
+    /// Remembers that the child at `key` (`uid`, at `resource_version`) was judged converged
+    /// with `desired`.
+    pub(crate) fn converged(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        resource_version: u64,
+        desired: Fingerprint,
+    ) {
+        if let Ok(mut map) = self.converged.lock() {
+            if map.len() >= JUDGED_CAP && !map.contains_key(key) {
+                map.clear();
+            }
+            map.insert(
+                key.clone(),
+                Judged {
+                    uid: uid.into(),
+                    resource_version,
+                    desired,
+                },
+            );
+        }
+    }
+
+    /// Whether the child at `key`, held as a stub of `uid` at `resource_version`, was judged
+    /// converged with `desired` at that version.
+    pub(crate) fn still_converged(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        resource_version: u64,
+        desired: Fingerprint,
+    ) -> bool {
+        let want = Judged {
+            uid: uid.into(),
+            resource_version,
+            desired,
+        };
+        self.converged
+            .lock()
+            .is_ok_and(|map| map.get(key) == Some(&want))
+    }
+
+    /// Forgets the child at `key` (written, or judged otherwise).
+    pub(crate) fn forget(&self, key: &ObjectKey) {
+        if let Ok(mut map) = self.converged.lock() {
+            map.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::fingerprint;
+    use serde_json::json;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey {
+            kind: "ConfigMap".into(),
+            namespace: Some("t-a".into()),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn converged_only_at_the_same_version_uid_and_desired_body() {
+        let judged = JudgedStubs::default();
+        let (one, two) = (fingerprint(&json!({"a": 1})), fingerprint(&json!({"a": 2})));
+        assert!(!judged.still_converged(&key("c"), "u", 7, one));
+        judged.converged(&key("c"), "u", 7, one);
+        assert!(judged.still_converged(&key("c"), "u", 7, one));
+        assert!(!judged.still_converged(&key("c"), "u", 8, one));
+        assert!(!judged.still_converged(&key("c"), "v", 7, one));
+        assert!(!judged.still_converged(&key("c"), "u", 7, two));
+        assert!(!judged.still_converged(&key("d"), "u", 7, one));
+        judged.forget(&key("c"));
+        assert!(!judged.still_converged(&key("c"), "u", 7, one));
+    }
+}
