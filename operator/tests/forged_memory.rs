@@ -571,13 +571,16 @@ async fn a_padded_child_released_keeps_its_other_owner_references() {
 /// not kept for good: more than the server's defaults beyond the desired body in that entry
 /// is judged never applied, and the fold and apply that follow remove it. Kept, the caches
 /// would hold it whole (they count that entry as idem's) and no pass would see it as drift.
+/// Nor does rewriting `managedFields` so that idem's entry claims `data` whole hide what the
+/// tenant wrote in it: the apply makes idem's entry list its own keys again, and the tenant's
+/// key, kept, makes the child a stub.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_under_idems_name_into_its_create_record_is_removed() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let client = shared().client();
     install_crds(&client).await;
     let lease_ns = create_namespace(&client, "padname").await.unwrap();
-    let _op = OperatorProcess::spawn(&lease_ns, "idem-operator-padname");
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-padname");
     let name = unique_name("padname");
     tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
     tenants::wait_ready(&client, &name).await;
@@ -618,6 +621,76 @@ async fn a_write_under_idems_name_into_its_create_record_is_removed() {
     })
     .await;
     apps::wait_ready(&client, &ns, "web").await;
+
+    // The same, hidden: alice pads under her own name, then rewrites `managedFields` to hold
+    // only idem's entry, claiming `data` whole (`"f:data": {}`), so the check sees only idem's
+    // key and the caches count nothing inside.
+    let stubs_before = metric(
+        &op.metrics().await.expect("operator /metrics"),
+        "idem_shard_child_cache_stubs",
+    );
+    apps::create(&client, &ns, "web2", apps::spec(1, "y = 1")).await;
+    apps::wait_ready(&client, &ns, "web2").await;
+    pad::<ConfigMap>(
+        &ns,
+        "web2-config",
+        json!({"data": {"pad": "d".repeat(PAD_ANNOTATION_BYTES)}}),
+    )
+    .await;
+    let cm = configmaps
+        .get("web2-config")
+        .await
+        .expect("reading web2-config");
+    let mut ours: Vec<Value> = (cm.metadata.managed_fields.clone().unwrap_or_default())
+        .into_iter()
+        .filter(|e| e.manager.as_deref() == Some("idem-operator"))
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    assert_eq!(ours.len(), 1, "idem's create record alone: {ours:?}");
+    ours[0]["fieldsV1"]["f:data"] = json!({});
+    configmaps
+        .patch(
+            "web2-config",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"managedFields": ours}})),
+        )
+        .await
+        .expect("alice rewrites managedFields");
+    let claims_whole = |cm: &ConfigMap| {
+        cm.metadata.managed_fields.iter().flatten().any(|e| {
+            e.manager.as_deref() == Some("idem-operator")
+                && e.fields_v1.as_ref().map(|f| &f.0["f:data"]) == Some(&json!({}))
+        })
+    };
+    let now = configmaps
+        .get("web2-config")
+        .await
+        .expect("reading web2-config");
+    assert!(
+        claims_whole(&now),
+        "the rewrite took: {:?}",
+        now.metadata.managed_fields
+    );
+    let after = eventually(
+        "idem's entry no longer claims data whole",
+        TIMEOUT,
+        || async {
+            let cm = configmaps.get("web2-config").await.map_err(why)?;
+            if claims_whole(&cm) {
+                Err(format!("{:?}", cm.metadata.managed_fields))
+            } else {
+                Ok(cm)
+            }
+        },
+    )
+    .await;
+    // What alice wrote is hers, owned by no entry now: kept, and counted, so the child is a
+    // stub in the caches.
+    let data = after.data.clone().unwrap_or_default();
+    assert_eq!(data.get("pad").map(String::len), Some(PAD_ANNOTATION_BYTES));
+    assert_eq!(data.get("app.toml").map(String::as_str), Some("y = 1"));
+    stubs_at_least(&op, stubs_before, 1.0).await;
+    apps::wait_ready(&client, &ns, "web2").await;
     tenants::api(&client)
         .delete(&name, &Default::default())
         .await

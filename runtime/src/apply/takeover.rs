@@ -185,10 +185,41 @@ pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value
 /// What the convergence check finds between the desired `body` and `live` for `manager`,
 /// judged as [`as_applied`] says (with the entries it would put, not a copy of `live`).
 pub(crate) fn judged(live: &Value, labels: Labels, manager: &str, body: &Value) -> Vec<Drift> {
-    match applied_entries(live, labels, manager, body) {
+    let Some(entries) = managed_fields(live) else {
+        return check(body, live, manager);
+    };
+    if claimed_whole_beyond(live, &entries, manager, body) {
+        // Not `Changed` (which a dry-run apply's answer may explain: it would not remove
+        // what another wrote inside).
+        return vec![Drift {
+            path: String::new(),
+            kind: DriftKind::NeverApplied,
+        }];
+    }
+    match applied_from(live, &entries, labels, manager, body) {
         Some(entries) => check_entries(body, live, &entries, manager),
         None => check(body, live, manager),
     }
+}
+
+/// Whether our `Apply` entry claims whole (`{}`) maps or lists of `live` that hold more than
+/// [`FOREIGN_BYTES_MAX`](crate::cache::FOREIGN_BYTES_MAX) bytes beyond the desired body: an
+/// entry rewritten so (a granular map claimed whole) hides what others wrote inside from the
+/// check and from the caches' count. Judged never applied, the apply sets our entry to the
+/// fields of the desired body, and what others wrote is theirs to count again.
+fn claimed_whole_beyond(
+    live: &Value,
+    entries: &[ManagedFieldsEntry],
+    manager: &str,
+    desired: &Value,
+) -> bool {
+    let Some(fields) = entries_of(entries, manager, "Apply")
+        .next()
+        .and_then(|e| e.fields_v1.as_ref())
+    else {
+        return false;
+    };
+    written_beyond(live, &fields.0, &fields.0, desired)
 }
 
 /// `live` as the convergence check (`compare::check`) judges it for `manager`
@@ -221,18 +252,28 @@ fn applied_entries(
     manager: &str,
     desired: &Value,
 ) -> Option<Vec<Value>> {
-    let entries = managed_fields(live)?;
-    let record: Vec<&ManagedFieldsEntry> = entries_of(&entries, manager, "Update").collect();
+    applied_from(live, &managed_fields(live)?, labels, manager, desired)
+}
+
+/// [`applied_entries`] of `live` whose `managedFields` are `entries`.
+fn applied_from(
+    live: &Value,
+    entries: &[ManagedFieldsEntry],
+    labels: Labels,
+    manager: &str,
+    desired: &Value,
+) -> Option<Vec<Value>> {
+    let record: Vec<&ManagedFieldsEntry> = entries_of(entries, manager, "Update").collect();
     if record.is_empty() {
         return None;
     }
-    let (all, recorded) = recorded_by_apply(&entries, desired, live);
-    let ours: Vec<ManagedFieldsEntry> = match entries_of(&entries, manager, "Apply").next() {
-        None if create_record_of(labels, live, &entries, manager, desired) => {
+    let (all, recorded) = recorded_by_apply(entries, desired, live);
+    let ours: Vec<ManagedFieldsEntry> = match entries_of(entries, manager, "Apply").next() {
+        None if create_record_of(labels, live, entries, manager, desired) => {
             // Of what the apply records, what our create's record still holds: a field another
             // manager took since is not ours, as it would not be in an Apply entry.
             let mine = fields_of(&record);
-            if written_beyond(live, &mine, &recorded) {
+            if written_beyond(live, &mine, &recorded, desired) {
                 // Judged never applied: the fold and the apply remove what was written.
                 Vec::new()
             } else {
@@ -295,9 +336,9 @@ fn fields_of(entries: &[&ManagedFieldsEntry]) -> Value {
 /// child would keep it: the check never reads it, no apply removes it, and the caches, which
 /// count that entry as ours, would keep all of it. Judged never applied, it is folded into our
 /// `Apply` entry and the apply that follows removes it, as from an `Apply` entry of ours.
-fn written_beyond(live: &Value, mine: &Value, recorded: &Value) -> bool {
+fn written_beyond(live: &Value, mine: &Value, recorded: &Value, desired: &Value) -> bool {
     let max = crate::cache::FOREIGN_BYTES_MAX;
-    crate::cache::bytes_beyond(live, mine, recorded, max) > max
+    crate::cache::bytes_beyond(live, mine, recorded, desired, max) > max
 }
 
 /// The `fieldsV1` set of the members of `recorded` that are also members of `mine`, or that no
@@ -361,6 +402,7 @@ pub(crate) fn fold_patch(
             live,
             &fields_of(&record),
             &recorded_by_apply(&entries, desired, live).1,
+            desired,
         )
     {
         return None;
@@ -522,6 +564,32 @@ mod tests {
         let moved = &patch["metadata"]["managedFields"][0];
         assert_eq!(moved["operation"], "Apply");
         assert_eq!(moved["fieldsV1"]["f:data"]["f:pad"], json!({}));
+    }
+
+    #[test]
+    fn an_entry_rewritten_to_claim_a_map_whole_is_judged_never_applied() {
+        let same = desired("p1", json!({"a": "x"}));
+        let claimed = |pad: usize, op: &str| {
+            let mut live = created();
+            live["data"]["pad"] = json!("p".repeat(pad));
+            let entry = &mut live["metadata"]["managedFields"][0];
+            entry["fieldsV1"]["f:data"] = json!({});
+            entry["operation"] = json!(op);
+            live
+        };
+        let never = |live: &Value| {
+            judged(live, Labels::operator(), "idem", &same)
+                .iter()
+                .any(|d| d.kind == DriftKind::NeverApplied)
+        };
+        let large = crate::cache::FOREIGN_BYTES_MAX + 1;
+        // The create's record claims `data` whole: folded, as above.
+        assert!(never(&claimed(large, "Update")));
+        assert!(fold_patch(&claimed(large, "Update"), Labels::operator(), "idem", &same).is_some());
+        assert!(!never(&claimed(100, "Update")));
+        // Our Apply entry claims it whole: the apply sets the entry to the desired fields.
+        assert!(never(&claimed(large, "Apply")));
+        assert!(!never(&claimed(100, "Apply")));
     }
 
     #[test]

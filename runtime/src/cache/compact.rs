@@ -425,6 +425,8 @@ pub(crate) struct CompactStore {
     bucket_label: Option<&'static str>,
     live: RwLock<Objects>,
     relist: Mutex<Option<Objects>>,
+    /// Relists completed: what a pass judged of a stub before one may not hold after it.
+    relists: std::sync::atomic::AtomicU64,
 }
 
 /// The object's key; `None` without a name.
@@ -452,6 +454,7 @@ impl CompactStore {
             bucket_label: None,
             live: RwLock::default(),
             relist: Mutex::default(),
+            relists: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -784,6 +787,8 @@ impl CompactStore {
         if let Ok(mut live) = self.live.write() {
             *live = listed;
         }
+        self.relists
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         drop(relist);
         vanished
     }
@@ -808,6 +813,10 @@ impl KindView for CompactStore {
 
     fn upgrade(&self, obj: &Value) {
         CompactStore::upgrade(self, obj);
+    }
+
+    fn relists(&self) -> u64 {
+        self.relists.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn keeps_status(&self) -> bool {

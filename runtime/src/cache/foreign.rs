@@ -93,15 +93,26 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
 }
 
 /// The bytes of `obj`'s JSON text at the fields of set `owned` (a `fieldsV1` set) that set
-/// `judged` does not hold, counted until above `stop`: what an entry owns beyond what the
-/// convergence check judges of it. Of idem's create entry, those are the server's defaults
-/// (a few hundred bytes) and whatever was written under idem's name since (see
-/// [`crate::apply::as_applied`]); a member `judged` holds whole (`{}`) counts what `owned`
-/// lists below it.
-pub(crate) fn bytes_beyond(obj: &Value, owned: &Value, judged: &Value, stop: usize) -> usize {
+/// `judged` does not hold, and at the members `owned` holds whole (`{}`) what `obj` has there
+/// beyond the `desired` body, counted until above `stop`: what an entry of idem's owns beyond
+/// what the convergence check judges of it.
+///
+/// Of idem's create entry, the first are the server's defaults (a few hundred bytes) and
+/// whatever was written under idem's name since (see [`crate::apply::as_applied`]). The second
+/// are what was written into a map or list an entry claims whole: an atomic value holds what
+/// idem desired (anything else is drift), but an entry rewritten to claim a granular map whole
+/// (`"f:data": {}`) hides what others wrote in it from the check, which sees only its own
+/// keys, and from the caches' count ([`within_bound`]).
+pub(crate) fn bytes_beyond(
+    obj: &Value,
+    owned: &Value,
+    judged: &Value,
+    desired: &Value,
+    stop: usize,
+) -> usize {
     let mut walk = Walk { count: 0, stop };
     if let Some(owned) = owned.as_object() {
-        walk.beyond(obj, owned, judged.as_object());
+        walk.beyond(obj, Some(desired), owned, judged.as_object());
     }
     walk.count
 }
@@ -189,8 +200,22 @@ impl Walk {
         }
     }
 
-    /// Counts the values in `v` at the fields of `owned` that `judged` does not hold.
-    fn beyond(&mut self, v: &Value, owned: &Map<String, Value>, judged: Fields) {
+    /// Counts the values in `v` at the fields of `owned` that `judged` does not hold, and
+    /// below a member `owned` holds whole, what `v` has beyond `desired`, the desired value at
+    /// the same place.
+    fn beyond(
+        &mut self,
+        v: &Value,
+        desired: Option<&Value>,
+        owned: &Map<String, Value>,
+        judged: Fields,
+    ) {
+        if owned.is_empty() {
+            if matches!(v, Value::Object(_) | Value::Array(_)) {
+                self.add(json_len(v).saturating_sub(desired.map_or(0, json_len)));
+            }
+            return;
+        }
         for (k, below) in owned {
             if self.done() {
                 return;
@@ -199,19 +224,25 @@ impl Walk {
                 continue;
             };
             let judged_below = judged.and_then(|j| j.get(k)).and_then(Value::as_object);
-            let at = |walk: &mut Self, extra: usize, value: &Value| match judged_below {
-                None => walk.add(extra + json_len(value)),
-                Some(j) => walk.beyond(value, below, Some(j)),
+            let at = |walk: &mut Self, extra: usize, value: &Value, desired: Option<&Value>| {
+                match judged_below {
+                    None => walk.add(extra + json_len(value)),
+                    Some(j) => walk.beyond(value, desired, below, Some(j)),
+                }
             };
             if let Some(name) = k.strip_prefix("f:") {
                 if let Some(value) = v.get(name) {
-                    at(self, name.len() + 3, value);
+                    at(
+                        self,
+                        name.len() + 3,
+                        value,
+                        desired.and_then(|d| d.get(name)),
+                    );
                 }
-            } else if let (Some(item), Some(items)) = (Item::parse(k), v.as_array())
-                && let Some((_, value)) =
-                    (items.iter().enumerate()).find(|(i, value)| item.matches(*i, value))
+            } else if let Some(item) = Item::parse(k)
+                && let Some(value) = item.find(Some(v))
             {
-                at(self, 1, value);
+                at(self, 1, value, item.find(desired));
             }
         }
     }
@@ -282,6 +313,13 @@ impl Item {
             return serde_json::from_str(v).ok().map(Self::Value);
         }
         key.strip_prefix("i:")?.parse().ok().map(Self::Index)
+    }
+
+    /// The first item of `list` this key names.
+    fn find<'v>(&self, list: Option<&'v Value>) -> Option<&'v Value> {
+        (list?.as_array()?.iter().enumerate())
+            .find(|(i, value)| self.matches(*i, value))
+            .map(|(_, value)| value)
     }
 
     fn matches(&self, position: usize, item: &Value) -> bool {
@@ -548,11 +586,27 @@ mod tests {
             "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {"f:name": {}, "f:image": {}}},
                        "f:securityContext": {}},
         });
-        let n = bytes_beyond(&obj, &owned, &judged, usize::MAX);
+        let n = bytes_beyond(&obj, &owned, &judged, &obj, usize::MAX);
         // `pad` (1,000), `args` (500) and `runAsUser` below a struct judged whole.
         assert!((1_500..1_600).contains(&n), "{n}");
-        assert_eq!(bytes_beyond(&obj, &owned, &owned, usize::MAX), 0);
-        assert!(bytes_beyond(&obj, &owned, &judged, 100) < 1_100);
+        assert_eq!(bytes_beyond(&obj, &owned, &owned, &obj, usize::MAX), 0);
+        assert!(bytes_beyond(&obj, &owned, &judged, &obj, 100) < 1_100);
+    }
+
+    #[test]
+    fn a_granular_map_claimed_whole_counts_what_it_holds_beyond_the_desired_value() {
+        let obj = json!({"data": {"a": "x", "pad": "p".repeat(1_000)}, "args": ["q", "r"]});
+        let desired = json!({"data": {"a": "x"}, "args": ["q", "r"]});
+        let whole = json!({"f:data": {}, "f:args": {}});
+        let n = bytes_beyond(&obj, &whole, &whole, &desired, usize::MAX);
+        assert!((1_000..1_020).contains(&n), "{n}");
+        // An atomic value as desired, and a granular map owned key by key: nothing.
+        assert_eq!(
+            bytes_beyond(&desired, &whole, &whole, &desired, usize::MAX),
+            0
+        );
+        let keys = json!({"f:data": {".": {}, "f:a": {}}});
+        assert_eq!(bytes_beyond(&obj, &keys, &keys, &desired, usize::MAX), 0);
     }
 
     #[test]

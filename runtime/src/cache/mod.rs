@@ -53,6 +53,10 @@ trait KindView: Send + Sync {
     fn upgrade(&self, obj: &Value) {
         let _ = obj;
     }
+    /// Relists completed (a stub's content before one is not known to be its content after).
+    fn relists(&self) -> u64 {
+        0
+    }
     /// Metadata of the objects labelled `<labels.owner_uid()>=uid` ([`Labels::owner_uid`] of
     /// the owner's kind), in `namespace` when given.
     fn owned_by(&self, namespace: Option<&str>, labels: Labels, uid: &str) -> Vec<ObjectMeta>;
@@ -350,10 +354,8 @@ impl ChildCaches {
         key: &ObjectKey,
         desired: crate::compare::Fingerprint,
     ) -> Option<String> {
-        let (stub, true) = self
-            .view(resource)?
-            .get(key.namespace.as_deref(), &key.name)?
-        else {
+        let view = self.view(resource)?;
+        let (stub, true) = view.get(key.namespace.as_deref(), &key.name)? else {
             return None;
         };
         if self.overlay.lock().ok()?.contains_key(key)
@@ -362,8 +364,9 @@ impl ChildCaches {
             return None;
         }
         let uid = stub.pointer("/metadata/uid")?.as_str()?;
+        let at = (rv_of(&stub)?, view.relists());
         self.judged
-            .still_converged(key, uid, rv_of(&stub)?, desired)
+            .still_converged(key, uid, at, desired)
             .then(|| uid.to_owned())
     }
 
@@ -377,12 +380,19 @@ impl ChildCaches {
         live: &Value,
         desired: crate::compare::Fingerprint,
     ) {
-        if !self.is_stub(resource, key) {
+        let Some(view) = self.view(resource) else {
+            return;
+        };
+        if !matches!(
+            view.get(key.namespace.as_deref(), &key.name),
+            Some((_, true))
+        ) {
             return;
         }
         let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
         if let (Some(uid), Some(rv)) = (uid, rv_of(live)) {
-            self.judged.converged(key, uid, rv, desired);
+            self.judged
+                .converged(key, uid, (rv, view.relists()), desired);
         }
     }
 
@@ -488,6 +498,7 @@ impl ChildCaches {
     pub(crate) fn deleted(&self, key: &ObjectKey, uid: &str) {
         self.trust.deleted(key, uid);
         self.answers.deleted(key, uid);
+        self.judged.forget(key);
     }
 
     /// The server's answers, shared by the appliers that read from these caches.
