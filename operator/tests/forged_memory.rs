@@ -697,3 +697,124 @@ async fn a_write_under_idems_name_into_its_create_record_is_removed() {
         .expect("deleting the tenant");
     tenants::wait_gone(&client, &name).await;
 }
+
+/// Two more ways a tenant owner could hide what they add from the caches' count, or make idem
+/// write on every pass, stay bounded:
+/// - paths that lead to nothing, written into the record of idem's create (2,000 annotation
+///   paths the object does not have), count by their text: above 16 KiB the child is judged
+///   never applied, and the fold and apply leave idem's entry with its own fields;
+/// - a key written into an app's `data` that idem desires empty (an app without config, whose
+///   apply records `data` whole) is the tenant's, not drift: more app passes make no write to
+///   the ConfigMap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_to_nothing_and_keys_in_an_empty_config_cost_no_writes_and_bounded_memory() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    use k8s_openapi::api::core::v1::Service;
+
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, "padjunk").await.unwrap();
+    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-padjunk");
+    let name = unique_name("padjunk");
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    let ns = format!("{name}-a");
+    let mut bare = apps::spec(1, "");
+    bare.config.clear();
+    apps::create(&client, &ns, "bare", bare).await;
+    apps::wait_ready(&client, &ns, "bare").await;
+    let stubs = || async {
+        let text = op.metrics().await.expect("operator /metrics");
+        metric(&text, "idem_shard_child_cache_stubs")
+    };
+
+    // Paths to nothing under idem's name, in the Service's managedFields.
+    let services = Api::<Service>::namespaced(client_as("alice"), &ns);
+    let svc = services.get("bare").await.expect("reading the Service");
+    let junk: serde_json::Map<String, Value> = (0..2_000)
+        .map(|i| (format!("f:alice.example/j{i:05}"), json!({})))
+        .collect();
+    let mut entries: Vec<Value> = (svc.metadata.managed_fields.clone().unwrap_or_default())
+        .into_iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let ours = entries
+        .iter_mut()
+        .find(|e| e["manager"] == "idem-operator")
+        .expect("idem's entry on its Service");
+    // Beside what the entry lists (the fingerprint annotation included, so it is still the
+    // record of idem's create).
+    let annotations = ours["fieldsV1"]["f:metadata"]["f:annotations"]
+        .as_object_mut()
+        .expect("idem's entry lists its annotations");
+    annotations.extend(junk);
+    let before = stubs().await;
+    let written = services
+        .patch(
+            "bare",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"managedFields": entries}})),
+        )
+        .await
+        .expect("alice writes paths to nothing under idem's name");
+    let junk_in = |svc: &Service| {
+        serde_json::to_string(&svc.metadata.managed_fields)
+            .unwrap()
+            .contains("alice.example/j01999")
+    };
+    assert!(junk_in(&written), "the server keeps paths to nothing");
+    // More than the server's defaults beyond the desired body: judged never applied, and the
+    // fold and apply leave idem's entry with its own fields only.
+    eventually("the paths to nothing gone", TIMEOUT, || async {
+        let svc = services.get("bare").await.map_err(why)?;
+        if junk_in(&svc) {
+            Err("still there".to_owned())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+
+    // A key in the ConfigMap whose `data` idem desires empty.
+    pad::<ConfigMap>(
+        &ns,
+        "bare-config",
+        json!({"data": {"pad": "d".repeat(PAD_ANNOTATION_BYTES)}}),
+    )
+    .await;
+    stubs_at_least(&op, before, 1.0).await;
+    let writes = || async {
+        let text = shared().metrics().await.expect("apiserver /metrics");
+        idem_tests::metrics::writes(&text, "", "configmaps")
+    };
+    let written = writes().await;
+    for replicas in [2, 1] {
+        Api::<TenantApp>::namespaced(client.clone(), &ns)
+            .patch(
+                "bare",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("patching the app");
+        apps::wait_ready(&client, &ns, "bare").await;
+    }
+    assert_eq!(
+        writes().await,
+        written,
+        "writes to ConfigMaps while the app converged twice"
+    );
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("bare-config")
+        .await
+        .expect("reading bare-config");
+    assert_eq!(
+        cm.data.unwrap_or_default().get("pad").map(String::len),
+        Some(PAD_ANNOTATION_BYTES)
+    );
+    tenants::api(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+    tenants::wait_gone(&client, &name).await;
+}

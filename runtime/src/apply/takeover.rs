@@ -559,7 +559,12 @@ mod tests {
         let large = padded(crate::cache::FOREIGN_BYTES_MAX + 1);
         let judged = as_applied(&large, Labels::operator(), "idem", &same).unwrap();
         assert_eq!(judged["metadata"]["managedFields"], json!([]));
-        assert!(!crate::compare::check(&same, &judged, "idem").is_empty());
+        let drift = crate::compare::check(&same, &judged, "idem");
+        assert!(
+            drift.iter().all(|d| d.kind == DriftKind::NeverApplied),
+            "{drift:?}"
+        );
+        assert!(!drift.is_empty());
         let patch = fold_patch(&large, Labels::operator(), "idem", &same).expect("folded");
         let moved = &patch["metadata"]["managedFields"][0];
         assert_eq!(moved["operation"], "Apply");
@@ -590,6 +595,17 @@ mod tests {
         // Our Apply entry claims it whole: the apply sets the entry to the desired fields.
         assert!(never(&claimed(large, "Apply")));
         assert!(!never(&claimed(100, "Apply")));
+        // An empty map desired is recorded whole by the apply itself: applying again would
+        // change nothing, so what others wrote there is never a reason to (the caches count
+        // it instead).
+        let empty = desired("p1", json!({}));
+        let mut live = claimed(large, "Apply");
+        live["data"].as_object_mut().unwrap().remove("a");
+        let drift = judged(&live, Labels::operator(), "idem", &empty);
+        assert!(
+            drift.iter().all(|d| d.kind != DriftKind::NeverApplied),
+            "{drift:?}"
+        );
     }
 
     #[test]

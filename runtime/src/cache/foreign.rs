@@ -10,9 +10,12 @@
 //! `Update` entry of its create while it never applied): a field set other than the desired
 //! one is judged never applied, and the next apply removes them (a create's entry, which also
 //! records the server's defaults, is judged so once it holds more than [`FOREIGN_BYTES_MAX`]
-//! bytes beyond the desired body: [`bytes_beyond`]). `status` is not counted
-//! (written through the status subresource, by controllers, not by the tenant's owners); the
-//! entries of a subresource count by their size.
+//! bytes beyond the desired body: [`bytes_beyond`]). Two things idem's entries hold do count:
+//! a map or list an entry owns whole (an atomic value, or a granular map claimed whole, which
+//! the caches cannot tell apart without the schema), by its size; and paths of an entry that
+//! lead to nothing in the object (anyone may rewrite `managedFields`), by their text. `status`
+//! is not counted (written through the status subresource, by controllers, not by the
+//! tenant's owners); the entries of a subresource count by their size.
 
 use std::io::Write;
 
@@ -36,8 +39,9 @@ pub(crate) fn within_bound(obj: &Value, ours: impl Fn(&str) -> bool) -> bool {
 /// The bytes of `obj`'s JSON text (without `status`) at fields idem's main-resource
 /// `managedFields` entries do not own: its `Apply` entries once it has one, else its `Update`
 /// entries (a child created and never applied to). Every other main-resource entry counts
-/// whole, and below a member idem owns whole, what another entry lists counts (a struct idem
-/// created empty, into which someone wrote). The count stops once above `stop`.
+/// whole; so do a map or list idem owns whole (a struct idem created empty, into which someone
+/// wrote, counts), and the paths of idem's entries that lead to nothing. The count stops once
+/// above `stop`.
 fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize {
     let Some(top) = obj.as_object() else {
         return json_len(obj);
@@ -67,6 +71,12 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
     let (mut owned, mut theirs) = (Value::Null, Value::Null);
     for e in entries {
         let fields = e.get("fieldsV1").unwrap_or(&Value::Null);
+        if idem(e)
+            && let Some(f) = fields.as_object()
+        {
+            // Paths to nothing cost nothing below, yet stay in the cached text.
+            walk.dangling(obj, f);
+        }
         if idem(e) && (!applied || apply(e)) {
             crate::compare::unite_fields(&mut owned, fields);
         } else {
@@ -93,9 +103,10 @@ fn foreign_bytes(obj: &Value, ours: impl Fn(&str) -> bool, stop: usize) -> usize
 }
 
 /// The bytes of `obj`'s JSON text at the fields of set `owned` (a `fieldsV1` set) that set
-/// `judged` does not hold, and at the members `owned` holds whole (`{}`) what `obj` has there
-/// beyond the `desired` body, counted until above `stop`: what an entry of idem's owns beyond
-/// what the convergence check judges of it.
+/// `judged` does not hold, at the members `owned` holds whole (`{}`) what `obj` has there
+/// beyond the `desired` body, and the text of `owned`'s paths to nothing in `obj`, counted
+/// until above `stop`: what an entry of idem's owns beyond what the convergence check judges
+/// of it.
 ///
 /// Of idem's create entry, the first are the server's defaults (a few hundred bytes) and
 /// whatever was written under idem's name since (see [`crate::apply::as_applied`]). The second
@@ -147,9 +158,15 @@ impl Walk {
     /// Counts `v`, at or below which idem owns `ours`.
     fn value(&mut self, v: &Value, ours: &Map<String, Value>, theirs: Fields) {
         if ours.is_empty() {
-            // Owned whole (a scalar, an atomic list, map or struct, or a struct idem wrote
-            // empty): only what another entry lists below it is theirs.
-            self.listed(v, theirs);
+            // Owned whole: a scalar costs nothing, a map or list its size. Without the schema
+            // an atomic value idem desires cannot be told from a granular map its entry claims
+            // whole (an empty map it desired, or an entry rewritten so), into which others
+            // wrote what no entry lists: counted, the former costs a read when judged, which
+            // is the safe side.
+            let _ = theirs;
+            if matches!(v, Value::Object(_) | Value::Array(_)) {
+                self.add(json_len(v));
+            }
             return;
         }
         match v {
@@ -200,6 +217,28 @@ impl Walk {
         }
     }
 
+    /// Counts the paths of `fields` (an entry's `fieldsV1` set) that lead to nothing in `v`:
+    /// a member it lacks, or anything below a scalar.
+    fn dangling(&mut self, v: &Value, fields: &Map<String, Value>) {
+        for (k, below) in fields {
+            if self.done() {
+                return;
+            }
+            if k == "." {
+                continue;
+            }
+            let found = match k.strip_prefix("f:") {
+                Some(name) => v.as_object().and_then(|m| m.get(name)),
+                None => Item::parse(k).and_then(|item| item.find(Some(v))),
+            };
+            match (found, below.as_object()) {
+                (None, _) => self.add(k.len() + 3 + json_len(below)),
+                (Some(value), Some(below)) if !below.is_empty() => self.dangling(value, below),
+                _ => {}
+            }
+        }
+    }
+
     /// Counts the values in `v` at the fields of `owned` that `judged` does not hold, and
     /// below a member `owned` holds whole, what `v` has beyond `desired`, the desired value at
     /// the same place.
@@ -211,7 +250,14 @@ impl Walk {
         judged: Fields,
     ) {
         if owned.is_empty() {
-            if matches!(v, Value::Object(_) | Value::Array(_)) {
+            // An empty map or list desired is recorded whole by the apply itself: applying it
+            // again changes nothing, and what others wrote inside counts in the caches.
+            let empty = |d: &Value| match d {
+                Value::Object(m) => m.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                _ => false,
+            };
+            if matches!(v, Value::Object(_) | Value::Array(_)) && !desired.is_some_and(empty) {
                 self.add(json_len(v).saturating_sub(desired.map_or(0, json_len)));
             }
             return;
@@ -230,53 +276,18 @@ impl Walk {
                     Some(j) => walk.beyond(value, desired, below, Some(j)),
                 }
             };
-            if let Some(name) = k.strip_prefix("f:") {
-                if let Some(value) = v.get(name) {
-                    at(
-                        self,
-                        name.len() + 3,
-                        value,
-                        desired.and_then(|d| d.get(name)),
-                    );
-                }
-            } else if let Some(item) = Item::parse(k)
-                && let Some(value) = item.find(Some(v))
-            {
-                at(self, 1, value, item.find(desired));
+            let found = match k.strip_prefix("f:") {
+                Some(name) => v
+                    .get(name)
+                    .map(|value| (value, name.len() + 3, desired.and_then(|d| d.get(name)))),
+                None => Item::parse(k)
+                    .and_then(|item| Some((item.find(Some(v))?, 1, item.find(desired)))),
+            };
+            match found {
+                Some((value, extra, desired)) => at(self, extra, value, desired),
+                // A path to nothing (written into `managedFields`): its text.
+                None => self.add(k.len() + 3 + json_len(below)),
             }
-        }
-    }
-
-    /// Counts what `theirs` lists in `v` (below a member idem owns whole).
-    fn listed(&mut self, v: &Value, theirs: Fields) {
-        let Some(theirs) = theirs.filter(|t| t.keys().any(|k| k != ".")) else {
-            return;
-        };
-        let count = |walk: &mut Self, extra: usize, v: &Value, t: &Map<String, Value>| {
-            if t.keys().all(|k| k == ".") {
-                walk.add(extra + json_len(v));
-            } else {
-                walk.add(extra);
-                walk.listed(v, Some(t));
-            }
-        };
-        match v {
-            Value::Object(m) => {
-                for (k, c) in m {
-                    if let Some(t) = member(Some(theirs), k) {
-                        count(self, k.len() + 3, c, t);
-                    }
-                }
-            }
-            Value::Array(items) => {
-                let keys: Vec<(Item, &Map<String, Value>)> = keyed(Some(theirs)).collect();
-                for (i, item) in items.iter().enumerate() {
-                    if let Some((_, t)) = keys.iter().find(|(key, _)| key.matches(i, item)) {
-                        count(self, 1, item, t);
-                    }
-                }
-            }
-            _ => {}
         }
     }
 }
@@ -332,7 +343,7 @@ impl Item {
 }
 
 /// The length of `v`'s compact JSON text, counted without building it.
-fn json_len(v: &Value) -> usize {
+fn json_len(v: &(impl serde::Serialize + ?Sized)) -> usize {
     struct Count(usize);
     impl Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -607,6 +618,50 @@ mod tests {
         );
         let keys = json!({"f:data": {".": {}, "f:a": {}}});
         assert_eq!(bytes_beyond(&obj, &keys, &keys, &desired, usize::MAX), 0);
+        // Paths to nothing count by their text, wherever they are.
+        let junk: Map<String, Value> = (0..100)
+            .map(|i| (format!("f:j{i:03}"), json!({})))
+            .collect();
+        let dangling = json!({"f:data": {"f:a": {}, "f:gone": {}}, "f:metadata": junk});
+        let n = bytes_beyond(&obj, &dangling, &keys, &desired, usize::MAX);
+        assert!((1_100..1_400).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn a_map_idem_owns_whole_counts_what_no_entry_lists() {
+        // An empty `data` desired is recorded whole; a key written there whose writer's entry
+        // is gone is listed by nobody.
+        let obj = json!({
+            "metadata": {"managedFields": [
+                {"manager": IDEM, "operation": "Apply", "fieldsV1": {"f:data": {}}},
+            ]},
+            "data": {"pad": "p".repeat(20_000)},
+        });
+        assert!(bytes(&obj) > 20_000, "{}", bytes(&obj));
+        assert!(!within_bound(&obj, ours));
+    }
+
+    #[test]
+    fn paths_of_idems_entries_that_lead_to_nothing_count() {
+        let junk: Map<String, Value> = (0..2_000)
+            .map(|i| (format!("f:j{i:05}"), json!({})))
+            .collect();
+        let with = |fields: Value| {
+            json!({
+                "metadata": {"labels": {"a": "b"}, "managedFields": [
+                    {"manager": IDEM, "operation": "Apply", "fieldsV1": fields},
+                ]},
+                "data": {"config": "x"},
+            })
+        };
+        let base = bytes(&with(json!({"f:data": {"f:config": {}}})));
+        assert!(base < 200, "{base}");
+        // Labels the object does not have, and paths below a scalar.
+        let absent = with(json!({"f:metadata": {"f:labels": junk.clone()}}));
+        let below = with(json!({"f:data": {"f:config": junk}}));
+        for obj in [absent, below] {
+            assert!(bytes(&obj) > base + 2_000 * 8, "{}", bytes(&obj));
+        }
     }
 
     #[test]

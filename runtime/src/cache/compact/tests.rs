@@ -209,6 +209,9 @@ fn a_recorded_child_someone_padded_is_kept_as_a_stub_and_idems_own_bytes_do_not_
     // are nobody's.
     let mut large = claiming("large", "large", 800_000);
     large["metadata"]["annotations"] = json!({});
+    // idem's entry lists its key, as an apply of a `data` key records it (a map it claimed
+    // whole would count by its size: see `cache::foreign`).
+    large["metadata"]["managedFields"][0]["fieldsV1"] = json!({"f:data": {"f:blob": {}}});
     large["metadata"]["ownerReferences"]
         .as_array_mut()
         .unwrap()
