@@ -188,38 +188,10 @@ pub(crate) fn judged(live: &Value, labels: Labels, manager: &str, body: &Value) 
     let Some(entries) = managed_fields(live) else {
         return check(body, live, manager);
     };
-    if claimed_whole_beyond(live, &entries, manager, body) {
-        // Not `Changed` (which a dry-run apply's answer may explain: it would not remove
-        // what another wrote inside).
-        return vec![Drift {
-            path: String::new(),
-            kind: DriftKind::NeverApplied,
-        }];
-    }
     match applied_from(live, &entries, labels, manager, body) {
         Some(entries) => check_entries(body, live, &entries, manager),
         None => check(body, live, manager),
     }
-}
-
-/// Whether our `Apply` entry claims whole (`{}`) maps or lists of `live` that hold more than
-/// [`FOREIGN_BYTES_MAX`](crate::cache::FOREIGN_BYTES_MAX) bytes beyond the desired body: an
-/// entry rewritten so (a granular map claimed whole) hides what others wrote inside from the
-/// check and from the caches' count. Judged never applied, the apply sets our entry to the
-/// fields of the desired body, and what others wrote is theirs to count again.
-fn claimed_whole_beyond(
-    live: &Value,
-    entries: &[ManagedFieldsEntry],
-    manager: &str,
-    desired: &Value,
-) -> bool {
-    let Some(fields) = entries_of(entries, manager, "Apply")
-        .next()
-        .and_then(|e| e.fields_v1.as_ref())
-    else {
-        return false;
-    };
-    written_beyond(live, &fields.0, &fields.0, desired)
 }
 
 /// `live` as the convergence check (`compare::check`) judges it for `manager`
@@ -592,8 +564,10 @@ mod tests {
         assert!(never(&claimed(large, "Update")));
         assert!(fold_patch(&claimed(large, "Update"), Labels::operator(), "idem", &same).is_some());
         assert!(!never(&claimed(100, "Update")));
-        // Our Apply entry claims it whole: the apply sets the entry to the desired fields.
-        assert!(never(&claimed(large, "Apply")));
+        // Our Apply entry claims it whole: not a reason to apply (an atomic value, or an empty
+        // map desired, is recorded so by the apply itself, and server defaults inside one can
+        // make it longer than desired for good); the caches count what it holds instead.
+        assert!(!never(&claimed(large, "Apply")));
         assert!(!never(&claimed(100, "Apply")));
         // An empty map desired is recorded whole by the apply itself: applying again would
         // change nothing, so what others wrote there is never a reason to (the caches count
