@@ -300,6 +300,30 @@ async fn forged_children_cost_the_operator_a_bounded_amount_of_memory() {
     tenants::wait_gone(&client, &name).await;
 }
 
+/// The operator as its own process (its shard ring in a namespace of its own) and a Ready
+/// Tenant named after `prefix` with namespace `a`: how the padding tests start.
+async fn operator_and_tenant(prefix: &str) -> (OperatorProcess, kube::Client, String) {
+    let client = shared().client();
+    install_crds(&client).await;
+    let lease_ns = create_namespace(&client, &format!("{prefix}lease"))
+        .await
+        .unwrap();
+    let op = OperatorProcess::spawn(&lease_ns, &format!("idem-operator-{prefix}"));
+    let name = unique_name(prefix);
+    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
+    tenants::wait_ready(&client, &name).await;
+    (op, client, name)
+}
+
+/// Deletes Tenant `name` and waits until it and its namespaces are gone.
+async fn delete_tenant(client: &kube::Client, name: &str) {
+    tenants::api(client)
+        .delete(name, &Default::default())
+        .await
+        .expect("deleting the tenant");
+    tenants::wait_gone(client, name).await;
+}
+
 /// Apps whose children a tenant owner pads in [`padded_own_children_cost_a_bounded_amount`].
 const PADDED_APPS: usize = 12;
 /// What the owner adds to each app's ConfigMap (a `data` key; a ConfigMap holds up to 1 MiB), and
@@ -345,14 +369,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
 
-    let client = shared().client();
-    install_crds(&client).await;
-    let lease_ns = create_namespace(&client, "padlease").await.unwrap();
-    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-pad");
-
-    let name = unique_name("pad");
-    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
-    tenants::wait_ready(&client, &name).await;
+    let (op, client, name) = operator_and_tenant("pad").await;
     let ns = format!("{name}-a");
     let apps: Vec<String> = (0..PADDED_APPS).map(|i| format!("web-{i}")).collect();
     for app in &apps {
@@ -458,11 +475,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
         .await
         .expect("reading idem-owners");
     assert!(rb.annotations().contains_key("alice.example/pad"));
-    tenants::api(&client)
-        .delete(&name, &Default::default())
-        .await
-        .expect("deleting the tenant");
-    tenants::wait_gone(&client, &name).await;
+    delete_tenant(&client, &name).await;
 }
 
 /// A child kept as a stub keeps only its controller ownerReference; released (its namespace
@@ -577,13 +590,7 @@ async fn a_padded_child_released_keeps_its_other_owner_references() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_under_idems_name_into_its_create_record_is_removed() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let client = shared().client();
-    install_crds(&client).await;
-    let lease_ns = create_namespace(&client, "padname").await.unwrap();
-    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-padname");
-    let name = unique_name("padname");
-    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
-    tenants::wait_ready(&client, &name).await;
+    let (op, client, name) = operator_and_tenant("padname").await;
     let ns = format!("{name}-a");
     apps::create(&client, &ns, "web", apps::spec(1, "x = 1")).await;
     apps::wait_ready(&client, &ns, "web").await;
@@ -691,11 +698,7 @@ async fn a_write_under_idems_name_into_its_create_record_is_removed() {
     assert_eq!(data.get("app.toml").map(String::as_str), Some("y = 1"));
     stubs_at_least(&op, stubs_before, 1.0).await;
     apps::wait_ready(&client, &ns, "web2").await;
-    tenants::api(&client)
-        .delete(&name, &Default::default())
-        .await
-        .expect("deleting the tenant");
-    tenants::wait_gone(&client, &name).await;
+    delete_tenant(&client, &name).await;
 }
 
 /// Two more ways a tenant owner could hide what they add from the caches' count, or make idem
@@ -711,13 +714,7 @@ async fn paths_to_nothing_and_keys_in_an_empty_config_cost_no_writes_and_bounded
     let _alone = ONE_AT_A_TIME.lock().await;
     use k8s_openapi::api::core::v1::Service;
 
-    let client = shared().client();
-    install_crds(&client).await;
-    let lease_ns = create_namespace(&client, "padjunk").await.unwrap();
-    let op = OperatorProcess::spawn(&lease_ns, "idem-operator-padjunk");
-    let name = unique_name("padjunk");
-    tenants::create(&client, &name, tenants::full_spec(&["a"])).await;
-    tenants::wait_ready(&client, &name).await;
+    let (op, client, name) = operator_and_tenant("padjunk").await;
     let ns = format!("{name}-a");
     let mut bare = apps::spec(1, "");
     bare.config.clear();
@@ -812,9 +809,5 @@ async fn paths_to_nothing_and_keys_in_an_empty_config_cost_no_writes_and_bounded
         cm.data.unwrap_or_default().get("pad").map(String::len),
         Some(PAD_ANNOTATION_BYTES)
     );
-    tenants::api(&client)
-        .delete(&name, &Default::default())
-        .await
-        .expect("deleting the tenant");
-    tenants::wait_gone(&client, &name).await;
+    delete_tenant(&client, &name).await;
 }
