@@ -315,6 +315,20 @@ async fn operator_and_tenant(prefix: &str) -> (OperatorProcess, kube::Client, St
     (op, client, name)
 }
 
+/// Sets app `i`'s config to `x = <i + base>` for every app, and waits until all are Ready.
+async fn change_every_app(client: &kube::Client, ns: &str, apps: &[String], base: usize) {
+    for (i, app) in apps.iter().enumerate() {
+        let patch = json!({"spec": {"config": {"app.toml": format!("x = {}", i + base)}}});
+        Api::<TenantApp>::namespaced(client.clone(), ns)
+            .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patching an app");
+    }
+    for app in apps {
+        apps::wait_ready(client, ns, app).await;
+    }
+}
+
 /// Deletes Tenant `name` and waits until it and its namespaces are gone.
 async fn delete_tenant(client: &kube::Client, name: &str) {
     tenants::api(client)
@@ -419,16 +433,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
     // Every app converges on a change, its padded children read from the API server, and
     // what alice added is hers: still there.
     let [configmaps, services] = child_gets().await;
-    for (i, app) in apps.iter().enumerate() {
-        let patch = json!({"spec": {"config": {"app.toml": format!("x = {}", i + 2)}}});
-        Api::<TenantApp>::namespaced(client.clone(), &ns)
-            .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("patching an app");
-    }
-    for app in &apps {
-        apps::wait_ready(&client, &ns, app).await;
-    }
+    change_every_app(&client, &ns, &apps, 2).await;
     // Counted before this test's own reads of the ConfigMaps below.
     let [configmaps_now, services_now] = child_gets().await;
     for (i, app) in apps.iter().enumerate() {
@@ -453,16 +458,7 @@ async fn padded_own_children_cost_a_bounded_amount() {
     // body stay as they are: a second change of every app reads each padded ConfigMap (its
     // desired body changed) and none of the Services (unchanged, judged since the padding).
     let [configmaps, services] = child_gets().await;
-    for (i, app) in apps.iter().enumerate() {
-        let patch = json!({"spec": {"config": {"app.toml": format!("x = {}", i + 100)}}});
-        Api::<TenantApp>::namespaced(client.clone(), &ns)
-            .patch(app, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("patching an app");
-    }
-    for app in &apps {
-        apps::wait_ready(&client, &ns, app).await;
-    }
+    change_every_app(&client, &ns, &apps, 100).await;
     let [configmaps_now, services_now] = child_gets().await;
     assert!(
         configmaps_now >= configmaps + PADDED_APPS as u64 && services_now == services,
