@@ -811,6 +811,14 @@ impl KindView for CompactStore {
         Some((e.object(&k, &self.api_version, &self.kind)?, e.stub()))
     }
 
+    fn is_stub(&self, namespace: Option<&str>, name: &str) -> bool {
+        self.live
+            .read()
+            .ok()
+            .and_then(|live| Some(live.get(&key(namespace, name))?.stub()))
+            .unwrap_or(false)
+    }
+
     fn upgrade(&self, obj: &Value) {
         CompactStore::upgrade(self, obj);
     }

@@ -48,6 +48,11 @@ trait KindView: Send + Sync {
     /// The object `namespace/name`, as JSON (with `metadata.managedFields`), and whether that
     /// is only a stub of it (see [`CompactStore`]).
     fn get(&self, namespace: Option<&str>, name: &str) -> Option<(Value, bool)>;
+    /// Whether the object `namespace/name` is held as a stub only (without building it).
+    fn is_stub(&self, namespace: Option<&str>, name: &str) -> bool {
+        let _ = (namespace, name);
+        false
+    }
     /// Replaces a stub of `obj` with `obj` (the engine's own copy); see
     /// [`CompactStore::upgrade`].
     fn upgrade(&self, obj: &Value) {
@@ -383,10 +388,7 @@ impl ChildCaches {
         let Some(view) = self.view(resource) else {
             return;
         };
-        if !matches!(
-            view.get(key.namespace.as_deref(), &key.name),
-            Some((_, true))
-        ) {
+        if !view.is_stub(key.namespace.as_deref(), &key.name) {
             return;
         }
         let uid = live.pointer("/metadata/uid").and_then(Value::as_str);
@@ -400,8 +402,7 @@ impl ChildCaches {
     /// identity: read the object from the API server before acting on the rest of it).
     pub(crate) fn is_stub(&self, resource: &ApiResource, key: &ObjectKey) -> bool {
         self.view(resource)
-            .and_then(|view| view.get(key.namespace.as_deref(), &key.name))
-            .is_some_and(|(_, stub)| stub)
+            .is_some_and(|view| view.is_stub(key.namespace.as_deref(), &key.name))
     }
 
     /// The cached object `namespace/name` of kind `K` (with the engine's own latest write):
