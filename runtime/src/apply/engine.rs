@@ -570,6 +570,8 @@ impl Applier {
                 if let Some(c) = &self.caches
                     && record.is_none()
                     && terminating.is_none()
+                    // The fingerprint only for a stub: not on every converged child's judge.
+                    && c.is_stub(&child.resource, &key)
                 {
                     c.judged_converged(&child.resource, &key, &live, keyed_fingerprint(&body));
                 }
