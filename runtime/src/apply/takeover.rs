@@ -185,10 +185,7 @@ pub(crate) fn drift_of(live: &Value, labels: Labels, manager: &str, body: &Value
 /// What the convergence check finds between the desired `body` and `live` for `manager`,
 /// judged as [`as_applied`] says (with the entries it would put, not a copy of `live`).
 pub(crate) fn judged(live: &Value, labels: Labels, manager: &str, body: &Value) -> Vec<Drift> {
-    let Some(entries) = managed_fields(live) else {
-        return check(body, live, manager);
-    };
-    match applied_from(live, &entries, labels, manager, body) {
+    match applied_entries(live, labels, manager, body) {
         Some(entries) => check_entries(body, live, &entries, manager),
         None => check(body, live, manager),
     }
