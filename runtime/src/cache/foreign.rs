@@ -13,7 +13,8 @@
 //! bytes beyond the desired body: [`bytes_beyond`]). Two things idem's entries hold do count:
 //! a map or list an entry owns whole (an atomic value, or a granular map claimed whole, which
 //! the caches cannot tell apart without the schema), by its size; and paths of an entry that
-//! lead to nothing in the object (anyone may rewrite `managedFields`), by their text. `status`
+//! lead to nothing in the object, or list keys naming an item another key of the entry names
+//! (anyone may rewrite `managedFields`), by their text. `status`
 //! is not counted (written through the status subresource, by controllers, not by the
 //! tenant's owners); the entries of a subresource count by their size.
 
@@ -163,7 +164,6 @@ impl Walk {
             // whole (an empty map it desired, or an entry rewritten so), into which others
             // wrote what no entry lists: counted, the former costs a read when judged, which
             // is the safe side.
-            let _ = theirs;
             if matches!(v, Value::Object(_) | Value::Array(_)) {
                 self.add(json_len(v));
             }
@@ -248,9 +248,9 @@ impl Walk {
         }
     }
 
-    /// Counts the values in `v` at the fields of `owned` that `judged` does not hold, and
-    /// below a member `owned` holds whole, what `v` has beyond `desired`, the desired value at
-    /// the same place.
+    /// Counts the values in `v` at the fields of `owned` that `judged` does not hold, below a
+    /// member `owned` holds whole what `v` has beyond `desired` (the desired value at the same
+    /// place), and the text of `owned`'s paths to nothing.
     fn beyond(
         &mut self,
         v: &Value,
