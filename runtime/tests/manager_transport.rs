@@ -3,8 +3,9 @@
 //! flight; watches keep an HTTP/1.1 connection each, so they never take the shared
 //! connection's streams; the configuration's TLS server name is used; requests a server closing
 //! the connection gracefully refused are sent again; a server that speaks only HTTP/1.1 (a TLS
-//! proxy in front) gets HTTP/1.1. Connections are counted by a TCP relay in
-//! front of the server, as it accepts them.
+//! proxy in front) gets HTTP/1.1; a client certificate from an `exec` plugin is used on the
+//! same transport. Connections are counted by a TCP relay in front of the server, as it accepts
+//! them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -409,5 +410,60 @@ async fn requests_refused_by_a_graceful_goaway_are_sent_again() {
         failed.len(),
         20 * AT_ONCE,
         failed.first()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_plugins_client_certificate_is_used_on_the_shared_connection() {
+    let (mut config, accepted) = relay("127.0.0.1").await;
+    config.auth_info.client_certificate_data = None;
+    config.auth_info.client_key_data = None;
+
+    // Without an identity the server refuses the request: the one below is the plugin's.
+    let anonymous = idem_runtime::manager::client::build(config.clone()).unwrap();
+    let refused = anonymous
+        .send(get("/api/v1/namespaces?limit=1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused.status().as_u16(), 401 | 403),
+        "no identity: {:?}",
+        refused.status()
+    );
+
+    // The plugin (`cat` of an ExecCredential) gives the admin's certificate and key.
+    let pki = shared().run_dir().join("pki");
+    let credential = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": std::fs::read_to_string(pki.join("admin.crt")).unwrap(),
+            "clientKeyData": std::fs::read_to_string(pki.join("admin.key")).unwrap(),
+        },
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("credential.json");
+    std::fs::write(&path, credential.to_string()).unwrap();
+    config.auth_info.exec = Some(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "cat",
+            "args": [path.display().to_string()],
+            "interactiveMode": "Never",
+        }))
+        .unwrap(),
+    );
+    let before = accepted.load(Ordering::SeqCst);
+    let client = idem_runtime::manager::client::build(config).unwrap();
+    let versions = lists_at_once(&client).await;
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_2),
+        "with an exec plugin the client speaks HTTP/2 too: {versions:?}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst) - before,
+        2,
+        "{AT_ONCE} requests at once: the handshake that asked the protocol, and one shared \
+         connection"
     );
 }

@@ -15,9 +15,16 @@
 //!   one connection instead of each opening its own (with the protocol negotiated per
 //!   connection, 64 requests opened 34 connections and dropped all but one). Where it chose
 //!   HTTP/1.1 (a TLS proxy in between that speaks only that) every request gets a connection
-//!   of its own, as on kube's stack. Kube's own stack serves a configuration with a
-//!   `proxy_url` or an `exec` credential plugin (whose client certificates expire:
-//!   [`kube::Client::valid_until`] needs kube's stack); plain-`http` servers get HTTP/1.1.
+//!   of its own, as on kube's stack. Plain-`http` servers get HTTP/1.1.
+//! - **Credentials as kube's stack takes them**: its authentication layer (tokens, refreshed
+//!   ones, and `exec` credential plugins giving tokens) and its TLS configuration (client
+//!   certificates, an `exec` plugin's included). A client certificate from an `exec` plugin
+//!   is used until the client is built again: [`kube::Client::valid_until`] is `None` here,
+//!   where kube's stack gives the certificate's expiry (kube keeps what reads it to itself).
+//! - **No proxy**: a configuration with a `proxy_url` is refused with [`TransportError`], as
+//!   kube's stack refuses it without its `http-proxy` and `socks5` features (idem builds kube
+//!   without them). Keeping kube's stack for such configurations kept a second copy of the
+//!   HTTP client in every binary, about 0.5 MB of code, resident in every replica.
 //! - **Long-running requests keep a connection of their own** ([`long_running`]: watches,
 //!   followed logs, upgrades such as exec and port-forward), over HTTP/1.1: a server allows only
 //!   so many streams on one connection (kube-apiserver 1.37 advertises 100) and the HTTP/2
@@ -91,15 +98,28 @@ pub fn long_running<B>(request: &Request<B>) -> bool {
         || request.headers().contains_key(http::header::UPGRADE)
 }
 
-/// A client builder for `config` on this transport (kube's own, HTTP/1.1, through a proxy or
-/// with an `exec` credential plugin); add layers and `build()` it.
+/// Why a configuration has no client on this transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The configuration names a proxy (its host; credentials in the URL are not kept); the
+    /// transport connects to the API server directly.
+    #[error(
+        "the kubeconfig names a proxy (host {0}); idem's client connects to the API server \
+         directly: remove `proxy-url`, or reach the server without a proxy"
+    )]
+    Proxy(String),
+}
+
+/// A client builder for `config` on this transport; add layers and `build()` it.
 ///
 /// # Errors
-/// When the TLS material, the server name, the credentials or the extra headers of `config`
-/// are unusable.
+/// When `config` names a proxy ([`TransportError::Proxy`], as [`kube::Error::Service`]), or
+/// the TLS material, the server name, the credentials or the extra headers of `config` are
+/// unusable.
 pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> {
-    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
-        return ClientBuilder::try_from(config);
+    if let Some(proxy) = &config.proxy_url {
+        let host = proxy.host().unwrap_or_default().to_owned();
+        return Err(kube::Error::Service(Box::new(TransportError::Proxy(host))));
     }
     let tls = config.cluster_url.scheme_str() == Some("https");
     let multiplexed = HttpClient::builder(TokioExecutor::new())
@@ -392,5 +412,17 @@ mod tests {
         assert!(!refused_unprocessed(&cancelled));
         let io = std::io::Error::other("connection reset");
         assert!(!refused_unprocessed(&io));
+    }
+
+    #[test]
+    fn a_proxy_is_refused_without_its_credentials_in_the_message() {
+        let mut config = Config::new("https://10.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://user:secret@proxy.example:3128".parse().unwrap());
+        let Err(kube::Error::Service(e)) = builder(config) else {
+            panic!("a proxy is refused");
+        };
+        let message = e.to_string();
+        assert!(message.contains("host proxy.example"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
     }
 }
