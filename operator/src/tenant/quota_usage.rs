@@ -3,13 +3,17 @@
 //! Quota admission charges `status.used` before the object it admits is stored, and every
 //! change of a quota makes the controller-manager's quota controller recount the namespace
 //! from its own object cache. A recount that runs before that cache has seen the newly
-//! admitted object writes a usage lower than the truth; the next recount (its own write
-//! triggers one) normally puts it back. Room the split gave away on such a dip would let a
-//! namespace admit past the tenant's total. So a usage lower than the highest seen is taken
+//! admitted object writes a usage lower than the truth, and it stays until the next recount:
+//! the quota controller recounts on a change of the quota's `spec.hard`, on the deletion of an
+//! object it counts, and on its periodic resync (5 minutes by default), not on its own status
+//! writes. Room the split gave away on such a dip would let a namespace admit past the
+//! tenant's total. So a usage lower than the highest seen is taken
 //! only once lower usages have been seen for [`USAGE_SETTLE`], and then only down to the
 //! highest of them (one seen a moment ago waits its own time); until then the split works
 //! with the highest, and the Tenant looks again after [`super::quota_split::HELD_POLL`]. A
-//! higher usage is taken at once (it gives nothing away).
+//! higher usage is taken at once (it gives nothing away). A dip that outlasts [`USAGE_SETTLE`]
+//! is believed: the tenant's total can then be passed by what admission let in meanwhile, as a
+//! namespace's own quota can be (the README says so).
 //!
 //! The memory is this process's (a restarted operator takes the first usage it sees), one
 //! entry per namespace and key of a Tenant's quota, dropped with the namespace and with the
