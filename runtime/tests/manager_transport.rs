@@ -431,7 +431,8 @@ async fn an_exec_plugins_client_certificate_is_used_on_the_shared_connection() {
         refused.status()
     );
 
-    // The plugin (`cat` of an ExecCredential) gives the admin's certificate and key.
+    // The plugin (`cat` of an ExecCredential, each run noted in `runs`) gives the admin's
+    // certificate and key.
     let pki = shared().run_dir().join("pki");
     let credential = serde_json::json!({
         "apiVersion": "client.authentication.k8s.io/v1",
@@ -443,12 +444,13 @@ async fn an_exec_plugins_client_certificate_is_used_on_the_shared_connection() {
     });
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("credential.json");
+    let runs = dir.path().join("runs");
     std::fs::write(&path, credential.to_string()).unwrap();
     config.auth_info.exec = Some(
         serde_json::from_value(serde_json::json!({
             "apiVersion": "client.authentication.k8s.io/v1",
-            "command": "cat",
-            "args": [path.display().to_string()],
+            "command": "sh",
+            "args": ["-c", format!("echo run >> '{}'; cat '{}'", runs.display(), path.display())],
             "interactiveMode": "Never",
         }))
         .unwrap(),
@@ -465,5 +467,11 @@ async fn an_exec_plugins_client_certificate_is_used_on_the_shared_connection() {
         2,
         "{AT_ONCE} requests at once: the handshake that asked the protocol, and one shared \
          connection"
+    );
+    let runs = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert_eq!(
+        runs, 2,
+        "the plugin runs once for the TLS configuration the connectors share and once for \
+         kube's authentication layer"
     );
 }

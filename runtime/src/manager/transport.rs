@@ -122,6 +122,9 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
         return Err(kube::Error::Service(Box::new(TransportError::Proxy(host))));
     }
     let tls = config.cluster_url.scheme_str() == Some("https");
+    // Made once: with an `exec` plugin giving a client certificate, each one runs the plugin.
+    let tls_config = config.rustls_client_config()?;
+    let make = |alpn| connector(&config, tls_config.clone(), alpn);
     let multiplexed = HttpClient::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
@@ -129,12 +132,12 @@ pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> 
         .http2_keep_alive_interval(PING_INTERVAL)
         .http2_keep_alive_timeout(PING_TIMEOUT)
         .http2_keep_alive_while_idle(true)
-        .build(connector(&config, if tls { Alpn::H2 } else { Alpn::H1 })?);
+        .build(make(if tls { Alpn::H2 } else { Alpn::H1 })?);
     let dedicated = HttpClient::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
-        .build(connector(&config, Alpn::H1)?);
+        .build(make(Alpn::H1)?);
     let protocol = if tls {
-        Protocol::Ask(connector(&config, Alpn::Both)?, Arc::default())
+        Protocol::Ask(make(Alpn::Both)?, Arc::default())
     } else {
         Protocol::Http1
     };
@@ -161,13 +164,17 @@ enum Alpn {
     Both,
 }
 
-/// TLS with the configuration's roots, client identity and server name (`tls-server-name`),
-/// and its timeouts; offering the protocols of `alpn`.
-fn connector(config: &Config, alpn: Alpn) -> Result<Connector, kube::Error> {
+/// TLS with `tls` (the configuration's roots and client identity) and the configuration's
+/// server name (`tls-server-name`) and timeouts; offering the protocols of `alpn`.
+fn connector(
+    config: &Config,
+    tls: rustls::ClientConfig,
+    alpn: Alpn,
+) -> Result<Connector, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config.rustls_client_config()?)
+        .with_tls_config(tls)
         .https_or_http();
     if let Some(name) = &config.tls_server_name {
         let name = name
