@@ -1,9 +1,13 @@
 //! Cleanup when a TenantApp is deleted: an ordinary deletion leaves its ConfigMap, Deployment
 //! and Service to the garbage collector (they carry its controller ownerReference), but while
 //! the TenantApp CRD is being deleted (an uninstall, a botched upgrade) — or when that cannot
-//! be ruled out — the app's ownerReference and `owner-uid` label are removed from them (and
-//! from anything else of its namespace that refers to it) so that nothing of the app is
-//! deleted, and an Event `Retained` says so.
+//! be ruled out — the app's ownerReference and `owner-uid` label are removed from every
+//! ConfigMap, Deployment and Service of its namespace that refers to it (an owner's own object
+//! of those kinds too) so that nothing of the app is deleted, and an Event `Retained` says so.
+//! An object of another kind to which an owner gave an ownerReference to the app is the
+//! garbage collector's: it goes with the app, as with a Tenant. Releasing it would need the
+//! right to list and patch every kind in tenant namespaces, which the operator does not have
+//! (its ClusterRole names only the kinds it makes).
 //!
 //! Why: after `kubectl delete crd tenantapps.tenancy.idem.dev` the children would survive with
 //! ownerReferences to a uid that no longer exists; once the CRD is installed again the garbage
