@@ -475,3 +475,83 @@ async fn an_exec_plugins_client_certificate_is_used_on_the_shared_connection() {
          kube's authentication layer"
     );
 }
+
+/// An HTTP proxy on 127.0.0.1 that tunnels each `CONNECT host:port` to that address; per
+/// tunnel, its target and its `Proxy-Authorization` (empty when there is none).
+async fn connect_proxy() -> (u16, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tunnels = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&tunnels);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0; 1];
+                    if inbound.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8(head).unwrap();
+                let mut lines = head.lines();
+                let request = lines.next().unwrap_or_default();
+                let Some(target) = request
+                    .strip_prefix("CONNECT ")
+                    .and_then(|r| r.split(' ').next())
+                else {
+                    return;
+                };
+                let auth = lines
+                    .filter_map(|l| l.split_once(':'))
+                    .find(|(name, _)| name.eq_ignore_ascii_case("proxy-authorization"))
+                    .map(|(_, value)| value.trim().to_owned())
+                    .unwrap_or_default();
+                seen.lock().unwrap().push((target.to_owned(), auth));
+                let Ok(mut outbound) = TcpStream::connect(target).await else {
+                    return;
+                };
+                if inbound
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, tunnels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_proxy_tunnels_every_connection_with_the_urls_credentials() {
+    let (port, tunnels) = connect_proxy().await;
+    let mut config = shared().config();
+    let server = config.cluster_url.authority().unwrap().to_string();
+    // The password `p@ss`, percent-encoded in the URL as it must be.
+    config.proxy_url = Some(
+        format!("http://idem:p%40ss@127.0.0.1:{port}")
+            .parse()
+            .unwrap(),
+    );
+    let client = idem_runtime::manager::client::build(config).unwrap();
+    let versions = lists_at_once(&client).await;
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_2),
+        "through the proxy the client speaks HTTP/2 with the server: {versions:?}"
+    );
+    let tunnels = tunnels.lock().unwrap().clone();
+    // base64 of `idem:p@ss`.
+    let expected = (server, "Basic aWRlbTpwQHNz".to_owned());
+    assert_eq!(
+        tunnels,
+        [expected.clone(), expected],
+        "{AT_ONCE} requests at once: two tunnels to the server (the handshake that asked the \
+         protocol, and the shared connection), each with the URL's credentials"
+    );
+}
