@@ -445,7 +445,10 @@ fn launch(
         kubeconfig,
         &KubeConfigOptions::default(),
     ));
-    let config = config.map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let mut config = config.map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    // The control plane is on this machine: a proxy from `HTTPS_PROXY` (set for the first
+    // builds' downloads) could not reach it.
+    config.proxy_url = None;
     rt.block_on(readiness::apiserver(&config, procs))?;
 
     let common = |port: u16| {
