@@ -30,8 +30,12 @@ fn enforced(q: &ResourceQuota) -> bool {
     (q.status.as_ref()).is_some_and(|s| s.hard.as_ref().is_some_and(|h| !h.is_empty()))
 }
 
+/// The tests here stop the shared controller-manager: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
+    let _serial = SERIAL.lock().await;
     common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
     let tenant = idem_tests::unique_name("qr");
@@ -222,4 +226,87 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
             .map_err(why)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replacing_a_quotas_keys_cordons_nothing() {
+    let _serial = SERIAL.lock().await;
+    common::deployed::operator_as_its_account().await;
+    let admin = idem_tests::shared().client();
+    let tenant = idem_tests::unique_name("qk");
+    let owner = format!("{tenant}-owner");
+    let ns = format!("{tenant}-dev");
+    let spec = TenantSpec {
+        owners: vec![Owner {
+            kind: OwnerKind::User,
+            name: owner.clone(),
+            namespace: None,
+        }],
+        namespaces: vec!["dev".into()],
+        weight: 1,
+        deletion_policy: DeletionPolicy::Delete,
+        quota: Some(Quota {
+            hard: tenants::quantities(&[("configmaps", "5")]),
+            ..Quota::default()
+        }),
+        ..TenantSpec::default()
+    };
+    tenants::create(&admin, &tenant, spec).await;
+    tenants::wait_ready(&admin, &tenant).await;
+    let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
+    eventually("the owner may create", TIMEOUT, || async {
+        as_owner
+            .create(&PostParams::default(), &config_map("before"))
+            .await
+            .map_err(why)
+    })
+    .await;
+
+    // The quota controller stopped, an administrator replaces the quota's only key.
+    let resume = controller_manager::stop();
+    tenants::api(&admin)
+        .patch(
+            &tenant,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"quota": {"hard": {"configmaps": null, "secrets": "5"}}}}),
+            ),
+        )
+        .await
+        .expect("replace the key");
+    // Ready at the new generation: the namespace is not cordoned.
+    tenants::wait_ready(&admin, &tenant).await;
+    let quota = Api::<ResourceQuota>::namespaced(admin.clone(), &ns)
+        .get(QUOTA)
+        .await
+        .expect("the quota");
+    let spec_keys: Vec<&String> = (quota.spec.as_ref())
+        .and_then(|s| s.hard.as_ref())
+        .map(|h| h.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(spec_keys, ["secrets"], "{:?}", quota.spec);
+    let enforced_keys: Vec<&String> = (quota.status.as_ref())
+        .and_then(|s| s.hard.as_ref())
+        .map(|h| h.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        enforced_keys,
+        ["configmaps"],
+        "the old key is still what is enforced: {:?}",
+        quota.status
+    );
+    let policy = Api::<TenantPolicy>::namespaced(admin.clone(), &ns)
+        .get(PARAMS)
+        .await
+        .expect("the TenantPolicy");
+    assert!(
+        !policy.spec.quota_not_enforced,
+        "cordoned: {:?}",
+        policy.spec
+    );
+    as_owner
+        .create(&PostParams::default(), &config_map("during"))
+        .await
+        .expect("the owner may still create, within the old key");
+    drop(resume);
 }

@@ -1,4 +1,4 @@
-//! Access to a tenant namespace waits until its quota is enforced: RoleBindings that would first grant it are held, and a namespace whose quota was created again is cordoned.
+//! Access to a tenant namespace waits until its quota is enforced: RoleBindings that would first grant it are held, and a namespace whose quota is new (made again, or given) is cordoned.
 //!
 //! Quota admission enforces a ResourceQuota only once the controller-manager's quota
 //! controller has filled its `status.hard`; until then the namespace has no limit at all.
@@ -9,13 +9,15 @@
 //! created; the Tenant says `Reconciling` (`QuotaNotEnforced`) and the quota's status update
 //! reconciles it again. A RoleBinding that exists stays (pulling access that was granted
 //! would be worse than the window). But a namespace whose owners have access and whose quota
-//! enforces none of its keys (someone deleted `idem-quota` and the pass creates it again; an
-//! admin's slip let 62 ConfigMaps past a `hard` of 20 in a trial) is cordoned through its
-//! TenantPolicy (`quotaNotEnforced`, [`super::policy`]) until the quota controller has counted
-//! the new quota. A key added to a quota that enforces others cordons nothing: the namespace
-//! had no limit of that key before either.
+//! enforces nothing (someone deleted `idem-quota` and the pass creates it again, or the
+//! Tenant is given a quota; an admin's slip let 62 ConfigMaps past a `hard` of 20 in a trial)
+//! is cordoned through its TenantPolicy (`quotaNotEnforced`, [`super::policy`]) until the quota
+//! controller has counted the new quota. A quota that enforces some key cordons nothing, even
+//! when none of the keys it is given now (an administrator replaced `pods` with
+//! `count/pods`): what it enforces stays enforced until the quota controller copies the new
+//! keys, and the namespace had no limit of a new key before either.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use idem_runtime::apply::ChildCaches;
 use idem_runtime::prelude::*;
@@ -33,8 +35,8 @@ pub struct Gate {
     /// their namespace's quota does not enforce every key it is given.
     pub held: BTreeSet<(String, String)>,
     /// Namespaces where access was granted (a RoleBinding of ours is or was there, or the
-    /// namespace is cordoned already) whose quota enforces none of its keys (or is gone):
-    /// their TenantPolicy refuses creates and updates until it does.
+    /// namespace is cordoned already) whose quota enforces nothing (or is gone): their
+    /// TenantPolicy refuses creates and updates until it does.
     pub cordoned: BTreeSet<String>,
 }
 
@@ -113,7 +115,7 @@ pub async fn gate(
             let held = absent.into_iter().map(|name| (ns.clone(), name.clone()));
             gate.held.extend(held);
         }
-        if granted && count == 0 {
+        if granted && enforced.is_none_or(BTreeMap::is_empty) {
             gate.cordoned.insert(ns.clone());
         }
     }
@@ -141,7 +143,7 @@ pub fn readiness(gate: &Gate, readiness: Readiness) -> Readiness {
             if !gate.cordoned.is_empty() {
                 let cordoned = gate.cordoned.iter().map(String::as_str).collect();
                 said.push(format!(
-                    "creates and updates in {} are refused (its quota was created again)",
+                    "creates and updates in {} are refused (its quota is new: not counted yet)",
                     list(cordoned)
                 ));
             }
