@@ -46,6 +46,7 @@ pub fn write_or_check(
     command: &str,
 ) -> anyhow::Result<()> {
     let mut stale = Vec::new();
+    let mut changed = 0;
     for f in files {
         let path = root.join(&f.path);
         let current = fs::read_to_string(&path).unwrap_or_default();
@@ -60,6 +61,7 @@ pub fn write_or_check(
             }
             fs::write(&path, &f.text).with_context(|| format!("writing {}", path.display()))?;
             println!("wrote {}", f.path.display());
+            changed += 1;
         }
     }
     if let Ok(entries) = fs::read_dir(root.join(dir)) {
@@ -71,6 +73,7 @@ pub fn write_or_check(
                 } else {
                     fs::remove_file(entry.path())?;
                     println!("removed {}", rel.display());
+                    changed += 1;
                 }
             }
         }
@@ -84,6 +87,11 @@ pub fn write_or_check(
     if check {
         println!(
             "{dir}: the {} files `cargo xtask {command}` generates match the code",
+            files.len()
+        );
+    } else if changed == 0 {
+        println!(
+            "{dir}: the {} files were current; nothing written",
             files.len()
         );
     }
