@@ -31,6 +31,7 @@ pub mod controllers;
 mod epoch;
 mod error;
 pub mod options;
+mod proxy;
 pub mod rbac;
 mod run;
 mod sharded;

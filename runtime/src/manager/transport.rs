@@ -21,14 +21,12 @@
 //!   certificates, an `exec` plugin's included). A client certificate from an `exec` plugin
 //!   is used until the client is built again: [`kube::Client::valid_until`] is `None` here,
 //!   where kube's stack gives the certificate's expiry (kube keeps what reads it to itself).
-//! - **Through an HTTP proxy** when the configuration has a `proxy_url` (the kubeconfig's
-//!   `proxy-url`, or `HTTPS_PROXY` when it names none and `NO_PROXY` does not exclude the
-//!   server, as kube reads them): every connection is an HTTP `CONNECT` tunnel through it, with
-//!   the URL's user and password as basic `Proxy-Authorization`; TLS and HTTP/2 then run end to
-//!   end with the API server, as without a proxy. An `https` or `socks5` proxy is refused
-//!   ([`TransportError::Proxy`]). One connector type serves both, so the binary holds one copy
-//!   of the HTTP client: keeping kube's own stack for proxies and `exec` plugins, as idem did,
-//!   held a second copy, about 0.5 MB of code resident in every replica.
+//! - **Through an HTTP proxy** when one applies ([`super::proxy`]: the kubeconfig's
+//!   `proxy-url`, or `HTTPS_PROXY` unless `NO_PROXY` or a loopback server excludes it): every
+//!   connection is an HTTP `CONNECT` tunnel through it; TLS and HTTP/2 then run end to end with
+//!   the API server, as without a proxy. One connector type serves both, so the binary holds
+//!   one copy of the HTTP client: keeping kube's own stack for proxies and `exec` plugins, as
+//!   idem did, held a second copy, about 0.5 MB of code resident in every replica.
 //! - **Long-running requests keep a connection of their own** ([`long_running`]: watches,
 //!   followed logs, upgrades such as exec and port-forward), over HTTP/1.1: a server allows only
 //!   so many streams on one connection (kube-apiserver 1.37 advertises 100) and the HTTP/2
@@ -56,12 +54,13 @@ use futures::future::{BoxFuture, FutureExt as _, Shared};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::proxy::Tunnel;
-use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::client::legacy::connect::Connection;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::Config;
+
+pub use super::proxy::ProxyError;
+use super::proxy::Tcp;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
-use tokio::net::TcpStream;
 use tower::util::BoxService;
 use tower::{BoxError, Service, ServiceBuilder};
 use tracing::Instrument;
@@ -79,75 +78,6 @@ const RESENDS: usize = 10;
 pub type Transport = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
 
 type Connector = hyper_timeout::TimeoutConnector<hyper_rustls::HttpsConnector<Tcp>>;
-
-/// The TCP connections under TLS: straight to the server, or a `CONNECT` tunnel through an
-/// HTTP proxy.
-#[derive(Clone)]
-enum Tcp {
-    Direct(HttpConnector),
-    Tunnel(Box<Tunnel<HttpConnector>>),
-}
-
-impl Tcp {
-    /// Direct without `proxy`; through it when it is an `http://` one.
-    ///
-    /// # Errors
-    /// [`TransportError::Proxy`] for another scheme.
-    fn new(proxy: Option<&http::Uri>) -> Result<Self, TransportError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let Some(proxy) = proxy else {
-            return Ok(Self::Direct(http));
-        };
-        if proxy.scheme_str() != Some("http") {
-            return Err(TransportError::Proxy(
-                proxy.scheme_str().unwrap_or_default().to_owned(),
-                proxy.host().unwrap_or_default().to_owned(),
-            ));
-        }
-        let tunnel = Tunnel::new(proxy.clone(), http);
-        Ok(Self::Tunnel(Box::new(match basic_auth(proxy) {
-            Some(auth) => tunnel.with_auth(auth),
-            None => tunnel,
-        })))
-    }
-}
-
-/// The `Proxy-Authorization` of a proxy URL's `user:password` (percent-decoded: a password
-/// holding `@` or `:` is written encoded in the URL).
-fn basic_auth(proxy: &http::Uri) -> Option<http::HeaderValue> {
-    use base64::Engine as _;
-    let authority = proxy.authority()?.as_str();
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    let decoded = percent_encoding::percent_decode_str(userinfo).collect::<Vec<u8>>();
-    let value = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(decoded)
-    );
-    let mut value = http::HeaderValue::from_str(&value).ok()?;
-    value.set_sensitive(true);
-    Some(value)
-}
-
-impl Service<http::Uri> for Tcp {
-    type Response = TokioIo<TcpStream>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        match self {
-            Self::Direct(c) => c.poll_ready(cx).map_err(Into::into),
-            Self::Tunnel(c) => c.poll_ready(cx).map_err(Into::into),
-        }
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        match self {
-            Self::Direct(c) => c.call(uri).map(|r| r.map_err(Into::into)).boxed(),
-            Self::Tunnel(c) => c.call(uri).map(|r| r.map_err(Into::into)).boxed(),
-        }
-    }
-}
 
 /// Whether a request may stay open indefinitely: a watch (a `watch` parameter the API server
 /// reads as true — any value but `false` or `0` — or a path under `/watch/`), a followed log
@@ -173,27 +103,15 @@ pub fn long_running<B>(request: &Request<B>) -> bool {
         || request.headers().contains_key(http::header::UPGRADE)
 }
 
-/// Why a configuration has no client on this transport.
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    /// The configuration's proxy is not an `http://` one (its scheme and host; credentials in
-    /// the URL are not kept).
-    #[error(
-        "the proxy {0}://{1} (from the kubeconfig's `proxy-url`, or from `HTTPS_PROXY`) is not \
-         an http:// proxy; idem's client tunnels through http:// proxies only: name one, or \
-         exclude the API server with `NO_PROXY`"
-    )]
-    Proxy(String, String),
-}
-
 /// A client builder for `config` on this transport; add layers and `build()` it.
 ///
 /// # Errors
-/// When the proxy of `config` is not an `http://` one ([`TransportError::Proxy`], as
+/// When the proxy `config` goes through is not an `http://` one ([`ProxyError`], as
 /// [`kube::Error::Service`]), or the TLS material, the server name, the credentials or the
 /// extra headers of `config` are unusable.
 pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> {
-    let tcp = Tcp::new(config.proxy_url.as_ref()).map_err(|e| kube::Error::Service(Box::new(e)))?;
+    let proxy = super::proxy::through(&config, &super::proxy::Environment::read());
+    let tcp = Tcp::new(proxy.as_ref()).map_err(|e| kube::Error::Service(Box::new(e)))?;
     let tls = config.cluster_url.scheme_str() == Some("https");
     // Made once: with an `exec` plugin giving a client certificate, each one runs the plugin.
     let tls_config = config.rustls_client_config()?;
@@ -492,34 +410,5 @@ mod tests {
         assert!(!refused_unprocessed(&cancelled));
         let io = std::io::Error::other("connection reset");
         assert!(!refused_unprocessed(&io));
-    }
-
-    #[test]
-    fn only_an_http_proxy_is_taken_and_its_credentials_stay_out_of_the_message() {
-        let mut config = Config::new("https://10.0.0.1:6443".parse().unwrap());
-        config.proxy_url = Some("http://user:secret@proxy.example:3128".parse().unwrap());
-        assert!(builder(config.clone()).is_ok());
-        for proxy in [
-            "socks5://user:secret@proxy.example:1080",
-            "https://user:secret@proxy.example:3128",
-        ] {
-            config.proxy_url = Some(proxy.parse().unwrap());
-            let Err(kube::Error::Service(e)) = builder(config.clone()) else {
-                panic!("{proxy} is refused");
-            };
-            let message = e.to_string();
-            assert!(message.contains("://proxy.example"), "{message}");
-            assert!(!message.contains("secret"), "{message}");
-        }
-    }
-
-    #[test]
-    fn a_proxy_urls_user_and_password_are_decoded_into_basic_auth() {
-        let uri = "http://us%65r:p%40ss%3Aword@proxy:3128".parse().unwrap();
-        let auth = basic_auth(&uri).unwrap();
-        // base64 of `user:p@ss:word`.
-        assert_eq!(auth.to_str().unwrap(), "Basic dXNlcjpwQHNzOndvcmQ=");
-        assert!(auth.is_sensitive());
-        assert!(basic_auth(&"http://proxy:3128".parse().unwrap()).is_none());
     }
 }
