@@ -251,3 +251,37 @@ async fn a_lease_edited_to_a_short_duration_does_not_let_the_standby_take_over()
     leader.release().await;
     standby.release().await;
 }
+
+#[tokio::test]
+async fn two_processes_given_one_identity_do_not_both_lead() {
+    let client = idem_tests::shared().client();
+    let ns = namespace(&client, "twins").await;
+    let first = election(&ns, "twin").start(client.clone()).unwrap();
+    within("the first to lead", first.acquired()).await.unwrap();
+    let second = election(&ns, "twin").start(client.clone()).unwrap();
+
+    // The same identity in the Lease, but not the second's process: it waits as for any other
+    // holder while the first renews, past a whole lease duration (4 s; a renewal every 0.5 s).
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let mut seen = vec![renewed(&lease(&client, &ns).await)];
+    within("eleven renewals", async {
+        while seen.len() < 12 {
+            let now = lease(&client, &ns).await;
+            assert!(!second.is_leader(), "both lead");
+            assert!(first.is_leader(), "the first lost the Lease");
+            if renewed(&now) != *seen.last().unwrap() {
+                seen.push(renewed(&now));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(first.fence().is_valid() && !second.fence().is_valid());
+
+    // The first releases the Lease: the second takes it over.
+    first.release().await;
+    within("the second to lead", second.acquired())
+        .await
+        .unwrap();
+    second.release().await;
+}

@@ -15,6 +15,13 @@
 //! (client-go's `OnStoppedLeading`; controller-runtime's manager exits), and a new
 //! [`Leadership`] must be started to compete again.
 //!
+//! The holder is an identity *and* a process: each [`Leadership`] writes an id of its own
+//! ([`INSTANCE_ANNOTATION`]) with every acquisition and renewal, and the Lease is this
+//! replica's only when it names both. Two processes given one identity (the same `--identity`
+//! twice, or two pods of one host name) would otherwise both renew "their" Lease at once and
+//! both lead; here the second waits as for any other holder, and says why. A replica that
+//! restarted waits out its former process's lease like anyone else's.
+//!
 //! kube-lease-manager is not used because it exposes neither the time of its renewals
 //! (needed for the fence) nor a renewal period shorter than `duration − grace`.
 
@@ -196,9 +203,11 @@ impl LeaderElection {
         let (role_tx, role) = watch::channel(Role::Standby);
         let (stop, stop_rx) = watch::channel(false);
         let config = Arc::new(self);
+        let instance: Arc<str> = instance_id().into();
         let task = tokio::spawn(elect(
             api.clone(),
             Arc::clone(&config),
+            Arc::clone(&instance),
             Arc::clone(&fence),
             role_tx,
             stop_rx,
@@ -210,6 +219,7 @@ impl LeaderElection {
             task,
             api,
             config,
+            instance,
         })
     }
 
@@ -254,6 +264,7 @@ pub struct Leadership {
     task: tokio::task::JoinHandle<()>,
     api: Api<Lease>,
     config: Arc<LeaderElection>,
+    instance: Arc<str>,
 }
 
 impl Leadership {
@@ -363,6 +374,9 @@ impl Leadership {
             let Some(mut lease) = self.api.get_opt(&name).await? else {
                 return Ok(());
             };
+            if instance_of(&lease) != Some(&*self.instance) {
+                return Ok(());
+            }
             let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
             if spec.holder_identity.as_deref() != Some(identity.as_str()) {
                 return Ok(());
@@ -390,6 +404,28 @@ impl Drop for Leadership {
     }
 }
 
+/// Annotation of the leader Lease: the id of the process that holds it (one per
+/// [`Leadership`]; the same key as the shard ring's member Leases).
+pub const INSTANCE_ANNOTATION: &str = "tenancy.idem.dev/instance";
+
+/// An id of this election, different for every [`Leadership`]: the process id, the start time
+/// and a count.
+fn instance_id() -> String {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{nanos:x}-{n}", std::process::id())
+}
+
+/// The process id in the leader Lease ([`INSTANCE_ANNOTATION`]).
+fn instance_of(lease: &Lease) -> Option<&str> {
+    (lease.metadata.annotations.as_ref())?
+        .get(INSTANCE_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// The last version of the Lease record seen, and when (by this replica's clock).
 struct Observed {
     resource_version: Option<String>,
@@ -400,6 +436,7 @@ struct Observed {
 async fn elect(
     api: Api<Lease>,
     config: Arc<LeaderElection>,
+    instance: Arc<str>,
     fence: Arc<Fence>,
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
@@ -407,11 +444,12 @@ async fn elect(
     let identity = &config.identity;
     let mut observed: Option<Observed> = None;
     let mut last_renewal: Option<Instant> = None;
+    let mut said_twin = false;
     loop {
         let sent = Instant::now();
         let attempt = tokio::time::timeout(
             config.request_timeout(),
-            try_acquire_or_renew(&api, &config, &mut observed),
+            try_acquire_or_renew(&api, &config, &instance, &mut observed),
         )
         .await
         .unwrap_or(Err(Attempt::Failed("the request timed out".into())));
@@ -426,7 +464,17 @@ async fn elect(
                     let _ = role.send(Role::Leader);
                 }
             }
-            Err(Attempt::HeldBy(_) | Attempt::Conflict) if !leading => {}
+            Err(Attempt::HeldBy(holder)) if !leading => {
+                if holder == *identity && !said_twin {
+                    said_twin = true;
+                    tracing::error!(
+                        %identity,
+                        "another process holds the leader Lease under this replica's identity: \
+                         give every replica an identity of its own; this one waits as a standby"
+                    );
+                }
+            }
+            Err(Attempt::Conflict) if !leading => {}
             Err(Attempt::HeldBy(holder)) => {
                 fence.revoke();
                 config.status.set(0);
@@ -470,6 +518,7 @@ enum Attempt {
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaderElection,
+    instance: &str,
     observed: &mut Option<Observed>,
 ) -> Result<(), Attempt> {
     let (name, identity) = (config.lease_name.as_str(), config.identity.as_str());
@@ -487,6 +536,7 @@ async fn try_acquire_or_renew(
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
+                annotations: Some([(INSTANCE_ANNOTATION.into(), instance.into())].into()),
                 ..ObjectMeta::default()
             },
             spec: Some(fresh(now.clone(), 0)),
@@ -506,7 +556,9 @@ async fn try_acquire_or_renew(
     }
     let spec = lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-    let mine = holder.as_deref() == Some(identity);
+    // Ours only when it names this process too: another process given the same identity
+    // holds it otherwise.
+    let mine = holder.as_deref() == Some(identity) && instance_of(&lease) == Some(instance);
     if let Some(other) = holder.as_ref().filter(|_| !mine) {
         // Never shorter than our own lease duration: a record edited by hand to a short one
         // (or 0) must not let a standby take over while the holder's fence may still be open.
@@ -518,6 +570,8 @@ async fn try_acquire_or_renew(
         }
     }
     let transitions = spec.lease_transitions.unwrap_or(0);
+    (lease.metadata.annotations.get_or_insert_default())
+        .insert(INSTANCE_ANNOTATION.into(), instance.into());
     lease.spec = Some(if mine {
         fresh(spec.acquire_time.unwrap_or(now.clone()), transitions)
     } else {
