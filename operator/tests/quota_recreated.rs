@@ -30,15 +30,10 @@ fn enforced(q: &ResourceQuota) -> bool {
     (q.status.as_ref()).is_some_and(|s| s.hard.as_ref().is_some_and(|h| !h.is_empty()))
 }
 
-/// The tests here stop the shared controller-manager: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
-    let _serial = SERIAL.lock().await;
-    common::deployed::operator_as_its_account().await;
-    let admin = idem_tests::shared().client();
-    let tenant = idem_tests::unique_name("qr");
+/// A Ready Tenant named after `prefix` with one owner, one namespace and a quota of 5
+/// ConfigMaps there: its name, its owner and its namespace.
+async fn ready_tenant(admin: &kube::Client, prefix: &str) -> (String, String, String) {
+    let tenant = idem_tests::unique_name(prefix);
     let owner = format!("{tenant}-owner");
     let ns = format!("{tenant}-dev");
     let spec = TenantSpec {
@@ -56,8 +51,20 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
         }),
         ..TenantSpec::default()
     };
-    tenants::create(&admin, &tenant, spec).await;
-    tenants::wait_ready(&admin, &tenant).await;
+    tenants::create(admin, &tenant, spec).await;
+    tenants::wait_ready(admin, &tenant).await;
+    (tenant, owner, ns)
+}
+
+/// The tests here stop the shared controller-manager: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
+    let _serial = SERIAL.lock().await;
+    common::deployed::operator_as_its_account().await;
+    let admin = idem_tests::shared().client();
+    let (tenant, owner, ns) = ready_tenant(&admin, "qr").await;
     let quotas = Api::<ResourceQuota>::namespaced(admin.clone(), &ns);
     let before = quotas.get(QUOTA).await.expect("the quota");
     let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
@@ -233,26 +240,7 @@ async fn replacing_a_quotas_keys_cordons_nothing() {
     let _serial = SERIAL.lock().await;
     common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
-    let tenant = idem_tests::unique_name("qk");
-    let owner = format!("{tenant}-owner");
-    let ns = format!("{tenant}-dev");
-    let spec = TenantSpec {
-        owners: vec![Owner {
-            kind: OwnerKind::User,
-            name: owner.clone(),
-            namespace: None,
-        }],
-        namespaces: vec!["dev".into()],
-        weight: 1,
-        deletion_policy: DeletionPolicy::Delete,
-        quota: Some(Quota {
-            hard: tenants::quantities(&[("configmaps", "5")]),
-            ..Quota::default()
-        }),
-        ..TenantSpec::default()
-    };
-    tenants::create(&admin, &tenant, spec).await;
-    tenants::wait_ready(&admin, &tenant).await;
+    let (tenant, owner, ns) = ready_tenant(&admin, "qk").await;
     let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
     eventually("the owner may create", TIMEOUT, || async {
         as_owner
