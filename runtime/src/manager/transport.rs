@@ -21,7 +21,7 @@
 //!   certificates, an `exec` plugin's included). A client certificate from an `exec` plugin
 //!   is used until the client is built again: [`kube::Client::valid_until`] is `None` here,
 //!   where kube's stack gives the certificate's expiry (kube keeps what reads it to itself).
-//! - **Through an HTTP proxy** when one applies ([`super::proxy`]: the kubeconfig's
+//! - **Through an HTTP proxy** when one applies (the kubeconfig's
 //!   `proxy-url`, or `HTTPS_PROXY` unless `NO_PROXY` or a loopback server excludes it): every
 //!   connection is an HTTP `CONNECT` tunnel through it; TLS and HTTP/2 then run end to end with
 //!   the API server, as without a proxy. One connector type serves both, so the binary holds
