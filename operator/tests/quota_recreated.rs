@@ -31,8 +31,12 @@ fn enforced(q: &ResourceQuota) -> bool {
 }
 
 /// A Ready Tenant named after `prefix` with one owner, one namespace and a quota of 5
-/// ConfigMaps there: its name, its owner and its namespace.
-async fn ready_tenant(admin: &kube::Client, prefix: &str) -> (String, String, String) {
+/// ConfigMaps there, in which the owner has created ConfigMap "before": its name, its owner,
+/// its namespace and the owner's ConfigMaps there.
+async fn ready_tenant(
+    admin: &kube::Client,
+    prefix: &str,
+) -> (String, String, String, Api<ConfigMap>) {
     let tenant = idem_tests::unique_name(prefix);
     let owner = format!("{tenant}-owner");
     let ns = format!("{tenant}-dev");
@@ -53,7 +57,15 @@ async fn ready_tenant(admin: &kube::Client, prefix: &str) -> (String, String, St
     };
     tenants::create(admin, &tenant, spec).await;
     tenants::wait_ready(admin, &tenant).await;
-    (tenant, owner, ns)
+    let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
+    eventually("the owner may create", TIMEOUT, || async {
+        as_owner
+            .create(&PostParams::default(), &config_map("before"))
+            .await
+            .map_err(why)
+    })
+    .await;
+    (tenant, owner, ns, as_owner)
 }
 
 /// The tests here stop the shared controller-manager: one at a time.
@@ -64,17 +76,9 @@ async fn a_deleted_quota_made_again_refuses_writes_until_it_is_enforced() {
     let _serial = SERIAL.lock().await;
     common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
-    let (tenant, owner, ns) = ready_tenant(&admin, "qr").await;
+    let (tenant, owner, ns, as_owner) = ready_tenant(&admin, "qr").await;
     let quotas = Api::<ResourceQuota>::namespaced(admin.clone(), &ns);
     let before = quotas.get(QUOTA).await.expect("the quota");
-    let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
-    eventually("the owner may create", TIMEOUT, || async {
-        as_owner
-            .create(&PostParams::default(), &config_map("before"))
-            .await
-            .map_err(why)
-    })
-    .await;
 
     // Access of the owner's own making, beside the operator's RoleBinding.
     let own: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
@@ -240,15 +244,7 @@ async fn replacing_a_quotas_keys_cordons_nothing() {
     let _serial = SERIAL.lock().await;
     common::deployed::operator_as_its_account().await;
     let admin = idem_tests::shared().client();
-    let (tenant, owner, ns) = ready_tenant(&admin, "qk").await;
-    let as_owner = Api::<ConfigMap>::namespaced(client_as(&owner), &ns);
-    eventually("the owner may create", TIMEOUT, || async {
-        as_owner
-            .create(&PostParams::default(), &config_map("before"))
-            .await
-            .map_err(why)
-    })
-    .await;
+    let (tenant, _owner, ns, as_owner) = ready_tenant(&admin, "qk").await;
 
     // The quota controller stopped, an administrator replaces the quota's only key.
     let resume = controller_manager::stop();
